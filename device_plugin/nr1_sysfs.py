@@ -1,0 +1,133 @@
+"""NR1 module discovery from sysfs: the one place that knows how an NR1 module looks on the host.
+
+NeuReality NR1 modules are PCI functions. A module is found under ``<sysfs>/bus/pci/devices/<address>``
+by its ``vendor`` and ``device`` attributes; its NUMA node is ``numa_node``; its network interfaces are the
+children of its ``net/`` directory; its device nodes come from a configurable ``/dev`` pattern.
+
+This module only uses the standard library (no gRPC, no NVML) because the CNI plugin, which is exec'd for
+every pod and whose start-up time matters, imports it too. The device plugin, the NPD check and the CNI
+plugin all call these functions, so the mapping module -> interfaces -> device nodes is written once.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PCI_DEVICES = "bus/pci/devices"
+
+
+@dataclass(frozen=True)
+class NR1Module:
+    """One NR1 module as the host shows it."""
+
+    pci_address: str  # e.g. "0000:3b:00.0"; also the device ID advertised to the kubelet
+    index: int  # ordinal among the modules found, sorted by PCI address
+    vendor_id: str  # "0x...." as sysfs writes it
+    device_id: str
+    numa_node: int | None  # None when sysfs says -1 (no NUMA affinity) or has no attribute
+    net_interfaces: tuple[str, ...] = ()
+    dev_nodes: tuple[str, ...] = field(default=())
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def normalize_hex_id(value: str) -> str:
+    """'1F2E', '0x1f2e' and '0X1F2E' all become '0x1f2e'; anything else raises ValueError."""
+    text = value.strip().lower()
+    if text.startswith("0x"):
+        text = text[2:]
+    if not text or len(text) > 4 or any(c not in "0123456789abcdef" for c in text):
+        raise ValueError(f"not a 16-bit hex PCI ID: {value!r}")
+    return "0x" + text.rjust(4, "0")
+
+
+def read_numa_node(sysfs_root: str | os.PathLike[str], pci_address: str) -> int | None:
+    """NUMA node of a PCI function, or None when the platform reports none (-1) or sysfs lacks it."""
+    raw = _read(Path(sysfs_root) / PCI_DEVICES / pci_address / "numa_node")
+    if raw is None:
+        return None
+    try:
+        node = int(raw)
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def net_interfaces(sysfs_root: str | os.PathLike[str], pci_address: str) -> tuple[str, ...]:
+    """Names of the network interfaces that belong to a PCI function (children of its ``net/``)."""
+    net_dir = Path(sysfs_root) / PCI_DEVICES / pci_address / "net"
+    try:
+        return tuple(sorted(entry.name for entry in net_dir.iterdir()))
+    except OSError:
+        return ()
+
+
+def interface_operstate(sysfs_root: str | os.PathLike[str], pci_address: str, ifname: str) -> str | None:
+    """The kernel's ``operstate`` of one of the module's interfaces ("up", "down", ...), None if absent."""
+    return _read(Path(sysfs_root) / PCI_DEVICES / pci_address / "net" / ifname / "operstate")
+
+
+def expand_dev_pattern(pattern: str, pci_address: str, index: int) -> tuple[str, ...]:
+    """Device nodes of a module: ``{index}`` and ``{pci}`` are substituted, then the result is globbed.
+
+    A pattern that names no existing file yields nothing, so a module whose driver made no node is visible.
+    """
+    path = pattern.replace("{index}", str(index)).replace("{pci}", pci_address)
+    if glob.has_magic(path):
+        return tuple(sorted(glob.glob(path)))
+    return (path,) if os.path.exists(path) else ()
+
+
+def discover(
+    sysfs_root: str | os.PathLike[str],
+    vendor_ids: list[str] | tuple[str, ...],
+    device_ids: list[str] | tuple[str, ...] = (),
+    dev_pattern: str = "",
+) -> list[NR1Module]:
+    """All NR1 modules under ``sysfs_root``: PCI functions whose vendor is in ``vendor_ids`` and, when
+    ``device_ids`` is not empty, whose device ID is in it. Sorted by PCI address; indexes follow that order."""
+    vendors = {normalize_hex_id(v) for v in vendor_ids}
+    devices = {normalize_hex_id(d) for d in device_ids}
+    root = Path(sysfs_root) / PCI_DEVICES
+    try:
+        addresses = sorted(entry.name for entry in root.iterdir())
+    except OSError:
+        return []
+    found: list[NR1Module] = []
+    for address in addresses:
+        base = root / address
+        vendor, device = _read(base / "vendor"), _read(base / "device")
+        if vendor is None or device is None:
+            continue
+        try:
+            vendor, device = normalize_hex_id(vendor), normalize_hex_id(device)
+        except ValueError:
+            continue
+        if vendor not in vendors or (devices and device not in devices):
+            continue
+        index = len(found)
+        found.append(
+            NR1Module(
+                pci_address=address,
+                index=index,
+                vendor_id=vendor,
+                device_id=device,
+                numa_node=read_numa_node(sysfs_root, address),
+                net_interfaces=net_interfaces(sysfs_root, address),
+                dev_nodes=expand_dev_pattern(dev_pattern, address, index) if dev_pattern else (),
+            )
+        )
+    return found
+
+
+def find_module(sysfs_root: str | os.PathLike[str], pci_address: str) -> bool:
+    """Whether the PCI function still exists (a module that vanished is unhealthy)."""
+    return (Path(sysfs_root) / PCI_DEVICES / pci_address).is_dir()

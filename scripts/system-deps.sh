@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Debian packages some tests need as real peers. Installed only when missing and only as root
+# (CI runs as root); elsewhere the tests that need them skip with the reason.
+set -uo pipefail
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "== installing ${need[*]}"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \
+    || echo "warning: could not install ${need[*]}; tests that need them will report it" >&2
+fi
+exit 0

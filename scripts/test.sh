@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set everything up and run the whole test suite: lint (ruff), types (mypy), then pytest.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k device_plugin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/system-deps.sh
+. .venv/bin/activate
+echo "== ruff"; ruff check .
+echo "== mypy"; mypy device_plugin scheduler_extender npd cni protos tests bench
+echo "== pytest"; python -m pytest -q "$@"
