@@ -1,0 +1,162 @@
+"""``accelstack-device-plugin``: one process advertising every enabled backend's devices to the kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from device_plugin.config import Config, ConfigError, load
+from device_plugin.devices import Backend, DeviceTable
+from device_plugin.nr1_backend import NR1Backend
+from device_plugin.nvml_backend import BackendInitError, NvmlBackend
+from device_plugin.observability import PluginMetrics, setup_logging, start_http
+from device_plugin.server import PluginRunner, RegistrationError
+
+log = logging.getLogger("accelstack.device_plugin")
+
+
+def build_backends(config: Config, nvml: Any = None) -> list[Backend]:
+    """The enabled backends, discovered. A backend that cannot start either stops the process
+    (``failOnInitError``) or is advertised with zero devices and a log line that says why."""
+    backends: list[Backend] = []
+    if config["nvidia.enabled"]:
+        nvidia = NvmlBackend(config.section("nvidia"), config["flags.sysfsRoot"], config["flags.devRoot"], nvml=nvml)
+        try:
+            nvidia.discover()
+        except BackendInitError as exc:
+            if config["flags.failOnInitError"]:
+                raise
+            log.error("nvidia backend disabled: advertising zero GPUs", extra={"reason": str(exc)})
+            nvidia.devices = []
+        backends.append(nvidia)
+    if config["nr1.enabled"]:
+        nr1 = NR1Backend(config.section("nr1"), config["flags.sysfsRoot"])
+        nr1.discover()
+        backends.append(nr1)
+    return backends
+
+
+class DevicePluginProcess:
+    """All runners of this process plus their health threads; ``run`` returns on ``stop``."""
+
+    def __init__(self, config: Config, backends: list[Backend], metrics: PluginMetrics | None = None,
+                 poll_interval: float = 0.1) -> None:
+        self.config = config
+        self.backends = backends
+        self.metrics = metrics or PluginMetrics()
+        self.poll_interval = poll_interval
+        self.tables: dict[str, DeviceTable] = {}
+        self.runners: list[PluginRunner] = []
+        self.stop = asyncio.Event()
+        self._threads_stop = threading.Event()
+
+    def ready(self) -> bool:
+        return bool(self.runners) and all(r.registered for r in self.runners)
+
+    def _update_gauges(self, resource: str, table: DeviceTable) -> None:
+        for health, count in table.counts().items():
+            self.metrics.devices.labels(resource, health).set(count)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        threads = []
+        for backend in self.backends:
+            table = DeviceTable(backend.devices, replicas=backend.replicas)
+            resource = backend.resource_name
+            self.tables[resource] = table
+            self._update_gauges(resource, table)
+
+            def apply(pid: str, healthy: bool, reason: str, table: DeviceTable = table, resource: str = resource) -> None:
+                if table.set_health(pid, healthy, reason):
+                    self.metrics.health_changes.labels(resource, "Healthy" if healthy else "Unhealthy").inc()
+                    self._update_gauges(resource, table)
+
+            def report(pid: str, healthy: bool, reason: str, apply: Any = apply) -> None:
+                loop.call_soon_threadsafe(apply, pid, healthy, reason)
+
+            thread = threading.Thread(target=self._health, args=(backend, report), name=f"health-{resource}",
+                                      daemon=True)
+            threads.append(thread)
+            self.runners.append(PluginRunner(backend, table, self.config["flags.devicePluginPath"], self.metrics,
+                                             register_retry=self.config["flags.registerRetry"],
+                                             poll_interval=self.poll_interval))
+        http = await start_http(self.config["flags.metricsAddress"], self.metrics, self.ready)
+        for thread in threads:
+            thread.start()
+        tasks = [asyncio.create_task(r.run(self.stop), name=f"runner-{r.backend.resource_name}")
+                 for r in self.runners]
+        try:
+            done, _ = await asyncio.wait([*tasks, asyncio.create_task(self.stop.wait())],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task in tasks and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            self.stop.set()
+            self._threads_stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if http is not None:
+                await http.cleanup()
+            for thread in threads:
+                thread.join(timeout=2)
+            for backend in self.backends:
+                backend.close()
+
+    def _health(self, backend: Backend, report: Any) -> None:
+        try:
+            backend.run_health(report, self._threads_stop.is_set)
+        except Exception:
+            log.exception("health loop crashed; devices keep their last health", extra={
+                "resource": backend.resource_name})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, args = load(argv)
+    except ConfigError as exc:
+        print(f"accelstack-device-plugin: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        tree: dict[str, Any] = {"version": "v1"}
+        for key, value in config.values.items():
+            node = tree
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        print(yaml.safe_dump(tree, sort_keys=False), end="")
+        return 0
+    setup_logging(config["flags.logLevel"], config["flags.logFormat"])
+    try:
+        backends = build_backends(config)
+    except BackendInitError as exc:
+        log.error("cannot start (set failOnInitError=false to run with zero devices)", extra={"reason": str(exc)})
+        return 1
+    process = DevicePluginProcess(config, backends)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, process.stop.set)
+        await process.run()
+
+    try:
+        asyncio.run(run())
+    except RegistrationError as exc:
+        log.error("registration refused; exiting", extra={"reason": str(exc)})
+        return 1
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())

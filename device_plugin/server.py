@@ -1,0 +1,233 @@
+"""The kubelet-facing side of one resource: the v1beta1 ``DevicePlugin`` gRPC service on a unix socket, its
+registration with the kubelet, and the restart logic.
+
+Life cycle of a ``PluginRunner`` (one per resource):
+
+1. serve the ``DevicePlugin`` service on ``<plugin dir>/<endpoint>`` and check it answers (serve before
+   register, as the API requires);
+2. call ``Registration.Register`` on ``<plugin dir>/kubelet.sock`` (version ``v1beta1``), retrying while the
+   kubelet is away; any other refusal (unsupported version, resource name taken) is fatal, as the API asks;
+3. watch: when ``kubelet.sock`` is re-created (a new kubelet) or our own socket disappears (a new kubelet
+   wipes the directory), stop, then serve and register again with the same device IDs.
+
+The watch polls two ``stat`` calls every ``poll_interval`` seconds rather than using inotify: it keeps working
+when the whole directory is replaced, and costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from device_plugin.allocation import AllocationError
+from device_plugin.devices import HEALTHY, Backend, DeviceTable
+from device_plugin.observability import PluginMetrics
+from protos.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+log = logging.getLogger("accelstack.device_plugin.server")
+
+
+class RegistrationError(RuntimeError):
+    """The kubelet refused the registration for a reason retrying cannot fix."""
+
+
+def socket_name(resource_name: str) -> str:
+    """Endpoint file name for a resource: nvidia.com/gpu -> accelstack-nvidia.com-gpu.sock."""
+    return "accelstack-" + resource_name.replace("/", "-") + ".sock"
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """The five v1beta1 RPCs over a backend and its device table."""
+
+    def __init__(self, backend: Backend, table: DeviceTable, metrics: PluginMetrics) -> None:
+        self.backend = backend
+        self.table = table
+        self.metrics = metrics
+        self.resource = backend.resource_name
+
+    async def GetDevicePluginOptions(self, request: api_pb2.Empty, context: Any) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def _listing(self) -> api_pb2.ListAndWatchResponse:
+        response = api_pb2.ListAndWatchResponse()
+        for aid, health, numa in self.table.listing():
+            device = response.devices.add(ID=aid, health=health)
+            if numa is not None:
+                device.topology.nodes.add(ID=numa)
+        return response
+
+    async def ListAndWatch(self, request: api_pb2.Empty, context: Any) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        generation = self.table.generation
+        yield self._listing()
+        while True:
+            generation = await self.table.wait_change(generation)
+            yield self._listing()
+
+    async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
+                                     context: Any) -> api_pb2.PreferredAllocationResponse:
+        response = api_pb2.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            available, must = list(creq.available_deviceIDs), list(creq.must_include_deviceIDs)
+            unknown = self.table.unknown(available + must)
+            if unknown:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"unknown {self.resource} device IDs: {', '.join(sorted(set(unknown)))}")
+            try:
+                chosen = self.backend.preferred(available, must, int(creq.allocation_size))
+            except AllocationError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            response.container_responses.add(deviceIDs=chosen)
+        return response
+
+    async def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        response = api_pb2.AllocateResponse()
+        try:
+            for creq in request.container_requests:
+                ids = list(creq.devices_ids)
+                if not ids:
+                    raise ValueError("a container request names no device IDs")
+                unknown = self.table.unknown(ids)
+                if unknown:
+                    raise LookupError(f"unknown {self.resource} device IDs: {', '.join(sorted(set(unknown)))}")
+                physical = [self.table.advertised[i] for i in ids]
+                sick = sorted({p for p in physical if self.table.health[p] != HEALTHY})
+                if sick:
+                    log.warning("allocating unhealthy devices", extra={"devices": sick, "resource": self.resource})
+                response.container_responses.append(self.backend.allocate(physical, ids))
+        except (ValueError, LookupError) as exc:
+            self.metrics.allocations.labels(self.resource, "invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc).strip("'\""))
+        self.metrics.allocations.labels(self.resource, "ok").inc()
+        self.metrics.allocate_seconds.labels(self.resource).observe(time.perf_counter() - started)
+        return response
+
+    async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
+                                context: Any) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+def _inode(path: str) -> tuple[int, int, int] | None:
+    """Identity of a file: device, inode and change time (inode numbers alone are reused)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class PluginRunner:
+    """Serve, register and re-register one resource; see the module docstring."""
+
+    def __init__(self, backend: Backend, table: DeviceTable, plugin_dir: str, metrics: PluginMetrics,
+                 register_retry: float = 5.0, poll_interval: float = 0.1) -> None:
+        self.backend = backend
+        self.table = table
+        self.plugin_dir = plugin_dir
+        self.endpoint = socket_name(backend.resource_name)
+        self.socket_path = os.path.join(plugin_dir, self.endpoint)
+        self.kubelet_socket = os.path.join(plugin_dir, KUBELET_SOCKET)
+        self.metrics = metrics
+        self.register_retry = register_retry
+        self.poll_interval = poll_interval
+        self.registered = False
+        self.registrations = 0
+        self.on_registered: Callable[[], None] | None = None
+        self._server: grpc.aio.Server | None = None
+
+    async def _serve(self) -> None:
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginService(self.backend, self.table, self.metrics), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        # Serve before register: check our own socket answers before telling the kubelet about it.
+        async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
+            await asyncio.wait_for(channel.channel_ready(), timeout=5)
+        log.info("serving", extra={"resource": self.backend.resource_name, "socket": self.socket_path})
+
+    async def _stop_server(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.2)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    async def _register_once(self) -> None:
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION, endpoint=self.endpoint, resource_name=self.backend.resource_name,
+            options=api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True))
+        async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+            await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=5)
+
+    async def _register(self, stop: asyncio.Event) -> bool:
+        """Register, retrying while the kubelet is away. False when stopped first."""
+        while not stop.is_set():
+            if _inode(self.kubelet_socket) is not None:
+                try:
+                    await self._register_once()
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        self.metrics.registrations.labels(self.backend.resource_name, "refused").inc()
+                        raise RegistrationError(
+                            f"kubelet refused registration of {self.backend.resource_name}: "
+                            f"{exc.code().name}: {exc.details()}") from None
+                    self.metrics.registrations.labels(self.backend.resource_name, "unavailable").inc()
+                    log.warning("kubelet unavailable, will retry",
+                                extra={"resource": self.backend.resource_name, "error": exc.details()})
+                else:
+                    self.metrics.registrations.labels(self.backend.resource_name, "ok").inc()
+                    return True
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.register_retry)
+        return False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve and stay registered until ``stop`` is set; then remove the socket."""
+        try:
+            while not stop.is_set():
+                await self._serve()
+                if not await self._register(stop):
+                    break
+                kubelet_inode = _inode(self.kubelet_socket)
+                self.registered = True
+                self.registrations += 1
+                self.metrics.registered.labels(self.backend.resource_name).set(1)
+                log.info("registered", extra={"resource": self.backend.resource_name,
+                                              "devices": len(self.table.advertised)})
+                if self.on_registered:
+                    self.on_registered()
+                reason = await self._watch(stop, kubelet_inode)
+                self.registered = False
+                self.metrics.registered.labels(self.backend.resource_name).set(0)
+                if reason:
+                    log.warning("re-registering", extra={"resource": self.backend.resource_name, "reason": reason})
+                await self._stop_server()
+        finally:
+            self.registered = False
+            await self._stop_server()
+
+    async def _watch(self, stop: asyncio.Event, kubelet_inode: tuple[int, int, int] | None) -> str:
+        """Wait until stop (returns '') or a reason to re-register."""
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.poll_interval)
+            current = _inode(self.kubelet_socket)
+            if current is not None and current != kubelet_inode:
+                return "kubelet.sock was re-created (kubelet restarted)"
+            if _inode(self.socket_path) is None:
+                return "plugin socket was removed (kubelet restarted)"
+        return ""
