@@ -259,10 +259,10 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         if not isinstance(key, str):
             raise ConfigError(f"{prefix}{key!r}: keys must be strings")
         path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and path not in _BY_KEY:
-            if not value and any(k.startswith(path + ".") for k in _BY_KEY):
-                continue
+        if isinstance(value, Mapping) and path not in _BY_KEY and value:
             flat.update(_flatten(value, path + "."))
+        elif isinstance(value, Mapping) and not value and any(k.startswith(path + ".") for k in _BY_KEY):
+            continue  # an empty known section, e.g. "nr1: {}"
         else:
             flat[path] = value
     return flat
