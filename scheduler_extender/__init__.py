@@ -1,0 +1,1 @@
+"""accelstack scheduler extender, GPR controller and policy core."""

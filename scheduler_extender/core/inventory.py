@@ -1,0 +1,222 @@
+"""Inventory: nodes, their devices, health, and who holds what.
+
+Every device is divided into ``MILLI_PER_DEVICE`` milli-units; a whole-device request takes all of them, a
+fractional one takes part of one device. State lives in a few numpy arrays so placement policies can score
+every node at once; the public surface is plain Python (names, ints, tuples).
+
+Invariants, checked by :meth:`Inventory.check`: no device's free milli is ever negative or above capacity,
+no node's free CPU or memory is negative, the free amounts equal capacity minus the recorded allocations,
+and new work never lands on an unhealthy device (:meth:`Inventory.allocate` refuses it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MILLI_PER_DEVICE = 1000
+GPU = "nvidia.com/gpu"
+NR1 = "neureality.com/nr1"
+
+
+class AllocationError(ValueError):
+    """An allocation would over-commit a device or node, or use an unhealthy device."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node as the inventory sees it. One accelerator model and one resource name per node."""
+
+    name: str
+    devices: int
+    model: str = ""
+    resource: str = GPU
+    device_memory_mib: int = 0
+    cpu_milli: int = 1 << 40
+    memory_mib: int = 1 << 40
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """What one node gives a request: ``milli`` on each listed device, plus host CPU and memory."""
+
+    node: int
+    devices: tuple[int, ...]
+    milli: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Nodes and devices chosen for a request (one :class:`NodeAssignment` per node)."""
+
+    assignments: tuple[NodeAssignment, ...]
+
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(a.node for a in self.assignments)
+
+    def milli_total(self) -> int:
+        return sum(a.milli * len(a.devices) for a in self.assignments)
+
+    def describe(self, inv: Inventory) -> list[dict[str, object]]:
+        """Plain-data form for status fields and annotations: node name, device indices, milli each."""
+        return [
+            {"node": inv.names[a.node], "devices": list(a.devices), "milli": a.milli} for a in self.assignments
+        ]
+
+
+class Inventory:
+    """Nodes, devices and allocations, held as arrays (row = node, column = device slot).
+
+    ``free[n, d]`` is the free milli of device ``d`` on node ``n``; slots past a node's device count hold -1.
+    ``rank[n]`` orders nodes for tie-breaking (a permutation; identity unless a seed is given).
+    """
+
+    def __init__(self, nodes: Iterable[NodeSpec], tie_seed: int | None = None) -> None:
+        specs = list(nodes)
+        self.specs = specs
+        self.names = [s.name for s in specs]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        if len(self.index) != len(specs):
+            raise ValueError("duplicate node names in inventory")
+        n = len(specs)
+        width = max([s.devices for s in specs] + [1])
+        self.width = width
+        self.models: list[str] = sorted({s.model for s in specs})
+        self.model_index = {m: i for i, m in enumerate(self.models)}
+        self.resources: list[str] = sorted({s.resource for s in specs})
+        self.resource_index = {r: i for i, r in enumerate(self.resources)}
+        self.model = np.array([self.model_index[s.model] for s in specs], dtype=np.int32)
+        self.resource = np.array([self.resource_index[s.resource] for s in specs], dtype=np.int32)
+        self.ndev = np.array([s.devices for s in specs], dtype=np.int32)
+        slot = np.arange(width)[None, :]
+        self.present = slot < self.ndev[:, None]
+        self.free = np.where(self.present, MILLI_PER_DEVICE, -1).astype(np.int32)
+        self.healthy = self.present.copy()
+        self.dev_mem = np.array([s.device_memory_mib for s in specs], dtype=np.int64)
+        self.cpu_cap = np.array([s.cpu_milli for s in specs], dtype=np.int64)
+        self.mem_cap = np.array([s.memory_mib for s in specs], dtype=np.int64)
+        self.cpu_free = self.cpu_cap.copy()
+        self.mem_free = self.mem_cap.copy()
+        if tie_seed is None:
+            self.rank = np.arange(n, dtype=np.int64)
+        else:
+            self.rank = np.random.default_rng(tie_seed).permutation(n).astype(np.int64)
+        self.allocations: dict[str, Placement] = {}
+
+    # ------------------------------------------------------------------ views
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def avail(self) -> np.ndarray:
+        """Free milli per device slot, -1 where there is no device or it is unhealthy."""
+        return np.where(self.healthy, self.free, -1)
+
+    def capacity_milli(self, resource: str | None = None, healthy_only: bool = False) -> int:
+        mask = self.healthy if healthy_only else self.present
+        if resource is not None:
+            if resource not in self.resource_index:
+                return 0
+            mask = mask & (self.resource == self.resource_index[resource])[:, None]
+        return int(mask.sum()) * MILLI_PER_DEVICE
+
+    def used_milli(self, resource: str | None = None) -> int:
+        used = np.where(self.present, MILLI_PER_DEVICE - self.free, 0)
+        if resource is not None:
+            if resource not in self.resource_index:
+                return 0
+            used = used * (self.resource == self.resource_index[resource])[:, None]
+        return int(used.sum())
+
+    def models_mask(self, models: Iterable[str] | None) -> np.ndarray:
+        """Boolean per node: its model is acceptable (all nodes when ``models`` is empty or None)."""
+        if not models:
+            return np.ones(len(self.names), dtype=bool)
+        idx = [self.model_index[m] for m in models if m in self.model_index]
+        return np.isin(self.model, np.array(idx, dtype=np.int32))
+
+    # ------------------------------------------------------------- mutation
+    def allocate(self, owner: str, placement: Placement) -> None:
+        """Record ``placement`` for ``owner``; raise :class:`AllocationError` (changing nothing) if it
+        would over-commit anything or touch an unhealthy device."""
+        if owner in self.allocations:
+            raise AllocationError(f"{owner} already holds an allocation")
+        seen: set[tuple[int, int]] = set()
+        for a in placement.assignments:
+            if not 0 <= a.node < len(self.names):
+                raise AllocationError(f"{owner}: no node {a.node}")
+            if a.milli < 0 or a.milli > MILLI_PER_DEVICE or a.cpu_milli < 0 or a.memory_mib < 0:
+                raise AllocationError(f"{owner}: bad amounts in {a}")
+            if self.cpu_free[a.node] < a.cpu_milli or self.mem_free[a.node] < a.memory_mib:
+                raise AllocationError(f"{owner}: host CPU or memory exhausted on {self.names[a.node]}")
+            for d in a.devices:
+                if (a.node, d) in seen:
+                    raise AllocationError(f"{owner}: device {d} of {self.names[a.node]} listed twice")
+                seen.add((a.node, d))
+                if not 0 <= d < self.ndev[a.node]:
+                    raise AllocationError(f"{owner}: node {self.names[a.node]} has no device {d}")
+                if not self.healthy[a.node, d]:
+                    raise AllocationError(f"{owner}: device {d} of {self.names[a.node]} is unhealthy")
+                if self.free[a.node, d] < a.milli:
+                    raise AllocationError(f"{owner}: device {d} of {self.names[a.node]} over-allocated")
+        nodes_seen = [a.node for a in placement.assignments]
+        if len(set(nodes_seen)) != len(nodes_seen):
+            raise AllocationError(f"{owner}: a node appears twice in one placement")
+        for a in placement.assignments:
+            self.cpu_free[a.node] -= a.cpu_milli
+            self.mem_free[a.node] -= a.memory_mib
+            for d in a.devices:
+                self.free[a.node, d] -= a.milli
+        self.allocations[owner] = placement
+
+    def release(self, owner: str) -> Placement | None:
+        """Return ``owner``'s devices to the pool (unhealthy ones stay out of new placements)."""
+        placement = self.allocations.pop(owner, None)
+        if placement is None:
+            return None
+        for a in placement.assignments:
+            self.cpu_free[a.node] += a.cpu_milli
+            self.mem_free[a.node] += a.memory_mib
+            for d in a.devices:
+                self.free[a.node, d] += a.milli
+        return placement
+
+    def set_health(self, node: str, device: int | None, healthy: bool) -> None:
+        """Mark one device (or, with ``device=None``, every device of the node) healthy or not."""
+        n = self.index[node]
+        if device is None:
+            self.healthy[n] = self.present[n] & healthy
+        else:
+            if not 0 <= device < self.ndev[n]:
+                raise ValueError(f"node {node} has no device {device}")
+            self.healthy[n, device] = healthy
+
+    def copy(self) -> Inventory:
+        """An independent copy (shares the immutable node specs)."""
+        new = object.__new__(Inventory)
+        new.__dict__.update(self.__dict__)
+        for name in ("free", "healthy", "cpu_free", "mem_free"):
+            setattr(new, name, getattr(self, name).copy())
+        new.allocations = dict(self.allocations)
+        return new
+
+    def check(self) -> None:
+        """Raise AssertionError if any invariant is broken (used by tests and the simulator's --check)."""
+        free = np.where(self.present, MILLI_PER_DEVICE, -1).astype(np.int64)
+        cpu = self.cpu_cap.copy()
+        mem = self.mem_cap.copy()
+        for p in self.allocations.values():
+            for a in p.assignments:
+                cpu[a.node] -= a.cpu_milli
+                mem[a.node] -= a.memory_mib
+                for d in a.devices:
+                    free[a.node, d] -= a.milli
+        assert np.array_equal(free, self.free), "free milli disagrees with allocations"
+        assert np.array_equal(cpu, self.cpu_free) and np.array_equal(mem, self.mem_free), "host accounting"
+        assert (self.free[self.present] >= 0).all(), "a device is over-allocated"
+        assert (self.free[self.present] <= MILLI_PER_DEVICE).all(), "a device has more than capacity free"
+        assert (self.cpu_free >= 0).all() and (self.mem_free >= 0).all(), "host CPU/memory over-allocated"

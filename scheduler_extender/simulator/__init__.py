@@ -1,0 +1,1 @@
+"""accelstack simulator: drives the policy core from trace files with a virtual clock."""

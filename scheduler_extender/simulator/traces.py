@@ -1,0 +1,271 @@
+"""Readers for the trace and node files (plain comma-separated, header line first, no quoting).
+
+Every problem is reported as :class:`TraceError` naming file, line and column (1-based, the column is the
+character where the offending field starts) so a user can jump straight to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.inventory import GPU, NodeSpec
+
+
+class TraceError(ValueError):
+    def __init__(self, path: Path | str, line: int, column: int, message: str) -> None:
+        super().__init__(f"{path}:{line}:{column}: {message}")
+        self.path, self.line, self.column, self.message = str(path), line, column, message
+
+
+def _int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise ValueError("must not be negative")
+    return v
+
+
+def _str(text: str) -> str:
+    return text
+
+
+Field = tuple[str, Callable[[str], object], bool]  # name, converter, required
+
+
+def _rows(path: Path, fields: list[Field]) -> Iterator[tuple[int, dict[str, object]]]:
+    """Yield ``(line number, converted fields)`` for each data line; raise TraceError on any problem."""
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(path, 0, 0, f"cannot read: {exc.strerror or exc}") from exc
+    with fh:
+        try:
+            header_line = fh.readline()
+        except UnicodeDecodeError as exc:
+            raise TraceError(path, 1, 1, "not UTF-8 text") from exc
+        header = [h.strip() for h in header_line.rstrip("\r\n").split(",")]
+        if not header_line.strip():
+            raise TraceError(path, 1, 1, "empty file: expected a header line")
+        pos: dict[str, int] = {}
+        for name, _, required in fields:
+            if name in header:
+                pos[name] = header.index(name)
+            elif required:
+                raise TraceError(path, 1, 1, f"header lacks column {name!r} (has: {', '.join(header)})")
+        lineno = 1
+        while True:
+            try:
+                raw = fh.readline()
+            except UnicodeDecodeError as exc:
+                raise TraceError(path, lineno + 1, 1, "not UTF-8 text") from exc
+            if not raw:
+                break
+            lineno += 1
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                continue
+            if '"' in line:
+                raise TraceError(path, lineno, line.index('"') + 1, "quoted fields are not supported")
+            cells = line.split(",")
+            if len(cells) != len(header):
+                col = len(line) + 1 if len(cells) < len(header) else sum(len(c) + 1 for c in cells[: len(header)]) + 1
+                raise TraceError(path, lineno, col, f"expected {len(header)} fields, found {len(cells)}")
+            starts = [0]
+            for c in cells[:-1]:
+                starts.append(starts[-1] + len(c) + 1)
+            out: dict[str, object] = {}
+            for name, conv, _ in fields:
+                if name not in pos:
+                    continue
+                i = pos[name]
+                text = cells[i].strip()
+                try:
+                    out[name] = conv(text)
+                except ValueError as exc:
+                    raise TraceError(path, lineno, starts[i] + 1, f"column {name!r}: bad value {text!r} ({exc})") from exc
+            yield lineno, out
+
+
+# ------------------------------------------------------------------------------------------ openb
+@dataclass(frozen=True)
+class Pod:
+    """One openb pod: host CPU/memory, ``num_gpu`` devices of ``gpu_milli`` each, allowed models."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: frozenset[str]
+
+    def gpu_request(self) -> int:
+        return self.num_gpu * self.gpu_milli if self.num_gpu else 0
+
+
+def read_openb_nodes(path: Path) -> list[NodeSpec]:
+    """``sn, cpu_milli, memory_mib, gpu, model``: GPU nodes only (rows with 0 GPUs are skipped)."""
+    fields: list[Field] = [
+        ("sn", _str, True),
+        ("cpu_milli", _int, True),
+        ("memory_mib", _int, True),
+        ("gpu", _int, True),
+        ("model", _str, True),
+    ]
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    for lineno, r in _rows(path, fields):
+        name = str(r["sn"])
+        if not name or name in seen:
+            raise TraceError(path, lineno, 1, f"node name {name!r} is empty or repeated")
+        seen.add(name)
+        if int(r["gpu"]) == 0:  # type: ignore[call-overload]
+            continue
+        nodes.append(
+            NodeSpec(
+                name=name,
+                devices=int(r["gpu"]),  # type: ignore[call-overload]
+                model=str(r["model"]),
+                resource=GPU,
+                cpu_milli=int(r["cpu_milli"]),  # type: ignore[call-overload]
+                memory_mib=int(r["memory_mib"]),  # type: ignore[call-overload]
+            )
+        )
+    if not nodes:
+        raise TraceError(path, 1, 1, "no GPU nodes in file")
+    return nodes
+
+
+def _milli(text: str) -> int:
+    v = _int(text)
+    if v > 1000:
+        raise ValueError("gpu_milli is at most 1000")
+    return v
+
+
+def _spec(text: str) -> frozenset[str]:
+    return frozenset(s for s in text.split("|") if s)
+
+
+def read_openb_pods(path: Path) -> list[Pod]:
+    """``name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec, …]`` (extra columns ignored)."""
+    fields: list[Field] = [
+        ("name", _str, True),
+        ("cpu_milli", _int, True),
+        ("memory_mib", _int, True),
+        ("num_gpu", _int, True),
+        ("gpu_milli", _milli, True),
+        ("gpu_spec", _spec, False),
+    ]
+    pods = []
+    for lineno, r in _rows(path, fields):
+        num, milli = int(r["num_gpu"]), int(r["gpu_milli"])  # type: ignore[call-overload]
+        if num > 0 and milli == 0:
+            raise TraceError(path, lineno, 1, f"pod {r['name']}: num_gpu {num} with gpu_milli 0")
+        pods.append(
+            Pod(
+                name=str(r["name"]),
+                cpu_milli=int(r["cpu_milli"]),  # type: ignore[call-overload]
+                memory_mib=int(r["memory_mib"]),  # type: ignore[call-overload]
+                num_gpu=num,
+                gpu_milli=milli if num else 0,
+                gpu_spec=r.get("gpu_spec", frozenset()),  # type: ignore[arg-type]
+            )
+        )
+    if not pods:
+        raise TraceError(path, 1, 1, "no pods in file")
+    return pods
+
+
+def read_published(path: Path) -> dict[tuple[str, str], dict[str, float]]:
+    """The FGD artifact's summary: ``{(workload, policy): {metric: value}}``; policy names lower-cased
+    without the numeric prefix (``01-Random`` → ``random``)."""
+    fields: list[Field] = [
+        ("workload", _str, True),
+        ("policy", _str, True),
+        ("alloc_ratio_pct@arrived100", float, True),
+        ("alloc_ratio_pct@arrived130", float, True),
+        ("frag_amount_pct@arrived80", float, True),
+        ("frag_ratio_pct@arrived80", float, True),
+    ]
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for _, r in _rows(path, fields):
+        policy = str(r["policy"]).split("-", 1)[-1].lower()
+        out[(str(r["workload"]), policy)] = {k: float(v) for k, v in r.items() if isinstance(v, float)}  # type: ignore[arg-type]
+    return out
+
+
+# ----------------------------------------------------------------------------------------- philly
+@dataclass(frozen=True)
+class Job:
+    """One Philly job: when it arrived, how long it ran, how many GPUs, which VC (workspace)."""
+
+    job_id: str
+    submit_s: int
+    duration_s: int
+    num_gpu: int
+    vc: str
+
+
+def read_philly_jobs(path: Path) -> list[Job]:
+    """``job_id, submit_time_s, duration_s, num_gpu, vc`` (other columns ignored), sorted by submit time."""
+    fields: list[Field] = [
+        ("job_id", _str, True),
+        ("submit_time_s", _int, True),
+        ("duration_s", _int, True),
+        ("num_gpu", _int, True),
+        ("vc", _str, True),
+    ]
+    jobs = []
+    for lineno, r in _rows(path, fields):
+        if int(r["num_gpu"]) < 1:  # type: ignore[call-overload]
+            raise TraceError(path, lineno, 1, f"job {r['job_id']}: num_gpu must be at least 1")
+        jobs.append(
+            Job(
+                str(r["job_id"]),
+                int(r["submit_time_s"]),  # type: ignore[call-overload]
+                int(r["duration_s"]),  # type: ignore[call-overload]
+                int(r["num_gpu"]),  # type: ignore[call-overload]
+                str(r["vc"]),
+            )
+        )
+    if not jobs:
+        raise TraceError(path, 1, 1, "no jobs in file")
+    jobs.sort(key=lambda j: (j.submit_s, j.job_id))
+    return jobs
+
+
+def _gib(text: str) -> int:
+    t = text.upper().removesuffix("GB").removesuffix("G")
+    v = float(t)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError("expected a size such as 12GB")
+    return int(v * 1024)
+
+
+def read_philly_nodes(path: Path) -> list[NodeSpec]:
+    """``node_id, gpu_count, gpu_mem`` (e.g. ``12GB``); the model is named after the memory size."""
+    fields: list[Field] = [("node_id", _str, True), ("gpu_count", _int, True), ("gpu_mem", _gib, True)]
+    nodes = []
+    for _, r in _rows(path, fields):
+        mem = int(r["gpu_mem"])  # type: ignore[call-overload]
+        if int(r["gpu_count"]) == 0:  # type: ignore[call-overload]
+            continue
+        nodes.append(
+            NodeSpec(
+                name=str(r["node_id"]),
+                devices=int(r["gpu_count"]),  # type: ignore[call-overload]
+                model=f"{mem // 1024}GB",
+                device_memory_mib=mem,
+            )
+        )
+    if not nodes:
+        raise TraceError(path, 1, 1, "no GPU nodes in file")
+    return nodes
+
+
+def read_quotas(path: Path) -> dict[str, int]:
+    """``vc, gpus`` → device quota per workspace."""
+    fields: list[Field] = [("vc", _str, True), ("gpus", _int, True)]
+    return {str(r["vc"]): int(r["gpus"]) for _, r in _rows(path, fields)}  # type: ignore[call-overload]

@@ -1,0 +1,130 @@
+"""Placement policies: exact small cases, the fragmentation measure against a plain reference, and
+no over-allocation under random request streams."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_extender.core.inventory import Inventory, NodeSpec
+from scheduler_extender.core.placement import (
+    FGD,
+    BestFit,
+    RandomFit,
+    Request,
+    Shape,
+    TypicalShapes,
+    make_policy,
+)
+
+
+def _inv(*devs: int, model: str = "A", cpu: int = 64000) -> Inventory:
+    return Inventory([NodeSpec(f"n{i}", d, model=model, cpu_milli=cpu, memory_mib=1 << 20) for i, d in enumerate(devs)])
+
+
+def test_bestfit_prefers_the_fuller_node_and_the_fullest_fitting_device() -> None:
+    inv = _inv(4, 4)
+    inv.allocate("a", BestFit().place(inv, Request(count=1, milli=700)))  # type: ignore[arg-type]
+    p = BestFit().place(inv, Request(count=1, milli=300))
+    assert p is not None
+    first = inv.allocations["a"].assignments[0]
+    assert p.assignments[0].node == first.node and p.assignments[0].devices == first.devices
+
+
+def test_whole_device_request_needs_wholly_free_devices() -> None:
+    inv = _inv(2)
+    inv.allocate("a", BestFit().place(inv, Request(count=1, milli=100)))  # type: ignore[arg-type]
+    assert BestFit().place(inv, Request(count=2)) is None
+    assert BestFit().place(inv, Request(count=1)) is not None
+
+
+def test_models_and_resource_filter() -> None:
+    inv = Inventory([NodeSpec("t4", 2, model="T4"), NodeSpec("a100", 2, model="A100")])
+    p = BestFit().place(inv, Request(count=1, models=frozenset({"A100"})))
+    assert p is not None and inv.names[p.assignments[0].node] == "a100"
+    assert BestFit().place(inv, Request(count=1, resource="neureality.com/nr1")) is None
+    assert BestFit().place(inv, Request(count=1, models=frozenset({"H100"}))) is None
+
+
+def test_unhealthy_devices_take_no_work() -> None:
+    inv = _inv(2)
+    inv.set_health("n0", 0, False)
+    p = BestFit().place(inv, Request(count=1))
+    assert p is not None and p.assignments[0].devices == (1,)
+    assert BestFit().place(inv, Request(count=2)) is None
+
+
+def test_multi_node_request_uses_distinct_nodes() -> None:
+    inv = _inv(8, 8, 8)
+    p = make_policy("bestfit").place(inv, Request(count=8, node_count=2))
+    assert p is not None and len(set(p.nodes())) == 2
+
+
+def _ref_frag(shapes: TypicalShapes, free: list[int], cpu: int, model: str) -> float:
+    total = sum(max(f, 0) for f in free)
+    out = 0.0
+    for s, w in zip(shapes.shapes, shapes.weight, strict=True):
+        fits = (
+            s.count > 0
+            and (not s.models or model in s.models)
+            and cpu >= s.cpu_milli
+            and sum(1 for f in free if f >= s.milli) >= s.count
+        )
+        out += w * (sum(f for f in free if 0 <= f < s.milli) if fits else total)
+    return out
+
+
+def test_frag_matches_reference() -> None:
+    shapes = TypicalShapes.from_requests(
+        [Shape(4000, 1, 500)] * 5 + [Shape(8000, 1, 1000)] * 3 + [Shape(1000, 0, 0)] * 2
+        + [Shape(16000, 2, 1000, frozenset({"B"}))] * 2,
+        ["A", "B"],
+        coverage=1.0,
+    )
+    rng = np.random.default_rng(3)
+    avail = rng.integers(-1, 1001, size=(40, 4)).astype(np.int32)
+    cpu = rng.integers(0, 20000, size=40)
+    model = rng.integers(0, 2, size=40).astype(np.int32)
+    got = shapes.frag(avail, cpu, model)
+    want = [_ref_frag(shapes, list(avail[i]), int(cpu[i]), "AB"[model[i]]) for i in range(40)]
+    assert np.allclose(got, want)
+
+
+def test_fgd_avoids_breaking_a_whole_device() -> None:
+    # node 0 has a device with 500 free; node 1 is empty. A 500-milli request should fill the fragment.
+    inv = _inv(1, 1)
+    inv.allocate("a", BestFit().place(inv, Request(count=1, milli=500)))  # type: ignore[arg-type]
+    shapes = TypicalShapes.from_requests([Shape(0, 1, 1000)] * 5 + [Shape(0, 1, 500)] * 5, inv.models)
+    p = FGD(shapes).place(inv, Request(count=1, milli=500))
+    assert p is not None and p.assignments[0].node == inv.allocations["a"].assignments[0].node
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from([100, 250, 500, 1000]), st.integers(1, 2), st.booleans()),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from(["bestfit", "fgd", "random"]),
+)
+def test_no_over_allocation_under_any_request_stream(reqs: list[tuple[int, int, int, bool]], name: str) -> None:
+    inv = Inventory([NodeSpec(f"n{i}", d, model="AB"[i % 2], cpu_milli=8000) for i, d in enumerate([1, 2, 4, 8])], tie_seed=1)
+    shapes = TypicalShapes.from_requests([Shape(1000, 1, 500), Shape(2000, 2, 1000)], inv.models)
+    policy = make_policy(name, shapes, seed=2)
+    for i, (count, milli, nodes, release) in enumerate(reqs):
+        milli = milli if count == 1 else 1000
+        req = Request(count=count, milli=milli if count else 0, node_count=nodes, cpu_milli=1000)
+        p = policy.place(inv, req)
+        if p is not None:
+            assert len(p.assignments) == nodes
+            inv.allocate(f"r{i}", p)  # raises on any over-allocation
+        if release and inv.allocations:
+            inv.release(sorted(inv.allocations)[0])
+        inv.check()
+
+
+def test_random_fit_is_seeded() -> None:
+    a = [RandomFit(7).place(_inv(1, 1, 1, 1), Request(count=1)) for _ in range(2)]
+    assert a[0] == a[1]
