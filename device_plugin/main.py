@@ -15,6 +15,7 @@ import yaml
 
 from device_plugin.config import Config, ConfigError, load
 from device_plugin.devices import Backend, DeviceTable
+from device_plugin.labeller import NodeLabeller, in_cluster_core_api
 from device_plugin.nr1_backend import NR1Backend
 from device_plugin.nvml_backend import BackendInitError, NvmlBackend
 from device_plugin.observability import PluginMetrics, setup_logging, start_http
@@ -48,8 +49,9 @@ class DevicePluginProcess:
     """All runners of this process plus their health threads; ``run`` returns on ``stop``."""
 
     def __init__(self, config: Config, backends: list[Backend], metrics: PluginMetrics | None = None,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 0.1, core_api: Any = None) -> None:
         self.config = config
+        self.core_api = core_api  # kubernetes_asyncio CoreV1Api for the labeller; in-cluster when None
         self.backends = backends
         self.metrics = metrics or PluginMetrics()
         self.poll_interval = poll_interval
@@ -89,6 +91,7 @@ class DevicePluginProcess:
                                              register_retry=self.config["flags.registerRetry"],
                                              poll_interval=self.poll_interval))
         http = await start_http(self.config["flags.metricsAddress"], self.metrics, self.ready)
+        labeller_task, api_client = await self._start_labeller()
         for thread in threads:
             thread.start()
         tasks = [asyncio.create_task(r.run(self.stop), name=f"runner-{r.backend.resource_name}")
@@ -103,12 +106,39 @@ class DevicePluginProcess:
             self.stop.set()
             self._threads_stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if labeller_task is not None:
+                await asyncio.gather(labeller_task, return_exceptions=True)
+            if api_client is not None:
+                await api_client.close()
             if http is not None:
                 await http.cleanup()
             for thread in threads:
                 thread.join(timeout=2)
             for backend in self.backends:
                 backend.close()
+
+    def node_labels(self) -> dict[str, str]:
+        labels: dict[str, str] = {}
+        for backend in self.backends:
+            labels.update(backend.labels())
+        return labels
+
+    async def _start_labeller(self) -> tuple[asyncio.Task[None] | None, Any]:
+        node = self.config["labeller.nodeName"]
+        if not self.config["labeller.enabled"]:
+            return None, None
+        if not node:
+            log.warning("labeller disabled: no node name (set NODE_NAME from the downward API)")
+            return None, None
+        api, api_client = self.core_api, None
+        if api is None:
+            try:
+                api_client, api = await in_cluster_core_api()
+            except Exception as exc:
+                log.warning("labeller disabled: no Kubernetes credentials", extra={"error": str(exc)[:200]})
+                return None, None
+        labeller = NodeLabeller(api, node, self.node_labels, self.config["labeller.interval"])
+        return asyncio.create_task(labeller.run(self.stop), name="labeller"), api_client
 
     def _health(self, backend: Backend, report: Any) -> None:
         try:

@@ -112,7 +112,8 @@ class NR1Backend:
                 time.sleep(min(0.05, interval))
 
     def labels(self) -> dict[str, str]:
-        labels = {"accelstack.io/nr1.count": str(len(self.devices))}
+        present = nr1_sysfs.discover(self.sysfs_root, self.settings["vendorIDs"], self.settings["deviceIDs"])
+        labels = {"accelstack.io/nr1.count": str(len(present))}
         if self.devices:
             labels["accelstack.io/nr1.product"] = self.devices[0].model
         return labels

@@ -285,9 +285,13 @@ class NvmlBackend:
         if not self.devices:
             return {"nvidia.com/gpu.present": "false"}
         first = self.devices[0]
+        try:  # live: a GPU that fell off the bus no longer counts
+            count = int(self.nvml.nvmlDeviceGetCount())
+        except Exception:
+            count = len(self.devices)
         labels = {
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.count": str(len(self.devices)),
+            "nvidia.com/gpu.count": str(count),
             "nvidia.com/gpu.product": label_value(first.model),
             "nvidia.com/gpu.memory": str(first.memory_mib),
             "nvidia.com/gpu.replicas": str(self.replicas),

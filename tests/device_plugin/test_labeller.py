@@ -1,0 +1,72 @@
+"""Feature discovery labels patched onto the Node through the real Kubernetes client and REST protocol."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kubernetes_asyncio import client
+
+from device_plugin.config import load
+from device_plugin.labeller import label_patch
+from device_plugin.main import DevicePluginProcess, build_backends
+from tests.apiserver_peer import APIServerPeer
+from tests.fake_nvml import dgx_like
+from tests.kubelet_peer import KubeletPeer
+from tests.sysfs_fixture import NR1_VENDOR, add_pci_function, nr1_node
+
+
+def test_label_patch_sets_changes_and_removes_only_owned_keys() -> None:
+    current = {"kubernetes.io/hostname": "n1", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "1",
+               "accelstack.io/nr1.count": "2", "nvidia.com/gpu.deploy.driver": "true"}
+    desired = {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "81559"}
+    assert label_patch(current, desired) == {"nvidia.com/gpu.memory": "81559", "accelstack.io/nr1.count": None,
+                                             "nvidia.com/gpu.deploy.driver": None}
+
+
+async def test_labels_reach_the_node_and_follow_device_changes(tmp_path: Path) -> None:
+    api = APIServerPeer()
+    await api.start()
+    await api.put_object("api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "gpu-node-1", "labels": {"kubernetes.io/hostname": "gpu-node-1", "accelstack.io/nr1.product": "old"}}})
+    sysfs = tmp_path / "sys"
+    nr1_node(sysfs, 2)
+    config, _ = load(["--device-plugin-path", str(tmp_path / "dp"), "--sysfs-root", str(sysfs), "--metrics-address",
+                      "", "--nr1-enabled", "true", "--nr1-vendor-ids", NR1_VENDOR, "--labeller-interval", "0.1"],
+                     environ={"NODE_NAME": "gpu-node-1"})
+    kubelet = KubeletPeer(str(tmp_path / "dp"))
+    await kubelet.start()
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    process = DevicePluginProcess(config, build_backends(config, nvml=dgx_like(2)), poll_interval=0.02,
+                                  core_api=client.CoreV1Api(api_client))
+    task = asyncio.create_task(process.run())
+
+    def labels() -> dict[str, str]:
+        node = api.get("api/v1/nodes", "", "gpu-node-1")
+        return dict(node["metadata"]["labels"]) if node else {}
+
+    try:
+        for _ in range(100):
+            if labels().get("accelstack.io/nr1.count") == "2":
+                break
+            await asyncio.sleep(0.05)
+        got = labels()
+        assert got["kubernetes.io/hostname"] == "gpu-node-1"  # not ours: untouched
+        assert got["nvidia.com/gpu.count"] == "2" and got["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert got["accelstack.io/nr1.product"] == "NR1-0x0001"
+        assert ("PATCH", "/api/v1/nodes/gpu-node-1") in api.requests
+        add_pci_function(sysfs, "0000:50:00.0", interfaces=("nr1p9",))  # a module hot-added
+        for _ in range(100):
+            if labels().get("accelstack.io/nr1.count") == "3":
+                break
+            await asyncio.sleep(0.05)
+        assert labels()["accelstack.io/nr1.count"] == "3"
+        patches = sum(1 for m, _ in api.requests if m == "PATCH")
+        await asyncio.sleep(0.3)
+        assert sum(1 for m, _ in api.requests if m == "PATCH") == patches  # nothing changed: no writes
+    finally:
+        process.stop.set()
+        await asyncio.wait_for(task, 10)
+        await api_client.close()
+        await kubelet.stop()
+        await api.stop()
