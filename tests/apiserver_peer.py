@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import uuid
 from collections.abc import Callable
@@ -232,6 +233,9 @@ class APIServerPeer:
                 return False
         return True
 
+    def _newer(self, revision: int) -> bool:
+        return self.revision > revision
+
     def _list(self, request: web.Request, resource: str, namespace: str) -> web.Response:
         items = [o for (r, ns, _), o in sorted(self.objects.items()) if r == resource
                  and (not namespace or ns == namespace) and self._select(request, o)]
@@ -264,7 +268,7 @@ class APIServerPeer:
                     break
                 async with self.changed:
                     try:
-                        await asyncio.wait_for(self.changed.wait_for(lambda sent=sent: self.revision > sent), remaining)
+                        await asyncio.wait_for(self.changed.wait_for(functools.partial(self._newer, sent)), remaining)
                     except TimeoutError:
                         break
         except (ConnectionResetError, asyncio.CancelledError):
