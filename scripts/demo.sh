@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m device_plugin.demo "$@"
+exec .venv/bin/python scripts/device_plugin_demo.py "$@"

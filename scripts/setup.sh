@@ -11,7 +11,11 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.accelstack-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  log=.venv/setup.log
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup failed: pip could not install accelstack (log above, also in $log)" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
