@@ -90,7 +90,7 @@ class DevicePluginProcess:
             self.runners.append(PluginRunner(backend, table, self.config["flags.devicePluginPath"], self.metrics,
                                              register_retry=self.config["flags.registerRetry"],
                                              poll_interval=self.poll_interval))
-        http = await start_http(self.config["flags.metricsAddress"], self.metrics, self.ready)
+        http = start_http(self.config["flags.metricsAddress"], self.metrics, self.ready)
         labeller_task, api_client = await self._start_labeller()
         for thread in threads:
             thread.start()
@@ -111,7 +111,7 @@ class DevicePluginProcess:
             if api_client is not None:
                 await api_client.close()
             if http is not None:
-                await http.cleanup()
+                http.close()
             for thread in threads:
                 thread.join(timeout=2)
             for backend in self.backends:
