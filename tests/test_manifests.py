@@ -1,0 +1,70 @@
+"""Every manifest object validates against the Kubernetes schemas of the oldest and newest versions supported;
+the device-plugin ConfigMap's configs load with the plugin's own config loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from device_plugin.config import ConfigError, load
+
+ROOT = Path(__file__).resolve().parent.parent / "manifests"
+OLDEST, NEWEST = "1.30.0", "1.37.0"  # 1.30: ValidatingAdmissionPolicy v1 and service-account node binding
+# Custom resources of other projects (schemas not in kubernetes-validate); checked by their own tests.
+EXTERNAL_GROUPS = ("k8s.cni.cncf.io/", "monitoring.coreos.com/", "accelstack.io/", "cert-manager.io/")
+
+
+def objects() -> list[tuple[str, int, dict[str, Any]]]:
+    found = []
+    for path in sorted(ROOT.rglob("*.yaml")):
+        if path.name == "kustomization.yaml" or "charts" in path.parts:
+            continue
+        for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc:
+                found.append((str(path.relative_to(ROOT)), i, doc))
+    return found
+
+
+@pytest.mark.parametrize("version", [OLDEST, NEWEST])
+def test_objects_validate_against_kubernetes_schemas(version: str) -> None:
+    checked = 0
+    for where, index, obj in objects():
+        if obj.get("apiVersion", "").startswith(EXTERNAL_GROUPS):
+            continue
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{where} #{index} ({obj.get('kind')}) is invalid for Kubernetes {version}: {exc.message}")
+        checked += 1
+    assert checked >= 8
+
+
+def test_device_plugin_daemonsets_follow_the_kubelet_rules() -> None:
+    for name in ("daemonset-nvidia.yaml", "daemonset-nr1.yaml"):
+        ds = yaml.safe_load((ROOT / "device-plugin" / name).read_text())
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["priorityClassName"] == "system-node-critical"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        # the directory, not the socket: a kubelet restart re-creates kubelet.sock with a new inode
+        assert volumes["device-plugins"]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+        container = pod["containers"][0]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+        assert any(t["key"] == "accelstack.io/unhealthy" for t in pod["tolerations"])
+
+
+def test_configmap_configs_load_with_the_plugin(tmp_path: Path) -> None:
+    cm = yaml.safe_load((ROOT / "device-plugin" / "configmap.yaml").read_text())
+    (tmp_path / "nvidia.yaml").write_text(cm["data"]["nvidia.yaml"])
+    config, _ = load(["--config-file", str(tmp_path / "nvidia.yaml")], environ={})
+    assert config["nvidia.enabled"] and not config["nr1.enabled"]
+    (tmp_path / "nr1.yaml").write_text(cm["data"]["nr1.yaml"])
+    with pytest.raises(ConfigError, match=r"nr1\.vendorIDs: required"):  # the operator must set it: documented
+        load(["--config-file", str(tmp_path / "nr1.yaml")], environ={})
+    config, _ = load(["--config-file", str(tmp_path / "nr1.yaml"), "--nr1-vendor-ids", "0x1e2d"], environ={})
+    assert config["nr1.enabled"] and not config["nvidia.enabled"]
