@@ -281,3 +281,9 @@ def make_policy(name: str, shapes: TypicalShapes | None = None, seed: int = 0) -
 
 
 POLICIES = ("random", "bestfit", "fgd", "fgd-exact")
+
+
+def fits(inv: Inventory, req: Request, blocked: np.ndarray | None = None) -> bool:
+    """Whether some placement of ``req`` exists now (any policy would find one)."""
+    ok, _ = feasible_nodes(inv, req, blocked)
+    return int(ok.sum()) >= req.node_count

@@ -1,0 +1,56 @@
+"""Eviction planning: the cheapest set of lower-priority, preemptible holders whose removal lets a request fit.
+
+Candidates are taken lowest priority first, then least work lost (device-milli x seconds held), then name;
+they are released one by one on a scratch copy until the request fits; then every chosen victim whose
+removal turns out unnecessary is put back (most expensive first), so no proper subset would do. If releasing
+every candidate still leaves the request unplaceable, the plan is ``None``: nobody is evicted for nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .inventory import Inventory
+from .placement import Request, fits
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A holder that might be evicted: allocation owner name, priority, whether preemptible, work lost."""
+
+    name: str
+    priority: int
+    preemptible: bool
+    work_lost: float
+
+
+def plan_eviction(
+    inv: Inventory, req: Request, priority: int, candidates: list[Candidate]
+) -> list[str] | None:
+    """Names to evict (possibly empty if ``req`` already fits) or None if eviction cannot make it fit.
+
+    Only candidates with ``preemptible`` set and a priority strictly below ``priority`` are considered.
+    """
+    if fits(inv, req):
+        return []
+    eligible = sorted(
+        (c for c in candidates if c.preemptible and c.priority < priority and c.name in inv.allocations),
+        key=lambda c: (c.priority, c.work_lost, c.name),
+    )
+    scratch = inv.copy()
+    chosen: list[Candidate] = []
+    for c in eligible:
+        scratch.release(c.name)
+        chosen.append(c)
+        if fits(scratch, req):
+            break
+    else:
+        return None
+    # put back whatever is not needed, most expensive first
+    for c in sorted(chosen[:-1], key=lambda c: (-c.priority, -c.work_lost, c.name)):
+        scratch.allocate(c.name, inv.allocations[c.name])
+        if fits(scratch, req):
+            chosen.remove(c)
+        else:
+            scratch.release(c.name)
+    return [c.name for c in chosen]

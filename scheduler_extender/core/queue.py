@@ -1,0 +1,82 @@
+"""The queue: priority first (higher first), then submission time, then arrival sequence.
+
+Held as one sorted list per workspace so a pass can walk the global order and drop a whole workspace (for
+example one at its quota) without stepping over its entries.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterator
+
+from .gpr import GPR
+
+Key = tuple[int, float, int, str]
+
+
+def queue_key(g: GPR, use_priority: bool = True) -> Key:
+    return (-g.priority if use_priority else 0, g.submitted_at, g.seq, g.name)
+
+
+class GPRQueue:
+    def __init__(self, use_priority: bool = True) -> None:
+        self.use_priority = use_priority
+        self._by_ws: dict[str, list[Key]] = {}
+        self._items: dict[str, tuple[str, Key, GPR]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def push(self, g: GPR) -> None:
+        if g.name in self._items:
+            raise ValueError(f"{g.name} is already queued")
+        key = queue_key(g, self.use_priority)
+        bisect.insort(self._by_ws.setdefault(g.workspace, []), key)
+        self._items[g.name] = (g.workspace, key, g)
+
+    def remove(self, name: str) -> GPR | None:
+        item = self._items.pop(name, None)
+        if item is None:
+            return None
+        ws, key, g = item
+        lst = self._by_ws[ws]
+        del lst[bisect.bisect_left(lst, key)]
+        return g
+
+    def get(self, name: str) -> GPR | None:
+        item = self._items.get(name)
+        return item[2] if item else None
+
+    def walk(self) -> QueueWalk:
+        """Iterate in global order; ``drop(workspace)`` skips the rest of a workspace. Do not mutate the
+        queue while walking (collect removals and apply them afterwards)."""
+        return QueueWalk(self)
+
+    def ordered(self) -> list[GPR]:
+        return list(self.walk())
+
+
+class QueueWalk(Iterator[GPR]):
+    def __init__(self, q: GPRQueue) -> None:
+        self._q = q
+        self._dropped: set[str] = set()
+        self._heap: list[tuple[Key, str, int]] = [(lst[0], ws, 0) for ws, lst in q._by_ws.items() if lst]
+        heapq.heapify(self._heap)
+
+    def drop(self, workspace: str) -> None:
+        self._dropped.add(workspace)
+
+    def __next__(self) -> GPR:
+        while self._heap:
+            key, ws, i = heapq.heappop(self._heap)
+            if ws in self._dropped:
+                continue
+            lst = self._q._by_ws[ws]
+            if i + 1 < len(lst):
+                heapq.heappush(self._heap, (lst[i + 1], ws, i + 1))
+            return self._q._items[key[3]][2]
+        raise StopIteration

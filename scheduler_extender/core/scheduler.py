@@ -1,0 +1,387 @@
+"""The scheduling engine: ties queue, inventory, placement, eviction and wait-time estimation together.
+
+Drivers (the GPR controller, the simulator) call the event methods (``submit``, ``start``, ``activity``,
+``finish``, ``cancel``, ``set_health``) and then :meth:`Scheduler.tick` with the current time; each returns
+the :class:`Event` list of what changed. Nothing here reads a clock or does I/O.
+
+A pass over the queue (in :meth:`tick`):
+
+1. Requests are taken in queue order (priority, then submission). While nothing is blocked, each one that fits
+   is admitted. A workspace at its quota is skipped for the rest of the pass (its requests wait for its own
+   usage to drop; they reserve no capacity).
+2. The first request that does not fit may evict (``enableEviction``): the cheapest set of lower-priority,
+   preemptible holders whose removal makes it fit (:mod:`.eviction`), or nobody.
+3. Otherwise it is *blocked* and gets a reservation: the earliest time it would fit if holders release at their
+   end bound (admission + exitDuration), and the devices it would take then. Every later blocked request gets
+   one too, with the earlier reservations held.
+4. A later request may start now (backfill) only if it cannot delay any reservation: either it ends, by its own
+   exitDuration, before the earliest reservation starts, or it fits without touching reserved devices or the
+   host CPU and memory reserved on their nodes. When a reservation cannot be bounded (an unbounded holder is in
+   the way) or more than ``max_reservations`` requests are blocked, the pass stops: no backfill without proof.
+
+So a lower-priority request never moves a higher-priority one's reservation later ("zero priority
+inversions"), as long as exitDuration is enforced, which :meth:`tick` does. With ``audit`` set the engine
+re-checks that claim after every backfill and counts violations in ``inversions``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .eviction import Candidate, plan_eviction
+from .gpr import GPR, Phase, backoff_delay
+from .inventory import Inventory, Placement
+from .placement import BestFit, PlacementPolicy, Request
+from .queue import GPRQueue, queue_key
+from .waittime import Holder, Waiting, earliest_fit, estimate_starts
+
+
+@dataclass
+class SchedulerConfig:
+    use_priority: bool = True  # False: FIFO by submission time
+    backfill: bool = True
+    eviction: bool = True
+    max_reservations: int = 8
+    quotas: dict[str, int] | None = None  # workspace -> device milli it may hold at once
+    requeue_evicted: bool = True
+    audit: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: str  # submitted admitted backfilled evicted requeued completed failed cancelled expired idle
+    gpr: str
+    detail: str = ""
+
+
+@dataclass
+class Reservation:
+    gpr: str
+    start: float
+    placement: Placement | None
+
+
+@dataclass
+class _Pass:
+    blocked: list[GPR] = field(default_factory=list)
+    resv: list[Reservation] = field(default_factory=list)
+    failed: set[Request] = field(default_factory=set)
+    masked: Inventory | None = None
+    admitted: list[str] = field(default_factory=list)
+    requeue: list[GPR] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(
+        self, inventory: Inventory, policy: PlacementPolicy, config: SchedulerConfig | None = None
+    ) -> None:
+        self.inv = inventory
+        self.policy = policy
+        self.cfg = config or SchedulerConfig()
+        self.gprs: dict[str, GPR] = {}
+        self.queue = GPRQueue(self.cfg.use_priority)
+        self.holders: dict[str, GPR] = {}
+        self.usage: dict[str, int] = {}
+        self.reservations: list[Reservation] = []
+        self.inversions = 0
+        self.passes = 0
+        self._seq = 0
+        self._requeued = False
+        self._backoff: list[tuple[float, int, str]] = []
+        self._expiry: list[tuple[float, str, float]] = []  # (end bound, name, admitted_at)
+        self._idle: list[tuple[float, str, float]] = []  # (deadline, name, last_active_at)
+
+    # ------------------------------------------------------------------ events in
+    def submit(self, g: GPR, now: float) -> list[Event]:
+        g.validate()
+        old = self.gprs.get(g.name)
+        if old is not None and old.phase not in (Phase.COMPLETE, Phase.CANCELLED, Phase.FAILED):
+            raise ValueError(f"{g.name} already exists ({old.phase.value})")
+        self._seq += 1
+        g.seq = self._seq
+        g.phase, g.not_before = Phase.QUEUED, now
+        g.history.append((now, Phase.QUEUED, "Submitted"))
+        self.gprs[g.name] = g
+        self.queue.push(g)
+        return [Event(now, "submitted", g.name)]
+
+    def start(self, name: str, now: float) -> list[Event]:
+        """Its pods are running: Admitted -> Running."""
+        g = self.gprs[name]
+        g.transition(Phase.RUNNING, now)
+        self._arm_idle(g)
+        return [Event(now, "running", name)]
+
+    def activity(self, name: str, now: float) -> None:
+        """The GPR's devices did work at ``now`` (resets its idle clock)."""
+        g = self.gprs[name]
+        if g.phase is Phase.RUNNING:
+            g.last_active_at = now
+            g.idle_reported = False
+            self._arm_idle(g)
+
+    def finish(self, name: str, now: float, ok: bool = True, reason: str = "") -> list[Event]:
+        """Its work ended: Complete, or Failed (then requeued with backoff while retries are left)."""
+        g = self.gprs[name]
+        if not g.holding:
+            raise ValueError(f"{name} holds nothing ({g.phase.value})")
+        self._release(g)
+        if ok:
+            g.transition(Phase.COMPLETE, now, reason or "Succeeded")
+            return [Event(now, "completed", name, g.reason)]
+        g.failures += 1
+        g.transition(Phase.FAILED, now, reason or "Failed")
+        events = [Event(now, "failed", name, g.reason)]
+        if g.requeue_on_failure:
+            if g.failures <= g.retry_limit:
+                delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
+                g.transition(Phase.QUEUED, now, f"Requeued after failure {g.failures}")
+                g.not_before = now + delay
+                heapq.heappush(self._backoff, (g.not_before, g.seq, name))
+                events.append(Event(now, "requeued", name, f"backoff {delay:g}s"))
+            else:
+                g.reason = "RetryLimitExceeded"
+        return events
+
+    def cancel(self, name: str, now: float) -> list[Event]:
+        g = self.gprs[name]
+        if g.holding:
+            self._release(g)
+        self.queue.remove(name)  # backoff entries are skipped lazily
+        g.transition(Phase.CANCELLED, now, "Cancelled")
+        return [Event(now, "cancelled", name)]
+
+    def set_health(self, node: str, device: int | None, healthy: bool, now: float) -> list[Event]:
+        """Mark a device (or a whole node) healthy or not. Holders of a failed device fail (and requeue)."""
+        self.inv.set_health(node, device, healthy)
+        events: list[Event] = []
+        if healthy:
+            return events
+        n = self.inv.index[node]
+        for g in list(self.holders.values()):
+            hit = any(
+                a.node == n and (device is None or device in a.devices)
+                for a in (g.placement.assignments if g.placement else ())
+            )
+            if hit:
+                events += self.finish(g.name, now, ok=False, reason="DeviceUnhealthy")
+        return events
+
+    # ---------------------------------------------------------------- time passes
+    def next_wakeup(self) -> float:
+        """The earliest future time at which :meth:`tick` has time-based work (inf if none)."""
+        out = math.inf
+        heaps: tuple[list[Any], ...] = (self._expiry, self._idle, self._backoff)
+        for heap in heaps:
+            while heap and not self._live(heap, heap[0]):
+                heapq.heappop(heap)
+            if heap:
+                out = min(out, heap[0][0])
+        return out
+
+    def tick(self, now: float) -> list[Event]:
+        """Apply exitDuration expiry, idle timeouts and finished backoffs at ``now``, then run a pass."""
+        events: list[Event] = []
+        while self._expiry and self._expiry[0][0] <= now:
+            entry = heapq.heappop(self._expiry)
+            if self._live(self._expiry, entry):
+                g = self.gprs[entry[1]]
+                self._release(g)
+                g.transition(Phase.COMPLETE, now, "ExitDurationReached")
+                events.append(Event(now, "expired", g.name, "ExitDurationReached"))
+        while self._idle and self._idle[0][0] <= now:
+            entry = heapq.heappop(self._idle)
+            if self._live(self._idle, entry):
+                g = self.gprs[entry[1]]
+                if g.enforce_idle_timeout:
+                    self._release(g)
+                    g.transition(Phase.COMPLETE, now, "IdleTimeout")
+                    events.append(Event(now, "completed", g.name, "IdleTimeout"))
+                elif not g.idle_reported:
+                    g.idle_reported = True
+                    events.append(Event(now, "idle", g.name, "IdleTimeout not enforced"))
+        while self._backoff and self._backoff[0][0] <= now:
+            bo = heapq.heappop(self._backoff)
+            g = self.gprs[bo[2]]
+            if g.phase is Phase.QUEUED and g.not_before == bo[0] and g.name not in self.queue:
+                self.queue.push(g)
+        events += self._pass(now)
+        for _ in range(3):  # evicted work went back to the queue: it may fit elsewhere right away
+            if not self._requeued:
+                break
+            events += self._pass(now)
+        return events
+
+    # ---------------------------------------------------------------- queries
+    def queued(self) -> list[GPR]:
+        """Queued GPRs in order, including those waiting out a backoff."""
+        waiting = [self.gprs[n] for _, _, n in self._backoff if self.gprs[n].phase is Phase.QUEUED]
+        seen = {g.name for g in self.queue.ordered()}
+        extra = [g for g in waiting if g.name not in seen]
+        return sorted(self.queue.ordered() + extra, key=lambda g: queue_key(g, self.cfg.use_priority))
+
+    def estimates(self, now: float, limit: int | None = None) -> dict[str, float]:
+        """Estimated start time per queued GPR (inf: cannot be estimated, e.g. blocked by an unbounded holder
+        or bigger than the healthy cluster). Quotas are not modelled here."""
+        holders = [Holder(g.name, g.end_bound()) for g in self.holders.values()]
+        order = self.queued()[:limit] if limit is not None else self.queued()
+        waiting = [Waiting(g.name, g.request(), g.exit_duration_s, g.not_before) for g in order]
+        return estimate_starts(self.inv, holders, waiting, now, BestFit())
+
+    def check(self) -> None:
+        """Invariants: inventory consistent; holders are exactly the allocations; quotas respected."""
+        self.inv.check()
+        assert set(self.holders) == set(self.inv.allocations), "holders and allocations differ"
+        for ws, used in self.usage.items():
+            q = (self.cfg.quotas or {}).get(ws)
+            assert q is None or used <= q, f"workspace {ws} over quota"
+
+    # ---------------------------------------------------------------- internals
+    def _live(self, heap: list[Any], entry: Any) -> bool:
+        if heap is self._backoff:
+            g = self.gprs.get(entry[2])
+            return g is not None and g.phase is Phase.QUEUED and g.not_before == entry[0]
+        g = self.gprs.get(entry[1])
+        if g is None or not g.holding:
+            return False
+        if heap is self._expiry:
+            return g.admitted_at == entry[2]
+        return g.phase is Phase.RUNNING and g.last_active_at == entry[2] and not g.idle_reported
+
+    def _arm_idle(self, g: GPR) -> None:
+        if g.idle_timeout_s is not None and g.last_active_at is not None:
+            heapq.heappush(self._idle, (g.last_active_at + g.idle_timeout_s, g.name, g.last_active_at))
+
+    def _release(self, g: GPR) -> None:
+        self.inv.release(g.name)
+        self.holders.pop(g.name, None)
+        self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
+
+    def _admit(self, g: GPR, p: Placement, now: float, kind: str, st: _Pass) -> Event:
+        self.inv.allocate(g.name, p)
+        g.placement = p
+        g.transition(Phase.ADMITTED, now, kind.capitalize())
+        self.holders[g.name] = g
+        self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+        if g.exit_duration_s is not None:
+            heapq.heappush(self._expiry, (g.end_bound(), g.name, now))
+        st.admitted.append(g.name)
+        st.masked = None
+        return Event(now, kind, g.name)
+
+    def _evict(self, g: GPR, now: float, st: _Pass, by: str) -> list[Event]:
+        self._release(g)
+        g.evictions += 1
+        g.transition(Phase.EVICTED, now, f"EvictedFor:{by}")
+        events = [Event(now, "evicted", g.name, by)]
+        if self.cfg.requeue_evicted:
+            g.transition(Phase.QUEUED, now, "Requeued after eviction")
+            g.not_before = now
+            st.requeue.append(g)
+            events.append(Event(now, "requeued", g.name, "after eviction"))
+        return events
+
+    def _holder_bounds(self) -> list[Holder]:
+        return [Holder(g.name, g.end_bound()) for g in self.holders.values()]
+
+    def _base_without(self, resv: list[Reservation]) -> Inventory:
+        """A copy of the inventory with reserved devices and reserved host resources taken out."""
+        base = self.inv.copy()
+        for r in resv:
+            if r.placement is None:
+                continue
+            for a in r.placement.assignments:
+                base.cpu_free[a.node] -= a.cpu_milli
+                base.mem_free[a.node] -= a.memory_mib
+                for d in a.devices:
+                    base.healthy[a.node, d] = False
+        return base
+
+    def _reserve(self, g: GPR, prior: list[Reservation], now: float) -> Reservation:
+        base = self._base_without(prior)
+        start, state = earliest_fit(base, g.request(), self._holder_bounds(), now)
+        placement = self.policy.place(state, g.request()) if math.isfinite(start) else None
+        return Reservation(g.name, max(start, g.not_before), placement)
+
+    def _ensure_reservations(self, st: _Pass, now: float) -> bool:
+        while len(st.resv) < len(st.blocked):
+            r = self._reserve(st.blocked[len(st.resv)], st.resv, now)
+            st.resv.append(r)
+            st.masked = None
+        return all(math.isfinite(r.start) for r in st.resv)
+
+    def _audit(self, st: _Pass, now: float) -> None:
+        for i, r in enumerate(st.resv):
+            again = self._reserve(self.gprs[r.gpr], st.resv[:i], now)
+            if again.start > r.start + 1e-9:
+                self.inversions += 1
+
+    def _pass(self, now: float) -> list[Event]:
+        self.passes += 1
+        cfg, quotas = self.cfg, self.cfg.quotas or {}
+        st = _Pass()
+        events: list[Event] = []
+        walk = self.queue.walk()
+        for g in walk:
+            q = quotas.get(g.workspace)
+            if q is not None and self.usage.get(g.workspace, 0) + g.milli_total() > q:
+                walk.drop(g.workspace)
+                continue
+            req = g.request()
+            if not st.blocked:
+                p = None if req in st.failed else self.policy.place(self.inv, req)
+                if p is None:
+                    st.failed.add(req)
+                    if cfg.eviction and g.enable_eviction:
+                        cands = [
+                            Candidate(h.name, h.priority, h.preemptible, (now - (h.admitted_at or now)) * h.milli_total())
+                            for h in self.holders.values()
+                        ]
+                        victims = plan_eviction(self.inv, req, g.priority, cands)
+                        if victims:
+                            for v in victims:
+                                events += self._evict(self.gprs[v], now, st, g.name)
+                            st.failed.clear()
+                            p = self.policy.place(self.inv, req)
+                if p is not None:
+                    events.append(self._admit(g, p, now, "admitted", st))
+                    continue
+                if not cfg.backfill:
+                    break
+                st.blocked.append(g)
+                continue
+            # behind a blocked request: backfill only without delaying any reservation
+            if len(st.blocked) > cfg.max_reservations:
+                break
+            if req in st.failed:
+                st.blocked.append(g)
+                continue
+            if not self._ensure_reservations(st, now):
+                break
+            first = min(r.start for r in st.resv)
+            if g.exit_duration_s is not None and now + g.exit_duration_s <= first:
+                p = self.policy.place(self.inv, req)
+                if p is None:
+                    st.failed.add(req)
+            else:
+                if st.masked is None:
+                    st.masked = self._base_without(st.resv)
+                p = self.policy.place(st.masked, req)
+            if p is not None:
+                events.append(self._admit(g, p, now, "backfilled", st))
+                if cfg.audit:
+                    self._audit(st, now)
+                continue
+            st.blocked.append(g)
+        for name in st.admitted:
+            self.queue.remove(name)
+        for g in st.requeue:
+            if g.name not in self.queue:
+                self.queue.push(g)
+        self.reservations = st.resv
+        self._requeued = bool(st.requeue)
+        return events

@@ -1,0 +1,245 @@
+"""The engine: one exact scenario per transition, and hypothesis properties over random event streams."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
+from scheduler_extender.core.inventory import Inventory, NodeSpec
+from scheduler_extender.core.placement import BestFit, make_policy
+from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
+
+
+def _sched(*devs: int, **cfg: object) -> Scheduler:
+    inv = Inventory([NodeSpec(f"n{i}", d) for i, d in enumerate(devs)])
+    return Scheduler(inv, BestFit(), SchedulerConfig(audit=True, **cfg))  # type: ignore[arg-type]
+
+
+def kinds(events: list) -> list[tuple[str, str]]:
+    return [(e.kind, e.gpr) for e in events]
+
+
+def test_admit_run_complete() -> None:
+    s = _sched(2)
+    s.submit(GPR("a", exit_duration_s=100), 0)
+    assert kinds(s.tick(0)) == [("admitted", "a")]
+    assert s.gprs["a"].placement is not None
+    s.start("a", 1)
+    assert s.gprs["a"].phase is Phase.RUNNING
+    assert kinds(s.finish("a", 5)) == [("completed", "a")]
+    assert s.inv.used_milli() == 0
+
+
+def test_exit_duration_expiry_frees_devices() -> None:
+    s = _sched(1)
+    s.submit(GPR("a", exit_duration_s=10), 0)
+    s.submit(GPR("b", exit_duration_s=10), 0)
+    s.tick(0)
+    assert s.next_wakeup() == 10
+    ev = s.tick(10)
+    assert ("expired", "a") in kinds(ev) and ("admitted", "b") in kinds(ev)
+    assert s.gprs["a"].reason == "ExitDurationReached"
+
+
+def test_idle_timeout_enforced_or_only_reported() -> None:
+    s = _sched(2)
+    s.submit(GPR("strict", idle_timeout_s=30, enforce_idle_timeout=True), 0)
+    s.submit(GPR("lax", idle_timeout_s=30), 0)
+    s.tick(0)
+    s.start("strict", 0)
+    s.start("lax", 0)
+    s.activity("strict", 20)  # pushes its deadline to 50
+    ev = s.tick(30)
+    assert kinds(ev) == [("idle", "lax")] and s.gprs["lax"].holding
+    ev = s.tick(50)
+    assert ("completed", "strict") in kinds(ev) and s.gprs["strict"].reason == "IdleTimeout"
+    assert not s.gprs["strict"].holding
+
+
+def test_failure_requeues_with_backoff_until_the_limit() -> None:
+    s = _sched(1)
+    s.submit(GPR("a", requeue_on_failure=True, retry_limit=2), 0)
+    t = 0.0
+    for n in (1, 2):
+        s.tick(t)
+        assert s.gprs["a"].phase is Phase.ADMITTED
+        ev = s.finish("a", t, ok=False, reason="OOM")
+        assert kinds(ev) == [("failed", "a"), ("requeued", "a")]
+        assert s.gprs["a"].not_before == t + backoff_delay(n)
+        s.tick(t + backoff_delay(n) - 1)
+        assert s.gprs["a"].phase is Phase.QUEUED  # still backing off
+        t += backoff_delay(n)
+    s.tick(t)
+    ev = s.finish("a", t, ok=False)
+    assert kinds(ev) == [("failed", "a")] and s.gprs["a"].reason == "RetryLimitExceeded"
+
+
+def test_cancel_from_queue_and_from_holding() -> None:
+    s = _sched(1)
+    s.submit(GPR("a"), 0)
+    s.submit(GPR("b"), 0)
+    s.tick(0)
+    s.cancel("b", 1)
+    s.cancel("a", 1)
+    assert s.gprs["a"].phase is s.gprs["b"].phase is Phase.CANCELLED
+    assert s.inv.used_milli() == 0 and len(s.queue) == 0
+
+
+def test_eviction_of_lower_priority_preemptible_work() -> None:
+    s = _sched(2)
+    s.submit(GPR("keep", priority=50, preemptible=False), 0)
+    s.submit(GPR("victim", priority=50), 0)
+    s.tick(0)
+    s.submit(GPR("vip", priority=280, enable_eviction=True), 5)
+    ev = s.tick(5)
+    assert ("evicted", "victim") in kinds(ev) and ("admitted", "vip") in kinds(ev)
+    assert s.gprs["victim"].phase is Phase.QUEUED and s.gprs["victim"].evictions == 1
+    assert s.gprs["keep"].holding
+
+
+def test_unhealthy_device_fails_its_holder_and_takes_no_new_work() -> None:
+    s = _sched(1, 1)
+    s.submit(GPR("a", requeue_on_failure=True), 0)
+    s.tick(0)
+    node = s.inv.names[s.gprs["a"].placement.assignments[0].node]  # type: ignore[union-attr]
+    ev = s.set_health(node, 0, False, 1)
+    assert ("failed", "a") in kinds(ev)
+    s.tick(1 + backoff_delay(1))
+    assert s.inv.names[s.gprs["a"].placement.assignments[0].node] != node  # type: ignore[union-attr]
+
+
+def test_backfill_only_when_it_cannot_delay_the_blocked_head() -> None:
+    s = _sched(4)
+    s.submit(GPR("run", devices_per_node=2, exit_duration_s=100), 0)
+    s.tick(0)
+    s.submit(GPR("head", devices_per_node=4, priority=200, exit_duration_s=50), 1)
+    s.submit(GPR("short", devices_per_node=1, priority=10, exit_duration_s=50), 1)
+    s.submit(GPR("long", devices_per_node=1, priority=10, exit_duration_s=500), 1)
+    ev = s.tick(1)
+    assert kinds(ev) == [("backfilled", "short")]  # ends by 51 <= head's start at 100; long would delay it
+    assert s.reservations[0].gpr == "head" and s.reservations[0].start == 100
+    ev = s.tick(100)
+    assert ("admitted", "head") in kinds(ev) and s.inversions == 0
+
+
+def test_strict_priority_and_fifo_baselines_do_not_backfill() -> None:
+    for cfg in ({"backfill": False}, {"backfill": False, "use_priority": False, "eviction": False}):
+        s = _sched(4, **cfg)
+        s.submit(GPR("run", devices_per_node=2, exit_duration_s=100), 0)
+        s.tick(0)
+        s.submit(GPR("head", devices_per_node=4, priority=200, exit_duration_s=50), 1)
+        s.submit(GPR("short", devices_per_node=1, priority=10, exit_duration_s=50), 1)
+        assert s.tick(1) == []
+
+
+def test_quota_keeps_a_workspace_to_its_share() -> None:
+    s = _sched(4, quotas={"team": 2000})
+    for i in range(3):
+        s.submit(GPR(f"g{i}", workspace="team"), 0)
+    s.submit(GPR("other", workspace="else"), 0)
+    ev = s.tick(0)
+    assert sorted(g for _, g in kinds(ev)) == ["g0", "g1", "other"]
+    s.check()
+
+
+def test_estimates_follow_exit_durations() -> None:
+    s = _sched(1)
+    s.submit(GPR("a", exit_duration_s=100), 0)
+    s.tick(0)
+    s.submit(GPR("b", exit_duration_s=30), 10)
+    s.submit(GPR("c", exit_duration_s=30), 10)
+    assert s.estimates(10) == {"b": 100, "c": 130}
+
+
+# ----------------------------------------------------------------------------------- properties
+gpr_spec = st.fixed_dictionaries(
+    {
+        "devices": st.sampled_from([1, 1, 2, 4]),
+        "milli": st.sampled_from([250, 500, 1000, 1000]),
+        "nodes": st.sampled_from([1, 1, 1, 2]),
+        "priority": st.integers(1, 300),
+        "exit": st.sampled_from([None, 10, 30, 60, 120, 200]),
+        "preemptible": st.booleans(),
+        "evict": st.booleans(),
+        "requeue": st.booleans(),
+        "limit": st.integers(0, 3),
+    }
+)
+step = st.tuples(
+    st.sampled_from(["submit"] * 6 + ["finish", "fail", "tick", "cancel"]), gpr_spec, st.integers(0, 60)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(step, min_size=10, max_size=50), st.sampled_from(["bestfit", "fgd", "random"]), st.booleans())
+def test_invariants_hold_under_random_event_streams(steps: list, policy_name: str, with_quota: bool) -> None:
+    from scheduler_extender.core.placement import Shape, TypicalShapes
+
+    inv = Inventory([NodeSpec(f"n{i}", d) for i, d in enumerate([1, 2, 4, 4])], tie_seed=3)
+    shapes = TypicalShapes.from_requests([Shape(0, 1, 500), Shape(0, 2, 1000)], inv.models)
+    cfg = SchedulerConfig(audit=True, quotas={"w0": 4000} if with_quota else None)
+    s = Scheduler(inv, make_policy(policy_name, shapes, 1), cfg)
+    now = 0.0
+    fail_times: dict[str, list[float]] = {}
+    for i, (op, spec, dt) in enumerate(steps):
+        now += dt
+        holders = sorted(s.holders)
+        if op == "submit":
+            milli = spec["milli"] if spec["devices"] == 1 else 1000
+            s.submit(
+                GPR(
+                    f"g{i}",
+                    workspace=f"w{i % 2}",
+                    devices_per_node=spec["devices"],
+                    milli_per_device=milli,
+                    node_count=spec["nodes"],
+                    priority=spec["priority"],
+                    exit_duration_s=spec["exit"],
+                    preemptible=spec["preemptible"],
+                    enable_eviction=spec["evict"],
+                    requeue_on_failure=spec["requeue"],
+                    retry_limit=spec["limit"],
+                    submitted_at=now,
+                ),
+                now,
+            )
+        elif op in ("finish", "fail") and holders:
+            name = holders[dt % len(holders)]
+            ev = s.finish(name, now, ok=op == "finish")
+            if op == "fail":
+                fail_times.setdefault(name, []).append(now)
+                g = s.gprs[name]
+                requeued = any(e.kind == "requeued" for e in ev)
+                assert requeued == (g.requeue_on_failure and g.failures <= g.retry_limit)
+                if requeued:
+                    assert g.not_before == now + backoff_delay(g.failures)
+        elif op == "cancel" and s.queue.ordered():
+            s.cancel(s.queue.ordered()[0].name, now)
+        before = {n: (g.priority, g.preemptible) for n, g in s.holders.items()}
+        events = s.tick(now)
+        # eviction only of lower-priority preemptible work, on behalf of an admitted GPR
+        for e in events:
+            if e.kind == "evicted":
+                vp, vpre = before[e.gpr]
+                assert vpre and vp < s.gprs[e.detail].priority
+                assert s.gprs[e.detail].holding
+        s.check()  # nothing over-allocated; holders == allocations; quotas respected
+        assert s.inversions == 0  # no backfill moved a higher-priority reservation later
+        # nothing left waiting at the head that fits now (a workspace at its quota waits in order)
+        quotas, dropped = cfg.quotas or {}, set()
+        head = None
+        for g in s.queue.ordered():
+            if g.workspace in dropped:
+                continue
+            if g.workspace in quotas and s.usage.get(g.workspace, 0) + g.milli_total() > quotas[g.workspace]:
+                dropped.add(g.workspace)
+                continue
+            head = g
+            break
+        if head is not None:
+            assert s.policy.place(s.inv, head.request()) is None
+        # no GPR ever holds past its exit bound
+        assert all(g.end_bound() > now or math.isinf(g.end_bound()) for g in s.holders.values())
