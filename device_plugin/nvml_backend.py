@@ -47,6 +47,27 @@ def sysfs_pci_address(nvml_bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}" if rest else bus_id
 
 
+def pci_gpu_functions(sysfs_root: str, vendor: str = "0x10de") -> list[str]:
+    """PCI addresses of display-class functions (class 0x03xxxx) of ``vendor`` in sysfs: the GPUs the bus
+    shows, whatever NVML sees (used to notice a GPU that NVML lost)."""
+    root = Path(sysfs_root) / nr1_sysfs.PCI_DEVICES
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        try:
+            if (entry / "vendor").read_text().strip().lower() != vendor:
+                continue
+            if not (entry / "class").read_text().strip().lower().startswith("0x03"):
+                continue
+        except OSError:
+            continue
+        found.append(entry.name)
+    return found
+
+
 class NvmlBackend:
     """The GPUs of this node; see the module docstring."""
 
@@ -328,4 +349,4 @@ def label_value(text: str) -> str:
     return cleaned[:63].strip("._-")
 
 
-__all__ = ["BackendInitError", "NvmlBackend", "label_value", "physical_of", "sysfs_pci_address"]
+__all__ = ["BackendInitError", "NvmlBackend", "label_value", "pci_gpu_functions", "physical_of", "sysfs_pci_address"]

@@ -28,6 +28,19 @@ class FakeGPU:
     broken: bool = False  # NVML calls on it fail (GPU fell off the bus)
     retired_pending: bool = False
     supported_events: int = 0x8 | 0x2 | 0x1
+    # telemetry (node health checks and the exporter)
+    temperature_c: int = 40
+    slowdown_c: int = 90  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    power_mw: int = 300_000
+    power_limit_mw: int = 700_000
+    utilization_gpu: int = 0  # percent
+    utilization_memory: int = 0
+    memory_used_mib: int = 0
+    ecc_corrected: int = 0  # volatile counts
+    ecc_uncorrected: int = 0
+    ecc_supported: bool = True
+    remapped_rows: tuple[int, int, bool, bool] | None = (0, 0, False, False)  # None: not supported (pre-Ampere)
+    retired_supported: bool = True
 
 
 class FakeNVML:
@@ -47,6 +60,12 @@ class FakeNVML:
         self.wait_error: int | None = None
         self.lock = threading.Lock()
         self.calls: list[str] = []
+        self.hang: dict[str, threading.Event] = {}  # function name -> the call blocks until the event is set
+
+    def _maybe_hang(self, name: str) -> None:
+        event = self.hang.get(name)
+        if event is not None:
+            event.wait()
 
     def __getattr__(self, name: str) -> Any:  # constants: NVML_*, nvmlEventType*
         if name.startswith(("NVML_", "nvmlEventType")):
@@ -61,6 +80,7 @@ class FakeNVML:
 
     def nvmlInit(self) -> None:
         self.calls.append("init")
+        self._maybe_hang("nvmlInit")
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
 
@@ -93,7 +113,8 @@ class FakeNVML:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGPU) -> Any:
         gpu = self._gpu(handle)
-        return SimpleNamespace(total=gpu.memory_mib * 1024 * 1024, used=0, free=gpu.memory_mib * 1024 * 1024)
+        total, used = gpu.memory_mib * 1024 * 1024, gpu.memory_used_mib * 1024 * 1024
+        return SimpleNamespace(total=total, used=used, free=total - used)
 
     def nvmlDeviceGetPciInfo(self, handle: FakeGPU) -> Any:
         return SimpleNamespace(busId=self._gpu(handle).bus_id.encode())
@@ -119,7 +140,51 @@ class FakeNVML:
         return SimpleNamespace(busId=handle.nvlinks[link])
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeGPU) -> int:
-        return pynvml.NVML_FEATURE_ENABLED if self._gpu(handle).retired_pending else pynvml.NVML_FEATURE_DISABLED
+        gpu = self._gpu(handle)
+        if not gpu.retired_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.NVML_FEATURE_ENABLED if gpu.retired_pending else pynvml.NVML_FEATURE_DISABLED
+
+    # telemetry
+    def nvmlDeviceGetTemperature(self, handle: FakeGPU, sensor: int) -> int:
+        self._maybe_hang("nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu(handle).temperature_c
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: FakeGPU, threshold: int) -> int:
+        if threshold != pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._gpu(handle).slowdown_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGPU) -> int:
+        return self._gpu(handle).power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGPU) -> int:
+        return self._gpu(handle).power_limit_mw
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGPU) -> Any:
+        gpu = self._gpu(handle)
+        return SimpleNamespace(gpu=gpu.utilization_gpu, memory=gpu.utilization_memory)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeGPU, error_type: int, counter_type: int) -> int:
+        gpu = self._gpu(handle)
+        if not gpu.ecc_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if counter_type not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            return gpu.ecc_uncorrected
+        if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return gpu.ecc_corrected
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeGPU) -> tuple[int, int, int, int]:
+        gpu = self._gpu(handle)
+        if gpu.remapped_rows is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        corrected, uncorrected, pending, failed = gpu.remapped_rows
+        return corrected, uncorrected, int(pending), int(failed)
 
     # events
     def nvmlEventSetCreate(self) -> str:

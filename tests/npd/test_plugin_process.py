@@ -1,0 +1,157 @@
+"""The plugins run the way node-problem-detector runs them: a subprocess with a timeout, judged by its exit
+code (0 OK, 1 NonOK, anything else Unknown) with stdout cut to max_output_length as the message.
+
+NVML is really absent on this machine (no NVIDIA driver), which is the real Unknown path of the GPU check;
+the NR1 check and the GPU check's kernel-log part read real files in sysfs and kmsg fixtures. A sysfs
+attribute or kernel log that blocks (a FIFO nobody writes) stands for a wedged device."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.npd.helpers import kmsg_line, xid_line
+from tests.sysfs_fixture import NR1_VENDOR, nr1_node
+
+REPO = Path(__file__).resolve().parents[2]
+NPD_TIMEOUT = 5.0  # the rule timeout NPD would apply
+MAX_OUTPUT = 80
+
+
+@dataclass
+class Run:
+    status: str
+    message: str
+    seconds: float
+    code: int
+
+
+def npd_exec(module: str, *args: str, timeout: float = NPD_TIMEOUT, max_output: int = MAX_OUTPUT) -> Run:
+    """What NPD's plugin.go does: run, kill at the timeout, map the exit code, cut stdout."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, timeout=timeout,
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    except subprocess.TimeoutExpired:
+        return Run("Unknown", "Timeout when running plugin", time.monotonic() - started, -9)
+    status = {0: "OK", 1: "NonOK"}.get(proc.returncode, "Unknown")
+    message = proc.stdout[:max_output].decode(errors="replace").strip()
+    return Run(status, message, time.monotonic() - started, proc.returncode)
+
+
+def nvml_loadable() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def common(tmp: Path) -> list[str]:
+    return ["--node-sysfs-root", str(tmp / "sys"), "--plugin-state-dir", str(tmp / "state"),
+            "--gpu-kmsg-path", str(tmp / "kmsg"), "--log-level", "warning"]
+
+
+@pytest.mark.skipif(nvml_loadable(), reason="a real NVML is present; this tests its absence")
+def test_gpu_plugin_without_nvml_is_unknown_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text(kmsg_line(1, "boot"))
+    run = npd_exec("npd.gpu_check", *common(tmp_path))
+    assert run.code == 2 and run.status == "Unknown"
+    assert run.message.startswith("NVML unavailable: NVML Shared Library Not Found")
+    assert len(run.message.encode()) <= MAX_OUTPUT
+
+
+def test_gpu_plugin_reports_xids_from_the_kernel_log(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text(kmsg_line(1, "boot") + xid_line(2, "0000:3b:00", 79, "pid=0, GPU has fallen "
+                                                                      "off the bus.") + xid_line(3, "0000:3b:00", 31))
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid")
+    assert (run.status, run.message) == ("NonOK", "GPU 0000:3b:00 XID 79: pid=0, GPU has fallen off the bus.")
+    # the next run: nothing new, but the critical XID is held (gpu.xidHoldTime); with no hold it is over
+    assert npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid").status == "NonOK"
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid", "--gpu-xid-hold-time", "0")
+    assert run.status == "OK" and run.message.startswith("no critical XIDs")
+
+
+def test_stdout_is_cut_to_max_output_length(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text("".join(xid_line(i, f"0000:{0x10 + i:02x}:00", 79) for i in range(1, 9)))
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid", "--plugin-max-output-length", "40")
+    assert run.status == "NonOK"
+    assert len(run.message.encode()) <= 40 and run.message.startswith("GPU 0000:")
+
+
+def test_hung_sysfs_read_still_answers_unknown_in_time(tmp_path: Path) -> None:
+    (tmp_path / "kmsg").write_text(kmsg_line(1, "boot"))
+    base = tmp_path / "sys/bus/pci/devices/0000:3b:00.0"
+    base.mkdir(parents=True)
+    (base / "vendor").write_text("0x10de\n")
+    os.mkfifo(base / "class")  # opening it blocks: nobody writes (a wedged device's attribute)
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--plugin-deadline", "1s")
+    assert run.status == "Unknown" and run.code == 2
+    assert run.message.startswith("no answer within 1s (stuck in count")
+    assert run.seconds < NPD_TIMEOUT - 2
+
+
+def test_kernel_log_without_writer_does_not_block(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "kmsg")  # read non-blocking, like /dev/kmsg at its end
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid", "--plugin-deadline", "1s")
+    assert run.status == "OK", run.message
+
+
+def test_bad_configuration_is_unknown_naming_the_key(tmp_path: Path) -> None:
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--gpu-max-power-ratio", "lots")
+    assert run.status == "Unknown" and run.message.startswith("config: gpu.maxPowerRatio: must be a number")
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "fans")
+    assert run.status == "Unknown" and "unknown ['fans']" in run.message
+
+
+def nr1_args(tmp: Path, *extra: str) -> list[str]:
+    return [*common(tmp), "--nr1-vendor-ids", NR1_VENDOR, "--nr1-health-attribute", "health", *extra]
+
+
+def test_nr1_plugin_healthy_then_each_failure(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys"
+    addresses = nr1_node(sysfs, 4)
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--nr1-expected-count", "4"))
+    assert (run.status, run.message) == ("OK", "4 NR1 modules healthy")
+    base = sysfs / "bus/pci/devices"
+    (base / addresses[1] / "health").write_text("fault\n")
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path))
+    assert (run.status, run.message) == ("NonOK", "NR1 3c:00.0: health attribute health='fault'")
+    (base / addresses[1] / "health").write_text("ok\n")
+    (base / addresses[2] / "net/nr1p2/operstate").write_text("down\n")
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path))
+    assert (run.status, run.message) == ("NonOK", "NR1 3d:00.0: nr1p2 link down")
+    assert npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--nr1-require-link-up", "false")).status == "OK"
+    (base / addresses[2] / "net/nr1p2/operstate").write_text("up\n")
+    import shutil
+
+    shutil.rmtree(base / addresses[3])  # a module vanished from the bus
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--nr1-expected-count", "4"))
+    assert (run.status, run.message) == ("NonOK", "3/4 NR1 modules present (config)")
+
+
+def test_nr1_plugin_without_modules_or_vendor(tmp_path: Path) -> None:
+    (tmp_path / "sys").mkdir()
+    assert npd_exec("npd.nr1_check", *nr1_args(tmp_path)).message == "no NR1 modules found"
+    run = npd_exec("npd.nr1_check", *common(tmp_path))
+    assert (run.status, run.message) == ("Unknown", "nr1.vendorIDs not configured")
+
+
+def test_nr1_plugin_hung_sysfs_read_is_unknown_in_time(tmp_path: Path) -> None:
+    addresses = nr1_node(tmp_path / "sys", 2)
+    attribute = tmp_path / "sys/bus/pci/devices" / addresses[0] / "health"
+    attribute.unlink()
+    os.mkfifo(attribute)
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--plugin-deadline", "800ms"))
+    assert run.status == "Unknown"
+    assert run.message.startswith("no answer within 0.8s (stuck in health NR1 3b:00.0")
+    assert run.seconds < 3
