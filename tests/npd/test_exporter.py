@@ -1,0 +1,190 @@
+"""The exporter scraped over HTTP and parsed with prometheus_client's parser: GPUs from FakeNVML at the pynvml
+boundary, NR1 modules from a sysfs fixture, allocation from a pod-resources peer."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from device_plugin.observability import HttpEndpoint, PluginMetrics
+from npd.exporter import build
+from tests.fake_nvml import FakeNVML, dgx_like
+from tests.npd.helpers import values
+from tests.npd.podresources_peer import PodResourcesPeer
+from tests.sysfs_fixture import NR1_VENDOR, nr1_node
+
+
+def serve(registry: Any) -> HttpEndpoint:
+    return HttpEndpoint("127.0.0.1:0", cast(PluginMetrics, SimpleNamespace(registry=registry)), lambda: True)
+
+
+def scrape(endpoint: HttpEndpoint) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """sample name -> {sorted labels: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def one(samples: dict, name: str, **labels: str) -> float:
+    matches = [v for k, v in samples[name].items() if all((key, val) in k for key, val in labels.items())]
+    assert len(matches) == 1, (name, labels, samples.get(name))
+    return matches[0]
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path):
+    fake = dgx_like(8)
+    peer = PodResourcesPeer(str(tmp_path / "kubelet.sock"))
+    peer.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus], "cpu-ignored/x": ["a"]}
+    peer.pods = [("ml", "train-0", "main", "nvidia.com/gpu", [fake.gpus[0].uuid, fake.gpus[1].uuid]),
+                 ("ml", "infer-0", "srv", "nvidia.com/gpu", [fake.gpus[5].uuid])]
+    peer.start()
+    vals = values(tmp_path, "--node-name", "gpu-1", "--exporter-pod-resources-socket", str(tmp_path / "kubelet.sock"))
+    registry, collector = build(vals, nvml=fake)
+    endpoint = serve(registry)
+    yield fake, endpoint, collector, peer
+    endpoint.close()
+    collector.close()
+    peer.stop()
+
+
+def test_gpu_metrics_per_device(gpu_node) -> None:
+    fake, endpoint, _, _ = gpu_node
+    fake.gpus[3].temperature_c, fake.gpus[3].power_mw, fake.gpus[3].utilization_gpu = 77, 512_345, 93
+    fake.gpus[3].memory_used_mib, fake.gpus[3].ecc_corrected = 1024, 12
+    samples = scrape(endpoint)
+    uuid = fake.gpus[3].uuid
+    assert len(samples["accelstack_gpu_info"]) == 8
+    assert one(samples, "accelstack_gpu_info", gpu="3", uuid=uuid, pci_bus_id="0000:13:00.0",
+               model="NVIDIA H100 80GB HBM3", driver_version="550.54.15", node="gpu-1") == 1
+    assert one(samples, "accelstack_gpu_temperature_celsius", uuid=uuid) == 77
+    assert one(samples, "accelstack_gpu_slowdown_temperature_celsius", uuid=uuid) == 90
+    assert one(samples, "accelstack_gpu_power_watts", uuid=uuid) == pytest.approx(512.345)
+    assert one(samples, "accelstack_gpu_power_limit_watts", uuid=uuid) == 700
+    assert one(samples, "accelstack_gpu_utilization_ratio", uuid=uuid) == pytest.approx(0.93)
+    assert one(samples, "accelstack_gpu_memory_used_bytes", uuid=uuid) == 1024 * 2**20
+    assert one(samples, "accelstack_gpu_memory_total_bytes", uuid=uuid) == 81559 * 2**20
+    assert one(samples, "accelstack_gpu_ecc_errors_total", uuid=uuid, type="corrected") == 12
+    assert one(samples, "accelstack_gpu_ecc_errors_total", uuid=uuid, type="uncorrected") == 0
+    assert all(v == 1 for v in samples["accelstack_gpu_healthy"].values())
+    assert one(samples, "accelstack_exporter_gpu_up", node="gpu-1") == 1
+
+
+def test_health_and_xid_counts(gpu_node) -> None:
+    fake, endpoint, _, _ = gpu_node
+    fake.gpus[2].ecc_uncorrected = 1
+    fake.gpus[4].remapped_rows = (0, 1, True, False)
+    fake.inject_xid(6, 79)
+    fake.inject_xid(6, 79)
+    fake.inject_xid(1, 13)  # application error: counted, GPU stays healthy
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        samples = scrape(endpoint)
+        if sum(samples.get("accelstack_gpu_xid_errors_total", {}).values()) == 3:
+            break
+        time.sleep(0.05)
+    assert one(samples, "accelstack_gpu_xid_errors_total", uuid=fake.gpus[6].uuid, xid="79") == 2
+    assert one(samples, "accelstack_gpu_xid_errors_total", uuid=fake.gpus[1].uuid, xid="13") == 1
+    healthy = {dict(k)["gpu"]: v for k, v in samples["accelstack_gpu_healthy"].items()}
+    assert healthy == {"0": 1, "1": 1, "2": 0, "3": 1, "4": 0, "5": 1, "6": 0, "7": 1}
+    assert one(samples, "accelstack_gpu_row_remap_pending", gpu="4") == 1
+
+
+def test_allocation_from_pod_resources(gpu_node) -> None:
+    fake, endpoint, _, peer = gpu_node
+    samples = scrape(endpoint)
+    assert one(samples, "accelstack_node_allocatable_devices", resource="nvidia.com/gpu") == 8
+    assert one(samples, "accelstack_node_allocated_devices", resource="nvidia.com/gpu") == 3
+    assert one(samples, "accelstack_node_allocatable_devices", resource="neureality.com/nr1") == 0
+    assert one(samples, "accelstack_device_allocated", device=fake.gpus[5].uuid, namespace="ml", pod="infer-0",
+               container="srv") == 1
+    assert one(samples, "accelstack_exporter_podresources_up") == 1
+    peer.stop()
+    samples = scrape(endpoint)
+    assert one(samples, "accelstack_exporter_podresources_up") == 0
+    assert "accelstack_node_allocated_devices" not in samples
+    assert one(samples, "accelstack_exporter_errors_total", source="podresources") >= 1
+
+
+def test_hung_nvml_call_costs_the_scrape_its_device_metrics_only(gpu_node) -> None:
+    fake, endpoint, collector, _ = gpu_node
+    collector.timeout = 0.3
+    release = threading.Event()
+    fake.hang["nvmlDeviceGetTemperature"] = release
+    try:
+        started = time.monotonic()
+        samples = scrape(endpoint)
+        assert time.monotonic() - started < 2
+        assert "accelstack_gpu_temperature_celsius" not in samples
+        assert one(samples, "accelstack_exporter_collect_timeouts_total") == 1
+        assert one(samples, "accelstack_node_allocated_devices", resource="nvidia.com/gpu") == 3
+        started = time.monotonic()
+        scrape(endpoint)  # the stuck read is still stuck: no second thread, an immediate answer
+        assert time.monotonic() - started < 0.25
+        assert threading.active_count() < 40
+    finally:
+        release.set()
+        del fake.hang["nvmlDeviceGetTemperature"]
+    time.sleep(0.1)
+    samples = scrape(endpoint)
+    assert len(samples["accelstack_gpu_temperature_celsius"]) == 8
+
+
+def test_no_nvml_is_reported_not_fatal(tmp_path: Path) -> None:
+    import pynvml
+
+    fake = FakeNVML([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    registry, collector = build(values(tmp_path, "--exporter-pod-resources-socket", ""), nvml=fake)
+    endpoint = serve(registry)
+    try:
+        samples = scrape(endpoint)
+        assert one(samples, "accelstack_exporter_gpu_up") == 0
+        assert "Library Not Found" in dict(next(iter(samples["accelstack_exporter_gpu_up"])))["error"]
+        assert "accelstack_gpu_info" not in samples
+    finally:
+        endpoint.close()
+        collector.close()
+
+
+def test_nr1_metrics(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys"
+    addresses = nr1_node(sysfs, 2)
+    base = sysfs / "bus/pci/devices"
+    hwmon = base / addresses[0] / "hwmon/hwmon3"
+    hwmon.mkdir(parents=True)
+    (hwmon / "temp1_input").write_text("61500\n")
+    (hwmon / "power1_average").write_text("35250000\n")
+    (base / addresses[0] / "util").write_text("42\n")
+    (base / addresses[1] / "net/nr1p1/operstate").write_text("down\n")
+    (base / addresses[1] / "health").write_text("fault\n")
+    vals = values(tmp_path, "--exporter-gpu", "false", "--exporter-nr1", "true", "--nr1-vendor-ids", NR1_VENDOR,
+                  "--nr1-health-attribute", "health", "--nr1-utilization-attribute", "util",
+                  "--exporter-pod-resources-socket", "")
+    registry, collector = build(vals)
+    endpoint = serve(registry)
+    try:
+        samples = scrape(endpoint)
+    finally:
+        endpoint.close()
+        collector.close()
+    assert one(samples, "accelstack_nr1_info", pci_bus_id=addresses[0], device_id="0x0001", numa_node="0") == 1
+    assert one(samples, "accelstack_nr1_temperature_celsius", nr1="0") == pytest.approx(61.5)
+    assert one(samples, "accelstack_nr1_power_watts", nr1="0") == pytest.approx(35.25)
+    assert one(samples, "accelstack_nr1_utilization_ratio", nr1="0") == pytest.approx(0.42)
+    assert "accelstack_nr1_temperature_celsius" in samples and len(samples["accelstack_nr1_temperature_celsius"]) == 1
+    assert one(samples, "accelstack_nr1_link_up", nr1="1", interface="nr1p1") == 0
+    assert one(samples, "accelstack_nr1_link_up", nr1="0", interface="nr1p0") == 1
+    assert {dict(k)["nr1"]: v for k, v in samples["accelstack_nr1_healthy"].items()} == {"0": 1, "1": 0}
+    assert "accelstack_gpu_info" not in samples
