@@ -4,7 +4,8 @@ It speaks the real wire protocol over real HTTP (aiohttp), so the official clien
 talk to it unchanged:
 
 - paths ``/api/v1/...`` (core) and ``/apis/<group>/<version>/...``, namespaced and cluster-scoped, with
-  subresources ``status`` (and ``binding``/``eviction`` hooks for tests that need them);
+  subresources ``status``, ``binding`` (sets ``spec.nodeName`` once, honours a UID precondition) and
+  ``eviction`` (deletes the pod, or 429 while a test's PodDisruptionBudget blocks it), and test hooks;
 - GET (object, list with ``resourceVersion`` in ``metadata``, ``labelSelector`` equality terms), POST,
   PUT (optimistic concurrency: a stale ``metadata.resourceVersion`` answers 409 Conflict), PATCH
   (``merge-patch+json`` and ``strategic-merge-patch+json`` as map merges where null deletes, and
@@ -89,6 +90,9 @@ class APIServerPeer:
         self.changed = asyncio.Condition()
         self.requests: list[tuple[str, str]] = []
         self.hooks: dict[str, Callable[[web.Request, dict[str, Any]], Any]] = {}
+        self.bindings: list[tuple[str, str, str]] = []  # (namespace, pod, node) per Binding created
+        self.evicted: list[str] = []
+        self.pdb_blocks: set[str] = set()  # "ns/name" of pods whose eviction a PDB refuses
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -158,8 +162,10 @@ class APIServerPeer:
             body = await request.json() if request.can_read_body else {}
             result = hook(request, body)
             return await result if asyncio.iscoroutine(result) else result
+        if request.method == "POST" and resource.endswith("/pods") and sub in ("binding", "eviction"):
+            return await (self._binding if sub == "binding" else self._eviction)(request, namespace, name)
         if request.method == "GET" and not name:
-            if request.query.get("watch") in ("true", "1"):
+            if request.query.get("watch", "").lower() in ("true", "1", "t"):
                 return await self._watch(request, resource, namespace)
             return self._list(request, resource, namespace)
         key = (resource, namespace, name)
@@ -233,6 +239,36 @@ class APIServerPeer:
                 return False
         return True
 
+    async def _binding(self, request: web.Request, namespace: str, name: str) -> web.Response:
+        """pods/binding as the API server does it: sets spec.nodeName once; a UID precondition is honoured."""
+        body = await request.json()
+        pod = self.objects.get(("api/v1/pods", namespace, name))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            return status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                          f"{pod['metadata']['uid']}")
+        if pod.get("spec", {}).get("nodeName"):
+            return status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+        new = copy.deepcopy(pod)
+        new.setdefault("spec", {})["nodeName"] = body["target"]["name"]
+        await self.put_object("api/v1/pods", new, "MODIFIED")
+        self.bindings.append((namespace, name, body["target"]["name"]))
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                  "code": 201}, status=201)
+
+    async def _eviction(self, request: web.Request, namespace: str, name: str) -> web.Response:
+        """pods/eviction (policy/v1): 429 while ``pdb_blocks`` names the pod, else the pod is deleted."""
+        if ("api/v1/pods", namespace, name) not in self.objects:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        if f"{namespace}/{name}" in self.pdb_blocks:
+            return status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+        self.evicted.append(f"{namespace}/{name}")
+        await self.delete_object("api/v1/pods", namespace, name)
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                  "code": 201}, status=201)
+
     def _newer(self, revision: int) -> bool:
         return self.revision > revision
 
@@ -278,7 +314,7 @@ class APIServerPeer:
     async def start(self) -> str:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)  # open watches end at stop
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

@@ -1,0 +1,196 @@
+"""Bind: the final, locked decision that gives a pod devices on a node.
+
+Per node, one bind at a time in this replica (an asyncio lock); across replicas, the node's ledger annotation
+is changed only with the Node's ``resourceVersion`` as a precondition, so a concurrent change by another replica
+makes the API server answer 409 and the bind re-reads and re-decides. The order is: decide (health, GPR
+reservation, free devices) -> record the pod in the ledger (conditional patch) -> create the Binding -> record
+the allocation on the pod (annotation ``accelstack.io/allocation``). A Binding that fails takes the ledger
+entry back. When the node lacks room that lower-priority, preemptible work holds and the pod's GPR may evict,
+the bind starts those evictions (Eviction API: PodDisruptionBudgets are respected, never bypassed) and answers
+with an error so the scheduler retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from scheduler_extender import ledger
+from scheduler_extender.cluster import ClusterView, PodView, node_view, pod_view
+from scheduler_extender.kube import Conflict, Kube, NotFound
+from scheduler_extender.verbs import PodAsk, node_verdict
+
+log = logging.getLogger("accelstack.extender.bind")
+ALLOCATION_ANNOTATION = "accelstack.io/allocation"
+
+
+class Binder:
+    def __init__(self, kube: Kube, view: ClusterView, max_attempts: int = 16,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.view = view
+        self.max_attempts = max_attempts
+        self.clock = clock
+        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.conflicts = 0
+        self.evictions = 0
+
+    async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodView | None, dict[str, Any] | None]:
+        cached = self.view.pods.get(uid)
+        if cached is not None and cached.name == name and cached.namespace == namespace:
+            return cached, None
+        obj = await self.kube.get_pod(namespace, name)
+        return pod_view(obj, self.view.resources), obj
+
+    def _ask(self, pod: PodView) -> PodAsk:
+        ask = PodAsk(dict(pod.requests), gpr_key=pod.gpr, priority=pod.priority)
+        if pod.gpr:
+            ask.gpr = self.view.gprs.get(pod.gpr)
+            if ask.gpr is None:
+                ask.problem = f"GPR {pod.gpr} not found"
+            elif ask.gpr.phase not in ("Admitted", "Running"):
+                ask.problem = f"GPR {pod.gpr} is {ask.gpr.phase}, not admitted"
+        return ask
+
+    async def _fresh_node(self, node: str) -> None:
+        self.view.update_node(node_view(await self.kube.get_node(node), self.view.resources))
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Bind or say why not (the extender's ``Error``)."""
+        try:
+            pod, obj = await self._pod(namespace, name, uid)
+        except NotFound:
+            return f"pod {namespace}/{name} not found"
+        if obj is not None and obj.get("metadata", {}).get("uid") not in (uid, None):
+            return f"pod {namespace}/{name} has UID {obj['metadata'].get('uid')}, not {uid}"
+        if pod is None:  # asks for no managed resource: a plain Binding
+            return await self._create_binding(namespace, name, uid, node)
+        async with self.locks[node]:
+            error = await self._record(pod, node)
+            if error:
+                return error
+            error = await self._create_binding(namespace, name, uid, node)
+            if error:
+                await self.release(node, [uid])
+                return error
+        record = {"node": node, "requests": pod.requests, "gpr": pod.gpr, "boundAt": round(self.clock(), 3)}
+        try:
+            await self.kube.patch_pod(namespace, name, {"metadata": {"annotations": {
+                ALLOCATION_ANNOTATION: orjson.dumps(record).decode()}}})
+        except Exception as exc:  # the ledger already holds the truth; the annotation is for people and rebuilds
+            log.warning("could not annotate pod", extra={"pod": pod.key, "error": str(exc)[:200]})
+        return ""
+
+    async def _record(self, pod: PodView, node: str) -> str:
+        ask = self._ask(pod)
+        if ask.problem:
+            return f"cannot bind {pod.key}: {ask.problem}"
+        for _ in range(self.max_attempts):
+            view = self.view.nodes.get(node)
+            if view is None:
+                try:
+                    await self._fresh_node(node)
+                except NotFound:
+                    return f"node {node} not found"
+                continue
+            if pod.uid in view.ledger:
+                return ""  # a retried bind: the devices are already recorded for this pod
+            reason, resolvable = node_verdict(self.view, ask, node)
+            if reason:
+                if resolvable and ask.gpr is not None and ask.gpr.enable_eviction:
+                    return await self._evict_for(pod, ask, node, reason)
+                return f"cannot bind {pod.key} to {node}: {reason}"
+            entries = dict(view.ledger)
+            entries[pod.uid] = ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, self.clock())
+            body = {"metadata": {"resourceVersion": view.resource_version,
+                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
+            try:
+                updated = await self.kube.patch_node(node, body)
+            except Conflict:
+                self.conflicts += 1
+                await self._fresh_node(node)
+                continue
+            self.view.update_node(node_view(updated, self.view.resources))
+            return ""
+        return f"cannot bind {pod.key} to {node}: node {node} kept changing ({self.max_attempts} conflicts); retry"
+
+    async def _create_binding(self, namespace: str, name: str, uid: str, node: str) -> str:
+        try:
+            await self.kube.bind(namespace, name, uid, node)
+        except (Conflict, NotFound) as exc:
+            return f"binding {namespace}/{name} to {node} failed: {exc}"
+        except ApiException as exc:
+            return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.reason}"
+        return ""
+
+    async def release(self, node: str, uids: list[str]) -> int:
+        """Take pods' entries out of a node's ledger (conditional patch, retried); returns how many went."""
+        for _ in range(self.max_attempts):
+            view = self.view.nodes.get(node)
+            if view is None:
+                return 0
+            gone = [u for u in uids if u in view.ledger]
+            if not gone:
+                return 0
+            entries = {u: e for u, e in view.ledger.items() if u not in gone}
+            body = {"metadata": {"resourceVersion": view.resource_version,
+                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
+            try:
+                updated = await self.kube.patch_node(node, body)
+            except Conflict:
+                self.conflicts += 1
+                await self._fresh_node(node)
+                continue
+            except NotFound:
+                return 0
+            self.view.update_node(node_view(updated, self.view.resources))
+            return len(gone)
+        return 0
+
+    async def _evict_for(self, pod: PodView, ask: PodAsk, node: str, reason: str) -> str:
+        """Start evicting the cheapest set of lower-priority, preemptible holders on the node."""
+        view = self.view.nodes[node]
+        assert ask.gpr is not None
+        candidates = []
+        for entry in view.ledger.values():
+            victim = self.view.pods.get(entry.uid)
+            victim_gpr = self.view.gprs.get(entry.gpr) if entry.gpr else None
+            if victim is None or entry.gpr == pod.gpr:
+                continue
+            if victim_gpr is not None and (not victim_gpr.preemptible or victim_gpr.priority >= ask.gpr.priority):
+                continue
+            if victim_gpr is None and victim.priority >= ask.priority:
+                continue
+            candidates.append((victim_gpr.priority if victim_gpr else 0, entry.since, entry, victim))
+        candidates.sort(key=lambda c: (c[0], -c[1]))  # lowest priority first, then the youngest (least work lost)
+        need = {r: n - self.view.free_for(view, r, ask.gpr_key) for r, n in ask.requests.items()}
+        chosen = []
+        for _, _, entry, victim in candidates:
+            if all(v <= 0 for v in need.values()):
+                break
+            if any(need.get(r, 0) > 0 for r in entry.requests):
+                chosen.append(victim)
+                for r, n in entry.requests.items():
+                    need[r] = need.get(r, 0) - n
+        if any(v > 0 for v in need.values()):
+            return f"cannot bind {pod.key} to {node}: {reason}; eviction of lower-priority work cannot make room"
+        refused = []
+        for victim in chosen:
+            try:
+                await self.kube.evict(victim.namespace, victim.name)
+                self.evictions += 1
+            except ApiException as exc:
+                refused.append(f"{victim.key} ({exc.status} {exc.reason})")
+            except NotFound:
+                continue
+        if refused:
+            return f"cannot bind {pod.key} to {node} yet: eviction refused for {', '.join(refused)}"
+        return (f"evicting {len(chosen)} lower-priority pod(s) on {node} for {pod.key} "
+                f"({', '.join(v.key for v in chosen)}); retry")

@@ -1,0 +1,204 @@
+"""The extender's view of the cluster, fed by informers: nodes (allocatable managed devices, health, ledger),
+pods that request managed resources, and GPRs (phase, priority, reservation).
+
+Everything here is plain data and pure functions of it; the HTTP verbs read it, informers and the binder
+write it. Node health comes from what node health sets: the conditions ``GPUUnhealthy``/``NR1Unhealthy``
+(True) for their resource and the taint ``accelstack.io/unhealthy`` for every managed resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_extender import ledger
+from scheduler_extender.resources import pod_requests, whole
+
+GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
+GPR_LABEL = "accelstack.io/gpr"
+UNHEALTHY_TAINT = "accelstack.io/unhealthy"
+CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
+HOLDING = ("Admitted", "Running")
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass
+class NodeView:
+    name: str
+    allocatable: dict[str, int]
+    labels: dict[str, str]
+    unhealthy: dict[str, str]  # resource (or "*") -> reason
+    ledger: dict[str, ledger.Entry]
+    resource_version: str = ""
+
+    def health_reason(self, resource: str) -> str:
+        return self.unhealthy.get(resource) or self.unhealthy.get("*", "")
+
+
+@dataclass
+class GPRView:
+    key: str  # namespace/name
+    phase: str
+    priority: int
+    preemptible: bool
+    enable_eviction: bool
+    resource: str
+    reservation: dict[str, int]  # node -> devices
+
+
+@dataclass
+class PodView:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    phase: str
+    gpr: str  # namespace/name, "" if none
+    requests: dict[str, int]
+    priority: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
+    meta, status, spec = obj.get("metadata", {}), obj.get("status") or {}, obj.get("spec") or {}
+    allocatable = {}
+    for resource in resources:
+        value = (status.get("allocatable") or {}).get(resource)
+        if value is not None:
+            try:
+                allocatable[resource] = whole(value, resource)
+            except ValueError:
+                allocatable[resource] = 0
+    unhealthy: dict[str, str] = {}
+    for cond in status.get("conditions") or []:
+        sick = CONDITION_FOR.get(cond.get("type", ""))
+        if sick and cond.get("status") == "True":
+            unhealthy[sick] = f"{cond['type']}: {cond.get('message') or cond.get('reason') or 'True'}"
+    for taint in spec.get("taints") or []:
+        if taint.get("key") == UNHEALTHY_TAINT:
+            unhealthy["*"] = f"tainted {UNHEALTHY_TAINT}"
+    annotations = meta.get("annotations") or {}
+    try:
+        entries = ledger.parse(annotations.get(ledger.LEDGER_ANNOTATION))
+    except (ValueError, KeyError, TypeError):
+        entries = {}
+        unhealthy["*"] = f"unreadable {ledger.LEDGER_ANNOTATION} annotation"
+    return NodeView(meta.get("name", ""), allocatable, dict(meta.get("labels") or {}), unhealthy, entries,
+                    meta.get("resourceVersion", ""))
+
+
+def gpr_view(obj: dict[str, Any]) -> GPRView:
+    meta, spec, status = obj.get("metadata", {}), obj.get("spec") or {}, obj.get("status") or {}
+    reservation = {}
+    for item in status.get("reservation") or []:
+        try:
+            reservation[str(item["node"])] = int(item.get("devices", 0))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return GPRView(
+        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        phase=str(status.get("phase") or "Queued"),
+        priority=int(spec.get("priority", 100)),
+        preemptible=bool(spec.get("preemptible", True)),
+        enable_eviction=bool(spec.get("enableEviction", False)),
+        resource=str(spec.get("resource", GPU)),
+        reservation=reservation,
+    )
+
+
+def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
+    """A pod that requests a managed resource, or None."""
+    meta, spec = obj.get("metadata", {}), obj.get("spec") or {}
+    try:
+        requests = pod_requests(spec, resources)
+    except ValueError:
+        return None
+    if not requests:
+        return None
+    labels = dict(meta.get("labels") or {})
+    namespace = meta.get("namespace", "")
+    gpr = labels.get(GPR_LABEL, "")
+    return PodView(meta.get("uid", ""), namespace, meta.get("name", ""), spec.get("nodeName") or "",
+                   (obj.get("status") or {}).get("phase", "Pending"), f"{namespace}/{gpr}" if gpr else "",
+                   requests, int(spec.get("priority") or 0), labels)
+
+
+class ClusterView:
+    def __init__(self, resources: Iterable[str] = (GPU, NR1)) -> None:
+        self.resources = tuple(resources)
+        self.nodes: dict[str, NodeView] = {}
+        self.gprs: dict[str, GPRView] = {}
+        self.pods: dict[str, PodView] = {}  # by UID
+        self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
+
+    # informer callbacks
+    def sync_nodes(self, items: list[dict[str, Any]]) -> None:
+        self.nodes = {}
+        for obj in items:
+            self.on_node("ADDED", obj)
+
+    def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj.get("metadata", {}).get("name", "")
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            return
+        self.update_node(node_view(obj, self.resources))
+
+    def update_node(self, view: NodeView) -> None:
+        """Take a node's newer state (the binder's own patch responses arrive here too)."""
+        current = self.nodes.get(view.name)
+        if current is not None and current.resource_version and view.resource_version:
+            try:
+                if int(view.resource_version) < int(current.resource_version):
+                    return  # an older event than what we already hold
+            except ValueError:
+                pass
+        self.nodes[view.name] = view
+
+    def sync_gprs(self, items: list[dict[str, Any]]) -> None:
+        self.gprs, self.reserved = {}, {}
+        for obj in items:
+            self.on_gpr("ADDED", obj)
+
+    def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        view = gpr_view(obj)
+        old = self.gprs.pop(view.key, None)
+        if old is not None:
+            for node in old.reservation:
+                self.reserved.get(node, {}).pop(old.key, None)
+        if kind == "DELETED":
+            return
+        self.gprs[view.key] = view
+        if view.phase in HOLDING:
+            for node, devices in view.reservation.items():
+                self.reserved.setdefault(node, {})[view.key] = devices
+
+    def sync_pods(self, items: list[dict[str, Any]]) -> None:
+        self.pods = {}
+        for obj in items:
+            self.on_pod("ADDED", obj)
+
+    def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        uid = obj.get("metadata", {}).get("uid", "")
+        if kind == "DELETED":
+            self.pods.pop(uid, None)
+            return
+        view = pod_view(obj, self.resources)
+        if view is None:
+            self.pods.pop(uid, None)
+        else:
+            self.pods[uid] = view
+
+    # queries
+    def reservations_on(self, node: str) -> dict[str, int]:
+        return self.reserved.get(node, {})
+
+    def free_for(self, node: NodeView, resource: str, gpr: str) -> int:
+        gprs_here = {k: v for k, v in self.reservations_on(node.name).items()
+                     if self.gprs.get(k) is not None and self.gprs[k].resource == resource}
+        return ledger.free_for(node.allocatable.get(resource, 0), node.ledger, resource, gpr, gprs_here)

@@ -1,0 +1,169 @@
+"""The HTTP extender kube-scheduler calls: ``POST <prefix>/filter``, ``/prioritize``, ``/preempt``, ``/bind`` with
+the exact upstream JSON, in both ``nodeCacheCapable`` modes, plus ``/healthz``, ``/readyz`` and ``/metrics``.
+
+Malformed JSON or wrong types answer HTTP 400 with the ``Error`` field set; a body over the size limit answers
+413. Pods that request no managed resource pass straight through.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from scheduler_extender import wire
+from scheduler_extender.binder import Binder
+from scheduler_extender.cluster import ClusterView
+from scheduler_extender.verbs import ask_of, filter_nodes, preempt, prioritize
+
+log = logging.getLogger("accelstack.extender")
+JSON = "application/json"
+VERBS = ("filter", "prioritize", "preempt", "bind")
+
+
+class ExtenderMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        p = "accelstack_extender_"
+        self.latency = Histogram(p + "request_seconds", "Extender verb handling time", ["verb"],
+                                 buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+                                 registry=self.registry)
+        self.decisions = Counter(p + "decisions_total", "Extender outcomes by verb and result", ["verb", "result"],
+                                 registry=self.registry)
+        self.bad_requests = Counter(p + "bad_requests_total", "Requests refused as malformed", ["verb"],
+                                    registry=self.registry)
+        self.evictions = Counter(p + "evictions_total", "Evictions started to make room at bind",
+                                 registry=self.registry)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=wire.encoder.encode(wire.ExtenderBindingResult(Error=message)),
+                        content_type=JSON)
+
+
+def _node_names(args: wire.ExtenderArgs) -> tuple[list[str], list[msgspec.Raw] | None]:
+    """(names, raw node items or None): NodeNames when nodeCacheCapable, else the names of Nodes.items."""
+    if args.NodeNames is not None:
+        return list(args.NodeNames), None
+    if args.Nodes is not None:
+        items = list(args.Nodes.items or [])
+        return [wire.node_item.decode(raw).metadata.name for raw in items], items
+    raise ValueError("neither NodeNames nor Nodes was sent")
+
+
+class Extender:
+    def __init__(self, view: ClusterView, binder: Binder, metrics: ExtenderMetrics | None = None,
+                 require_gpr: bool = False, ready: Callable[[], bool] = lambda: True) -> None:
+        self.view = view
+        self.binder = binder
+        self.metrics = metrics or ExtenderMetrics()
+        self.require_gpr = require_gpr
+        self.ready = ready
+
+    def routes(self, prefix: str = "/scheduler") -> list[web.RouteDef]:
+        prefix = prefix.rstrip("/")
+        handlers: dict[str, Callable[[bytes], Awaitable[web.Response]]] = {
+            "filter": self.filter, "prioritize": self.prioritize, "preempt": self.preempt, "bind": self.bind}
+        out = [web.post(f"{prefix}/{verb}", self._wrap(verb, handler)) for verb, handler in handlers.items()]
+        out += [web.get("/healthz", self.healthz), web.get("/readyz", self.readyz), web.get("/metrics", self.metrics_view)]
+        return out
+
+    def _wrap(self, verb: str, handler: Callable[[bytes], Awaitable[web.Response]]) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                body = await request.read()
+                response = await handler(body)
+            except web.HTTPRequestEntityTooLarge:
+                self.metrics.bad_requests.labels(verb).inc()
+                return _error(413, f"{verb}: request body over the size limit")
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                self.metrics.bad_requests.labels(verb).inc()
+                return _error(400, f"{verb}: malformed request: {exc}")
+            except Exception as exc:  # never a 500 without the Error field
+                log.exception("extender verb failed", extra={"verb": verb})
+                return _error(500, f"{verb}: internal error: {type(exc).__name__}: {exc}")
+            finally:
+                self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+            return response
+        return handle
+
+    async def filter(self, body: bytes) -> web.Response:
+        args = wire.filter_args.decode(body)
+        if args.Pod is None:
+            raise ValueError("Pod is missing")
+        names, items = _node_names(args)
+        ask = ask_of(self.view, args.Pod, self.require_gpr)
+        outcome = filter_nodes(self.view, ask, names)
+        result = wire.ExtenderFilterResult(FailedNodes=outcome.failed,
+                                           FailedAndUnresolvableNodes=outcome.unresolvable)
+        if items is None:
+            result.NodeNames = outcome.passed
+        else:
+            keep = set(outcome.passed)
+            assert args.Nodes is not None
+            result.Nodes = wire.NodeList(items=[raw for raw, name in zip(items, names, strict=True) if name in keep],
+                                         metadata=args.Nodes.metadata)
+        self.metrics.decisions.labels("filter", "passed" if outcome.passed else "none").inc()
+        return web.Response(body=wire.encoder.encode(result), content_type=JSON)
+
+    async def prioritize(self, body: bytes) -> web.Response:
+        args = wire.filter_args.decode(body)
+        if args.Pod is None:
+            raise ValueError("Pod is missing")
+        names, _ = _node_names(args)
+        scores = prioritize(self.view, ask_of(self.view, args.Pod, self.require_gpr), names)
+        result = [wire.HostPriority(Host=name, Score=score) for name, score in scores]
+        return web.Response(body=wire.encoder.encode(result), content_type=JSON)
+
+    async def preempt(self, body: bytes) -> web.Response:
+        args = wire.preemption_args.decode(body)
+        if args.Pod is None:
+            raise ValueError("Pod is missing")
+        victims: dict[str, list[str]] = {}
+        pdb: dict[str, int] = {}
+        if args.NodeNameToMetaVictims is not None:
+            for node, meta in args.NodeNameToMetaVictims.items():
+                victims[node] = [p.UID for p in meta.Pods]
+                pdb[node] = meta.NumPDBViolations
+        elif args.NodeNameToVictims is not None:
+            for node, full in args.NodeNameToVictims.items():
+                victims[node] = [p.metadata.uid for p in full.Pods]
+                pdb[node] = full.NumPDBViolations
+        ask = ask_of(self.view, args.Pod, self.require_gpr)
+        if not ask.requests:  # not ours to shape: every candidate stays
+            kept = {n: wire.MetaVictims(Pods=[wire.MetaPod(UID=u) for u in uids], NumPDBViolations=pdb.get(n, 0))
+                    for n, uids in victims.items()}
+        else:
+            kept = preempt(self.view, ask, victims, pdb)
+        self.metrics.decisions.labels("preempt", "kept" if kept else "none").inc()
+        return web.Response(body=wire.encoder.encode(wire.ExtenderPreemptionResult(NodeNameToMetaVictims=kept)),
+                            content_type=JSON)
+
+    async def bind(self, body: bytes) -> web.Response:
+        args = wire.binding_args.decode(body)
+        for field in ("PodName", "PodNamespace", "PodUID", "Node"):
+            if not getattr(args, field):
+                raise ValueError(f"{field} is empty")
+        evictions_before = self.binder.evictions
+        error = await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        self.metrics.evictions.inc(self.binder.evictions - evictions_before)
+        self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
+        if error:
+            log.info("bind refused", extra={"pod": f"{args.PodNamespace}/{args.PodName}", "node": args.Node,
+                                            "error": error})
+        return web.Response(body=wire.encoder.encode(wire.ExtenderBindingResult(Error=error)), content_type=JSON)
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n") if self.ready() else web.Response(status=503, text="informers not synced\n")
+
+    async def metrics_view(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,78 @@
+"""What a pod asks for: Kubernetes quantities and a pod's effective request for managed resources.
+
+A pod's effective request for a resource is the larger of the sum over its containers and the largest single
+init container (the kubelet's rule); a request missing where the limit is set takes the limit, as the API
+server defaults it for extended resources. Extended resources are whole numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+_SUFFIX = {
+    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity ('2', '500m', '1Gi', '1e3', 4) as a Decimal; ValueError when malformed."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    text = str(value).strip()
+    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "m", "k", "M", "G", "T", "P", "E", ""):
+        if suffix and text.endswith(suffix):
+            number = text[: -len(suffix)]
+            break
+    else:
+        suffix, number = "", text
+    try:
+        return Decimal(number) * _SUFFIX[suffix]
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {value!r}") from None
+
+
+def whole(value: Any, what: str) -> int:
+    q = parse_quantity(value)
+    if q != q.to_integral_value() or q < 0:
+        raise ValueError(f"{what}: extended resources must be whole, non-negative numbers, got {value!r}")
+    return int(q)
+
+
+def _container_requests(container: Any, resources: Iterable[str]) -> dict[str, int]:
+    res = getattr(container, "resources", None) if not isinstance(container, Mapping) else container.get("resources")
+    if res is None:
+        return {}
+    requests = (res.get("requests") if isinstance(res, Mapping) else res.requests) or {}
+    limits = (res.get("limits") if isinstance(res, Mapping) else res.limits) or {}
+    out = {}
+    for name in resources:
+        if name in requests:
+            out[name] = whole(requests[name], f"requests[{name}]")
+        elif name in limits:
+            out[name] = whole(limits[name], f"limits[{name}]")
+    return out
+
+
+def pod_requests(spec: Any, resources: Iterable[str]) -> dict[str, int]:
+    """Effective request per managed resource (only those with a non-zero request). ``spec`` is a pod spec as a
+    dict (API objects) or a wire struct (extender requests)."""
+    resources = tuple(resources)
+    if isinstance(spec, Mapping):
+        containers, inits = spec.get("containers") or [], spec.get("initContainers") or []
+    else:
+        containers, inits = spec.containers or [], spec.initContainers or []
+    total: dict[str, int] = {}
+    for container in containers:
+        for name, n in _container_requests(container, resources).items():
+            total[name] = total.get(name, 0) + n
+    for container in inits:
+        for name, n in _container_requests(container, resources).items():
+            total[name] = max(total.get(name, 0), n)
+    return {k: v for k, v in total.items() if v > 0}

@@ -1,0 +1,104 @@
+"""One extender process: informers feeding the cluster view, the extender verbs, the binder, the REST API, the
+admission webhook and the (leader-elected) GPR controller, on one aiohttp server.
+
+``ExtenderServer`` is what ``accelstack-extender`` runs and what the tests start against the API-server peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from scheduler_extender.binder import Binder
+from scheduler_extender.cluster import ClusterView
+from scheduler_extender.extender import Extender, ExtenderMetrics
+from scheduler_extender.kube import Informer, Kube
+
+log = logging.getLogger("accelstack.extender.server")
+DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
+
+
+class ExtenderServer:
+    def __init__(self, kube: Kube, resources: tuple[str, ...] = ("nvidia.com/gpu", "neureality.com/nr1"),
+                 prefix: str = "/scheduler", require_gpr: bool = False, max_body: int = DEFAULT_MAX_BODY,
+                 extra_routes: Callable[[web.Application], None] | None = None) -> None:
+        self.kube = kube
+        self.view = ClusterView(resources)
+        self.binder = Binder(kube, self.view)
+        self.metrics = ExtenderMetrics()
+        self.informers = [
+            Informer("nodes", kube.lister("nodes"), self.view.on_node, self.view.sync_nodes),
+            Informer("pods", kube.lister("pods"), self._on_pod, self.view.sync_pods),
+            Informer("gprs", kube.lister("gprs"), self.view.on_gpr, self.view.sync_gprs),
+        ]
+        self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready)
+        self.app = web.Application(client_max_size=max_body)
+        self.app.add_routes(self.extender.routes(prefix))
+        if extra_routes is not None:
+            extra_routes(self.app)
+        self.stop_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.released: list[str] = []  # ledger entries given back by garbage collection (uids)
+
+    def ready(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        self.view.on_pod(kind, obj)
+        phase = (obj.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in ("Succeeded", "Failed"):
+            uid = obj.get("metadata", {}).get("uid", "")
+            node = (obj.get("spec") or {}).get("nodeName") or ""
+            view = self.view.nodes.get(node)
+            if view is not None and uid in view.ledger:
+                self._tasks.append(asyncio.create_task(self._release(node, uid)))
+
+    async def _release(self, node: str, uid: str) -> None:
+        """A pod that ended gives its devices back to the node's ledger."""
+        try:
+            if await self.binder.release(node, [uid]):
+                self.released.append(uid)
+        except Exception as exc:
+            log.warning("ledger release failed; the next sweep retries", extra={"node": node, "error": str(exc)[:200]})
+
+    async def sweep(self) -> int:
+        """Give back ledger entries of pods that no longer exist or ended (missed events, crashed binds)."""
+        released = 0
+        for node in list(self.view.nodes.values()):
+            stale = [uid for uid, entry in node.ledger.items()
+                     if uid not in self.view.pods or self.view.pods[uid].phase in ("Succeeded", "Failed")
+                     or self.view.pods[uid].node not in ("", node.name)]
+            if stale:
+                released += await self.binder.release(node.name, stale)
+        return released
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None,
+                    sync_timeout: float = 30.0) -> None:
+        self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
+        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), sync_timeout)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
+        await site.start()
+        server = getattr(site, "_server", None)
+        self.port = server.sockets[0].getsockname()[1] if server is not None else port
+        log.info("extender serving", extra={"port": self.port, "tls": ssl_context is not None})
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

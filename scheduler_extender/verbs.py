@@ -1,0 +1,151 @@
+"""The extender's decisions for filter, prioritize and preempt: pure functions over the ``ClusterView``.
+
+- filter: a pod of a GPR goes only to its GPR's reserved, healthy nodes with enough of the reservation left;
+  nodes preemption cannot help go to ``FailedAndUnresolvableNodes`` (unknown, unhealthy, too small, not
+  reserved, reservation used up), nodes that lack free devices held by others go to ``FailedNodes``.
+- prioritize: 0-10 — the GPR's reserved nodes score 10; a pod without a GPR gets best-fit packing (the fewer
+  devices a node has left after placing the pod, the higher), the placement rule of the policy core.
+- preempt: a node stays a candidate only if every managed victim there has lower priority and is preemptible
+  (its GPR's ``preemptible``); GPR priorities are compared when both sides have GPRs, pod priorities otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_extender.cluster import GPR_LABEL, HOLDING, ClusterView, GPRView, PodView
+from scheduler_extender.resources import pod_requests
+from scheduler_extender.wire import MetaPod, MetaVictims, Pod
+
+MAX_SCORE = 10
+
+
+@dataclass
+class PodAsk:
+    """What a pod in an extender request asks for, resolved against the view."""
+
+    requests: dict[str, int]
+    gpr_key: str = ""
+    gpr: GPRView | None = None
+    problem: str = ""  # set when no node can take the pod (unresolvable everywhere)
+    priority: int = 0
+
+
+def ask_of(view: ClusterView, pod: Pod, require_gpr: bool = False) -> PodAsk:
+    requests = pod_requests(pod.spec, view.resources)
+    ask = PodAsk(requests, priority=pod.spec.priority or 0)
+    if not requests:
+        return ask
+    label = (pod.metadata.labels or {}).get(GPR_LABEL, "")
+    if not label:
+        if require_gpr:
+            ask.problem = f"pod has no {GPR_LABEL} label and this extender requires a GPR"
+        return ask
+    ask.gpr_key = f"{pod.metadata.namespace}/{label}"
+    ask.gpr = view.gprs.get(ask.gpr_key)
+    if ask.gpr is None:
+        ask.problem = f"GPR {ask.gpr_key} not found"
+    elif ask.gpr.phase not in HOLDING:
+        ask.problem = f"GPR {ask.gpr_key} is {ask.gpr.phase}, not admitted"
+    return ask
+
+
+@dataclass
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+def filter_nodes(view: ClusterView, ask: PodAsk, names: list[str]) -> FilterOutcome:
+    out = FilterOutcome()
+    if not ask.requests:
+        out.passed = list(names)
+        return out
+    if ask.problem:
+        out.unresolvable = dict.fromkeys(names, ask.problem)
+        return out
+    for name in names:
+        reason, resolvable = node_verdict(view, ask, name)
+        if not reason:
+            out.passed.append(name)
+        elif resolvable:
+            out.failed[name] = reason
+        else:
+            out.unresolvable[name] = reason
+    return out
+
+
+def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
+    """('' , _) when the node can take the pod now; else (reason, whether preemption could help)."""
+    node = view.nodes.get(name)
+    if node is None:
+        return "node unknown to the accelstack extender", False
+    for resource, count in ask.requests.items():
+        sick = node.health_reason(resource)
+        if sick:
+            return f"unhealthy: {sick}", False
+        capacity = node.allocatable.get(resource, 0)
+        if capacity < count:
+            return f"node has {capacity} {resource}, pod asks {count}", False
+        if ask.gpr is not None:
+            reserved = ask.gpr.reservation.get(name)
+            if reserved is None:
+                return f"not reserved for GPR {ask.gpr_key}", False
+            own_used = sum(e.requests.get(resource, 0) for e in node.ledger.values() if e.gpr == ask.gpr_key)
+            if reserved - own_used < count:
+                return f"GPR {ask.gpr_key} reservation here is used up ({own_used} of {reserved} bound)", False
+        free = view.free_for(node, resource, ask.gpr_key)
+        if free < count:
+            return f"{free} {resource} free, pod asks {count}", True
+    return "", False
+
+
+def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[str, int]]:
+    scores = []
+    for name in names:
+        node = view.nodes.get(name)
+        if node is None or not ask.requests:
+            scores.append((name, 0))
+            continue
+        if ask.gpr is not None:
+            scores.append((name, MAX_SCORE if name in ask.gpr.reservation else 0))
+            continue
+        score = MAX_SCORE
+        for resource, count in ask.requests.items():
+            capacity = node.allocatable.get(resource, 0)
+            left = view.free_for(node, resource, "") - count
+            if capacity <= 0 or left < 0:
+                score = 0
+                break
+            score = min(score, round(MAX_SCORE * (1 - left / capacity)))
+        scores.append((name, max(0, min(MAX_SCORE, score))))
+    return scores
+
+
+def _outranks(view: ClusterView, ask: PodAsk, victim: PodView) -> bool:
+    victim_gpr = view.gprs.get(victim.gpr) if victim.gpr else None
+    if victim_gpr is not None and not victim_gpr.preemptible:
+        return False
+    if ask.gpr is not None and victim_gpr is not None:
+        return victim_gpr.priority < ask.gpr.priority
+    return victim.priority < ask.priority
+
+
+def preempt(view: ClusterView, ask: PodAsk, victims: dict[str, list[str]],
+            pdb_violations: dict[str, int]) -> dict[str, MetaVictims]:
+    """Keep the nodes whose every victim (by UID) may be preempted by this pod."""
+    out: dict[str, MetaVictims] = {}
+    for node, uids in victims.items():
+        if ask.problem or (ask.gpr is not None and node not in ask.gpr.reservation):
+            continue
+        node_view = view.nodes.get(node)
+        if node_view is None or any(node_view.health_reason(r) for r in ask.requests):
+            continue
+        # Victims the view does not track request no managed resource: the scheduler already picked them by
+        # lower pod priority, and they hold no GPR work, so they stay.
+        pods = [p for p in (view.pods.get(uid) for uid in uids) if p is not None]
+        if all(p.node in (node, "") and _outranks(view, ask, p) for p in pods):
+            out[node] = MetaVictims(Pods=[MetaPod(UID=uid) for uid in uids],
+                                    NumPDBViolations=pdb_violations.get(node, 0))
+    return out

@@ -1,0 +1,85 @@
+"""The extender stack against the API-server peer: real HTTP on both sides, the real kubernetes_asyncio client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from scheduler_extender.kube import Kube
+from scheduler_extender.server import ExtenderServer
+from tests.apiserver_peer import APIServerPeer
+
+WIRE = Path(__file__).parent / "wire"
+GPU = "nvidia.com/gpu"
+
+
+def recorded(name: str) -> bytes:
+    return (WIRE / name).read_bytes()
+
+
+def node(name: str, gpus: int = 4, labels: dict[str, str] | None = None, conditions: list[dict[str, Any]] | None = None,
+         taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    alloc = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    if gpus:
+        alloc[GPU] = str(gpus)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {"taints": taints or []},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True"}, *(conditions or [])]}}
+
+
+def pod(name: str, gpus: int = 1, gpr: str = "", namespace: str = "default", uid: str = "",
+        priority: int = 0) -> dict[str, Any]:
+    labels = {"accelstack.io/gpr": gpr} if gpr else {}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, **({"uid": uid} if uid else {})},
+            "spec": {"priority": priority, "containers": [{"name": "main", "image": "pause",
+                     "resources": {"limits": {GPU: str(gpus)}, "requests": {GPU: str(gpus)}}}]},
+            "status": {"phase": "Pending"}}
+
+
+def gpr(name: str, phase: str = "Admitted", reservation: dict[str, int] | None = None, priority: int = 100,
+        namespace: str = "default", preemptible: bool = True, enable_eviction: bool = False) -> dict[str, Any]:
+    return {"apiVersion": "accelstack.io/v1alpha1", "kind": "GPUProvisioningRequest",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"resource": GPU, "devicesPerNode": 1, "priority": priority, "preemptible": preemptible,
+                     "enableEviction": enable_eviction},
+            "status": {"phase": phase, "reservation": [{"node": n, "devices": d} for n, d in (reservation or {}).items()]}}
+
+
+def filter_body(pod_obj: dict[str, Any], names: list[str]) -> bytes:
+    return json.dumps({"Pod": pod_obj, "Nodes": None, "NodeNames": names}).encode()
+
+
+@contextlib.asynccontextmanager
+async def stack(peer: APIServerPeer | None = None, **kwargs: Any) -> AsyncIterator[tuple[APIServerPeer, ExtenderServer]]:
+    own = peer is None
+    if peer is None:
+        peer = APIServerPeer()
+        await peer.start()
+    api_client = client.ApiClient(client.Configuration(host=peer.url))
+    server = ExtenderServer(Kube(api_client), **kwargs)
+    await server.start()
+    try:
+        yield peer, server
+    finally:
+        await server.stop()
+        await api_client.close()
+        if own:
+            await peer.stop()
+
+
+async def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
