@@ -1,0 +1,214 @@
+"""The taint controller against the API-server peer through the real kubernetes_asyncio client: condition on ->
+taint; off for less than the hold time -> taint kept; after -> removed."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from npd.config import load
+from npd.remediation import CORDON_ANNOTATION, SINCE_ANNOTATION, TaintController, decide
+from tests.apiserver_peer import APIServerPeer
+
+NODES = "api/v1/nodes"
+KEY = "accelstack.io/unhealthy"
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node(name: str, conditions: dict[str, tuple[str, float]], taints: list[dict[str, Any]] | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": iso(0)},
+                *({"type": t, "status": s, "reason": "r", "lastTransitionTime": iso(at)}
+                  for t, (s, at) in conditions.items())]}}
+
+
+def settings(*flags: str) -> Any:
+    return load(list(flags), environ={})[0].values
+
+
+@pytest.fixture
+async def api():
+    peer = APIServerPeer()
+    url = await peer.start()
+    configuration = client.Configuration(host=url)
+    async with client.ApiClient(configuration) as api_client:
+        yield peer, client.CoreV1Api(api_client)
+    await peer.stop()
+
+
+def taints_of(peer: APIServerPeer, name: str) -> list[dict[str, Any]]:
+    return (peer.get(NODES, "", name) or {}).get("spec", {}).get("taints") or []
+
+
+async def set_condition(peer: APIServerPeer, name: str, ctype: str, status: str, at: float) -> None:
+    obj = peer.get(NODES, "", name)
+    assert obj is not None
+    for c in obj["status"]["conditions"]:
+        if c["type"] == ctype:
+            c.update(status=status, lastTransitionTime=iso(at))
+    await peer.put_object(NODES, obj, "MODIFIED")
+
+
+async def test_taint_hold_and_lift_with_a_controlled_clock(api) -> None:
+    peer, core = api
+    now = [1_800_000_000.0]
+    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    other = {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}
+    await peer.put_object(NODES, node("gpu-1", {"GPUUnhealthy": ("True", now[0] - 5)}, taints=[other]))
+    await controller.reconcile(await core.read_node("gpu-1"))
+    assert taints_of(peer, "gpu-1") == [other, {"key": KEY, "value": "GPUUnhealthy", "effect": "NoSchedule"}]
+    assert peer.get(NODES, "", "gpu-1")["metadata"]["annotations"][SINCE_ANNOTATION] == iso(now[0])
+
+    # the GPU recovers; 9 minutes later the taint is still there
+    await set_condition(peer, "gpu-1", "GPUUnhealthy", "False", now[0])
+    now[0] += 540
+    decision = await controller.reconcile(await core.read_node("gpu-1"))
+    assert decision.taint is None and decision.wake_in == pytest.approx(60)
+    assert any(t["key"] == KEY for t in taints_of(peer, "gpu-1"))
+    # it flaps: True again, then False again -> the hold starts over from the last transition
+    await set_condition(peer, "gpu-1", "GPUUnhealthy", "True", now[0])
+    await controller.reconcile(await core.read_node("gpu-1"))
+    await set_condition(peer, "gpu-1", "GPUUnhealthy", "False", now[0] + 1)
+    now[0] += 601 - 60
+    await controller.reconcile(await core.read_node("gpu-1"))
+    assert any(t["key"] == KEY for t in taints_of(peer, "gpu-1"))
+    now[0] += 61
+    decision = await controller.reconcile(await core.read_node("gpu-1"))
+    assert decision.taint is False
+    assert taints_of(peer, "gpu-1") == [other]  # only our taint goes
+    assert SINCE_ANNOTATION not in (peer.get(NODES, "", "gpu-1")["metadata"].get("annotations") or {})
+
+
+async def test_unknown_keeps_the_taint_and_healthy_nodes_are_left_alone(api) -> None:
+    peer, core = api
+    now = 1_800_000_000.0
+    controller = TaintController(core, settings("--remediation-hold-time", "1s"), clock=lambda: now)
+    await peer.put_object(NODES, node("nr1-1", {"NR1Unhealthy": ("Unknown", 0)},
+                                      taints=[{"key": KEY, "value": "NR1Unhealthy", "effect": "NoSchedule"}]))
+    await peer.put_object(NODES, node("fine", {"GPUUnhealthy": ("False", 0)}))
+    before = len(peer.requests)
+    assert (await controller.reconcile(await core.read_node("nr1-1"))).taint is None
+    assert (await controller.reconcile(await core.read_node("fine"))).taint is None
+    assert [m for m, _ in peer.requests[before:]] == ["GET", "GET"]  # no writes
+    assert taints_of(peer, "nr1-1")
+
+
+async def test_conflicting_write_is_retried_on_a_fresh_read(api) -> None:
+    peer, core = api
+    controller = TaintController(core, settings(), clock=time.time)
+    await peer.put_object(NODES, node("gpu-2", {"GPUUnhealthy": ("True", 0)}))
+    stale = await core.read_node("gpu-2")
+    obj = peer.get(NODES, "", "gpu-2")
+    obj["spec"]["taints"] = [{"key": "someone/else", "effect": "NoExecute"}]
+    await peer.put_object(NODES, obj, "MODIFIED")  # another writer added a taint meanwhile
+    await controller.reconcile(stale)
+    assert [t["key"] for t in taints_of(peer, "gpu-2")] == ["someone/else", KEY]
+    assert ("PATCH", "/api/v1/nodes/gpu-2") in peer.requests
+
+
+async def test_cordon_is_optional_and_undone_only_when_ours(api) -> None:
+    peer, core = api
+    now = [1_800_000_000.0]
+    controller = TaintController(core, settings("--remediation-cordon", "true", "--remediation-hold-time", "0"),
+                                 clock=lambda: now[0])
+    await peer.put_object(NODES, node("gpu-3", {"GPUUnhealthy": ("True", now[0])}))
+    await controller.reconcile(await core.read_node("gpu-3"))
+    stored = peer.get(NODES, "", "gpu-3")
+    assert stored["spec"]["unschedulable"] is True and stored["metadata"]["annotations"][CORDON_ANNOTATION] == "true"
+    await set_condition(peer, "gpu-3", "GPUUnhealthy", "False", now[0])
+    now[0] += 1
+    await controller.reconcile(await core.read_node("gpu-3"))
+    stored = peer.get(NODES, "", "gpu-3")
+    assert "unschedulable" not in stored["spec"] and not taints_of(peer, "gpu-3")
+    # without the option nothing is cordoned
+    plain = TaintController(core, settings(), clock=lambda: now[0])
+    await peer.put_object(NODES, node("gpu-4", {"GPUUnhealthy": ("True", now[0])}))
+    await plain.reconcile(await core.read_node("gpu-4"))
+    assert "unschedulable" not in peer.get(NODES, "", "gpu-4")["spec"]
+
+
+async def test_drain_evicts_pods_using_managed_resources(api) -> None:
+    peer, core = api
+    evicted: list[str] = []
+
+    def eviction(request, body):
+        from aiohttp import web
+
+        evicted.append(body["metadata"]["name"])
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
+
+    peer.hooks["POST pods/eviction"] = eviction
+
+    def pod(name: str, node_name: str, resources: dict | None, daemonset: bool = False) -> dict:
+        meta: dict[str, Any] = {"name": name, "namespace": "ml"}
+        if daemonset:
+            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u"}]
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node_name, "containers": [
+            {"name": "c", "image": "i", "resources": {"limits": resources} if resources else {}}]}}
+
+    for obj in (pod("trainer", "gpu-5", {"nvidia.com/gpu": "1"}), pod("web", "gpu-5", None),
+                pod("elsewhere", "gpu-6", {"nvidia.com/gpu": "1"}),
+                pod("exporter", "gpu-5", {"nvidia.com/gpu": "1"}, daemonset=True)):
+        await peer.put_object("api/v1/pods", obj)
+    await peer.put_object(NODES, node("gpu-5", {"GPUUnhealthy": ("True", 0)}))
+    controller = TaintController(core, settings("--remediation-drain", "true"))
+    await controller.reconcile(await core.read_node("gpu-5"))
+    assert evicted == ["trainer"]
+    await controller.reconcile(await core.read_node("gpu-5"))  # already tainted: no second drain
+    assert evicted == ["trainer"]
+
+
+async def test_controller_loop_end_to_end(api) -> None:
+    """Watch-driven: condition on -> taint; off for less than the hold -> kept; after the hold -> removed."""
+    peer, core = api
+    await peer.put_object(NODES, node("gpu-7", {"GPUUnhealthy": ("False", 0)}))
+    controller = TaintController(core, settings("--remediation-hold-time", "2s", "--remediation-resync", "30s"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        await asyncio.sleep(0.3)
+        assert not taints_of(peer, "gpu-7")
+        await set_condition(peer, "gpu-7", "GPUUnhealthy", "True", time.time())
+        await wait_for(lambda: bool(taints_of(peer, "gpu-7")), 3)
+        off_at = time.time()
+        await set_condition(peer, "gpu-7", "GPUUnhealthy", "False", off_at)
+        await asyncio.sleep(1.0)
+        assert taints_of(peer, "gpu-7"), "lifted before the hold time"
+        await wait_for(lambda: not taints_of(peer, "gpu-7"), 5)
+        assert time.time() - off_at >= 1.0  # lastTransitionTime has whole seconds
+        assert controller.tainted == set()
+    finally:
+        stop.set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def wait_for(predicate, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_decide_table() -> None:
+    c = lambda t, s, at: SimpleNamespace(type=t, status=s, last_transition_time=iso(at))  # noqa: E731
+    watched = ["GPUUnhealthy", "NR1Unhealthy"]
+    both = [c("GPUUnhealthy", "True", 0), c("NR1Unhealthy", "True", 0)]
+    assert decide(both, False, watched, 60, 100).value == "GPUUnhealthy_NR1Unhealthy"
+    assert decide([c("Ready", "False", 0)], True, watched, 60, 100).taint is None  # nothing watched on the node
+    assert decide([c("GPUUnhealthy", "False", 50)], True, watched, 60, 100).wake_in == pytest.approx(10)
+    assert decide([c("GPUUnhealthy", "False", 40)], True, watched, 60, 100).taint is False
+    mixed = [c("GPUUnhealthy", "False", 0), c("NR1Unhealthy", "False", 90)]
+    assert decide(mixed, True, watched, 60, 100).taint is None  # the later transition counts
