@@ -19,6 +19,7 @@ Errors are ``Status`` objects with the real ``reason`` and ``code``. Product cod
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import functools
 import json
@@ -82,7 +83,7 @@ def json_patch(target: Any, ops: list[dict[str, Any]]) -> Any:
 
 
 class APIServerPeer:
-    def __init__(self, history: int = 1000) -> None:
+    def __init__(self, history: int = 100_000) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource path, namespace, name) -> obj
         self.revision = 0
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, resource path, type, object)
@@ -294,8 +295,15 @@ class APIServerPeer:
         sent = since
         try:
             while True:
-                for rv, res, kind, obj in list(self.events):
-                    if rv > sent and res == resource and (not namespace or obj["metadata"].get("namespace") == namespace) \
+                if self.events and sent < self.events[0][0] - 1:  # fell behind the retained history: 410
+                    gone = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                        "message": f"too old resource version: {sent}",
+                                                        "reason": "Expired", "code": 410}}
+                    await response.write(json.dumps(gone).encode() + b"\n")
+                    break
+                start = bisect.bisect_right(self.events, sent, key=lambda e: e[0])
+                for rv, res, kind, obj in self.events[start:]:
+                    if res == resource and (not namespace or obj["metadata"].get("namespace") == namespace) \
                             and self._select(request, obj):
                         await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
                     sent = max(sent, rv)
