@@ -217,6 +217,7 @@ class Node:
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(conf).encode())
         proc.stdin.close()
+        proc.stdin = None  # communicate() then only reads
         return proc
 
 
