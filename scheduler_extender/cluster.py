@@ -58,6 +58,7 @@ class PodView:
     requests: dict[str, int]
     priority: int
     labels: dict[str, str] = field(default_factory=dict)
+    gates: tuple[str, ...] = ()  # spec.schedulingGates names
 
     @property
     def key(self) -> str:
@@ -123,9 +124,10 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
     labels = dict(meta.get("labels") or {})
     namespace = meta.get("namespace", "")
     gpr = labels.get(GPR_LABEL, "")
+    gates = tuple(str(g.get("name", "")) for g in spec.get("schedulingGates") or [] if isinstance(g, dict))
     return PodView(meta.get("uid", ""), namespace, meta.get("name", ""), spec.get("nodeName") or "",
                    (obj.get("status") or {}).get("phase", "Pending"), f"{namespace}/{gpr}" if gpr else "",
-                   requests, int(spec.get("priority") or 0), labels)
+                   requests, int(spec.get("priority") or 0), labels, gates)
 
 
 class ClusterView:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +19,11 @@ from aiohttp import web
 
 from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import ClusterView
+from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import Extender, ExtenderMetrics
 from scheduler_extender.kube import Informer, Kube
+from scheduler_extender.leader import LeaderElector
+from scheduler_extender.rest_api import RestAPI
 
 log = logging.getLogger("accelstack.extender.server")
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
@@ -27,19 +32,30 @@ DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well und
 class ExtenderServer:
     def __init__(self, kube: Kube, resources: tuple[str, ...] = ("nvidia.com/gpu", "neureality.com/nr1"),
                  prefix: str = "/scheduler", require_gpr: bool = False, max_body: int = DEFAULT_MAX_BODY,
-                 extra_routes: Callable[[web.Application], None] | None = None) -> None:
+                 extra_routes: Callable[[web.Application], None] | None = None, run_controller: bool = True,
+                 lease_namespace: str = "accelstack-system", lease_name: str = "accelstack-gpr-controller",
+                 identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: int = 15,
+                 sweep_every: float = 60.0) -> None:
         self.kube = kube
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
         self.metrics = ExtenderMetrics()
+        self.controller = GPRController(kube, self.view, policy=policy, resync=resync)
+        self.run_controller = run_controller
+        self.elector = LeaderElector(kube, lease_namespace, lease_name, identity or f"{socket.gethostname()}-{os.getpid()}"
+                                     f"-{id(self):x}", lease_seconds=lease_seconds,
+                                     renew_every=max(0.2, lease_seconds / 3))
+        self.sweep_every = sweep_every
         self.informers = [
-            Informer("nodes", kube.lister("nodes"), self.view.on_node, self.view.sync_nodes),
+            Informer("nodes", kube.lister("nodes"), self._on_node, self.view.sync_nodes),
             Informer("pods", kube.lister("pods"), self._on_pod, self.view.sync_pods),
-            Informer("gprs", kube.lister("gprs"), self.view.on_gpr, self.view.sync_gprs),
+            Informer("gprs", kube.lister("gprs"), self._on_gpr, self._sync_gprs),
         ]
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready)
+        self.rest = RestAPI(kube, self.view, self.controller)
         self.app = web.Application(client_max_size=max_body)
         self.app.add_routes(self.extender.routes(prefix))
+        self.app.add_routes(self.rest.routes())
         if extra_routes is not None:
             extra_routes(self.app)
         self.stop_event = asyncio.Event()
@@ -51,8 +67,21 @@ class ExtenderServer:
     def ready(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
 
+    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        self.view.on_node(kind, obj)
+        self.controller.changed()
+
+    def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        self.view.on_gpr(kind, obj)
+        self.controller.on_gpr(kind, obj)
+
+    def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
+        self.view.sync_gprs(items)
+        self.controller.sync_gprs(items)
+
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_pod(kind, obj)
+        self.controller.changed()
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in ("Succeeded", "Failed"):
             uid = obj.get("metadata", {}).get("uid", "")
@@ -80,10 +109,25 @@ class ExtenderServer:
                 released += await self.binder.release(node.name, stale)
         return released
 
+    async def _sweeper(self) -> None:
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), self.sweep_every)
+            if self.elector.leading.is_set() and not self.stop_event.is_set():
+                try:
+                    await self.sweep()
+                except Exception as exc:
+                    log.warning("ledger sweep failed", extra={"error": str(exc)[:200]})
+
     async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None,
                     sync_timeout: float = 30.0) -> None:
         self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), sync_timeout)
+        if self.run_controller:
+            self._tasks.append(asyncio.create_task(self.elector.run(self.stop_event), name="leader-election"))
+            self._tasks.append(asyncio.create_task(self.controller.run(self.stop_event, self.elector.leading),
+                                                   name="gpr-controller"))
+            self._tasks.append(asyncio.create_task(self._sweeper(), name="ledger-sweep"))
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
@@ -94,6 +138,9 @@ class ExtenderServer:
 
     async def stop(self) -> None:
         self.stop_event.set()
+        if self.elector.leading.is_set():
+            self.elector.leading.clear()
+            await self.elector.release()
         for task in self._tasks:
             task.cancel()
         with contextlib.suppress(Exception):

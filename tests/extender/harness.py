@@ -35,22 +35,31 @@ def node(name: str, gpus: int = 4, labels: dict[str, str] | None = None, conditi
 
 
 def pod(name: str, gpus: int = 1, gpr: str = "", namespace: str = "default", uid: str = "",
-        priority: int = 0) -> dict[str, Any]:
+        priority: int = 0, gated: bool = False, node_name: str = "", phase: str = "Pending") -> dict[str, Any]:
     labels = {"accelstack.io/gpr": gpr} if gpr else {}
+    spec: dict[str, Any] = {"priority": priority, "containers": [{"name": "main", "image": "pause",
+                            "resources": {"limits": {GPU: str(gpus)}, "requests": {GPU: str(gpus)}}}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": "accelstack.io/gpr"}]
+    if node_name:
+        spec["nodeName"] = node_name
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": labels, **({"uid": uid} if uid else {})},
-            "spec": {"priority": priority, "containers": [{"name": "main", "image": "pause",
-                     "resources": {"limits": {GPU: str(gpus)}, "requests": {GPU: str(gpus)}}}]},
-            "status": {"phase": "Pending"}}
+            "spec": spec, "status": {"phase": phase}}
 
 
-def gpr(name: str, phase: str = "Admitted", reservation: dict[str, int] | None = None, priority: int = 100,
-        namespace: str = "default", preemptible: bool = True, enable_eviction: bool = False) -> dict[str, Any]:
-    return {"apiVersion": "accelstack.io/v1alpha1", "kind": "GPUProvisioningRequest",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"resource": GPU, "devicesPerNode": 1, "priority": priority, "preemptible": preemptible,
-                     "enableEviction": enable_eviction},
-            "status": {"phase": phase, "reservation": [{"node": n, "devices": d} for n, d in (reservation or {}).items()]}}
+def gpr(name: str, phase: str | None = "Admitted", reservation: dict[str, int] | None = None, priority: int = 100,
+        namespace: str = "default", preemptible: bool = True, enable_eviction: bool = False, devices: int = 1,
+        nodes: int = 1, **spec: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "accelstack.io/v1alpha1", "kind": "GPUProvisioningRequest",
+        "metadata": {"name": name, "namespace": namespace, "generation": 1},
+        "spec": {"resource": GPU, "devicesPerNode": devices, "nodeCount": nodes, "priority": priority,
+                 "preemptible": preemptible, "enableEviction": enable_eviction, **spec}}
+    if phase is not None:
+        obj["status"] = {"phase": phase,
+                         "reservation": [{"node": n, "devices": d} for n, d in (reservation or {}).items()]}
+    return obj
 
 
 def filter_body(pod_obj: dict[str, Any], names: list[str]) -> bytes:

@@ -1,0 +1,151 @@
+"""The GPR controller end to end against the API-server peer: admission, gates, status, life cycle, eviction
+through the Eviction API with a PodDisruptionBudget refusal, leader election, the REST API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from tests.apiserver_peer import APIServerPeer
+from tests.extender.harness import gpr, node, pod, stack, wait_until
+
+GPRS = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
+FAST: dict[str, Any] = {"resync": 0.05, "lease_seconds": 2}
+
+
+def status(peer: APIServerPeer, name: str) -> dict[str, Any]:
+    obj = peer.get(GPRS, "default", name)
+    return (obj or {}).get("status") or {}
+
+
+async def set_phase(peer: APIServerPeer, name: str, phase: str, node_name: str = "") -> None:
+    obj = peer.get("api/v1/pods", "default", name)
+    assert obj is not None
+    obj = dict(obj, status={"phase": phase})
+    if node_name:
+        obj["spec"] = dict(obj["spec"], nodeName=node_name)
+    await peer.put_object("api/v1/pods", obj, "MODIFIED")
+
+
+async def seed_nodes(peer: APIServerPeer, count: int = 2) -> None:
+    for i in range(count):
+        await peer.put_object("api/v1/nodes", node(f"n{i}", gpus=4, labels={"nvidia.com/gpu.product": "H100"}))
+
+
+async def test_admission_gate_status_and_life_cycle() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer)
+    await peer.put_object(GPRS, gpr("train", phase=None, devices=4, priority=150, exitDuration="2h"))
+    await peer.put_object("api/v1/pods", pod("train-0", 4, gpr="train", gated=True))
+    async with stack(peer, **FAST) as (_, server):
+        await wait_until(lambda: status(peer, "train").get("phase") == "Admitted")
+        st = status(peer, "train")
+        assert st["reservation"] == [{"node": st["reservedNodes"][0], "devices": 4}] and st["admittedAt"]
+        await wait_until(lambda: not peer.get("api/v1/pods", "default", "train-0")["spec"].get("schedulingGates"))  # type: ignore[index]
+        # a second, wider GPR waits: position 1, estimated start when train's exitDuration ends
+        await peer.put_object(GPRS, gpr("wide", phase=None, devices=4, nodes=2, priority=100, exitDuration="1h"))
+        await wait_until(lambda: status(peer, "wide").get("queuePosition") == 1)
+        assert status(peer, "wide")["phase"] == "Queued" and status(peer, "wide")["estimatedStart"]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{server.port}/api/v1/waittime",
+                                 json={"namespace": "default", "spec": {"devicesPerNode": 1}}) as r:
+                estimate = await r.json()
+            assert r.status == 200 and estimate["queuePosition"] == 2 and estimate["estimable"]
+        await set_phase(peer, "train-0", "Running", st["reservedNodes"][0])
+        await wait_until(lambda: status(peer, "train").get("phase") == "Running")
+        await set_phase(peer, "train-0", "Succeeded")
+        await wait_until(lambda: status(peer, "train").get("phase") == "Complete")
+        await wait_until(lambda: status(peer, "wide").get("phase") == "Admitted")
+        assert sorted(status(peer, "wide")["reservedNodes"]) == ["n0", "n1"]
+        reasons = {e["reason"] for (r, _, _), e in peer.objects.items() if r == "api/v1/events"}
+        assert {"Admitted", "Completed"} <= reasons
+    await peer.stop()
+
+
+async def test_eviction_respects_pod_disruption_budgets() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer)
+    await peer.put_object(GPRS, gpr("low", phase=None, devices=4, nodes=2, priority=50))
+    await peer.put_object("api/v1/pods", pod("low-0", 4, gpr="low", gated=True))
+    await peer.put_object("api/v1/pods", pod("low-1", 4, gpr="low", gated=True))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: status(peer, "low").get("phase") == "Admitted")
+        await set_phase(peer, "low-0", "Running", "n0")
+        await set_phase(peer, "low-1", "Running", "n1")
+        await wait_until(lambda: status(peer, "low").get("phase") == "Running")
+        peer.pdb_blocks.add("default/low-1")
+        await peer.put_object(GPRS, gpr("urgent", phase=None, devices=4, priority=250, enable_eviction=True))
+        await wait_until(lambda: status(peer, "urgent").get("phase") == "Admitted")
+        await wait_until(lambda: status(peer, "low").get("phase") == "Queued")
+        assert status(peer, "low")["evictions"] == 1
+        await wait_until(lambda: any(c["type"] == "EvictionBlocked" and c["status"] == "True"
+                                     for c in status(peer, "low").get("conditions", [])))
+        assert "default/low-0" in peer.evicted and "default/low-1" not in peer.evicted
+        assert peer.get("api/v1/pods", "default", "low-1") is not None  # the budget was not bypassed
+        peer.pdb_blocks.clear()
+        await wait_until(lambda: "default/low-1" in peer.evicted)
+        await wait_until(lambda: not any(c["type"] == "EvictionBlocked"
+                                         for c in status(peer, "low").get("conditions", [])))
+    await peer.stop()
+
+
+async def test_invalid_spec_is_reported_on_the_gpr() -> None:
+    async with stack(**FAST) as (peer, _):
+        await seed_nodes(peer, 1)
+        await peer.put_object(GPRS, gpr("bad", phase=None, devices=2, milliPerDevice=500))
+        await wait_until(lambda: status(peer, "bad").get("reason") == "InvalidSpec")
+        assert "milliPerDevice" in status(peer, "bad")["message"]
+
+
+async def test_one_leader_and_failover() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    async with stack(peer, **FAST) as (_, a), stack(peer, **FAST) as (_, b):
+        await wait_until(lambda: a.elector.leading.is_set() or b.elector.leading.is_set())
+        await asyncio.sleep(0.5)
+        assert a.elector.leading.is_set() != b.elector.leading.is_set()
+        leader, follower = (a, b) if a.elector.leading.is_set() else (b, a)
+        await leader.stop()  # releases the Lease
+        await wait_until(lambda: follower.elector.leading.is_set(), timeout=5)
+        await peer.put_object(GPRS, gpr("after", phase=None, devices=1))
+        await wait_until(lambda: status(peer, "after").get("phase") == "Admitted")
+    await peer.stop()
+
+
+async def test_rest_api_inventory_and_gprs() -> None:
+    async with stack(**FAST) as (peer, server):
+        await seed_nodes(peer, 2)
+        await peer.put_object("api/v1/nodes", node("sick", gpus=8, taints=[
+            {"key": "accelstack.io/unhealthy", "effect": "NoSchedule"}]))
+        await wait_until(lambda: len(server.view.nodes) == 3)
+        base = f"http://127.0.0.1:{server.port}/api/v1"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/inventory") as r:
+                inv = await r.json()
+            sick = next(n for n in inv["nodes"] if n["node"] == "sick")
+            assert sick["healthy"] is False and sick["capacity"] == 8
+            h100 = next(m for m in inv["models"] if m["model"] == "H100")
+            assert h100 == {"resource": "nvidia.com/gpu", "model": "H100", "nodes": 2, "capacity": 8, "allocated": 0,
+                            "reserved": 0, "healthyCapacity": 8}
+            async with http.post(f"{base}/gprs", json={"namespace": "default", "name": "api-made",
+                                                       "spec": {"devicesPerNode": 2, "priority": 120}}) as r:
+                assert r.status == 201
+            async with http.get(f"{base}/gprs?namespace=default") as r:
+                assert [i["metadata"]["name"] for i in (await r.json())["items"]] == ["api-made"]
+            async with http.get(f"{base}/gprs/default/api-made") as r:
+                assert (await r.json())["spec"]["priority"] == 120
+            for body, message in (({"namespace": "default", "name": "x", "spec": {"priority": 0}}, "spec.priority"),
+                                  ({"name": "x"}, "namespace and name"), ([1], "JSON object")):
+                async with http.post(f"{base}/gprs", json=body) as r:
+                    assert r.status == 400 and message in (await r.json())["error"]
+            async with http.post(f"{base}/waittime", data=b"{oops") as r:
+                assert r.status == 400
+            async with http.get(f"{base}/gprs/default/missing") as r:
+                assert r.status == 404
+            async with http.delete(f"{base}/gprs/default/api-made") as r:
+                assert r.status == 200
