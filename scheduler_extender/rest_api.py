@@ -145,7 +145,7 @@ class RestAPI:
         sched.submit(g, now)
         order = [q.name for q in sched.queued()]
         position = order.index(g.name) + 1 if g.name in order else None
-        start = sched.estimates(now, upto=g.name).get(g.name, math.inf)
+        start = sched.estimates(now).get(g.name, math.inf)
         fits_now = sched.policy.place(sched.inv, g.request()) is not None and position == 1
         if fits_now:
             start = now
