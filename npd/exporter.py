@@ -5,7 +5,7 @@ and this node's device allocation from the kubelet's pod-resources API. Metric n
 Values are read when Prometheus scrapes (no stale cache), in a worker thread with a deadline
 (``exporter.collectTimeout``): a hung NVML call or sysfs read costs that scrape its device metrics
 (``accelstack_exporter_collect_timeouts_total`` counts it) and never blocks /metrics; while such a read is still
-stuck, later scrapes do not start another. XIDs are counted from NVML events by a background thread, the way
+stuck, later scrapes answer at once without them. XIDs are counted from NVML events by a background thread, the way
 the device plugin watches them, because a scrape cannot see events that happened between scrapes.
 
 GPU discovery is the device plugin's (``NvmlBackend``), NR1 discovery ``nr1_sysfs``, the per-module health
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import queue
 import signal
 import sys
 import threading
@@ -98,7 +99,9 @@ class DeviceCollector(Collector):
         self.last_critical: dict[str, float] = {}
         self.timeouts = 0
         self.errors: Counter[str] = Counter()
-        self.busy: threading.Thread | None = None
+        self.worker: threading.Thread | None = None
+        self.inflight = threading.Event()  # set while the reader works on a scrape's request
+        self.requests: queue.Queue[tuple[list[list[Metric]], threading.Event]] = queue.Queue()
         self.stopped = threading.Event()
         self.gpu_backend: Any = None
         self.gpu_error = ""
@@ -182,22 +185,38 @@ class DeviceCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         families: list[Metric] = []
-        if self.busy is not None and self.busy.is_alive():
-            self.timeouts += 1  # the previous collection is still stuck: do not pile up threads
+        if self.inflight.is_set():
+            self.timeouts += 1  # the previous read is still stuck: answer now, do not queue behind it
         else:
+            if self.worker is None or not self.worker.is_alive():
+                self.worker = threading.Thread(target=self._serve_reads, name="device-reads", daemon=True)
+                self.worker.start()
             box: list[list[Metric]] = []
-            worker = threading.Thread(target=lambda: box.append(self._devices()), name="collect", daemon=True)
-            worker.start()
-            worker.join(self.timeout)
-            if box:
+            done = threading.Event()
+            self.inflight.set()
+            self.requests.put((box, done))
+            if done.wait(self.timeout):
                 families = box[0]
             else:
-                self.busy = worker
                 self.timeouts += 1
                 log.warning("device collection timed out", extra={"timeout": self.timeout})
         yield from families
         yield from self._allocation()
         yield from self._self_metrics(time.perf_counter() - started)
+
+    def _serve_reads(self) -> None:
+        """One long-lived reader thread (cheaper than a thread per scrape); a hung read blocks only it."""
+        while True:
+            box, done = self.requests.get()
+            try:
+                box.append(self._devices())
+            except Exception as exc:
+                self.errors["collect"] += 1
+                log.error("device collection failed", extra={"error": str(exc)[:300]})
+                box.append([])
+            finally:
+                self.inflight.clear()
+                done.set()
 
     def _self_metrics(self, seconds: float) -> Iterator[Metric]:
         up = _gauge("accelstack_exporter_gpu_up", "1 when NVML answered at start-up", ["node", "error"])

@@ -28,7 +28,6 @@ from typing import Any
 
 from npd import kmsg
 from npd import state as state_store
-from npd.nodeinfo import cached_label
 from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_with_deadline
 
 CHECKS = ("count", "xid", "ecc", "pages", "temperature", "power")
@@ -57,6 +56,8 @@ def expected_count(values: Mapping[str, Any], state: dict[str, Any], prefix: str
     label_key = values[f"{prefix}.expectedCountLabel"]
     doubt = ""
     if label_key and values["node.name"]:
+        from npd.nodeinfo import cached_label  # urllib and ssl: imported only when a label is read
+
         value, error = cached_label(state, values["node.apiServer"], values["node.name"], label_key,
                                     timeout=1.0, max_age=values["plugin.labelCacheTime"])
         if value is not None:
