@@ -52,8 +52,12 @@ ADD_STEPS = (
 
 
 def fail_point(env: Env, step: str) -> None:
+    """``<step>``: fail there (the rollback runs); ``crash:<step>``: die there at once, as if the runtime had
+    killed the plugin (nothing is undone; the DEL that follows must clean up)."""
     if env.fail_at == step:
         raise CNIError(INJECTED, f"failure injected at step {step!r} ({FAIL_AT_ENV})")
+    if env.fail_at == f"crash:{step}":
+        os._exit(137)
 
 
 def delegate_env(container_id: str, netns: str, ifname: str, args: str, path: str) -> dict[str, str]:
@@ -181,7 +185,20 @@ def _attach(env: Env, conf: NetConf, nss: Namespaces, container: Namespace, pci:
     ipam_env = delegate_env(env.container_id, env.netns, env.ifname, env.raw_args, env.path)
     delegate = None
     ipam_done = False
+    record_path = state.attachment_path(conf.data_dir, conf.name, env.container_id, env.ifname)
+    record: dict[str, object] = {
+        "containerID": env.container_id,
+        "ifname": env.ifname,
+        "netns": env.netns,
+        "cniArgs": env.raw_args,
+        "pciID": pci,
+        "originalName": original,
+        "config": conf.raw.decode(),
+        "state": "adding",
+    }
     try:
+        # written first, so that a DEL after an ADD the runtime killed half-way still knows the host name
+        state.save(record_path, record)
         temp = nss.temporary()
         fail_point(env, step)
         nss.host.nl.set_link(link.index, netns_fd=temp.fd)
@@ -244,17 +261,8 @@ def _attach(env: Env, conf: NetConf, nss: Namespaces, container: Namespace, pci:
 
         step = "cache"
         fail_point(env, step)
-        record = {
-            "containerID": env.container_id,
-            "ifname": env.ifname,
-            "netns": env.netns,
-            "cniArgs": env.raw_args,
-            "pciID": pci,
-            "originalName": original,
-            "config": conf.raw.decode(),
-            "result": result,
-        }
-        state.save(state.attachment_path(conf.data_dir, conf.name, env.container_id, env.ifname), record)
+        record.update(state="added", result=result)
+        state.save(record_path, record)
         return result
     except BaseException as err:
         undo_errors = []
@@ -268,6 +276,8 @@ def _attach(env: Env, conf: NetConf, nss: Namespaces, container: Namespace, pci:
                 move_out(nss, where, name_now, original)
             except Exception as undo:
                 undo_errors.append(f"moving {name_now} back: {undo}")
+        if not undo_errors:
+            state.remove(record_path)  # kept when something could not be undone: DEL will need it
         note = f"rolled back; undo failed: {'; '.join(undo_errors)}" if undo_errors else "rolled back"
         if isinstance(err, CNIError):
             err.details = f"{err.details}; {note}" if err.details else note

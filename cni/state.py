@@ -2,7 +2,7 @@
 
 Layout under ``dataDir`` (default ``/var/lib/cni/accelstack-nr1``)::
 
-    attachments/<network name>/<container ID>_<ifname>.json   written atomically at the end of ADD
+    attachments/<network name>/<container ID>_<ifname>.json   written before ADD moves the NIC, completed at its end
     locks/<PCI address>.lock                                 flock(2)'d while a module is being moved
 """
 
@@ -30,8 +30,8 @@ def save(path: str, record: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
         json.dump(record, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    # no fsync: after a crash of the node every pod namespace is gone and the NICs are back anyway; the
+    # rename alone keeps a reader from ever seeing half a record
     os.replace(tmp, path)
 
 

@@ -91,3 +91,18 @@ def test_address_conflict_fails_at_addresses(node):
     err = assert_error(res, errors.NETLINK)
     assert "addresses" in err["msg"]
     _assert_untouched(node, nic, netns)
+
+
+@pytest.mark.parametrize("step", ["link-up", "addresses", "cache"])
+def test_del_cleans_up_after_an_add_that_was_killed(node, step):
+    """The runtime killed ADD half-way (nothing undone): the DEL that follows every ADD puts the NIC back
+    under its name and releases the lease, from the record ADD wrote before it moved anything."""
+    (nic,) = node.add_module(PCI)
+    netns = node.container()
+    conf = node.conf(runtimeConfig={"deviceID": PCI}, ipam=node.host_local_ipam())
+    res = node.run("ADD", conf, netns=netns, ACCELSTACK_NR1_CNI_FAIL_AT=f"crash:{step}")
+    assert res.rc == 137 and res.stdout == ""
+    assert "net1" in node.links(netns)  # left half-done
+    gone = node.run("DEL", conf, netns=netns)
+    assert gone.rc == 0, gone
+    _assert_untouched(node, nic, netns)
