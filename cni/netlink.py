@@ -11,8 +11,8 @@ forth while it works.
 
 from __future__ import annotations
 
+import _socket as socket  # the C module: ``socket.py`` would add enum, selectors, array... at start-up
 import os
-import socket
 import struct
 
 # message types (linux/rtnetlink.h)
