@@ -31,8 +31,21 @@ class NodeView:
     unhealthy: dict[str, str]  # resource (or "*") -> reason
     ledger: dict[str, ledger.Entry]
     resource_version: str = ""
+    used: dict[str, int] = field(default_factory=dict)  # resource -> devices in the ledger
+    used_by: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpr, resource) -> devices
+
+    def __post_init__(self) -> None:
+        # aggregated once per node update, so filter and bind read them in O(1) per node
+        for entry in self.ledger.values():
+            for resource, count in entry.requests.items():
+                self.used[resource] = self.used.get(resource, 0) + count
+                if entry.gpr:
+                    key = (entry.gpr, resource)
+                    self.used_by[key] = self.used_by.get(key, 0) + count
 
     def health_reason(self, resource: str) -> str:
+        if not self.unhealthy:
+            return ""
         return self.unhealthy.get(resource) or self.unhealthy.get("*", "")
 
 
@@ -201,6 +214,14 @@ class ClusterView:
         return self.reserved.get(node, {})
 
     def free_for(self, node: NodeView, resource: str, gpr: str) -> int:
-        gprs_here = {k: v for k, v in self.reservations_on(node.name).items()
-                     if self.gprs.get(k) is not None and self.gprs[k].resource == resource}
-        return ledger.free_for(node.allocatable.get(resource, 0), node.ledger, resource, gpr, gprs_here)
+        """Devices a pod of ``gpr`` ("" for none) may still take on ``node``."""
+        free = node.allocatable.get(resource, 0) - node.used.get(resource, 0)
+        reserved = self.reserved.get(node.name)
+        if reserved:  # devices reserved for other GPRs and not yet used by them are withheld
+            for other, count in reserved.items():
+                view = self.gprs.get(other)
+                if other != gpr and view is not None and view.resource == resource:
+                    free -= max(0, count - node.used_by.get((other, resource), 0))
+            if gpr and gpr in reserved:
+                free = min(free, reserved[gpr] - node.used_by.get((gpr, resource), 0))
+        return max(0, free)

@@ -4,7 +4,7 @@ The ledger lives in the Node's annotation ``accelstack.io/ledger`` and is change
 concurrency (the patch carries the Node's ``resourceVersion``; the API server refuses a stale one with 409).
 That makes the API server the single point of serialisation for binds, so two extender replicas — or a
 replica restarted in the middle of a burst — can never hand out the same devices twice. This module is the
-pure part: parse, render and account; ``binder`` does the I/O.
+pure part: parse and render; ``cluster.NodeView`` aggregates it and ``binder`` does the I/O.
 """
 
 from __future__ import annotations
@@ -45,23 +45,3 @@ def render(entries: Mapping[str, Entry]) -> str:
     body = {uid: {"p": e.pod, "r": e.requests, "t": round(e.since, 3), **({"g": e.gpr} if e.gpr else {})}
             for uid, e in sorted(entries.items())}
     return orjson.dumps(body).decode()
-
-
-def used(entries: Mapping[str, Entry], resource: str, gpr: str | None = None) -> int:
-    return sum(e.requests.get(resource, 0) for e in entries.values() if gpr is None or e.gpr == gpr)
-
-
-def free_for(allocatable: int, entries: Mapping[str, Entry], resource: str, gpr: str,
-             reservations: Mapping[str, int]) -> int:
-    """Devices a pod of ``gpr`` may still take on a node.
-
-    ``reservations`` maps each GPR with a reservation on this node to its reserved device count. Devices reserved
-    for *other* GPRs and not yet used by them are off limits; a GPR's own pods are bounded by its reservation.
-    A pod without a GPR (``gpr == ""``) may use what is neither used nor reserved.
-    """
-    held = used(entries, resource)
-    withheld = sum(max(0, n - used(entries, resource, other)) for other, n in reservations.items() if other != gpr)
-    free = allocatable - held - withheld
-    if gpr and gpr in reservations:
-        free = min(free, reservations[gpr] - used(entries, resource, gpr))
-    return max(0, free)

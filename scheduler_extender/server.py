@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -123,6 +124,7 @@ class ExtenderServer:
                     sync_timeout: float = 30.0) -> None:
         self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
         await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), sync_timeout)
+        gc.freeze()  # the synced cluster view is long-lived: keep it out of the collector's full passes
         if self.run_controller:
             self._tasks.append(asyncio.create_task(self.elector.run(self.stop_event), name="leader-election"))
             self._tasks.append(asyncio.create_task(self.controller.run(self.stop_event, self.elector.leading),

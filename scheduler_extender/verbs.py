@@ -92,7 +92,7 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
             reserved = ask.gpr.reservation.get(name)
             if reserved is None:
                 return f"not reserved for GPR {ask.gpr_key}", False
-            own_used = sum(e.requests.get(resource, 0) for e in node.ledger.values() if e.gpr == ask.gpr_key)
+            own_used = node.used_by.get((ask.gpr_key, resource), 0)
             if reserved - own_used < count:
                 return f"GPR {ask.gpr_key} reservation here is used up ({own_used} of {reserved} bound)", False
         free = view.free_for(node, resource, ask.gpr_key)

@@ -73,6 +73,7 @@ async def stack(peer: APIServerPeer | None = None, **kwargs: Any) -> AsyncIterat
         peer = APIServerPeer()
         await peer.start()
     api_client = client.ApiClient(client.Configuration(host=peer.url))
+    kwargs.setdefault("run_controller", False)  # verb tests seed GPR statuses themselves
     server = ExtenderServer(Kube(api_client), **kwargs)
     await server.start()
     try:

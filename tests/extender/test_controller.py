@@ -12,7 +12,7 @@ from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, stack, wait_until
 
 GPRS = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
-FAST: dict[str, Any] = {"resync": 0.05, "lease_seconds": 2}
+FAST: dict[str, Any] = {"resync": 0.05, "lease_seconds": 2, "run_controller": True}
 
 
 def status(peer: APIServerPeer, name: str) -> dict[str, Any]:
