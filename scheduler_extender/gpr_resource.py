@@ -36,6 +36,7 @@ SPEC_FIELDS = (
     "exitDuration", "idleTimeout", "enforceIdleTimeout", "enableEviction", "preemptible", "requeueOnFailure",
     "retryLimit",
 )
+MAX_MODELS, MAX_MODEL_LENGTH = 32, 128  # as the CRD's maxItems and maxLength
 TERMINAL_PHASES = frozenset({Phase.COMPLETE.value, Phase.CANCELLED.value})
 
 
@@ -50,8 +51,10 @@ def gpr_key(namespace: str, name: str) -> str:
 
 # ---- durations (Go's time.ParseDuration, which metav1.Duration uses) ---------------------------------------
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_TERM = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-DURATION_PATTERN = r"^[-+]?(0|((\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h))+)$"  # also in the CRD schema
+_TERM = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+# What a spec field accepts (the CRD's ``pattern``, ASCII units as CEL's duration() everywhere parses them); the
+# value must then also be positive (the CRD's CEL rule).
+SPEC_DURATION_PATTERN = r"^(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h))+$"
 
 
 def parse_duration(value: Any) -> float:
@@ -161,6 +164,9 @@ def _duration(spec: Mapping[str, Any], key: str) -> float | None:
     value = spec.get(key)
     if value is None:
         return None
+    if not isinstance(value, str) or not re.fullmatch(SPEC_DURATION_PATTERN, value):
+        raise SpecError(f"spec.{key}: not a duration: {value!r} (want a string such as \"90s\", \"30m\", \"8h\", "
+                        "\"1h30m\")")
     try:
         seconds = parse_duration(value)
     except SpecError as exc:
@@ -190,6 +196,12 @@ def check_spec(spec: Any) -> dict[str, Any]:
     models = spec.get("models") or []
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise SpecError(f"spec.models: must be a list of non-empty strings, got {models!r}")
+    if len(models) > MAX_MODELS or any(len(m) > MAX_MODEL_LENGTH for m in models):
+        raise SpecError(f"spec.models: at most {MAX_MODELS} names of at most {MAX_MODEL_LENGTH} characters")
+    idle = _duration(spec, "idleTimeout")
+    enforce = _bool(spec, "enforceIdleTimeout", False)
+    if enforce and idle is None:
+        raise SpecError("spec.enforceIdleTimeout: requires spec.idleTimeout")
     return {
         "resource": resource,
         "devices_per_node": devices,
@@ -199,8 +211,8 @@ def check_spec(spec: Any) -> dict[str, Any]:
         "memory_mib_per_device": _int(spec, "memoryPerDeviceMiB", 0, 0),
         "priority": _int(spec, "priority", 100, PRIORITY_MIN, PRIORITY_MAX),
         "exit_duration_s": _duration(spec, "exitDuration"),
-        "idle_timeout_s": _duration(spec, "idleTimeout"),
-        "enforce_idle_timeout": _bool(spec, "enforceIdleTimeout", False),
+        "idle_timeout_s": idle,
+        "enforce_idle_timeout": enforce,
         "enable_eviction": _bool(spec, "enableEviction", False),
         "preemptible": _bool(spec, "preemptible", True),
         "requeue_on_failure": _bool(spec, "requeueOnFailure", False),
@@ -297,6 +309,9 @@ def _message(g: GPR, queue_position: int | None, estimated_start: float | None, 
     return f"{g.phase.value.lower()}{': ' + g.reason if g.reason else ''}"
 
 
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # metav1.Condition's reason
+
+
 def _derived_conditions(g: GPR, now: float, generation: int | None) -> list[dict[str, Any]]:
     steps = list(g.history) or [(g.submitted_at, g.phase, g.reason)]
     if steps[-1][1] is not g.phase:  # status restored from the object without a history: trust the phase
@@ -312,7 +327,7 @@ def _derived_conditions(g: GPR, now: float, generation: int | None) -> list[dict
                 since, previous = at, truth
         condition: dict[str, Any] = {
             "type": ctype, "status": "True" if value else "False",
-            "reason": re.sub(r"[^A-Za-z0-9_,:]", "", g.reason) or g.phase.value,
+            "reason": g.reason if _REASON.match(g.reason) else g.phase.value,
             "message": f"phase {g.phase.value}" + (f" ({g.reason})" if g.reason else ""),
             "lastTransitionTime": rfc3339(since),
         }
