@@ -91,6 +91,7 @@ class APIServerPeer:
         self.changed = asyncio.Condition()
         self.requests: list[tuple[str, str]] = []
         self.hooks: dict[str, Callable[[web.Request, dict[str, Any]], Any]] = {}
+        self.epoch = 0  # bumped by compact(): open watches end with 410
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, pod, node) per Binding created
         self.evicted: list[str] = []
         self.pdb_blocks: set[str] = set()  # "ns/name" of pods whose eviction a PDB refuses
@@ -128,8 +129,10 @@ class APIServerPeer:
         return self.objects.get((resource, namespace, name))
 
     def compact(self) -> None:
-        """Forget all watch history, as etcd compaction does: older resourceVersions now get 410 Gone."""
+        """Forget all watch history and expire open watches, as a compaction or an API-server restart does:
+        open watches and older resourceVersions now get 410 Gone."""
         self.events.clear()
+        self.epoch += 1
 
     # -- HTTP ----------------------------------------------------------------------------------------------
     @staticmethod
@@ -290,12 +293,13 @@ class APIServerPeer:
                                                 "reason": "Expired", "code": 410}}
             await response.write(json.dumps(gone).encode() + b"\n")
             return response
+        epoch = self.epoch
         timeout = float(request.query.get("timeoutSeconds", 30))
         deadline = asyncio.get_running_loop().time() + timeout
         sent = since
         try:
             while True:
-                if self.events and sent < self.events[0][0] - 1:  # fell behind the retained history: 410
+                if epoch != self.epoch or (self.events and sent < self.events[0][0] - 1):  # expired: 410
                     gone = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                                         "message": f"too old resource version: {sent}",
                                                         "reason": "Expired", "code": 410}}

@@ -149,3 +149,30 @@ async def test_rest_api_inventory_and_gprs() -> None:
                 assert r.status == 404
             async with http.delete(f"{base}/gprs/default/api-made") as r:
                 assert r.status == 200
+
+
+async def test_exit_duration_ends_the_gpr_and_evicts_its_pods() -> None:
+    async with stack(**FAST) as (peer, _):
+        await seed_nodes(peer, 1)
+        await peer.put_object(GPRS, gpr("short", phase=None, devices=2, exitDuration="700ms"))
+        await peer.put_object("api/v1/pods", pod("short-0", 2, gpr="short", gated=True))
+        await wait_until(lambda: status(peer, "short").get("phase") == "Admitted")
+        await set_phase(peer, "short-0", "Running", "n0")
+        await wait_until(lambda: status(peer, "short").get("phase") == "Complete", timeout=5)
+        assert status(peer, "short")["reason"] == "ExitDurationReached"
+        await wait_until(lambda: "default/short-0" in peer.evicted)
+
+
+async def test_failed_pods_requeue_with_backoff() -> None:
+    async with stack(**FAST) as (peer, _):
+        await seed_nodes(peer, 1)
+        await peer.put_object(GPRS, gpr("flaky", phase=None, devices=1, requeueOnFailure=True, retryLimit=2))
+        await peer.put_object("api/v1/pods", pod("flaky-0", 1, gpr="flaky", gated=True))
+        await wait_until(lambda: status(peer, "flaky").get("phase") == "Admitted")
+        await set_phase(peer, "flaky-0", "Failed", "n0")
+        await wait_until(lambda: status(peer, "flaky").get("failures") == 1)
+        st = status(peer, "flaky")
+        assert st["phase"] == "Queued" and "failure 1" in st["reason"]  # backoff: 60 s before it may run again
+        await peer.delete_object("api/v1/pods", "default", "flaky-0")
+        await asyncio.sleep(0.3)
+        assert status(peer, "flaky")["phase"] == "Queued"
