@@ -226,3 +226,16 @@ def test_parse_checks() -> None:
     assert parse_checks("count, xid") == ["count", "xid"]
     with pytest.raises(ValueError, match="unknown"):
         parse_checks("count,fans")
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(st.text(), st.integers(min_value=1, max_value=200))
+def test_truncate_properties(message: str, limit: int) -> None:
+    cut = truncate(message, limit)
+    data = cut.encode()
+    assert len(data) <= limit
+    assert "\n" not in cut
+    assert " ".join(message.split()).startswith(cut)
