@@ -130,6 +130,33 @@ class Binder:
             return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.reason}"
         return ""
 
+    async def adopt(self, node: str, pods: list[PodView]) -> int:
+        """Record pods already bound to ``node`` that its ledger lacks (bound before accelstack ran, or by another
+        scheduler): the ledger must hold every device in use, even past capacity, so nothing new lands there."""
+        for _ in range(self.max_attempts):
+            view = self.view.nodes.get(node)
+            if view is None:
+                return 0
+            missing = [p for p in pods if p.uid not in view.ledger]
+            if not missing:
+                return 0
+            entries = dict(view.ledger)
+            for p in missing:
+                entries[p.uid] = ledger.Entry(p.uid, p.key, dict(p.requests), p.gpr, self.clock())
+            body = {"metadata": {"resourceVersion": view.resource_version,
+                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
+            try:
+                updated = await self.kube.patch_node(node, body)
+            except Conflict:
+                self.conflicts += 1
+                await self._fresh_node(node)
+                continue
+            except NotFound:
+                return 0
+            self.view.update_node(node_view(updated, self.view.resources))
+            return len(missing)
+        return 0
+
     async def release(self, node: str, uids: list[str]) -> int:
         """Take pods' entries out of a node's ledger (conditional patch, retried); returns how many went."""
         for _ in range(self.max_attempts):

@@ -99,26 +99,46 @@ class ExtenderServer:
         except Exception as exc:
             log.warning("ledger release failed; the next sweep retries", extra={"node": node, "error": str(exc)[:200]})
 
-    async def sweep(self) -> int:
-        """Give back ledger entries of pods that no longer exist or ended (missed events, crashed binds)."""
-        released = 0
+    async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0) -> tuple[int, int]:
+        """Make every node's ledger match the pods: give back entries of pods that are gone, ended, bound
+        elsewhere or never bound within ``unbound_ttl`` (a bind that crashed half way), and adopt bound pods a
+        ledger lacks. Returns (released, adopted)."""
+        import time
+
+        now = time.time() if now is None else now
+        released = adopted = 0
+        bound: dict[str, list[Any]] = {}
+        for p in self.view.pods.values():
+            if p.node and p.phase not in ("Succeeded", "Failed"):
+                bound.setdefault(p.node, []).append(p)
         for node in list(self.view.nodes.values()):
-            stale = [uid for uid, entry in node.ledger.items()
-                     if uid not in self.view.pods or self.view.pods[uid].phase in ("Succeeded", "Failed")
-                     or self.view.pods[uid].node not in ("", node.name)]
+            stale = []
+            for uid, entry in node.ledger.items():
+                holder = self.view.pods.get(uid)
+                if holder is None or holder.phase in ("Succeeded", "Failed") or holder.node not in ("", node.name) \
+                        or (not holder.node and now - entry.since > unbound_ttl):
+                    stale.append(uid)
             if stale:
                 released += await self.binder.release(node.name, stale)
-        return released
+            if bound.get(node.name):
+                adopted += await self.binder.adopt(node.name, bound[node.name])
+        return released, adopted
 
     async def _sweeper(self) -> None:
         while not self.stop_event.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), self.sweep_every)
+            waits = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.elector.leading.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)  # sweep as soon as this replica leads
+            for task in waits:
+                task.cancel()
             if self.elector.leading.is_set() and not self.stop_event.is_set():
                 try:
-                    await self.sweep()
+                    released, adopted = await self.sweep()
+                    if released or adopted:
+                        log.info("ledger sweep", extra={"released": released, "adopted": adopted})
                 except Exception as exc:
                     log.warning("ledger sweep failed", extra={"error": str(exc)[:200]})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), self.sweep_every)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None,
                     sync_timeout: float = 30.0) -> None:
