@@ -9,4 +9,9 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \
     || echo "warning: could not install ${need[*]}; tests that need them will report it" >&2
 fi
+# component-specific packages (each script installs only what is missing)
+dir=$(dirname "$0")
+for extra in "$dir/cni-deps.sh" "$dir/npd-deps.sh"; do
+  [ -f "$extra" ] && bash "$extra"
+done
 exit 0
