@@ -143,7 +143,14 @@ class ExtenderServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None,
                     sync_timeout: float = 30.0) -> None:
         self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
-        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), sync_timeout)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), sync_timeout)
+        except TimeoutError:
+            missing = [i.name for i in self.informers if not i.synced.is_set()]
+            await self.stop()
+            hint = " (is the GPUProvisioningRequest CRD installed?)" if "gprs" in missing else ""
+            raise RuntimeError(f"could not list {', '.join(missing)} from the API server in {sync_timeout:g}s"
+                               f"{hint}; check the address, credentials and RBAC") from None
         gc.freeze()  # the synced cluster view is long-lived: keep it out of the collector's full passes
         if self.run_controller:
             self._tasks.append(asyncio.create_task(self.elector.run(self.stop_event), name="leader-election"))
