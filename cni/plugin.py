@@ -106,18 +106,29 @@ def host_interface(nss: Namespaces, sysfs_root: str, pci: str) -> Link | None:
 # -- moving an interface back ----------------------------------------------------------------------------
 def move_out(nss: Namespaces, source: Namespace, current: str, original: str) -> bool:
     """Move ``current`` from ``source`` (container or temporary namespace) back to the host as ``original``,
-    alias cleared, left down. False when ``source`` has no such interface."""
+    alias cleared, left down. False when ``source`` has no such interface.
+
+    From a container the NIC is renamed in place and moved straight to the host when ``original`` is free
+    there (one namespace move: each costs an RCU barrier in the kernel, the bulk of DEL's time); only when
+    the container has an interface of that name does it go through a temporary namespace."""
     link = source.nl.get_link(current)
     if link is None:
         return False
-    temp = source if source.path == "temporary" else nss.temporary()
-    if source is not temp:
+    if source.path != "temporary":
         source.nl.set_link(link.index, up=False)
+        if current == original or source.nl.get_link(original) is None:
+            if current != original or link.alias:
+                source.nl.set_link(link.index, name=original, alias="")
+            source.nl.set_link(link.index, netns_fd=nss.host_fd)
+            return True
+        temp = nss.temporary()
         source.nl.set_link(link.index, netns_fd=temp.fd)
         moved = temp.nl.get_link(current)
         if moved is None:
             raise NetlinkError(19, f"{current} vanished while moving it out")
         link = moved
+    else:
+        temp = source
     if current != original or link.alias:
         temp.nl.set_link(link.index, name=original, alias="", up=False)
     temp.nl.set_link(link.index, netns_fd=nss.host_fd)

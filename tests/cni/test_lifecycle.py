@@ -228,3 +228,18 @@ def test_status_not_ready_without_the_ipam_plugin(node):
     from tests.cni.conftest import assert_error
 
     assert_error(res, errors.NOT_READY)
+
+
+def test_del_when_the_container_has_an_interface_with_the_host_name(node):
+    """The NIC's host name is taken inside the container: DEL renames it in a temporary namespace instead
+    (the direct rename would collide) and leaves the container's own interface alone."""
+    (nic,) = node.add_module(PCI)
+    netns = node.container()
+    conf = node.conf(runtimeConfig={"deviceID": PCI})
+    assert node.run("ADD", conf, netns=netns).rc == 0
+    os.system(f"ip -n {node.ns_name(netns)} link add {nic} type veth peer name other0")
+    res = node.run("DEL", conf, netns=netns)
+    assert res.rc == 0, res
+    node.assert_on_host(nic)
+    inside = node.links(netns)
+    assert nic in inside and "net1" not in inside  # the container's namesake is untouched
