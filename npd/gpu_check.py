@@ -32,6 +32,7 @@ from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_wi
 
 CHECKS = ("count", "xid", "ecc", "pages", "temperature", "power")
 DEFAULT_CHECKS = ("count", "xid", "ecc", "pages")
+MAX_RECENT_XIDS = 50
 
 
 def _short(bus_id: str) -> str:
@@ -161,11 +162,11 @@ def _check_xids(values: Mapping[str, Any], state: dict[str, Any], devices: list[
         entry = {"at": now, "xid": event.xid, "gpu": gpu, "text": event.text[:60]}
         if not critical or event.xid in critical:
             recent.append(entry)
-            if hold <= 0:  # report in this run only
-                found.problems.append(_xid_text(entry))
         else:
             found.notes.append(f"{gpu} XID {event.xid} (not critical)")
-    state["recent_xids"] = recent
+    # a hold of 0 reports an XID in the run that saw it only
+    recent = recent[-MAX_RECENT_XIDS:]  # an XID storm must not grow the state file without bound
+    state["recent_xids"] = recent if hold > 0 else []
     # newest first: the message has room for little
     for entry in sorted(recent, key=lambda e: -float(e["at"])):
         found.problems.append(_xid_text(entry))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from npd.gpu_check import check_gpus, parse_checks
 from npd.plugin import NONOK, OK, UNKNOWN, Progress, Result, run_with_deadline, truncate
@@ -107,7 +109,17 @@ def test_non_critical_xid_is_a_note_and_empty_critical_list_reports_everything(n
     result = run(tmp, fake, checks=("xid",))
     assert result.status == OK and "GPU0 XID 57 (not critical)" in result.message
     every = run(tmp, fake, checks=("xid",), flags=("--gpu-critical-xids", "", "--gpu-xid-hold-time", "0"))
-    assert every.status == NONOK and every.message.startswith("GPU0 XID 57")
+    assert (every.status, every.message) == (NONOK, "GPU0 XID 57: pid=1234, name=python, Ch 00000008")
+
+
+def test_xid_storm_keeps_the_state_bounded(node) -> None:
+    tmp, fake = node
+    with (tmp / "kmsg").open("a") as log:
+        for seq in range(3, 503):
+            log.write(xid_line(seq, "0000:13:00", 79))
+    state: dict = {}
+    result = run(tmp, fake, checks=("xid",), state=state)
+    assert result.status == NONOK and len(state["recent_xids"]) == 50
 
 
 def test_only_new_records_count(node) -> None:
@@ -226,10 +238,6 @@ def test_parse_checks() -> None:
     assert parse_checks("count, xid") == ["count", "xid"]
     with pytest.raises(ValueError, match="unknown"):
         parse_checks("count,fans")
-
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @given(st.text(), st.integers(min_value=1, max_value=200))
