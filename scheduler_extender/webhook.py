@@ -1,0 +1,523 @@
+"""Admission webhooks: hold pods that ask for accelerators until their GPR is admitted, and keep GPRs within the
+limits their namespace sets.
+
+``POST /mutate-pods`` (mutating, pods CREATE): a pod that requests a managed resource (containers or init
+containers, requests or limits) gets the scheduling gate ``accelstack.io/gpr`` and must carry the label
+``accelstack.io/gpr: <GPR name>``. A pod without the label gets a GPR made from its namespace's default template
+(namespace annotation ``accelstack.io/default-template``) when auto-GPR is enabled, named after the pod's owner
+(or the pod); otherwise it is refused with a message saying what to do.
+
+``POST /validate-gprs`` (validating, GPRs CREATE and UPDATE): the spec must pass :func:`gpr_resource.from_object`,
+and the namespace's annotations may narrow it: ``accelstack.io/priority-range: "1-200"``,
+``accelstack.io/max-gprs: "10"`` (unfinished GPRs in the namespace) and ``accelstack.io/max-exit-duration: "24h"``.
+
+Both answer ``admission.k8s.io/v1`` ``AdmissionReview`` objects, echoing the request's ``uid``. A body that is not
+an AdmissionReview (bad JSON, wrong types, missing fields) is answered with HTTP 400 and a ``Status`` saying what
+is wrong; a body over the size limit with 413.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from .core.inventory import GPU, NR1
+from .gpr_resource import (
+    GPR_LABEL,
+    GPR_PLURAL,
+    GROUP,
+    SCHEDULING_GATE,
+    TEMPLATE_PLURAL,
+    VERSION,
+    SpecError,
+    check_spec,
+    format_duration,
+    from_object,
+    is_terminal,
+    new_object,
+    parse_duration,
+    template_spec,
+)
+from .resources import pod_requests
+
+log = logging.getLogger("accelstack.extender.webhook")
+
+ADMISSION_VERSION = "admission.k8s.io/v1"
+DEFAULT_TEMPLATE_ANNOTATION = "accelstack.io/default-template"
+PRIORITY_RANGE_ANNOTATION = "accelstack.io/priority-range"
+MAX_GPRS_ANNOTATION = "accelstack.io/max-gprs"
+MAX_EXIT_DURATION_ANNOTATION = "accelstack.io/max-exit-duration"
+AUTO_LABEL = "accelstack.io/auto-gpr"  # on GPRs the webhook created: "true"
+CREATED_FOR_ANNOTATION = "accelstack.io/created-for"  # on those GPRs: "<kind>/<name>" of the pod or its owner
+DEFAULT_MAX_BODY = 3 * 1024 * 1024  # an AdmissionReview carries the object (and oldObject): etcd keeps <= 1.5 MiB
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (length checked apart)
+
+
+class BadReview(ValueError):
+    """The request body is not a usable AdmissionReview (answered with HTTP 400)."""
+
+
+class AlreadyExists(Exception):
+    """``create_gpr`` found a GPR of that name already there (409)."""
+
+
+class Lookup(Protocol):
+    """What the webhook reads and writes in the cluster."""
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None: ...
+
+    async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def list_gprs(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create and return the stored object; raise :class:`AlreadyExists` on a name clash."""
+        ...
+
+
+class KubeLookup:
+    """:class:`Lookup` on the API server, through ``kubernetes_asyncio`` (objects as plain dicts)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @staticmethod
+    async def _call(call: Any) -> tuple[int, dict[str, Any]]:
+        try:
+            response = await call
+        except ApiException as exc:
+            return exc.status or 500, _status_body(exc.body)
+        body = await response.read()
+        status = getattr(response, "status", 200)
+        return status, (orjson.loads(body) if body and status < 300 else _status_body(body))
+
+    @staticmethod
+    def _check(status: int, body: dict[str, Any], what: str) -> None:
+        if status >= 300:
+            raise ApiException(status=status, reason=f"{what}: {body.get('message') or body.get('reason') or status}")
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        status, body = await self._call(self.core.read_namespace(name, _preload_content=False))
+        if status == 404:
+            return None
+        self._check(status, body, f"namespace {name}")
+        return body
+
+    async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        status, body = await self._call(self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, TEMPLATE_PLURAL, name, _preload_content=False))
+        if status == 404:
+            return None
+        self._check(status, body, f"GPRTemplate {namespace}/{name}")
+        return body
+
+    async def list_gprs(self, namespace: str) -> list[dict[str, Any]]:
+        status, body = await self._call(self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, GPR_PLURAL, _preload_content=False))
+        self._check(status, body, f"GPRs in {namespace}")
+        return list(body.get("items") or [])
+
+    async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, answer = await self._call(self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, GPR_PLURAL, body, _preload_content=False))
+        if status == 409:
+            raise AlreadyExists(answer.get("message") or "already exists")
+        self._check(status, answer, f"create GPR in {namespace}")
+        return answer
+
+
+def _status_body(raw: Any) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw) if raw else {}
+    except (orjson.JSONDecodeError, TypeError):
+        return {"message": str(raw)[:200]}
+    return body if isinstance(body, dict) else {}
+
+
+# ---- AdmissionReview in and out -----------------------------------------------------------------------------
+def _bad(message: str, code: int = 400) -> web.Response:
+    reason = {400: "BadRequest", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
+    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                              "message": message, "reason": reason, "code": code}, status=code)
+
+
+def parse_review(raw: bytes, resource: str) -> dict[str, Any]:
+    """The ``request`` of an AdmissionReview for ``resource`` (``pods`` or ``gpuprovisioningrequests``);
+    :class:`BadReview` saying what is wrong."""
+    try:
+        review = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReview(f"body is not JSON: {exc}") from None
+    if not isinstance(review, dict):
+        raise BadReview(f"body must be an AdmissionReview object, got {type(review).__name__}")
+    if review.get("apiVersion") != ADMISSION_VERSION or review.get("kind") != "AdmissionReview":
+        raise BadReview(f"want apiVersion {ADMISSION_VERSION} kind AdmissionReview, got apiVersion "
+                        f"{review.get('apiVersion')!r} kind {review.get('kind')!r}")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("request: must be an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid: must be a non-empty string")
+    operation = request.get("operation")
+    if operation not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
+        raise BadReview(f"request.operation: must be CREATE, UPDATE, DELETE or CONNECT, got {operation!r}")
+    kind = request.get("resource")
+    if not isinstance(kind, dict) or not isinstance(kind.get("resource"), str):
+        raise BadReview("request.resource: must be an object with a resource name")
+    if kind["resource"] != resource:
+        raise BadReview(f"request.resource.resource: this endpoint admits {resource}, got {kind['resource']!r}")
+    for key in ("object", "oldObject"):
+        value = request.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise BadReview(f"request.{key}: must be an object or null, got {type(value).__name__}")
+    if operation in ("CREATE", "UPDATE") and not isinstance(request.get("object"), dict):
+        raise BadReview(f"request.object: required for {operation}")
+    namespace = request.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise BadReview("request.namespace: must be a string")
+    if "dryRun" in request and not isinstance(request["dryRun"], bool):
+        raise BadReview("request.dryRun: must be a boolean")
+    return request
+
+
+def review_response(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | None = None, code: int = 0,
+                    message: str = "", reason: str = "", warnings: list[str] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if not allowed:
+        response["status"] = {"code": code or 403, "message": message, "reason": reason or "Forbidden",
+                              "status": "Failure", "metadata": {}}
+    if warnings:
+        response["warnings"] = warnings
+    return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _owner_name(meta: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+    """(name for the GPR, what it was made for, owner reference for the GPR or None)."""
+    owners = meta.get("ownerReferences")
+    if isinstance(owners, list) and owners and isinstance(owners[0], dict) and isinstance(owners[0].get("name"), str):
+        owner = owners[0]
+        ref = None
+        if all(isinstance(owner.get(k), str) and owner.get(k) for k in ("apiVersion", "kind", "name", "uid")):
+            ref = {k: owner[k] for k in ("apiVersion", "kind", "name", "uid")}
+            ref["blockOwnerDeletion"] = False
+        return owner["name"], f"{owner.get('kind', 'owner')}/{owner['name']}", ref
+    name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+    if name:
+        return name, f"Pod/{name}", None
+    generate = meta.get("generateName")
+    generate = generate if isinstance(generate, str) else ""
+    return generate.rstrip("-."), f"Pod/{generate}*", None
+
+
+class Webhook:
+    """The two admission endpoints. ``lookup`` reaches the cluster (:class:`KubeLookup` in production).
+
+    ``resources``: the managed resources; ``auto_gpr``: make a GPR from the namespace's default template for a
+    pod without the GPR label (when the namespace names one) instead of refusing the pod; ``max_body``: the
+    request-size limit in bytes; ``clock``: epoch seconds (tests pass their own)."""
+
+    def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
+                 max_body: int = DEFAULT_MAX_BODY, clock: Callable[[], float] = time.time) -> None:
+        self.lookup = lookup
+        self.resources = tuple(resources)
+        self.auto_gpr = auto_gpr
+        self.max_body = max_body
+        self.clock = clock
+        self.counts: dict[str, int] = {}  # "<endpoint> <outcome>" -> requests (for tests and metrics)
+
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    async def _read(self, request: web.Request) -> bytes | web.Response:
+        if request.content_length is not None and request.content_length > self.max_body:
+            return _bad(f"body of {request.content_length} bytes is over the limit of {self.max_body}", 413)
+        chunks, size = [], 0
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > self.max_body:
+                return _bad(f"body is over the limit of {self.max_body} bytes", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _serve(self, request: web.Request, resource: str, endpoint: str,
+                     decide: Callable[[dict[str, Any]], Any]) -> web.Response:
+        raw = await self._read(request)
+        if isinstance(raw, web.Response):
+            self._count(f"{endpoint} too-large")
+            return raw
+        try:
+            review = parse_review(raw, resource)
+        except BadReview as exc:
+            self._count(f"{endpoint} bad-request")
+            return _bad(str(exc))
+        try:
+            answer = await decide(review)
+        except BadReview as exc:
+            self._count(f"{endpoint} bad-request")
+            return _bad(str(exc))
+        except Exception as exc:  # a lookup failed: refuse (fail closed) and say why, never a 500
+            log.warning("admission lookup failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
+            answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable",
+                                     message=f"accelstack admission could not read the cluster: {str(exc)[:300]}")
+        self._count(f"{endpoint} {'allowed' if answer['response']['allowed'] else 'denied'}")
+        return web.json_response(answer)
+
+    async def mutate_pods(self, request: web.Request) -> web.Response:
+        return await self._serve(request, "pods", "mutate-pods", self._mutate_pod)
+
+    async def validate_gprs(self, request: web.Request) -> web.Response:
+        return await self._serve(request, GPR_PLURAL, "validate-gprs", self._validate_gpr)
+
+    # ---- pods ------------------------------------------------------------------------------------------------
+    async def _mutate_pod(self, req: dict[str, Any]) -> dict[str, Any]:
+        uid = req["uid"]
+        if req["operation"] != "CREATE" or req.get("subResource"):
+            return review_response(uid, True)
+        pod = req["object"]
+        meta = pod.get("metadata") if pod.get("metadata") is not None else {}
+        spec = pod.get("spec")
+        if not isinstance(meta, dict):
+            raise BadReview("request.object.metadata: must be an object")
+        if not isinstance(spec, dict):
+            raise BadReview("request.object.spec: must be an object")
+        for key in ("containers", "initContainers"):
+            value = spec.get(key)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(c, dict) for c in value)):
+                raise BadReview(f"request.object.spec.{key}: must be a list of objects")
+            for i, container in enumerate(value or []):
+                res = container.get("resources")
+                if res is not None and (not isinstance(res, dict) or any(
+                        res.get(k) is not None and not isinstance(res.get(k), dict) for k in ("requests", "limits"))):
+                    raise BadReview(f"request.object.spec.{key}[{i}].resources: requests and limits must be maps")
+        try:
+            wanted = pod_requests(spec, self.resources)
+        except ValueError as exc:
+            return review_response(uid, False, code=422, reason="Invalid", message=f"pod resources: {exc}")
+        if not wanted:
+            return review_response(uid, True)
+        namespace = req.get("namespace") or meta.get("namespace") or "default"
+        if len(wanted) > 1:
+            return review_response(uid, False, code=403, message=(
+                f"the pod requests {' and '.join(sorted(wanted))}; a GPR reserves one resource, so a pod may request "
+                "only one managed resource"))
+        ((resource, count),) = wanted.items()
+        labels = meta.get("labels")
+        if labels is not None and not isinstance(labels, dict):
+            raise BadReview("request.object.metadata.labels: must be a map")
+        gpr_name = (labels or {}).get(GPR_LABEL)
+        warnings: list[str] = []
+        if gpr_name is not None:
+            if not isinstance(gpr_name, str) or not _NAME.match(gpr_name) or len(gpr_name) > 253:
+                return review_response(uid, False, code=422, reason="Invalid", message=(
+                    f"label {GPR_LABEL}: {gpr_name!r} is not a GPR name"))
+            denied = await self._check_link(uid, namespace, gpr_name, resource, count, warnings)
+            if denied is not None:
+                return denied
+        else:
+            made = await self._auto_gpr(req, namespace, meta, resource, count, warnings)
+            if isinstance(made, dict):
+                return made
+            gpr_name = made
+        patch: list[dict[str, Any]] = []
+        if labels is None:
+            patch.append({"op": "add", "path": "/metadata/labels", "value": {GPR_LABEL: gpr_name}})
+        elif GPR_LABEL not in labels:
+            patch.append({"op": "add", "path": f"/metadata/labels/{_escape(GPR_LABEL)}", "value": gpr_name})
+        gates = spec.get("schedulingGates")
+        if gates is not None and not isinstance(gates, list):
+            raise BadReview("request.object.spec.schedulingGates: must be a list")
+        if spec.get("nodeName"):
+            warnings.append(f"the pod names its node ({spec['nodeName']}), so it cannot be held by the scheduling "
+                            f"gate {SCHEDULING_GATE}; its devices are not reserved through GPR {gpr_name}")
+        elif gates is None:
+            patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]})
+        elif not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
+            patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}})
+        return review_response(uid, True, patch=patch, warnings=warnings)
+
+    async def _check_link(self, uid: str, namespace: str, gpr_name: str, resource: str, count: int,
+                          warnings: list[str]) -> dict[str, Any] | None:
+        """A labelled pod: refuse it when its GPR can never hold it; warn when the GPR is missing or finished."""
+        try:
+            gprs = {g.get("metadata", {}).get("name"): g for g in await self.lookup.list_gprs(namespace)}
+        except Exception as exc:  # only a check: the controller holds the pod until its GPR is admitted anyway
+            warnings.append(f"could not check GPR {namespace}/{gpr_name}: {str(exc)[:200]}")
+            return None
+        gpr = gprs.get(gpr_name)
+        if gpr is None:
+            warnings.append(f"GPR {namespace}/{gpr_name} does not exist (yet); the pod stays gated until it is "
+                            "created and admitted")
+            return None
+        try:
+            g = from_object(gpr, self.clock())
+        except SpecError as exc:
+            warnings.append(f"GPR {namespace}/{gpr_name} is invalid ({exc}); the pod stays gated")
+            return None
+        if g.resource != resource:
+            return review_response(uid, False, code=403, message=(
+                f"the pod requests {resource} but GPR {namespace}/{gpr_name} reserves {g.resource}"))
+        if count > g.devices_per_node:
+            return review_response(uid, False, code=403, message=(
+                f"the pod requests {count} {resource} but GPR {namespace}/{gpr_name} reserves "
+                f"{g.devices_per_node} per node; raise spec.devicesPerNode or lower the pod's request"))
+        if is_terminal(gpr):
+            warnings.append(f"GPR {namespace}/{gpr_name} has finished; the pod stays gated")
+        return None
+
+    async def _auto_gpr(self, req: dict[str, Any], namespace: str, meta: dict[str, Any], resource: str, count: int,
+                        warnings: list[str]) -> str | dict[str, Any]:
+        """The GPR name for an unlabelled pod (made from the default template), or a refusal."""
+        uid = req["uid"]
+        how = (f"label the pod with {GPR_LABEL}: <name of an existing GPUProvisioningRequest in {namespace}>")
+        if not self.auto_gpr:
+            return review_response(uid, False, code=403, message=(
+                f"pods requesting {resource} must belong to a GPR: {how} (automatic GPRs are disabled)"))
+        ns = await self.lookup.get_namespace(namespace)
+        template_name = ((ns or {}).get("metadata", {}).get("annotations") or {}).get(DEFAULT_TEMPLATE_ANNOTATION)
+        if not template_name:
+            return review_response(uid, False, code=403, message=(
+                f"pods requesting {resource} must belong to a GPR: {how}, or set the namespace annotation "
+                f"{DEFAULT_TEMPLATE_ANNOTATION}: <GPRTemplate name> so one is made for them"))
+        template = await self.lookup.get_template(namespace, template_name)
+        if template is None:
+            return review_response(uid, False, code=403, message=(
+                f"namespace {namespace} names the default template {template_name!r} "
+                f"({DEFAULT_TEMPLATE_ANNOTATION}), but there is no GPRTemplate {namespace}/{template_name}: "
+                f"create it, or {how}"))
+        try:
+            spec = template_spec(template)
+        except SpecError as exc:
+            return review_response(uid, False, code=403, message=f"default template is not a valid GPR spec: {exc}")
+        name, made_for, owner_ref = _owner_name(meta)
+        if not name or not _NAME.match(name) or len(name) > 253:
+            return review_response(uid, False, code=403, message=(
+                f"cannot name a GPR for this pod (owner or pod name {name!r}): {how}"))
+        # the template gives the shape; the pod's request gives the resource and (for whole devices) the count
+        spec["resource"] = resource
+        if int(spec.get("milliPerDevice", 1000)) < 1000:
+            if count != 1:
+                return review_response(uid, False, code=403, message=(
+                    f"default template {template_name!r} asks for a fraction of one device, but the pod requests "
+                    f"{count} {resource}: {how}"))
+        else:
+            spec["devicesPerNode"] = max(count, int(spec.get("devicesPerNode", 1)))
+        try:
+            check_spec(spec)
+        except SpecError as exc:
+            return review_response(uid, False, code=403, message=f"GPR from template {template_name!r}: {exc}")
+        existing = {g.get("metadata", {}).get("name"): g for g in await self.lookup.list_gprs(namespace)}
+        if name in existing:
+            warnings.append(f"linked to the existing GPR {namespace}/{name}")
+            return name
+        if req.get("dryRun"):
+            warnings.append(f"dry run: GPR {namespace}/{name} would be created from template {template_name!r}")
+            return name
+        body = new_object(namespace, name, spec, labels={AUTO_LABEL: "true"},
+                          annotations={CREATED_FOR_ANNOTATION: made_for, DEFAULT_TEMPLATE_ANNOTATION: template_name})
+        if owner_ref is not None:
+            body["metadata"]["ownerReferences"] = [owner_ref]
+        try:
+            await self.lookup.create_gpr(namespace, body)
+        except AlreadyExists:
+            warnings.append(f"linked to the existing GPR {namespace}/{name}")
+            return name
+        except ApiException as exc:
+            return review_response(uid, False, code=403, message=(
+                f"could not create GPR {namespace}/{name} from template {template_name!r}: {exc.reason}"))
+        warnings.append(f"created GPR {namespace}/{name} from template {template_name!r}")
+        log.info("created GPR from default template", extra={"gpr": f"{namespace}/{name}", "for": made_for})
+        return name
+
+    # ---- GPRs ------------------------------------------------------------------------------------------------
+    async def _validate_gpr(self, req: dict[str, Any]) -> dict[str, Any]:
+        uid = req["uid"]
+        if req["operation"] not in ("CREATE", "UPDATE"):
+            return review_response(uid, True)
+        obj = req["object"]
+        old = req.get("oldObject")
+        if req["operation"] == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
+            return review_response(uid, True)  # metadata or status only: limits set later must not block them
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            raise BadReview("request.object.metadata: must be an object")
+        namespace = req.get("namespace") or meta.get("namespace") or "default"
+        obj = {**obj, "metadata": {**meta, "namespace": namespace}}
+        if not meta.get("name") and isinstance(req.get("name"), str) and req["name"]:
+            obj["metadata"]["name"] = req["name"]
+        if not obj["metadata"].get("name"):  # generateName: the name may not be chosen yet; the spec is what counts
+            obj["metadata"]["name"] = str(meta.get("generateName") or "") + "(generated)"
+        try:
+            g = from_object(obj, self.clock())
+        except SpecError as exc:
+            return review_response(uid, False, code=422, reason="Invalid", message=str(exc))
+        ns = await self.lookup.get_namespace(namespace)
+        annotations = ((ns or {}).get("metadata", {}).get("annotations") or {})
+        where = f"namespace {namespace}"
+        text = annotations.get(PRIORITY_RANGE_ANNOTATION)
+        if text is not None:
+            m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", str(text))
+            if m is None or int(m.group(1)) > int(m.group(2)):
+                return review_response(uid, False, code=403, message=(
+                    f"{where} annotation {PRIORITY_RANGE_ANNOTATION}: {text!r} is not LOW-HIGH (e.g. \"1-200\"); "
+                    "ask the namespace's administrator to fix it"))
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if not lo <= g.priority <= hi:
+                return review_response(uid, False, code=403, message=(
+                    f"spec.priority: {g.priority} is outside {lo}-{hi}, the range {where} allows "
+                    f"({PRIORITY_RANGE_ANNOTATION})"))
+        text = annotations.get(MAX_EXIT_DURATION_ANNOTATION)
+        if text is not None:
+            try:
+                limit = parse_duration(text)
+            except SpecError:
+                return review_response(uid, False, code=403, message=(
+                    f"{where} annotation {MAX_EXIT_DURATION_ANNOTATION}: {text!r} is not a duration; ask the "
+                    "namespace's administrator to fix it"))
+            if g.exit_duration_s is None:
+                return review_response(uid, False, code=403, message=(
+                    f"spec.exitDuration: required in {where}, at most {format_duration(limit)} "
+                    f"({MAX_EXIT_DURATION_ANNOTATION})"))
+            if g.exit_duration_s > limit:
+                return review_response(uid, False, code=403, message=(
+                    f"spec.exitDuration: {format_duration(g.exit_duration_s)} is over {format_duration(limit)}, the "
+                    f"most {where} allows ({MAX_EXIT_DURATION_ANNOTATION})"))
+        text = annotations.get(MAX_GPRS_ANNOTATION)
+        if text is not None and req["operation"] == "CREATE":
+            if not str(text).strip().isdigit():
+                return review_response(uid, False, code=403, message=(
+                    f"{where} annotation {MAX_GPRS_ANNOTATION}: {text!r} is not a whole number; ask the "
+                    "namespace's administrator to fix it"))
+            limit_n = int(str(text).strip())
+            name = obj["metadata"].get("name")
+            live = [o for o in await self.lookup.list_gprs(namespace)
+                    if not is_terminal(o) and o.get("metadata", {}).get("name") != name]
+            if len(live) + 1 > limit_n:
+                return review_response(uid, False, code=403, message=(
+                    f"{where} already has {len(live)} unfinished GPRs, the most it allows is {limit_n} "
+                    f"({MAX_GPRS_ANNOTATION}); delete finished or unneeded GPRs first"))
+        return review_response(uid, True)
+
+
+def add_webhook_routes(app: web.Application, handler: Webhook) -> None:
+    """``POST /mutate-pods`` and ``POST /validate-gprs`` on ``app``."""
+    app.router.add_post("/mutate-pods", handler.mutate_pods)
+    app.router.add_post("/validate-gprs", handler.validate_gprs)
