@@ -152,7 +152,8 @@ def main() -> None:
                 socket_path = str(tmp / "kubelet.sock")
                 peer = PodResourcesPeer(socket_path)
                 peer.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus]}
-                peer.pods = [("ml", f"p{i}", "c", "nvidia.com/gpu", [g.uuid]) for i, g in enumerate(fake.gpus)]
+                for i, gpu in enumerate(fake.gpus):
+                    peer.set_pod("ml", f"p{i}", {"nvidia.com/gpu": [gpu.uuid]})
                 peer.start()
             vals = load([*common, "--node-name", "bench", "--exporter-pod-resources-socket", socket_path],
                         environ={})[0].values

@@ -48,8 +48,8 @@ def gpu_node(tmp_path: Path):
     fake = dgx_like(8)
     peer = PodResourcesPeer(str(tmp_path / "kubelet.sock"))
     peer.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus], "cpu-ignored/x": ["a"]}
-    peer.pods = [("ml", "train-0", "main", "nvidia.com/gpu", [fake.gpus[0].uuid, fake.gpus[1].uuid]),
-                 ("ml", "infer-0", "srv", "nvidia.com/gpu", [fake.gpus[5].uuid])]
+    peer.set_pod("ml", "train-0", {"nvidia.com/gpu": [fake.gpus[0].uuid, fake.gpus[1].uuid]})
+    peer.set_pod("ml", "infer-0", {"nvidia.com/gpu": [fake.gpus[5].uuid]}, container="srv")
     peer.start()
     vals = values(tmp_path, "--node-name", "gpu-1", "--exporter-pod-resources-socket", str(tmp_path / "kubelet.sock"))
     registry, collector = build(vals, nvml=fake)

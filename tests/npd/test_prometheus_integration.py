@@ -43,7 +43,7 @@ def test_prometheus_scrapes_the_exporter_and_loads_the_rules(tmp_path: Path) -> 
     fake.gpus[2].temperature_c = 88
     peer = PodResourcesPeer(str(tmp_path / "kubelet.sock"))
     peer.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus]}
-    peer.pods = [("ml", "train-0", "main", "nvidia.com/gpu", [fake.gpus[0].uuid])]
+    peer.set_pod("ml", "train-0", {"nvidia.com/gpu": [fake.gpus[0].uuid]})
     peer.start()
     registry, collector = build(values(tmp_path, "--node-name", "gpu-1", "--exporter-pod-resources-socket",
                                        str(tmp_path / "kubelet.sock")), nvml=fake)
