@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from cni import fastjson as json
 from cni.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, INVALID_ENV, CNIError
 
 SUPPORTED_VERSIONS = ("1.0.0", "1.1.0")

@@ -10,9 +10,9 @@ VERSION exec happens once per delegate binary, not once per pod.
 
 from __future__ import annotations
 
-import json
 import os
 
+from cni import fastjson as json
 from cni.config import NetConf, retarget
 from cni.errors import IPAM, CNIError
 

@@ -9,9 +9,9 @@ the IPAM delegate, sysfs discovery and ``ipaddress`` are imported by the command
 
 from __future__ import annotations
 
-import json
 import sys
 
+from cni import fastjson as json
 from cni.config import LATEST, SUPPORTED_VERSIONS, Env, NetConf
 from cni.errors import INTERNAL, IO_FAILURE, NETLINK, CNIError
 

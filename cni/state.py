@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import time
 
+from cni import fastjson as json
 from cni.errors import TRY_AGAIN, CNIError
 
 
@@ -29,7 +29,7 @@ def save(path: str, record: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
-        json.dump(record, fh)
+        fh.write(json.dumps(record))
     # no fsync: after a crash of the node every pod namespace is gone and the NICs are back anyway; the
     # rename alone keeps a reader from ever seeing half a record
     os.replace(tmp, path)
@@ -39,7 +39,7 @@ def load(path: str) -> dict | None:
     """The record, or None when there is none or it is unreadable (DEL then works from what it finds)."""
     try:
         with open(path) as fh:
-            record = json.load(fh)
+            record = json.loads(fh.read())
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

@@ -155,6 +155,9 @@ def test_start_up_imports_stay_small():
         "socket",
         "selectors",
         "device_plugin",
+        "json",
+        "re",
+        "enum",
     ):
         assert heavy not in out, f"{heavy} is imported at start-up"
 
@@ -168,3 +171,39 @@ def test_launcher_runs_without_site_packages():
         check=True,
     )
     assert json.loads(proc.stdout)["supportedVersions"] == ["1.0.0", "1.1.0"]
+
+
+FASTJSON_CHECK = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from cni import fastjson
+assert "json" not in sys.modules and "re" not in sys.modules
+values = [{"a": [1, 2.5, None, True, False, "é\"\\\n"], "b": {"c": -1e300, "d": 12345678901234567890}}, [], "x", 3]
+out = [fastjson.dumps(v) for v in values]
+assert [fastjson.loads(o) for o in out] == values
+assert fastjson.loads(b"\xef\xbb\xbf {\"a\": 1} \n") == {"a": 1}
+bad = ["", " ", "{", '{"cniVersion": "1.1.0", ', '{"a":1}x', "NaN", "[1,]", '{"a" 1}', "tru", '"\x01"', "[1] [2]"]
+for text in bad:
+    try:
+        fastjson.loads(text)
+    except ValueError:
+        continue
+    raise AssertionError(f"accepted {text!r}")
+for obj in (float("nan"), {"a": object()}):
+    try:
+        fastjson.dumps(obj)
+    except (ValueError, TypeError):
+        continue
+    raise AssertionError(f"serialized {obj!r}")
+import json
+assert out == [json.dumps(v) for v in values]
+print("ok")
+"""
+
+
+def test_fastjson_matches_json_and_rejects_what_it_rejects():
+    """In a fresh interpreter (json not loaded: the case that matters) and compared with the json package."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", FASTJSON_CHECK, str(REPO)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
