@@ -350,12 +350,15 @@ def _condition(c: Mapping[str, Any], now: float, generation: int | None) -> dict
 
 def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | None, reservation: list[dict[str, Any]],
                 now: float, observed_generation: int | None,
-                conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                conditions: list[dict[str, Any]] | None = None,
+                previous_conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``{"status": {...}}`` for the status subresource. ``reservation`` is ``[{"node", "devices"}]`` (a count
     or a list of device indices). Conditions ``Queued``, ``Admitted``, ``Running`` and ``Finished`` are derived
     from the phase and its history; ``conditions`` given here are added, replacing derived ones of the same
     type (``lastTransitionTime`` may be epoch seconds or absent, then ``now``). ``queuePosition`` and
-    ``estimatedStart`` are written only while the GPR is queued."""
+    ``estimatedStart`` are written only while the GPR is queued. ``previous_conditions`` (the object's current
+    ``status.conditions``) keeps each condition's ``lastTransitionTime`` while its status stays the same, as
+    ``meta.SetStatusCondition`` does, so an unchanged GPR renders an unchanged status (also after a restart)."""
     counts: dict[str, int] = {}
     for entry in reservation:
         node, devices = entry.get("node"), entry.get("devices")
@@ -388,6 +391,11 @@ def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | 
     for c in conditions or []:
         c2 = _condition(c, now, observed_generation)
         merged[c2["type"]] = c2
+    before = {c.get("type"): c for c in previous_conditions or [] if isinstance(c, Mapping)}
+    for ctype, c in merged.items():
+        old = before.get(ctype)
+        if old is not None and old.get("status") == c["status"] and isinstance(old.get("lastTransitionTime"), str):
+            c["lastTransitionTime"] = old["lastTransitionTime"]
     status["conditions"] = list(merged.values())
     return {"status": status}
 

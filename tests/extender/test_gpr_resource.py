@@ -242,3 +242,21 @@ def test_template_spec() -> None:
     broken["spec"]["priority"] = 0
     with pytest.raises(SpecError, match=r"^GPRTemplate team-a/default: spec\.priority: must be 1\.\.300"):
         template_spec(broken)
+
+
+def test_previous_conditions_keep_their_transition_time() -> None:
+    g = GPR(name="a/b", workspace="a", submitted_at=NOW - 60)
+    g.history.append((NOW, Phase.QUEUED, "Submitted"))  # e.g. resubmitted after a controller restart
+    blocked = {"type": "EvictionBlocked", "status": "True", "reason": "PodDisruptionBudget", "message": "m"}
+    first = status_body(g, queue_position=1, estimated_start=None, reservation=[], now=NOW, observed_generation=1,
+                        conditions=[blocked])["status"]["conditions"]
+    earlier = [{**c, "lastTransitionTime": "2026-11-30T05:00:00Z"} for c in first]
+    later = status_body(g, queue_position=1, estimated_start=None, reservation=[], now=NOW + 30,
+                        observed_generation=1, conditions=[blocked], previous_conditions=earlier)["status"]
+    assert {c["lastTransitionTime"] for c in later["conditions"]} == {"2026-11-30T05:00:00Z"}
+    g.transition(Phase.ADMITTED, NOW + 40)
+    admitted = status_body(g, queue_position=None, estimated_start=None, reservation=[], now=NOW + 40,
+                           observed_generation=1, previous_conditions=later["conditions"])["status"]
+    times = {c["type"]: c["lastTransitionTime"] for c in admitted["conditions"]}
+    assert times["Admitted"] == times["Queued"] == "2026-11-30T06:00:40Z"  # both changed status
+    assert times["Running"] == "2026-11-30T05:00:00Z"  # still False
