@@ -117,9 +117,15 @@ def move_out(nss: Namespaces, source: Namespace, current: str, original: str) ->
     if source.path != "temporary":
         source.nl.set_link(link.index, up=False)
         if current == original or source.nl.get_link(original) is None:
-            if current != original or link.alias:
+            renamed = current != original or bool(link.alias)
+            if renamed:
                 source.nl.set_link(link.index, name=original, alias="")
-            source.nl.set_link(link.index, netns_fd=nss.host_fd)
+            try:
+                source.nl.set_link(link.index, netns_fd=nss.host_fd)
+            except NetlinkError:
+                if renamed:  # e.g. the host has a new interface of that name: keep ours findable for a retry
+                    source.nl.set_link(link.index, name=current, alias=link.alias or original)
+                raise
             return True
         temp = nss.temporary()
         source.nl.set_link(link.index, netns_fd=temp.fd)

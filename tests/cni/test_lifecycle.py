@@ -243,3 +243,21 @@ def test_del_when_the_container_has_an_interface_with_the_host_name(node):
     node.assert_on_host(nic)
     inside = node.links(netns)
     assert nic in inside and "net1" not in inside  # the container's namesake is untouched
+
+
+def test_del_fails_cleanly_when_the_host_took_the_name_and_succeeds_later(node):
+    """Something on the host took the NIC's name while the pod ran: DEL reports the clash and leaves the NIC
+    in the pod as it was (name, alias), so the runtime's retry succeeds once the name is free."""
+    (nic,) = node.add_module(PCI)
+    netns = node.container()
+    conf = node.conf(runtimeConfig={"deviceID": PCI})
+    assert node.run("ADD", conf, netns=netns).rc == 0
+    os.system(f"ip -n {node.host} link add {nic} type veth peer name squat0")
+    first = node.run("DEL", conf, netns=netns)
+    assert first.rc != 0 and json.loads(first.stdout)["code"] == errors.NETLINK, first
+    inside = node.links(netns)
+    assert inside["net1"]["ifalias"] == nic
+    os.system(f"ip -n {node.host} link del {nic}")
+    retry = node.run("DEL", conf, netns=netns)
+    assert retry.rc == 0, retry
+    node.assert_on_host(nic)
