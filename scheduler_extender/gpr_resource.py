@@ -37,6 +37,7 @@ SPEC_FIELDS = (
     "retryLimit",
 )
 MAX_MODELS, MAX_MODEL_LENGTH = 32, 128  # as the CRD's maxItems and maxLength
+MAX_NAME = 63  # a GPR's name is the value of the pod label accelstack.io/gpr: a label value has at most 63
 TERMINAL_PHASES = frozenset({Phase.COMPLETE.value, Phase.CANCELLED.value})
 
 
@@ -232,6 +233,9 @@ def from_object(obj: dict[str, Any], now: float) -> GPR:
     name, namespace = meta.get("name"), meta.get("namespace") or "default"
     if not isinstance(name, str) or not name:
         raise SpecError("metadata.name: must be a non-empty string")
+    if len(name) > MAX_NAME:
+        raise SpecError(f"metadata.name: at most {MAX_NAME} characters (pods name their GPR in the label "
+                        f"{GPR_LABEL}), got {len(name)}")
     if not isinstance(namespace, str):
         raise SpecError("metadata.namespace: must be a string")
     fields = check_spec(obj.get("spec") if obj.get("spec") is not None else {})

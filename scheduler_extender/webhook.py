@@ -19,6 +19,7 @@ is wrong; a body over the size limit with 413.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import re
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
-from aiohttp import web
+from aiohttp import ClientError, web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -36,6 +37,7 @@ from .gpr_resource import (
     GPR_LABEL,
     GPR_PLURAL,
     GROUP,
+    MAX_NAME,
     SCHEDULING_GATE,
     TEMPLATE_PLURAL,
     VERSION,
@@ -274,10 +276,14 @@ class Webhook:
         except BadReview as exc:
             self._count(f"{endpoint} bad-request")
             return _bad(str(exc))
-        except Exception as exc:  # a lookup failed: refuse (fail closed) and say why, never a 500
+        except (TimeoutError, ApiException, ClientError, OSError) as exc:  # a lookup failed: fail closed
             log.warning("admission lookup failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
             answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable",
                                      message=f"accelstack admission could not read the cluster: {str(exc)[:300]}")
+        except Exception as exc:  # a bug: refuse this one request and say so, never a 500 or a crash
+            log.exception("admission failed", extra={"endpoint": endpoint})
+            answer = review_response(review["uid"], False, code=500, reason="InternalError",
+                                     message=f"accelstack admission failed: {type(exc).__name__}: {str(exc)[:300]}")
         self._count(f"{endpoint} {'allowed' if answer['response']['allowed'] else 'denied'}")
         return web.json_response(answer)
 
@@ -326,9 +332,10 @@ class Webhook:
         gpr_name = (labels or {}).get(GPR_LABEL)
         warnings: list[str] = []
         if gpr_name is not None:
-            if not isinstance(gpr_name, str) or not _NAME.match(gpr_name) or len(gpr_name) > 253:
+            if not isinstance(gpr_name, str) or not _NAME.match(gpr_name) or len(gpr_name) > MAX_NAME:
                 return review_response(uid, False, code=422, reason="Invalid", message=(
-                    f"label {GPR_LABEL}: {gpr_name!r} is not a GPR name"))
+                    f"label {GPR_LABEL}: {gpr_name!r} is not a GPR name (lower-case DNS name, at most "
+                    f"{MAX_NAME} characters)"))
             denied = await self._check_link(uid, namespace, gpr_name, resource, count, warnings)
             if denied is not None:
                 return denied
@@ -408,7 +415,10 @@ class Webhook:
         except SpecError as exc:
             return review_response(uid, False, code=403, message=f"default template is not a valid GPR spec: {exc}")
         name, made_for, owner_ref = _owner_name(meta)
-        if not name or not _NAME.match(name) or len(name) > 253:
+        if len(name) > MAX_NAME:  # keep it a valid label value: shorten, with a hash of the whole name
+            digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+            name = f"{name[:MAX_NAME - 7].rstrip('-.')}-{digest}"
+        if not name or not _NAME.match(name):
             return review_response(uid, False, code=403, message=(
                 f"cannot name a GPR for this pod (owner or pod name {name!r}): {how}"))
         # the template gives the shape; the pod's request gives the resource and (for whole devices) the count
@@ -464,7 +474,7 @@ class Webhook:
         if not meta.get("name") and isinstance(req.get("name"), str) and req["name"]:
             obj["metadata"]["name"] = req["name"]
         if not obj["metadata"].get("name"):  # generateName: the name may not be chosen yet; the spec is what counts
-            obj["metadata"]["name"] = str(meta.get("generateName") or "") + "(generated)"
+            obj["metadata"]["name"] = str(meta.get("generateName") or "")[:MAX_NAME - 5] + "xxxxx"  # as the server
         try:
             g = from_object(obj, self.clock())
         except SpecError as exc:

@@ -385,3 +385,16 @@ def test_status_bodies_validate_against_the_status_schema() -> None:
         assert errors == [], errors
     assert check.iter_errors({"phase": "Sleeping"}).__next__().message.startswith("'Sleeping' is not one of")
     assert list(check.iter_errors({"estimatedStart": "tomorrow"}))
+
+
+def test_names_longer_than_a_label_value_are_refused_by_both() -> None:
+    long = gpr({})
+    long["metadata"]["name"] = "n" * 64
+    _, errors = admit(GPR_PLURAL, long)
+    assert errors == [": metadata.name must be at most 63 characters (pods name their GPR in the label "
+                      "accelstack.io/gpr)"]
+    with pytest.raises(SpecError, match=r"^metadata\.name: at most 63 characters"):
+        from_object(long, NOW)
+    long["metadata"]["name"] = "n" * 63
+    assert admit(GPR_PLURAL, long)[1] == []
+    from_object(long, NOW)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -667,5 +668,36 @@ async def test_webhook_on_the_api_server_makes_the_gpr_and_then_enforces_the_cou
         response = await call(http, "/validate-gprs", review(gpr_obj({}, name="second"),
                                                              resource="gpuprovisioningrequests"))
         assert response["allowed"] is True
+    finally:
+        await http.close()
+
+
+async def test_auto_gpr_name_is_shortened_to_a_label_value(http: TestClient[Any, Any], lookup: MemoryLookup) -> None:
+    lookup.namespace("team-a", **{"accelstack.io/default-template": "default"})
+    lookup.template("team-a", "default", {})
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "a-very-long-deployment-name-" * 3 + "5d8f7c9b4",
+             "uid": "u"}
+    out = patched(pod(ownerReferences=[owner]), await call(http, "/mutate-pods", review(pod(ownerReferences=[owner]))))
+    name = out["metadata"]["labels"]["accelstack.io/gpr"]
+    assert len(name) <= 63 and re.fullmatch(r"a-very-long-deployment-name-a-very-long-deployment-name-[0-9a-f]{6}", name)
+    assert lookup.created[0]["metadata"]["name"] == name
+    assert lookup.created[0]["metadata"]["annotations"][CREATED_FOR_ANNOTATION] == f"ReplicaSet/{owner['name']}"
+
+
+async def test_pod_refused_with_a_label_longer_than_a_label_value(http: TestClient[Any, Any]) -> None:
+    response = await call(http, "/mutate-pods", review(pod(labels={"accelstack.io/gpr": "g" * 64})))
+    assert response["allowed"] is False and "at most 63 characters" in response["status"]["message"]
+
+
+async def test_a_bug_in_a_lookup_is_a_refusal_not_a_500(lookup: MemoryLookup) -> None:
+    class Broken(MemoryLookup):
+        async def get_namespace(self, name: str) -> dict[str, Any] | None:
+            raise KeyError("bug")
+
+    http = await serve(Webhook(Broken()))
+    try:
+        response = await call(http, "/validate-gprs", review(gpr_obj({}), resource="gpuprovisioningrequests"))
+        assert response["allowed"] is False and response["status"]["code"] == 500
+        assert "KeyError" in response["status"]["message"]
     finally:
         await http.close()
