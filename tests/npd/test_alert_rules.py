@@ -146,3 +146,31 @@ def test_every_npd_rule_runs_as_npd_would(tmp_path: Path) -> None:
                 assert (run.status, run.message) == ("OK", "2 NR1 modules healthy")
             elif rule["args"][1] == "--checks=xid":
                 assert run.status == "OK"  # the kernel log alone; no NVML needed
+
+
+def test_npd_daemonsets_mount_what_the_monitors_reference() -> None:
+    found = monitors()
+    for short in ("gpu", "nr1"):
+        (ds,) = docs(MANIFESTS / f"npd/daemonset-npd-{short}.yaml")
+        pod = ds["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        (npd,) = pod["containers"]
+        install_mount = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+        npd_mounts = {m["mountPath"]: m["name"] for m in npd["volumeMounts"]}
+        assert init["command"][0] == "accelstack-npd-install"
+        target = init["command"][1]
+        mount_path = next(a.split("=", 1)[1] for a in init["command"] if a.startswith("--mount-path="))
+        # the init container fills the volume the NPD container mounts at --mount-path
+        assert install_mount[npd_mounts[mount_path]] == target
+        monitor_arg = next(a for a in npd["args"] if a.startswith("--config.custom-plugin-monitor="))
+        monitor_path = Path(monitor_arg.split("=", 1)[1])
+        assert npd_mounts[str(monitor_path.parent)] == "config"
+        for rule in found[monitor_path.name]["rules"]:
+            assert rule["path"].startswith(mount_path + "/bin/")
+            config_file = next(a.split("=", 1)[1] for a in rule["args"] if a.startswith("--config-file="))
+            assert npd_mounts[str(Path(config_file).parent)] == "config"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["kmsg"]["hostPath"]["path"] == "/dev/kmsg"
+        assert volumes["state"]["hostPath"]["path"] == "/var/lib/accelstack-npd"
+        assert any(t["key"] == "accelstack.io/unhealthy" for t in pod["tolerations"])
+        assert npd["image"].startswith("registry.k8s.io/node-problem-detector/node-problem-detector:")
