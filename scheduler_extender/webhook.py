@@ -87,7 +87,7 @@ class Lookup(Protocol):
         ...
 
 
-class KubeLookup:
+class KubeLookup(Lookup):
     """:class:`Lookup` on the API server, through ``kubernetes_asyncio`` (objects as plain dicts)."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
