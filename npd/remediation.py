@@ -11,7 +11,7 @@ Optional, off by default: ``remediation.cordon`` also marks the node unschedulab
 made itself, remembered in an annotation); ``remediation.drain`` evicts, through the Eviction API (so
 PodDisruptionBudgets apply), the pods on the node that use the managed resources.
 
-Writes are merge patches carrying ``metadata.resourceVersion``: the API server rejects a patch made from a
+Each taint added or lifted is recorded as an Event on the Node. Writes are merge patches carrying ``metadata.resourceVersion``: the API server rejects a patch made from a
 stale read with 409 Conflict, and the controller reads again and retries (taints are a list the API replaces
 whole, so a blind patch could drop a taint someone else just added).
 """
@@ -133,11 +133,29 @@ class TaintController:
                         extra={"node": name, "why": decision.why, "taint": self.key})
             if self.metrics is not None:
                 self.metrics.actions.labels(action).inc()
+            await self._event(node, "AccelstackTainted" if decision.taint else "AccelstackUntainted",
+                              f"{'added' if decision.taint else 'removed'} taint {self.key}:NoSchedule: "
+                              f"{decision.why}", "Warning" if decision.taint else "Normal")
             self._count_state(name, bool(decision.taint))
             if decision.taint and not mine and self.drain:
                 await self._drain(name)
             return decision
         raise RuntimeError(f"node {name}: still conflicting after {attempts} attempts")
+
+    async def _event(self, node: Any, reason: str, message: str, kind: str) -> None:
+        """A core/v1 Event on the Node (``kubectl describe node`` shows it); failures only logged."""
+        stamp = dt.datetime.fromtimestamp(self.clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{node.metadata.name}.", "namespace": "default"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name,
+                                   "uid": node.metadata.uid},
+                "reason": reason, "message": message[:1024], "type": kind,
+                "source": {"component": "accelstack-remediation"}, "reportingComponent": "accelstack-remediation",
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        try:
+            await self.api.create_namespaced_event("default", body)
+        except Exception as exc:
+            log.info("event not recorded", extra={"node": node.metadata.name, "error": str(exc)[:200]})
 
     def _count_state(self, name: str, tainted: bool) -> None:
         (self.tainted.add if tainted else self.tainted.discard)(name)

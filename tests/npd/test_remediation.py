@@ -87,6 +87,11 @@ async def test_taint_hold_and_lift_with_a_controlled_clock(api) -> None:
     decision = await controller.reconcile(await core.read_node("gpu-1"))
     assert decision.taint is False
     assert taints_of(peer, "gpu-1") == [other]  # only our taint goes
+    events = [o for (r, _, _), o in peer.objects.items() if r == "api/v1/events"]
+    assert [(e["reason"], e["type"], e["involvedObject"]["name"]) for e in
+            sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))] == [
+        ("AccelstackTainted", "Warning", "gpu-1"), ("AccelstackUntainted", "Normal", "gpu-1")]
+    assert events[0]["message"].startswith("added taint accelstack.io/unhealthy:NoSchedule: GPUUnhealthy True")
     assert SINCE_ANNOTATION not in (peer.get(NODES, "", "gpu-1")["metadata"].get("annotations") or {})
 
 
