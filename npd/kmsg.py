@@ -15,7 +15,8 @@ import re
 import stat
 from dataclasses import dataclass
 
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)(?:,\s*(.*))?")
+# "PCI:" is missing in older drivers' lines: "NVRM: Xid (0000:01:00): 13, ..."
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:,\s*(.*))?")
 
 
 @dataclass(frozen=True)

@@ -60,12 +60,14 @@ def test_kmsg_records_continuations_and_sequence(tmp_path: Path) -> None:
         " DEVICE=+pci:0000:3b:00.0\n"
         "4,12,300,-;NVRM: Xid (PCI:0000:86:00.0): 48, pid=77, DBE (0x1,0x2)\n"
         "garbage without a header\n"
+        "4,13,400,-;NVRM: Xid (0000:01:00): 13, Graphics Exception\n"
     )
     events, last = kmsg.read_xids(str(log), -1)
-    assert last == 12
-    assert [(e.seq, e.pci, e.xid) for e in events] == [(11, "0000:3b:00", 79), (12, "0000:86:00.0", 48)]
+    assert last == 13
+    assert [(e.seq, e.pci, e.xid) for e in events] == [(11, "0000:3b:00", 79), (12, "0000:86:00.0", 48),
+                                                       (13, "0000:01:00", 13)]
     assert events[0].text == "pid=0, name=, GPU has fallen off the bus."
-    assert kmsg.read_xids(str(log), 11) == ([events[1]], 12)
+    assert kmsg.read_xids(str(log), 11) == (events[1:], 13)
     assert kmsg.same_device("0000:3b:00", "0000:3b:00.0") and not kmsg.same_device("0000:3b:00", "0000:3b:01.0")
     assert kmsg.same_device("0000:86:00.0", "0000:86:00.0")
 
