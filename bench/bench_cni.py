@@ -162,6 +162,26 @@ class Bench:
         return times
 
 
+def move_cost(bench: Bench, rounds: int) -> float:
+    """Median ms of one namespace move of an interface (the kernel's part of every ADD and DEL), timed
+    in-process with the plugin's own netlink client, no process start-up involved."""
+    sys.path.insert(0, str(REPO))
+    from cni.netns import Namespaces
+
+    name = bench.nic("")
+    samples = []
+    with Namespaces() as nss:
+        host, cont = nss.open(f"/run/netns/{bench.host}"), nss.open(f"/run/netns/{bench.cont}")
+        for _ in range(rounds):
+            for src, dst in ((host, cont), (cont, host)):
+                link = src.nl.get_link(name)
+                assert link is not None
+                start = time.perf_counter()
+                src.nl.set_link(link.index, netns_fd=dst.fd)
+                samples.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(samples)
+
+
 def startup_floor(rounds: int) -> dict[str, float]:
     """What start-up alone costs: VERSION of each plugin, and a bare ``python -I -S``."""
     env = {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin"}
@@ -318,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         report["variants"] = results
         report["interface_kind"] = bench.kind
+        report["netns_move_median_ms"] = round(move_cost(bench, max(10, min(args.rounds, 50))), 2)
+        print(
+            f"\n== one namespace move of a {bench.kind} interface (kernel, in-process): "
+            f"{report['netns_move_median_ms']} ms median; ADD moves it twice (via a temporary namespace), "
+            "host-device 1.1.1 once; DEL once each"
+        )
     finally:
         if peer is not None:
             peer.kill()
