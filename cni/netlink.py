@@ -149,6 +149,9 @@ class Route:
         self.family, self.dst, self.gateway, self.oif, self.table = family, dst, gateway, oif, table
 
 
+inet_pton = socket.inet_pton
+
+
 def family_of(address: str) -> int:
     return socket.AF_INET6 if ":" in address else socket.AF_INET
 

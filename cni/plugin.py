@@ -35,7 +35,7 @@ from cni.errors import (
     NOT_READY,
     CNIError,
 )
-from cni.netlink import Link, NetlinkError
+from cni.netlink import Link, NetlinkError, family_of, inet_pton
 from cni.netns import Namespace, Namespaces
 
 ADD_STEPS = (
@@ -181,15 +181,47 @@ def cmd_add(env: Env, conf: NetConf) -> dict:
         )
 
 
+def _valid_cidr(text: object) -> bool:
+    if not isinstance(text, str):
+        return False
+    address, sep, prefix = text.partition("/")
+    try:
+        raw = inet_pton(family_of(address), address)
+    except (OSError, ValueError):
+        return False
+    return sep == "/" and prefix.isdigit() and int(prefix) <= len(raw) * 8
+
+
+def _valid_ip(text: object) -> bool:
+    try:
+        return isinstance(text, str) and bool(inet_pton(family_of(text), text))
+    except (OSError, ValueError):
+        return False
+
+
 def _check_ipam_result(result: dict) -> tuple[list[dict], list[dict]]:
-    ips, routes = result.get("ips", []), result.get("routes", [])
+    """The IPAM result's ips and routes, or CNIError(IPAM) naming the first entry the kernel could not take."""
+    ips, routes = result.get("ips") or [], result.get("routes") or []
     if not isinstance(ips, list) or not isinstance(routes, list):
         raise CNIError(IPAM, "IPAM result: 'ips' and 'routes' must be lists")
     for ip in ips:
-        if not isinstance(ip, dict) or not isinstance(ip.get("address"), str) or "/" not in ip["address"]:
+        if (
+            not isinstance(ip, dict)
+            or not _valid_cidr(ip.get("address"))
+            or ("gateway" in ip and ip["gateway"] and not _valid_ip(ip["gateway"]))
+        ):
             raise CNIError(IPAM, f"IPAM result: bad ip entry {ip!r}")
     for route in routes:
-        if not isinstance(route, dict) or not isinstance(route.get("dst"), str):
+        numbers_ok = isinstance(route, dict) and all(
+            route.get(key) is None or (type(route[key]) is int and 0 <= route[key] < 2**32)
+            for key in ("priority", "table", "scope", "mtu", "advmss")
+        )
+        if (
+            not numbers_ok
+            or not _valid_cidr(route.get("dst"))
+            or (route.get("gw") and not _valid_ip(route["gw"]))
+            or (isinstance(route.get("scope"), int) and route["scope"] > 255)
+        ):
             raise CNIError(IPAM, f"IPAM result: bad route entry {route!r}")
     return ips, routes
 

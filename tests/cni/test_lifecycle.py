@@ -261,3 +261,25 @@ def test_del_fails_cleanly_when_the_host_took_the_name_and_succeeds_later(node):
     retry = node.run("DEL", conf, netns=netns)
     assert retry.rc == 0, retry
     node.assert_on_host(nic)
+
+
+def test_dual_stack_static_addresses_and_routes(node):
+    node.add_module(PCI)
+    netns = node.container()
+    ipam = {
+        "type": "static",
+        "addresses": [{"address": "10.77.0.5/24", "gateway": "10.77.0.1"}, {"address": "fd00:77::5/64"}],
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.77.0.1"}, {"dst": "fd00:78::/64", "gw": "fd00:77::1"}],
+    }
+    conf = node.conf(runtimeConfig={"deviceID": PCI}, ipam=ipam)
+    res = node.run("ADD", conf, netns=netns)
+    assert res.rc == 0, res
+    assert sorted(node.addresses(netns, "net1")) == sorted(
+        ["10.77.0.5/24", "fd00:77::5/64"] + [a for a in node.addresses(netns, "net1") if a.startswith("fe80")]
+    )
+    assert any(r["dst"] == "default" and r.get("gateway") == "10.77.0.1" for r in node.routes(netns))
+    assert any(
+        r["dst"] == "fd00:78::/64" and r.get("gateway") == "fd00:77::1" for r in node.routes(netns, "-6")
+    )
+    assert node.run("CHECK", dict(conf, prevResult=res.json), netns=netns).rc == 0
+    assert node.run("DEL", conf, netns=netns).rc == 0

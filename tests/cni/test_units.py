@@ -207,3 +207,37 @@ def test_fastjson_matches_json_and_rejects_what_it_rejects():
         [sys.executable, "-I", "-S", "-c", FASTJSON_CHECK, str(REPO)], capture_output=True, text=True
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ips": [{"address": "10.0.0.5"}]},
+        {"ips": [{"address": "10.0.0.5/33"}]},
+        {"ips": [{"address": "x/24"}]},
+        {"ips": [{"address": "10.0.0.5/24", "gateway": "nope"}]},
+        {"ips": "10.0.0.5/24"},
+        {"routes": [{"dst": "10.0.0.0/8", "priority": "1"}]},
+        {"routes": [{"dst": "10.0.0.0/8", "gw": 5}]},
+        {"routes": [{"dst": "10.0.0.0/8", "mtu": True}]},
+        {"routes": [{"dst": "10.0.0.0/8", "scope": 300}]},
+        {"routes": [{"dst": "10.0.0.0"}]},
+    ],
+)
+def test_ipam_results_the_kernel_cannot_take_are_ipam_errors(bad):
+    from cni.plugin import _check_ipam_result
+
+    with pytest.raises(CNIError) as exc:
+        _check_ipam_result(bad)
+    assert exc.value.code == errors.IPAM
+
+
+def test_ipam_result_accepted():
+    from cni.plugin import _check_ipam_result
+
+    good = {
+        "ips": [{"address": "10.0.0.5/24", "gateway": "10.0.0.1"}, {"address": "fd00::5/64"}],
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1", "priority": 10}, {"dst": "fd01::/64"}],
+        "dns": {},
+    }
+    assert _check_ipam_result(good) == (good["ips"], good["routes"])
