@@ -3,7 +3,8 @@
 Each figure sits beside a baseline measured in the same run:
 - plugin invocations as NPD makes them (a fresh subprocess, exit code and stdout read): the GPU check (on a
   machine without NVML: its real Unknown path; with ``--checks xid`` on a 5000-record kernel log) and the NR1
-  check (4 modules in a sysfs fixture), beside a bare ``python -c pass`` start;
+  check (4 modules in a sysfs fixture), from the development venv and through the wrappers of the relocated
+  runtime ``accelstack-npd-install`` writes (what NPD's container runs), beside a bare ``python -c pass``;
 - the GPU check's logic in-process over 8 GPUs at the pynvml boundary (FakeNVML ``dgx_like(8)``, all six
   checks), beside the same call with no checks selected (NVML discovery only);
 - exporter scrapes over HTTP with 8 GPUs (FakeNVML, in-process) with and without the pod-resources peer,
@@ -117,6 +118,14 @@ def main() -> None:
              [py, "-m", "npd.nr1_check", *common, "--nr1-vendor-ids", NR1_VENDOR, "--nr1-health-attribute", "health"],
              {0}),
         ]
+        # the production path: the relocated runtime NPD's container runs (accelstack-npd-install)
+        subprocess.run([py, "-m", "npd.install", str(tmp / "opt"), f"--mount-path={tmp / 'opt'}"], cwd=ROOT,
+                       check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cases.append(("installed wrapper accelstack-npd-gpu (default checks)",
+                      [str(tmp / "opt/bin/accelstack-npd-gpu"), *common], {2}))
+        cases.append(("installed wrapper accelstack-npd-nr1 (4 modules)",
+                      [str(tmp / "opt/bin/accelstack-npd-nr1"), *common, "--nr1-vendor-ids", NR1_VENDOR,
+                       "--nr1-health-attribute", "health"], {0}))
         for name, argv, expect in cases:
             if "fresh" in " ".join(argv):  # read the whole log every time: no cursor kept between runs
                 samples = []
