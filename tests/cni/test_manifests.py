@@ -78,7 +78,9 @@ def test_install_script_installs_a_working_plugin_twice(tmp_path):
         (config / key).write_text(text)
     image = tmp_path / "opt-accelstack"
     (image / "bin").mkdir(parents=True)
-    (image / "bin" / "python3").symlink_to(sys.executable)
+    # the image's relocatable Python, played by this interpreter (a wrapper keeps its venv and so the package)
+    (image / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (image / "bin" / "python3").chmod(0o755)
     host_bin, host_conf = (
         tmp_path / "host" / "opt" / "cni" / "bin",
         tmp_path / "host" / "etc" / "cni" / "net.d",
