@@ -241,3 +241,22 @@ def test_ipam_result_accepted():
         "dns": {},
     }
     assert _check_ipam_result(good) == (good["ips"], good["routes"])
+
+
+def test_launcher_answers_in_json_when_the_package_is_broken(tmp_path):
+    root = tmp_path / "install"
+    (root / "cni" / "bin").mkdir(parents=True)
+    launcher = root / "cni" / "bin" / "accelstack-nr1-cni"
+    launcher.write_bytes((REPO / "cni" / "bin" / "accelstack-nr1-cni").read_bytes())
+    launcher.chmod(0o755)
+    (root / "cni" / "__init__.py").write_text("")
+    (root / "cni" / "main.py").write_text("import no_such_module_acn\n")
+    proc = subprocess.run(
+        [str(launcher)],
+        env={"CNI_COMMAND": "ADD", "ACCELSTACK_CNI_PYTHON": sys.executable, "PATH": os.environ["PATH"]},
+        input=b"{}",
+        capture_output=True,
+    )
+    assert proc.returncode == 1
+    err = json.loads(proc.stdout)
+    assert err["code"] == errors.INTERNAL and "no_such_module_acn" in err["msg"]
