@@ -10,6 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
 from npd.config import load
@@ -217,3 +219,43 @@ def test_decide_table() -> None:
     assert decide([c("GPUUnhealthy", "False", 40)], True, watched, 60, 100).taint is False
     mixed = [c("GPUUnhealthy", "False", 0), c("NR1Unhealthy", "False", 90)]
     assert decide(mixed, True, watched, 60, 100).taint is None  # the later transition counts
+
+
+async def test_controller_recovers_from_compaction_and_a_restarted_api_server(api) -> None:
+    peer, core = api
+    await peer.put_object(NODES, node("gpu-8", {"GPUUnhealthy": ("False", 0)}))
+    controller = TaintController(core, settings("--remediation-hold-time", "1s", "--remediation-resync", "30s"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        await asyncio.sleep(0.3)
+        peer.compact()  # the watch's resourceVersion is now too old: 410 Gone on the next watch
+        for i in range(3):
+            await peer.put_object("api/v1/namespaces", {"metadata": {"name": f"churn-{i}"}})
+        await set_condition(peer, "gpu-8", "GPUUnhealthy", "True", time.time())
+        await wait_for(lambda: bool(taints_of(peer, "gpu-8")), 5)
+    finally:
+        stop.set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+@given(st.lists(st.tuples(st.sampled_from(["GPUUnhealthy", "NR1Unhealthy", "Ready"]),
+                          st.sampled_from(["True", "False", "Unknown"]), st.integers(0, 1000)), max_size=4),
+       st.booleans(), st.integers(0, 600), st.integers(0, 2000))
+def test_decide_invariants(conditions, tainted: bool, hold: int, now: int) -> None:
+    watched = ["GPUUnhealthy", "NR1Unhealthy"]
+    latest = {}
+    for ctype, status, at in conditions:  # one condition per type, as on a Node
+        latest[ctype] = SimpleNamespace(type=ctype, status=status, last_transition_time=iso(at))
+    decision = decide(list(latest.values()), tainted, watched, hold, now)
+    present = [c for c in latest.values() if c.type in watched]
+    if any(c.status == "True" for c in present):
+        assert decision.taint is True
+    if decision.taint is False:  # lifted only when all watched are False for at least the hold
+        assert tainted and present and all(c.status == "False" for c in present)
+        assert all(now - int(dt.datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00")).timestamp())
+                   >= hold for c in present)
+    if not tainted:
+        assert decision.taint is not False
