@@ -124,7 +124,16 @@ class Binder:
     async def _create_binding(self, namespace: str, name: str, uid: str, node: str) -> str:
         try:
             await self.kube.bind(namespace, name, uid, node)
-        except (Conflict, NotFound) as exc:
+        except Conflict as exc:
+            # A retried bind whose first answer was lost: the pod is already on this very node, which is success.
+            try:
+                current = await self.kube.get_pod(namespace, name)
+            except NotFound:
+                return f"binding {namespace}/{name} to {node} failed: {exc}"
+            if (current.get("spec") or {}).get("nodeName") == node and current.get("metadata", {}).get("uid") == uid:
+                return ""
+            return f"binding {namespace}/{name} to {node} failed: {exc}"
+        except NotFound as exc:
             return f"binding {namespace}/{name} to {node} failed: {exc}"
         except ApiException as exc:
             return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.reason}"

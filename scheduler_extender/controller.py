@@ -322,7 +322,8 @@ class GPRController:
                                       estimated_start=estimate if estimate is not None and math.isfinite(estimate)
                                       else None, reservation=reservation, now=now,
                                       observed_generation=obj.get("metadata", {}).get("generation"),
-                                      conditions=conditions)
+                                      conditions=conditions,
+                                      previous_conditions=(obj.get("status") or {}).get("conditions"))
             if self._unchanged(obj.get("status") or {}, body["status"]):
                 continue
             new = dict(obj)

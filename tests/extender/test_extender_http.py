@@ -132,6 +132,9 @@ async def test_bind_creates_binding_and_ledger_and_refuses_overallocation() -> N
         status, result = await post(server, "bind", body.encode())
         assert (status, result) == (200, {"Error": ""})
         assert peer.bindings == [("default", "a", "gpu-node-1")]
+        # the scheduler retries a bind whose answer it lost: the pod is already there, which is success
+        status, result = await post(server, "bind", body.encode())
+        assert (status, result) == (200, {"Error": ""}) and len(peer.bindings) == 1
         node_obj = peer.get("api/v1/nodes", "", "gpu-node-1")
         entries = orjson.loads(node_obj["metadata"]["annotations"][LEDGER_ANNOTATION])  # type: ignore[index]
         assert entries["uid-a"]["r"] == {"nvidia.com/gpu": 2}
