@@ -22,16 +22,22 @@ class Candidate:
     priority: int
     preemptible: bool
     work_lost: float
+    milli: int = 0  # device milli it holds (counts towards ``need_milli``)
 
 
 def plan_eviction(
-    inv: Inventory, req: Request, priority: int, candidates: list[Candidate]
+    inv: Inventory, req: Request, priority: int, candidates: list[Candidate], need_milli: int = 0
 ) -> list[str] | None:
     """Names to evict (possibly empty if ``req`` already fits) or None if eviction cannot make it fit.
 
     Only candidates with ``preemptible`` set and a priority strictly below ``priority`` are considered.
+    ``need_milli``: the victims must also hold at least this much between them (to free a workspace quota).
     """
-    if fits(inv, req):
+
+    def ok(state: Inventory, chosen: list[Candidate]) -> bool:
+        return fits(state, req) and sum(c.milli for c in chosen) >= need_milli
+
+    if ok(inv, []):
         return []
     eligible = sorted(
         (c for c in candidates if c.preemptible and c.priority < priority and c.name in inv.allocations),
@@ -42,14 +48,14 @@ def plan_eviction(
     for c in eligible:
         scratch.release(c.name)
         chosen.append(c)
-        if fits(scratch, req):
+        if ok(scratch, chosen):
             break
     else:
         return None
     # put back whatever is not needed, most expensive first
     for c in sorted(chosen[:-1], key=lambda c: (-c.priority, -c.work_lost, c.name)):
         scratch.allocate(c.name, inv.allocations[c.name])
-        if fits(scratch, req):
+        if ok(scratch, [x for x in chosen if x is not c]):
             chosen.remove(c)
         else:
             scratch.release(c.name)

@@ -26,6 +26,7 @@ re-checks that claim after every backfill and counts violations in ``inversions`
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ class _Pass:
     masked: Inventory | None = None
     admitted: list[str] = field(default_factory=list)
     requeue: list[GPR] = field(default_factory=list)
+    qcache: dict[str, tuple[list[float], list[int]]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -224,11 +226,15 @@ class Scheduler:
         extra = [g for g in waiting if g.name not in seen]
         return sorted(self.queue.ordered() + extra, key=lambda g: queue_key(g, self.cfg.use_priority))
 
-    def estimates(self, now: float, limit: int | None = None) -> dict[str, float]:
-        """Estimated start time per queued GPR (inf: cannot be estimated, e.g. blocked by an unbounded holder
-        or bigger than the healthy cluster). Quotas are not modelled here."""
+    def estimates(self, now: float, upto: str | None = None) -> dict[str, float]:
+        """Estimated start time per queued GPR, in queue order (all of them, or up to and including ``upto``).
+        inf: cannot be estimated (blocked by an unbounded holder, or bigger than the healthy cluster).
+        Quotas are not modelled here."""
         holders = [Holder(g.name, g.end_bound()) for g in self.holders.values()]
-        order = self.queued()[:limit] if limit is not None else self.queued()
+        order = self.queued()
+        if upto is not None:
+            names = [g.name for g in order]
+            order = order[: names.index(upto) + 1] if upto in names else []
         waiting = [Waiting(g.name, g.request(), g.exit_duration_s, g.not_before) for g in order]
         return estimate_starts(self.inv, holders, waiting, now, BestFit())
 
@@ -271,10 +277,12 @@ class Scheduler:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, now))
         st.admitted.append(g.name)
         st.masked = None
+        st.qcache.pop(g.workspace, None)
         return Event(now, kind, g.name)
 
     def _evict(self, g: GPR, now: float, st: _Pass, by: str) -> list[Event]:
         self._release(g)
+        st.qcache.pop(g.workspace, None)
         g.evictions += 1
         g.transition(Phase.EVICTED, now, f"EvictedFor:{by}")
         events = [Event(now, "evicted", g.name, by)]
@@ -284,6 +292,34 @@ class Scheduler:
             st.requeue.append(g)
             events.append(Event(now, "requeued", g.name, "after eviction"))
         return events
+
+    def _plan(self, g: GPR, now: float, quota: int | None) -> list[str] | None:
+        """Eviction plan for ``g``: for capacity (any workspace), or with ``quota`` set, within ``g``'s own
+        workspace so that it also fits under that quota."""
+        cands = [
+            Candidate(h.name, h.priority, h.preemptible, (now - (h.admitted_at or now)) * h.milli_total(), h.milli_total())
+            for h in self.holders.values()
+            if quota is None or h.workspace == g.workspace
+        ]
+        need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
+        return plan_eviction(self.inv, g.request(), g.priority, cands, need_milli=need)
+
+    def _quota_shadow(self, g: GPR, quota: int, now: float, st: _Pass) -> float:
+        """Earliest time ``g``'s workspace has room for it under its quota, holders leaving at their bound."""
+        need = self.usage.get(g.workspace, 0) + g.milli_total() - quota
+        if need <= 0:
+            return now
+        cached = st.qcache.get(g.workspace)
+        if cached is None:
+            hs = sorted((h.end_bound(), h.milli_total()) for h in self.holders.values() if h.workspace == g.workspace)
+            cum, acc = [], 0
+            for _, m in hs:
+                acc += m
+                cum.append(acc)
+            cached = st.qcache[g.workspace] = ([e for e, _ in hs], cum)
+        ends, cum = cached
+        k = bisect.bisect_left(cum, need)
+        return math.inf if k >= len(cum) else max(now, ends[k])
 
     def _holder_bounds(self) -> list[Holder]:
         return [Holder(g.name, g.end_bound()) for g in self.holders.values()]
@@ -326,22 +362,46 @@ class Scheduler:
         st = _Pass()
         events: list[Event] = []
         walk = self.queue.walk()
+        qshadow: dict[str, float] = {}  # workspace -> earliest quota-start of its quota-blocked requests
+        qcount: dict[str, int] = {}
         for g in walk:
             q = quotas.get(g.workspace)
-            if q is not None and self.usage.get(g.workspace, 0) + g.milli_total() > q:
-                walk.drop(g.workspace)
-                continue
+            if q is not None:
+                over = self.usage.get(g.workspace, 0) + g.milli_total() > q
+                if g.workspace in qshadow:
+                    # behind a quota-blocked request of the same workspace: only if it ends before that one
+                    # could start, so the workspace's quota is back in time
+                    if over or g.exit_duration_s is None or now + g.exit_duration_s > qshadow[g.workspace]:
+                        if over:
+                            qshadow[g.workspace] = min(qshadow[g.workspace], self._quota_shadow(g, q, now, st))
+                        qcount[g.workspace] += 1
+                        if qcount[g.workspace] > cfg.max_reservations:
+                            walk.drop(g.workspace)
+                        continue
+                elif over:
+                    if cfg.eviction and g.enable_eviction and not st.blocked:
+                        victims = self._plan(g, now, q)
+                        if victims:
+                            for v in victims:
+                                events += self._evict(self.gprs[v], now, st, g.name)
+                            st.failed.clear()
+                            p = self.policy.place(self.inv, g.request())
+                            if p is not None:
+                                events.append(self._admit(g, p, now, "admitted", st))
+                                continue
+                    if not cfg.backfill:
+                        walk.drop(g.workspace)
+                        continue
+                    qshadow[g.workspace] = self._quota_shadow(g, q, now, st)
+                    qcount[g.workspace] = 1
+                    continue
             req = g.request()
             if not st.blocked:
                 p = None if req in st.failed else self.policy.place(self.inv, req)
                 if p is None:
                     st.failed.add(req)
                     if cfg.eviction and g.enable_eviction:
-                        cands = [
-                            Candidate(h.name, h.priority, h.preemptible, (now - (h.admitted_at or now)) * h.milli_total())
-                            for h in self.holders.values()
-                        ]
-                        victims = plan_eviction(self.inv, req, g.priority, cands)
+                        victims = self._plan(g, now, None)
                         if victims:
                             for v in victims:
                                 events += self._evict(self.gprs[v], now, st, g.name)

@@ -93,18 +93,24 @@ def estimate_starts(
             final.release(name)
     clock = now
     out: dict[str, float] = {}
+    never: dict[Request, bool] = {}  # request -> does not fit even in `final` (reset when `final` changes)
     for i, w in enumerate(waiting):
-        if not fits(final, w.request):
+        if w.request not in never:
+            never[w.request] = not fits(final, w.request)
+        if never[w.request]:
             out[w.name] = math.inf
             continue
         clock = max(clock, w.not_before)
         while events and events[0][0] <= clock:
             state.release(heapq.heappop(events)[1])
-        while not fits(state, w.request) and events and math.isfinite(events[0][0]):
+        p: Placement | None = policy.place(state, w.request)
+        while p is None and events and math.isfinite(events[0][0]):
             end, name = heapq.heappop(events)
             clock = max(clock, end)
             state.release(name)
-        p: Placement | None = policy.place(state, w.request)
+            while events and events[0][0] <= clock:  # everything ending at the same time
+                state.release(heapq.heappop(events)[1])
+            p = policy.place(state, w.request)
         if p is None:  # only possible when unbounded holders sit differently than in `final`
             out[w.name] = math.inf
             continue
@@ -114,6 +120,7 @@ def estimate_starts(
             p_final = policy.place(final, w.request)
             if p_final is not None:
                 final.allocate(owner, p_final)
+                never.clear()
         else:
             heapq.heappush(events, (clock + w.duration, owner))
         out[w.name] = clock

@@ -1,0 +1,301 @@
+"""``replay`` mode: a timed trace (Philly) through the scheduling engine on a virtual clock.
+
+Each job becomes a GPR in its VC's workspace (quota = the VC's GPUs, when quotas are on). The trace carries no
+priorities or exit durations, so they are drawn, seeded, per job (:class:`Assignment`, documented in
+``docs/simulator.md``):
+
+- priority class by ``priority_mix`` (default low 60%, medium 30%, high 10%), the value uniform in the class
+  range (1-100, 101-200, 201-300);
+- ``exitDuration`` = duration x U[``exit_factor``) (default 1.0-3.0: users over-estimate, never under);
+- low-priority jobs are preemptible; high-priority jobs may evict (``enableEviction``).
+
+A job runs for its trace duration once admitted (pods start at once); an evicted job restarts from the
+beginning when it is admitted again (the work it had done is counted as lost). Three schedulers run on the same
+jobs: ``accelstack`` (priority + bounded backfill + eviction), ``strict-priority`` (priority order, no
+backfill, no eviction) and ``fifo`` (submission order, no backfill, no eviction).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..core.gpr import GPR, priority_class
+from ..core.inventory import Inventory, NodeSpec
+from ..core.placement import make_policy
+from ..core.scheduler import Scheduler, SchedulerConfig
+from .traces import Job
+
+SCHEDULERS: dict[str, dict[str, bool]] = {
+    "accelstack": {"use_priority": True, "backfill": True, "eviction": True},
+    "strict-priority": {"use_priority": True, "backfill": False, "eviction": False},
+    "fifo": {"use_priority": False, "backfill": False, "eviction": False},
+}
+CLASS_RANGE = {"low": (1, 100), "medium": (101, 200), "high": (201, 300)}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """How trace jobs get the fields the trace lacks. All draws come from one generator seeded with ``seed``."""
+
+    seed: int = 0
+    priority_mix: tuple[tuple[str, float], ...] = (("low", 0.6), ("medium", 0.3), ("high", 0.1))
+    exit_factor: tuple[float, float] = (1.0, 3.0)
+    preemptible_classes: frozenset[str] = frozenset({"low"})
+    evicting_classes: frozenset[str] = frozenset({"high"})
+
+    def draw(self, jobs: list[Job]) -> list[tuple[int, float]]:
+        """(priority, exitDuration) per job, in job order."""
+        rng = np.random.default_rng(self.seed)
+        names = [c for c, _ in self.priority_mix]
+        probs = np.array([p for _, p in self.priority_mix], dtype=float)
+        probs = probs / probs.sum()
+        cls = rng.choice(len(names), size=len(jobs), p=probs)
+        u = rng.random(len(jobs))
+        lo, hi = self.exit_factor
+        factor = lo + (hi - lo) * rng.random(len(jobs))
+        out = []
+        for j, c, uu, f in zip(jobs, cls, u, factor, strict=True):
+            a, b = CLASS_RANGE[names[c]]
+            out.append((int(a + uu * (b - a + 1 - 1e-9)), max(1.0, math.ceil(j.duration_s * f))))
+        return out
+
+
+def job_shape(num_gpu: int, per_node_max: int = 8) -> tuple[int, int]:
+    """(devices per node, node count): up to 8 GPUs on one node, more spread evenly over whole nodes."""
+    if num_gpu <= per_node_max:
+        return num_gpu, 1
+    nodes = math.ceil(num_gpu / per_node_max)
+    while num_gpu % nodes:
+        nodes += 1
+    return num_gpu // nodes, nodes
+
+
+@dataclass
+class JobOutcome:
+    submit: float
+    duration: float
+    gpus: int
+    workspace: str
+    priority: int
+    first_start: float | None = None
+    finish: float | None = None
+    estimate: float | None = None
+    evictions: int = 0
+
+
+@dataclass
+class ReplayResult:
+    scheduler: str
+    policy: str
+    jobs: int
+    finished: int
+    seconds: float
+    passes: int
+    admissions: int
+    evictions: int
+    lost_gpu_hours: float
+    inversions: int
+    utilisation_pct: float
+    span_s: float
+    delay: dict[str, dict[str, float]]
+    jct: dict[str, float]
+    estimate_error: dict[str, float]
+    delays: list[float] = field(default_factory=list)
+
+    def to_dict(self, with_samples: bool = False) -> dict[str, object]:
+        d = dict(self.__dict__)
+        if not with_samples:
+            d.pop("delays")
+        return d
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"n": 0, "mean": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan}
+    a = np.asarray(xs, dtype=float)
+    return {
+        "n": len(xs),
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p95": float(np.percentile(a, 95)),
+        "p99": float(np.percentile(a, 99)),
+    }
+
+
+def replay_run(
+    nodes: list[NodeSpec],
+    jobs: list[Job],
+    scheduler: str = "accelstack",
+    policy: str = "bestfit",
+    assignment: Assignment | None = None,
+    quotas: dict[str, int] | None = None,
+    estimate_every: int = 10,
+    audit: bool = False,
+    max_reservations: int = 8,
+) -> ReplayResult:
+    """Replay ``jobs`` (sorted by submit time) on ``nodes``. ``quotas``: GPUs per workspace."""
+    t0 = time.perf_counter()
+    assignment = assignment or Assignment()
+    drawn = assignment.draw(jobs)
+    inv = Inventory(nodes, tie_seed=assignment.seed)
+    if policy.startswith("fgd"):
+        from ..core.placement import Shape, TypicalShapes
+
+        shapes = TypicalShapes.from_requests(
+            (Shape(0, *job_shape(j.num_gpu)[:1], 1000) for j in jobs), inv.models
+        )
+        pol = make_policy(policy, shapes, assignment.seed)
+    else:
+        pol = make_policy(policy, None, assignment.seed)
+    cfg = SchedulerConfig(
+        **SCHEDULERS[scheduler],
+        quotas={ws: q * 1000 for ws, q in quotas.items()} if quotas else None,
+        audit=audit,
+        max_reservations=max_reservations,
+    )
+    eng = Scheduler(inv, pol, cfg)
+    out: dict[str, JobOutcome] = {}
+    completions: list[tuple[float, str, float]] = []  # (time, name, admitted_at)
+    i, n = 0, len(jobs)
+    used = 0  # allocated milli, for utilisation
+    busy = 0.0  # integral of used milli over time
+    last_t = float(jobs[0].submit_s) if jobs else 0.0
+    admissions = evictions = 0
+    lost = 0.0
+    while True:
+        t = min(
+            float(jobs[i].submit_s) if i < n else math.inf,
+            completions[0][0] if completions else math.inf,
+            eng.next_wakeup(),
+        )
+        if math.isinf(t):
+            break
+        busy += used * (t - last_t)
+        last_t = t
+        while completions and completions[0][0] <= t:
+            _, name, adm = heapq.heappop(completions)
+            g = eng.gprs[name]
+            if g.holding and g.admitted_at == adm:
+                eng.finish(name, t)
+                used -= g.milli_total()
+                out[name].finish = t
+        new: list[str] = []
+        while i < n and jobs[i].submit_s <= t:
+            j = jobs[i]
+            prio, exit_s = drawn[i]
+            per_node, node_count = job_shape(j.num_gpu)
+            cls = priority_class(prio)
+            g = GPR(
+                name=j.job_id,
+                workspace=j.vc,
+                devices_per_node=per_node,
+                node_count=node_count,
+                priority=prio,
+                exit_duration_s=exit_s,
+                preemptible=cls in assignment.preemptible_classes,
+                enable_eviction=cls in assignment.evicting_classes,
+                submitted_at=float(j.submit_s),
+            )
+            eng.submit(g, t)
+            out[j.job_id] = JobOutcome(float(j.submit_s), float(j.duration_s), j.num_gpu, j.vc, prio)
+            if estimate_every and i % estimate_every == 0:
+                new.append(j.job_id)
+            i += 1
+        for ev in eng.tick(t):
+            g = eng.gprs[ev.gpr]
+            if ev.kind in ("admitted", "backfilled"):
+                admissions += 1
+                used += g.milli_total()
+                o = out[ev.gpr]
+                if o.first_start is None:
+                    o.first_start = t
+                eng.start(ev.gpr, t)
+                heapq.heappush(completions, (t + o.duration, ev.gpr, t))
+            elif ev.kind == "evicted":
+                evictions += 1
+                used -= g.milli_total()
+                out[ev.gpr].evictions += 1
+                started = next(h for h in reversed(g.history) if h[1].value == "Admitted")[0]
+                lost += (t - started) * g.milli_total() / 1000
+            elif ev.kind == "expired":
+                used -= g.milli_total()
+                out[ev.gpr].finish = t
+        # estimates for sampled new arrivals that are still waiting after this pass
+        for name in new:
+            if name in eng.queue:
+                out[name].estimate = eng.estimates(t, upto=name).get(name)
+            else:
+                out[name].estimate = t
+    span = max(last_t - (jobs[0].submit_s if jobs else 0), 1.0)
+    cap = inv.capacity_milli()
+    done = [o for o in out.values() if o.first_start is not None]
+    delays = [o.first_start - o.submit for o in done]  # type: ignore[operator]
+    by_class: dict[str, list[float]] = {}
+    by_ws: dict[str, list[float]] = {}
+    for o in done:
+        d = o.first_start - o.submit  # type: ignore[operator]
+        by_class.setdefault(priority_class(o.priority), []).append(d)
+        by_ws.setdefault(o.workspace, []).append(d)
+    delay = {"all": _stats(delays)}
+    delay.update({f"priority:{k}": _stats(v) for k, v in sorted(by_class.items())})
+    delay.update({f"workspace:{k}": _stats(v) for k, v in sorted(by_ws.items())})
+    jcts = [o.finish - o.submit for o in done if o.finish is not None]
+    est: list[float] = [
+        o.first_start - o.estimate  # type: ignore[operator]
+        for o in done
+        if o.estimate is not None and math.isfinite(o.estimate)
+    ]
+    n_inf = sum(1 for o in done if o.estimate is not None and not math.isfinite(o.estimate))
+    est_err = {
+        "n": len(est),
+        "unbounded": n_inf,
+        "mean_abs_s": float(np.mean(np.abs(est))) if est else math.nan,
+        "median_abs_s": float(np.median(np.abs(est))) if est else math.nan,
+        "mean_signed_s": float(np.mean(est)) if est else math.nan,
+        "late_pct": 100 * float(np.mean(np.array(est) > 1e-6)) if est else math.nan,
+    }
+    return ReplayResult(
+        scheduler=scheduler,
+        policy=policy,
+        jobs=n,
+        finished=len(jcts),
+        seconds=time.perf_counter() - t0,
+        passes=eng.passes,
+        admissions=admissions,
+        evictions=evictions,
+        lost_gpu_hours=lost / 3600,
+        inversions=eng.inversions,
+        utilisation_pct=100 * busy / (cap * span),
+        span_s=span,
+        delay=delay,
+        jct=_stats(jcts),
+        estimate_error=est_err,
+        delays=delays,
+    )
+
+
+def window(
+    jobs: list[Job],
+    days: float | None = None,
+    max_jobs: int | None = None,
+    start_day: float = 0,
+    load: float = 1.0,
+) -> list[Job]:
+    """The jobs submitted in ``[start_day, start_day + days)`` days after the first (trace time), at most
+    ``max_jobs``; with ``load`` > 1 the gaps between submissions shrink by that factor (durations unchanged),
+    which multiplies the offered load."""
+    if not jobs:
+        return jobs
+    t0 = jobs[0].submit_s + start_day * 86400
+    sel = [j for j in jobs if j.submit_s >= t0 and (days is None or j.submit_s < t0 + days * 86400)]
+    sel = sel[:max_jobs] if max_jobs is not None else sel
+    if load != 1.0:
+        if load <= 0:
+            raise ValueError("load must be positive")
+        sel = [replace(j, submit_s=int(t0 + (j.submit_s - t0) / load)) for j in sel]
+    return sel

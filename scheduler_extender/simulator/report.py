@@ -1,0 +1,167 @@
+"""Readable tables, JSON and PNG plots for fill and replay results."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .fill import FillResult
+from .replay import ReplayResult
+
+
+def _fmt(v: float, nd: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = "  ".join("-" * w for w in widths)
+    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in cells]
+    return "\n".join([out[0], line, *out[1:]])
+
+
+def fill_summary(results: list[FillResult]) -> list[dict[str, object]]:
+    """Mean over seeds per (workload, policy)."""
+    groups: dict[tuple[str, str], list[FillResult]] = {}
+    for r in results:
+        groups.setdefault((r.workload, r.policy), []).append(r)
+    out = []
+    for (wl, pol), rs in groups.items():
+        out.append(
+            {
+                "workload": wl,
+                "policy": pol,
+                "seeds": [r.seed for r in rs],
+                "alloc_pct@100": float(np.mean([r.alloc_pct_at.get(100, math.nan) for r in rs])),
+                "alloc_pct@130": float(np.mean([r.alloc_pct_at.get(130, math.nan) for r in rs])),
+                "frag_amount_pct@80": float(np.mean([r.frag_amount_pct_at80 for r in rs])),
+                "frag_ratio_pct@80": float(np.mean([r.frag_ratio_pct_at80 for r in rs])),
+                "unallocated_gpus@130": float(np.mean([r.unallocated_gpus_at130 for r in rs])),
+                "seconds_per_run": float(np.median([r.seconds for r in rs])),
+            }
+        )
+    return out
+
+
+def fill_table(summary: list[dict[str, object]], published: dict[tuple[str, str], dict[str, float]]) -> str:
+    rows = []
+    for s in summary:
+        pub = published.get((str(s["workload"]), str(s["policy"]).replace("-exact", "")), {})
+        p130 = pub.get("alloc_ratio_pct@arrived130", math.nan)
+        rows.append(
+            [
+                s["workload"],
+                s["policy"],
+                len(s["seeds"]),  # type: ignore[arg-type]
+                _fmt(s["alloc_pct@100"]),  # type: ignore[arg-type]
+                _fmt(pub.get("alloc_ratio_pct@arrived100", math.nan)),
+                _fmt(s["alloc_pct@130"]),  # type: ignore[arg-type]
+                _fmt(p130),
+                _fmt(float(s["alloc_pct@130"]) - p130) if not math.isnan(p130) else "-",  # type: ignore[arg-type]
+                _fmt(s["frag_amount_pct@80"]),  # type: ignore[arg-type]
+                _fmt(pub.get("frag_amount_pct@arrived80", math.nan)),
+                _fmt(s["seconds_per_run"], 1),  # type: ignore[arg-type]
+            ]
+        )
+    return table(
+        ["workload", "policy", "seeds", "alloc%@100", "paper", "alloc%@130", "paper", "diff", "frag%@80", "paper", "s/run"],
+        rows,
+    )
+
+
+def replay_table(results: list[ReplayResult]) -> str:
+    rows = []
+    for r in results:
+        d = r.delay["all"]
+        rows.append(
+            [
+                r.scheduler,
+                r.policy,
+                r.finished,
+                _fmt(d["mean"], 0),
+                _fmt(d["p50"], 0),
+                _fmt(d["p95"], 0),
+                _fmt(d["p99"], 0),
+                _fmt(r.jct["mean"], 0),
+                _fmt(r.utilisation_pct, 1),
+                r.evictions,
+                r.inversions,
+                _fmt(r.estimate_error["median_abs_s"], 0),
+                _fmt(r.seconds, 1),
+            ]
+        )
+    main = table(
+        ["scheduler", "placement", "jobs", "wait mean s", "p50", "p95", "p99", "JCT mean s", "util%", "evictions",
+         "inversions", "est.err p50 s", "sim s"],
+        rows,
+    )
+    keys = [k for k in results[0].delay if k.startswith("priority:")] if results else []
+    prow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) + " / " + _fmt(r.delay.get(k, {}).get("p95", math.nan), 0) for r in results] for k in keys]
+    per_prio = table(["priority (wait mean / p95 s)"] + [r.scheduler for r in results], prow)
+    wkeys = [k for k in results[0].delay if k.startswith("workspace:")] if results else []
+    wrow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) for r in results] for k in wkeys]
+    per_ws = table(["workspace (wait mean s)"] + [r.scheduler for r in results], wrow)
+    return "\n\n".join([main, per_prio, per_ws])
+
+
+def write_json(path: Path, payload: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def clean(o: object) -> object:
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {str(k): clean(v) for k, v in o.items()}
+        if isinstance(o, list | tuple):
+            return [clean(v) for v in o]
+        return o
+
+    path.write_text(json.dumps(clean(payload), indent=2) + "\n", encoding="utf-8")
+
+
+def plot(path: Path, fill: list[FillResult] | None = None, replay: list[ReplayResult] | None = None,
+         published: dict[tuple[str, str], dict[str, float]] | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = int(bool(fill)) + int(bool(replay))
+    fig, axes = plt.subplots(1, max(panels, 1), figsize=(6.5 * max(panels, 1), 4.5), squeeze=False)
+    i = 0
+    if fill:
+        ax = axes[0][i]
+        i += 1
+        for r in fill:
+            if r.curve:
+                xs, ys = zip(*r.curve, strict=True)
+                ax.plot([100 * x for x in xs], [100 * y for y in ys], label=f"{r.policy} (seed {r.seed})", lw=1)
+        if published:
+            for (wl, pol), v in published.items():
+                if fill and wl == fill[0].workload and pol in {r.policy for r in fill}:
+                    ax.scatter([130], [v["alloc_ratio_pct@arrived130"]], marker="x", s=30)
+        ax.plot([0, 130], [0, 130], ls=":", c="grey", lw=0.8)
+        ax.set_xlabel("arrived GPU requests, % of capacity")
+        ax.set_ylabel("GPU allocation, % of capacity")
+        ax.set_title(f"fill: {fill[0].workload} (x = published at 130%)")
+        ax.legend(fontsize=7)
+    if replay:
+        ax = axes[0][i]
+        for rr in replay:
+            d = np.sort(np.asarray(rr.delays, dtype=float))
+            if len(d):
+                ax.plot(np.maximum(d, 1), np.arange(1, len(d) + 1) / len(d), label=rr.scheduler)
+        ax.set_xscale("log")
+        ax.set_xlabel("queueing delay, s (values < 1 s drawn at 1 s)")
+        ax.set_ylabel("fraction of jobs")
+        ax.set_title("replay: queueing delay CDF")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
