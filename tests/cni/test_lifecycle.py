@@ -283,3 +283,27 @@ def test_dual_stack_static_addresses_and_routes(node):
     )
     assert node.run("CHECK", dict(conf, prevResult=res.json), netns=netns).rc == 0
     assert node.run("DEL", conf, netns=netns).rc == 0
+
+
+@pytest.mark.parametrize("damage", ["down", "gone", "mac", "route"])
+def test_check_notices_drift(node, damage):
+    node.add_module(PCI)
+    netns = node.container()
+    ns = node.ns_name(netns)
+    conf = node.conf(runtimeConfig={"deviceID": PCI}, ipam=node.static_ipam(routes=[{"dst": "10.60.0.0/16"}]))
+    res = node.run("ADD", conf, netns=netns)
+    assert res.rc == 0, res
+    prev = res.json
+    if damage == "down":
+        os.system(f"ip -n {ns} link set net1 down")
+    elif damage == "gone":
+        os.system(f"ip -n {ns} link set net1 name other1")
+    elif damage == "mac":
+        prev["interfaces"][0]["mac"] = "02:00:00:00:00:99"
+    else:
+        os.system(f"ip -n {ns} route del 10.60.0.0/16")
+    err = node.run("CHECK", dict(conf, prevResult=prev), netns=netns)
+    assert err.rc != 0 and json.loads(err.stdout)["code"] == errors.CHECK_FAILED, err
+    if damage == "gone":
+        os.system(f"ip -n {ns} link set other1 name net1")
+    assert node.run("DEL", conf, netns=netns).rc == 0
