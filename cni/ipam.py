@@ -110,7 +110,7 @@ class Delegate:
         """The cniVersion to send the delegate for ``command``; None when it cannot take the command."""
         wanted = self.conf.cni_version
         versions = self.supported_versions()
-        if wanted in versions:
+        if not versions or wanted in versions:  # a delegate that does not say: let it judge the config
             return wanted
         if command in ("STATUS", "GC"):
             return None  # both are 1.1.0 commands
@@ -146,7 +146,7 @@ class Delegate:
             if isinstance(parsed, dict) and isinstance(parsed.get("code"), int):
                 # keep the delegate's code when it is one of the spec's (11 "try again" must reach the
                 # runtime as 11); a delegate's own code (100+) means nothing to the runtime as ours
-                err_code = parsed["code"] if parsed["code"] < 100 else IPAM
+                err_code = parsed["code"] if 0 < parsed["code"] < 100 else IPAM
                 raise CNIError(
                     err_code,
                     f"IPAM plugin {self.kind!r} {command} failed: {parsed.get('msg', '')}",
