@@ -23,6 +23,7 @@ from device_plugin.config import (
     parse_address,
     parse_argv,
     parse_bool,
+    parse_choice,
     parse_duration,
     parse_hex_id,
     parse_int,
@@ -96,8 +97,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("node.sysfsRoot", parse_str, "/sys", "root of sysfs (PCI functions, NUMA, network interfaces)"),
     Option("node.apiServer", parse_str, "",
            "API server URL for reading this node's labels; empty = in-cluster (KUBERNETES_SERVICE_HOST), or none"),
-    Option("log.level", parse_str, "info", "log level (debug, info, warning, error)"),
-    Option("log.format", parse_str, "json", "log format (json, text)"),
+    Option("log.level", parse_choice("debug", "info", "warning", "error"), "info", "log level"),
+    Option("log.format", parse_choice("json", "text"), "json", "log format"),
     # the NPD plugin runner
     Option("plugin.deadline", parse_duration, 4.0,
            "a check that has not finished by then reports Unknown; keep it under the NPD rule's timeout"),

@@ -237,6 +237,19 @@ def state_path(values: Mapping[str, Any], kind: str, checks: Collection[str]) ->
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Entry point; any failure outside the check itself is Unknown (exit 2): Python's own exit code for an
+    uncaught exception, 1, would read as NonOK to NPD."""
+    try:
+        _main(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, details on stderr)
+        if exc.code not in (0, None):
+            finish(emit(Result(UNKNOWN, "bad arguments (usage on stderr)"), 200))
+        raise
+    except BaseException as exc:
+        finish(emit(Result(UNKNOWN, f"plugin failed: {type(exc).__name__}: {exc}"), 200))
+
+
+def _main(argv: list[str] | None) -> None:
     from device_plugin.config import ConfigError
     from device_plugin.observability import setup_logging
     from npd.config import load

@@ -111,6 +111,19 @@ def test_bad_configuration_is_unknown_naming_the_key(tmp_path: Path) -> None:
     assert run.status == "Unknown" and run.message.startswith("config: gpu.maxPowerRatio: must be a number")
     run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "fans")
     assert run.status == "Unknown" and "unknown ['fans']" in run.message
+    run = npd_exec("npd.nr1_check", *common(tmp_path), "--log-level", "verbose")
+    assert run.code == 2  # NPD's cut (80 bytes) of the message that names the key and the value
+    assert run.message == "config: log.level: must be one of debug, info, warning, error; got 'verbose' (fl"
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--no-such-flag")
+    assert (run.code, run.message) == (2, "bad arguments (usage on stderr)")
+
+
+def test_failure_outside_the_check_is_unknown_not_nonok(tmp_path: Path) -> None:
+    """Python exits 1 on an uncaught exception, which NPD would read as NonOK; the plugins answer Unknown."""
+    (tmp_path / "state").write_text("a file where the state directory should be")
+    (tmp_path / "kmsg").write_text(kmsg_line(1, "boot"))
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid")
+    assert run.code in (0, 2), run  # the state is only a cache: losing it is a warning, never NonOK
 
 
 def nr1_args(tmp: Path, *extra: str) -> list[str]:
