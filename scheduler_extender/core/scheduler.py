@@ -19,6 +19,9 @@ A pass over the queue (in :meth:`tick`):
    host CPU and memory reserved on their nodes. When a reservation cannot be bounded (an unbounded holder is in
    the way) or more than ``max_reservations`` requests are blocked, the pass stops: no backfill without proof.
 
+A request that would not fit even on the empty healthy cluster is reported once (``unschedulable``) and skipped:
+it waits (devices may recover) without blocking anyone.
+
 So a lower-priority request never moves a higher-priority one's reservation later ("zero priority
 inversions"), as long as exitDuration is enforced, which :meth:`tick` does. With ``audit`` set the engine
 re-checks that claim after every backfill and counts violations in ``inversions``.
@@ -35,7 +38,7 @@ from typing import Any
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay
 from .inventory import Inventory, Placement
-from .placement import BestFit, PlacementPolicy, Request
+from .placement import BestFit, PlacementPolicy, Request, fits
 from .queue import GPRQueue, queue_key
 from .waittime import Holder, Waiting, earliest_fit, estimate_starts
 
@@ -96,6 +99,10 @@ class Scheduler:
         self._backoff: list[tuple[float, int, str]] = []
         self._expiry: list[tuple[float, str, float]] = []  # (end bound, name, admitted_at)
         self._idle: list[tuple[float, str, float]] = []  # (deadline, name, last_active_at)
+        self._empty = inventory.copy()  # same nodes and health, nothing allocated: "could it ever fit?"
+        for owner in list(self._empty.allocations):
+            self._empty.release(owner)
+        self._ever: dict[Request, bool] = {}
 
     # ------------------------------------------------------------------ events in
     def submit(self, g: GPR, now: float) -> list[Event]:
@@ -160,6 +167,8 @@ class Scheduler:
     def set_health(self, node: str, device: int | None, healthy: bool, now: float) -> list[Event]:
         """Mark a device (or a whole node) healthy or not. Holders of a failed device fail (and requeue)."""
         self.inv.set_health(node, device, healthy)
+        self._empty.set_health(node, device, healthy)
+        self._ever.clear()
         events: list[Event] = []
         if healthy:
             return events
@@ -396,6 +405,13 @@ class Scheduler:
                     qcount[g.workspace] = 1
                     continue
             req = g.request()
+            if req not in self._ever:
+                self._ever[req] = fits(self._empty, req)
+            if not self._ever[req]:
+                if g.reason != "Unschedulable":
+                    g.reason = "Unschedulable"
+                    events.append(Event(now, "unschedulable", g.name, "does not fit even on the empty healthy cluster"))
+                continue  # waits (it may fit when devices recover) but blocks nobody
             if not st.blocked:
                 p = None if req in st.failed else self.policy.place(self.inv, req)
                 if p is None:
