@@ -199,18 +199,19 @@ def _valid_ip(text: object) -> bool:
         return False
 
 
-def _check_ipam_result(result: dict) -> tuple[list[dict], list[dict]]:
+def _check_ipam_result(result: dict, kind: str = "") -> tuple[list[dict], list[dict]]:
     """The IPAM result's ips and routes, or CNIError(IPAM) naming the first entry the kernel could not take."""
+    where = f"IPAM plugin {kind!r} result" if kind else "IPAM result"
     ips, routes = result.get("ips") or [], result.get("routes") or []
     if not isinstance(ips, list) or not isinstance(routes, list):
-        raise CNIError(IPAM, "IPAM result: 'ips' and 'routes' must be lists")
+        raise CNIError(IPAM, f"{where}: 'ips' and 'routes' must be lists")
     for ip in ips:
         if (
             not isinstance(ip, dict)
             or not _valid_cidr(ip.get("address"))
             or ("gateway" in ip and ip["gateway"] and not _valid_ip(ip["gateway"]))
         ):
-            raise CNIError(IPAM, f"IPAM result: bad ip entry {ip!r}")
+            raise CNIError(IPAM, f"{where}: bad ip entry {ip!r}")
     for route in routes:
         numbers_ok = isinstance(route, dict) and all(
             route.get(key) is None or (type(route[key]) is int and 0 <= route[key] < 2**32)
@@ -222,7 +223,7 @@ def _check_ipam_result(result: dict) -> tuple[list[dict], list[dict]]:
             or (route.get("gw") and not _valid_ip(route["gw"]))
             or (isinstance(route.get("scope"), int) and route["scope"] > 255)
         ):
-            raise CNIError(IPAM, f"IPAM result: bad route entry {route!r}")
+            raise CNIError(IPAM, f"{where}: bad route entry {route!r}")
     return ips, routes
 
 
@@ -284,7 +285,7 @@ def _attach(env: Env, conf: NetConf, nss: Namespaces, container: Namespace, pci:
             delegate = Delegate(conf, env.path)
             ipam_result = delegate.call("ADD", ipam_env)
             ipam_done = True
-            ips, routes = _check_ipam_result(ipam_result)
+            ips, routes = _check_ipam_result(ipam_result, conf.ipam_type)
 
             step = "addresses"
             fail_point(env, step)

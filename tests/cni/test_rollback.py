@@ -106,3 +106,39 @@ def test_del_cleans_up_after_an_add_that_was_killed(node, step):
     gone = node.run("DEL", conf, netns=netns)
     assert gone.rc == 0, gone
     _assert_untouched(node, nic, netns)
+
+
+FAKE_IPAM = """#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+  VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["1.0.0","1.1.0"]}' ;;
+  ADD) %s ;;
+  *) exit 0 ;;
+esac
+"""
+
+FAKE_ANSWERS = {
+    "try-again": ('echo \'{"cniVersion":"1.1.0","code":11,"msg":"pool busy"}\'; exit 1', errors.TRY_AGAIN),
+    "own-code": ('echo \'{"cniVersion":"1.1.0","code":999,"msg":"exhausted"}\'; exit 1', errors.IPAM),
+    "garbage": ("echo 'panic: runtime error'; exit 2", errors.IPAM),
+    "bad-address": ('echo \'{"cniVersion":"1.1.0","ips":[{"address":"10.1.2.3"}]}\'', errors.IPAM),
+    "not-json-ok": ("echo 'ok'", errors.IPAM),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(FAKE_ANSWERS))
+def test_ipam_delegate_failures_roll_back(node, tmp_path, answer):
+    """A delegate that fails in its own ways (its code 11 reaches the runtime as 11, its own codes as 105)."""
+    script, code = FAKE_ANSWERS[answer]
+    bindir = tmp_path / "cni-bin"
+    bindir.mkdir()
+    fake = bindir / "fake-ipam"
+    fake.write_text(FAKE_IPAM % script)
+    fake.chmod(0o755)
+    (nic,) = node.add_module(PCI)
+    netns = node.container()
+    conf = node.conf(runtimeConfig={"deviceID": PCI}, ipam={"type": "fake-ipam"})
+    res = node.run("ADD", conf, netns=netns, CNI_PATH=f"{bindir}:/usr/lib/cni")
+    err = assert_error(res, code)
+    assert "fake-ipam" in err["msg"] and err["details"].endswith("rolled back")
+    _assert_untouched(node, nic, netns)
