@@ -94,7 +94,7 @@ def test_arrival_order_follows_the_protocol() -> None:
 def test_tiny_fill_end_to_end(tmp_path: Path) -> None:
     nodes = _head(OPENB / "openb_node_list_gpu_node.csv", tmp_path / "nodes.csv", 1213)
     lines = (OPENB / "openb_node_list_gpu_node.csv").read_text().splitlines()
-    nodes.write_text("\n".join([lines[0]] + lines[1::12]) + "\n")  # every 12th node: ~100 nodes
+    nodes.write_text("\n".join([lines[0], *lines[1::12]]) + "\n")  # every 12th node: ~100 nodes
     pods = _head(OPENB / "openb_pod_list_default.csv", tmp_path / "openb_pod_list_default.csv", 800)
     out = tmp_path / "fill.json"
     png = tmp_path / "fill.png"
