@@ -154,6 +154,7 @@ OPTIONS: tuple[Option, ...] = (
            "kubelet pod-resources API socket for the allocation metrics; empty disables"),
     Option("exporter.resources", parse_list(parse_str), ["nvidia.com/gpu", "neureality.com/nr1"],
            "extended resources whose allocation is exported"),
+    Option("exporter.nvmlRetry", parse_duration, 30.0, "while NVML cannot be initialised, try again this often"),
     Option("exporter.collectTimeout", parse_duration, 3.0,
            "a scrape that cannot read the devices by then answers without device metrics"),
     # remediation controller

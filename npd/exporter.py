@@ -105,25 +105,15 @@ class DeviceCollector(Collector):
         self.stopped = threading.Event()
         self.gpu_backend: Any = None
         self.gpu_error = ""
+        self.gpu_attempt: float | None = None
         self.nr1_backend: Any = None
         self.event_thread: threading.Thread | None = None
 
     # -- start and stop ------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.values["exporter.gpu"]:
-            from device_plugin.nvml_backend import BackendInitError, NvmlBackend
-
-            self.gpu_backend = NvmlBackend({"resourceName": "nvidia.com/gpu"}, sysfs_root=self.sysfs_root,
-                                           nvml=self.nvml)
-            try:
-                self.gpu_backend.discover()
-            except BackendInitError as exc:
-                self.gpu_error = str(exc.__cause__ or exc)
-                log.error("no GPU metrics", extra={"error": str(exc)})
-                self.gpu_backend = None
-            else:
-                self.event_thread = threading.Thread(target=self._watch_xids, name="xid-events", daemon=True)
-                self.event_thread.start()
+        """Prepare the NR1 side; the GPUs are discovered by the reader thread on the first scrape (and retried
+        every ``exporter.nvmlRetry`` while NVML is unavailable, e.g. before the driver has loaded), so a hung
+        NVML never blocks start-up or the endpoint."""
         if self.values["exporter.nr1"]:
             from device_plugin.nr1_backend import NR1Backend
             from npd.nr1_check import backend_settings
@@ -219,7 +209,7 @@ class DeviceCollector(Collector):
                 done.set()
 
     def _self_metrics(self, seconds: float) -> Iterator[Metric]:
-        up = _gauge("accelstack_exporter_gpu_up", "1 when NVML answered at start-up", ["node", "error"])
+        up = _gauge("accelstack_exporter_gpu_up", "1 when NVML is initialised; error says why not", ["node", "error"])
         if self.values["exporter.gpu"]:
             up.add_metric([self.node, self.gpu_error[:200]], 0 if self.gpu_backend is None else 1)
         yield up
@@ -236,7 +226,30 @@ class DeviceCollector(Collector):
             errors.add_metric([self.node, source], count)
         yield errors
 
+    def _ensure_gpus(self) -> None:
+        if not self.values["exporter.gpu"] or self.gpu_backend is not None:
+            return
+        now = time.monotonic()
+        if self.gpu_attempt is not None and now - self.gpu_attempt < float(self.values["exporter.nvmlRetry"]):
+            return
+        self.gpu_attempt = now
+        from device_plugin.nvml_backend import NvmlBackend
+
+        backend = NvmlBackend({"resourceName": "nvidia.com/gpu"}, sysfs_root=self.sysfs_root, nvml=self.nvml)
+        try:
+            backend.discover()
+        except Exception as exc:
+            self.gpu_error = str(exc.__cause__ or exc)
+            log.error("no GPU metrics; NVML will be tried again", extra={"error": str(exc)[:300]})
+            backend.close()
+            return
+        self.gpu_error = ""
+        self.gpu_backend = backend
+        self.event_thread = threading.Thread(target=self._watch_xids, name="xid-events", daemon=True)
+        self.event_thread.start()
+
     def _devices(self) -> list[Metric]:
+        self._ensure_gpus()
         out: list[Metric] = []
         if self.gpu_backend is not None:
             out.extend(self._gpus())

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from device_plugin.observability import HttpEndpoint, PluginMetrics
 from npd.exporter import build
-from tests.fake_nvml import FakeNVML, dgx_like
+from tests.fake_nvml import dgx_like
 from tests.npd.helpers import values
 from tests.npd.podresources_peer import PodResourcesPeer
 from tests.sysfs_fixture import NR1_VENDOR, nr1_node
@@ -142,17 +142,24 @@ def test_hung_nvml_call_costs_the_scrape_its_device_metrics_only(gpu_node) -> No
     assert len(samples["accelstack_gpu_temperature_celsius"]) == 8
 
 
-def test_no_nvml_is_reported_not_fatal(tmp_path: Path) -> None:
+def test_no_nvml_is_reported_not_fatal_and_retried(tmp_path: Path) -> None:
     import pynvml
 
-    fake = FakeNVML([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    registry, collector = build(values(tmp_path, "--exporter-pod-resources-socket", ""), nvml=fake)
+    fake = dgx_like(2)
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # the driver is not loaded yet at boot
+    registry, collector = build(values(tmp_path, "--exporter-pod-resources-socket", "",
+                                       "--exporter-nvml-retry", "0.2s"), nvml=fake)
     endpoint = serve(registry)
     try:
         samples = scrape(endpoint)
         assert one(samples, "accelstack_exporter_gpu_up") == 0
-        assert "Library Not Found" in dict(next(iter(samples["accelstack_exporter_gpu_up"])))["error"]
+        assert "Driver Not Loaded" in dict(next(iter(samples["accelstack_exporter_gpu_up"])))["error"]
         assert "accelstack_gpu_info" not in samples
+        fake.init_error = None  # the driver loads: the exporter picks the GPUs up without a restart
+        time.sleep(0.25)
+        samples = scrape(endpoint)
+        assert one(samples, "accelstack_exporter_gpu_up", error="") == 1
+        assert len(samples["accelstack_gpu_info"]) == 2
     finally:
         endpoint.close()
         collector.close()
