@@ -11,6 +11,7 @@ and new work never lands on an unhealthy device (:meth:`Inventory.allocate` refu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +20,9 @@ import numpy as np
 MILLI_PER_DEVICE = 1000
 GPU = "nvidia.com/gpu"
 NR1 = "neureality.com/nr1"
+
+
+_uids = itertools.count(1)
 
 
 class AllocationError(ValueError):
@@ -74,6 +78,9 @@ class Inventory:
 
     ``free[n, d]`` is the free milli of device ``d`` on node ``n``; slots past a node's device count hold -1.
     ``rank[n]`` orders nodes for tie-breaking (a permutation; identity unless a seed is given).
+    ``stamp[n]`` changes whenever node ``n``'s free amounts or health change, and ``uid`` is unique per
+    inventory object (copies included), so policies can cache per-node scores safely. Code that edits the
+    arrays directly must call :meth:`touch`.
     """
 
     def __init__(self, nodes: Iterable[NodeSpec], tie_seed: int | None = None) -> None:
@@ -107,6 +114,11 @@ class Inventory:
         else:
             self.rank = np.random.default_rng(tie_seed).permutation(n).astype(np.int64)
         self.allocations: dict[str, Placement] = {}
+        self.stamp = np.zeros(n, dtype=np.int64)
+        self.uid = next(_uids)
+
+    def touch(self, node: int) -> None:
+        self.stamp[node] += 1
 
     # ------------------------------------------------------------------ views
     def __len__(self) -> int:
@@ -169,6 +181,7 @@ class Inventory:
         for a in placement.assignments:
             self.cpu_free[a.node] -= a.cpu_milli
             self.mem_free[a.node] -= a.memory_mib
+            self.stamp[a.node] += 1
             for d in a.devices:
                 self.free[a.node, d] -= a.milli
         self.allocations[owner] = placement
@@ -181,6 +194,7 @@ class Inventory:
         for a in placement.assignments:
             self.cpu_free[a.node] += a.cpu_milli
             self.mem_free[a.node] += a.memory_mib
+            self.stamp[a.node] += 1
             for d in a.devices:
                 self.free[a.node, d] += a.milli
         return placement
@@ -188,6 +202,7 @@ class Inventory:
     def set_health(self, node: str, device: int | None, healthy: bool) -> None:
         """Mark one device (or, with ``device=None``, every device of the node) healthy or not."""
         n = self.index[node]
+        self.stamp[n] += 1
         if device is None:
             self.healthy[n] = self.present[n] & healthy
         else:
@@ -199,9 +214,10 @@ class Inventory:
         """An independent copy (shares the immutable node specs)."""
         new = object.__new__(Inventory)
         new.__dict__.update(self.__dict__)
-        for name in ("free", "healthy", "cpu_free", "mem_free"):
+        for name in ("free", "healthy", "cpu_free", "mem_free", "stamp"):
             setattr(new, name, getattr(self, name).copy())
         new.allocations = dict(self.allocations)
+        new.uid = next(_uids)
         return new
 
     def check(self) -> None:

@@ -219,6 +219,21 @@ class FGD:
     def __init__(self, shapes: TypicalShapes, levels: int = 100) -> None:
         self.shapes = shapes
         self.levels = levels
+        self._uid = -1
+        self._stamp = np.zeros(0, dtype=np.int64)
+        self._frag = np.zeros(0)
+
+    def node_frag(self, inv: Inventory) -> np.ndarray:
+        """Current fragmentation of every node, recomputed only for nodes whose stamp changed."""
+        if self._uid != inv.uid or len(self._stamp) != len(inv):
+            self._frag = self.shapes.frag(inv.avail(), inv.cpu_free, inv.model)
+        else:
+            dirty = np.flatnonzero(self._stamp != inv.stamp)
+            if len(dirty):
+                avail = np.where(inv.healthy[dirty], inv.free[dirty], -1)
+                self._frag[dirty] = self.shapes.frag(avail, inv.cpu_free[dirty], inv.model[dirty])
+        self._uid, self._stamp = inv.uid, inv.stamp.copy()
+        return self._frag
 
     def _cost(self, delta: np.ndarray) -> np.ndarray:
         """Lower is better: the negated integer score (or Δ itself when ``levels`` is 0)."""
@@ -234,9 +249,15 @@ class FGD:
             return None
         rows = avail[cand]
         cpu_after = inv.cpu_free[cand] - req.cpu_milli
-        before = self.shapes.frag(rows, inv.cpu_free[cand], inv.model[cand])
+        if blocked is None:
+            before = self.node_frag(inv)[cand]
+        else:
+            before = self.shapes.frag(rows, inv.cpu_free[cand], inv.model[cand])
         if req.count == 1 and req.milli < MILLI_PER_DEVICE:
             ci, di = np.nonzero(rows >= req.milli)  # every (node, device) that fits
+            # devices of one node with the same free milli are interchangeable: keep the lowest index
+            _, first_of = np.unique(ci * (2 * MILLI_PER_DEVICE + 2) + rows[ci, di], return_index=True)
+            ci, di = ci[first_of], di[first_of]
             after_rows = rows[ci].copy()
             after_rows[np.arange(len(ci)), di] -= req.milli
             after = self.shapes.frag(after_rows, cpu_after[ci], inv.model[cand[ci]])

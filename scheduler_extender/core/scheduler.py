@@ -342,6 +342,7 @@ class Scheduler:
             for a in r.placement.assignments:
                 base.cpu_free[a.node] -= a.cpu_milli
                 base.mem_free[a.node] -= a.memory_mib
+                base.touch(a.node)
                 for d in a.devices:
                     base.healthy[a.node, d] = False
         return base
