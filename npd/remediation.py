@@ -11,9 +11,10 @@ Optional, off by default: ``remediation.cordon`` also marks the node unschedulab
 made itself, remembered in an annotation); ``remediation.drain`` evicts, through the Eviction API (so
 PodDisruptionBudgets apply), the pods on the node that use the managed resources.
 
-Each taint added or lifted is recorded as an Event on the Node. Writes are merge patches carrying ``metadata.resourceVersion``: the API server rejects a patch made from a
-stale read with 409 Conflict, and the controller reads again and retries (taints are a list the API replaces
-whole, so a blind patch could drop a taint someone else just added).
+Each taint added or lifted is recorded as an Event on the Node. Writes are merge patches carrying
+``metadata.resourceVersion``: the API server rejects a patch made from a stale read with 409 Conflict, and the
+controller reads again and retries (taints are a list the API replaces whole, so a blind patch could drop a
+taint someone else just added).
 """
 
 from __future__ import annotations
