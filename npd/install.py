@@ -114,7 +114,8 @@ def install(target: Path, mount_path: str = "/opt/accelstack") -> dict[str, int]
             f"export LD_LIBRARY_PATH={mount_path}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"
             f'exec {mount_path}/bin/python3 -m {module} "$@"\n')
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    compileall.compile_dir(str(lib_dir / version), quiet=2, workers=0)
+    # a few workers, not one per CPU: the init container has a small memory limit and nodes have many CPUs
+    compileall.compile_dir(str(lib_dir / version), quiet=2, workers=min(4, os.cpu_count() or 1))
     return {"packages": copied, "libraries": len(libraries)}
 
 
