@@ -221,7 +221,7 @@ def test_decide_table() -> None:
     assert decide(mixed, True, watched, 60, 100).taint is None  # the later transition counts
 
 
-async def test_controller_recovers_from_compaction_and_a_restarted_api_server(api) -> None:
+async def test_controller_recovers_from_watch_history_compaction(api) -> None:
     peer, core = api
     await peer.put_object(NODES, node("gpu-8", {"GPUUnhealthy": ("False", 0)}))
     controller = TaintController(core, settings("--remediation-hold-time", "1s", "--remediation-resync", "30s"))
