@@ -4,37 +4,55 @@ NeuReality NR1 modules are PCI functions. A module is found under ``<sysfs>/bus/
 by its ``vendor`` and ``device`` attributes; its NUMA node is ``numa_node``; its network interfaces are the
 children of its ``net/`` directory; its device nodes come from a configurable ``/dev`` pattern.
 
-This module only uses the standard library (no gRPC, no NVML) because the CNI plugin, which is exec'd for
-every pod and whose start-up time matters, imports it too. The device plugin, the NPD check and the CNI
-plugin all call these functions, so the mapping module -> interfaces -> device nodes is written once.
+This module imports only ``os`` at load time (``glob`` lazily, for device-node patterns) because the CNI plugin,
+which is exec'd for every pod and whose start-up time matters, imports it too: no dataclasses, pathlib or re.
+The device plugin, the NPD check and the CNI plugin all call these functions, so the mapping
+module -> interfaces -> device nodes is written once.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
 
 PCI_DEVICES = "bus/pci/devices"
 
 
-@dataclass(frozen=True)
 class NR1Module:
-    """One NR1 module as the host shows it."""
+    """One NR1 module as the host shows it (immutable by convention; compared by value)."""
 
-    pci_address: str  # e.g. "0000:3b:00.0"; also the device ID advertised to the kubelet
-    index: int  # ordinal among the modules found, sorted by PCI address
-    vendor_id: str  # "0x...." as sysfs writes it
-    device_id: str
-    numa_node: int | None  # None when sysfs says -1 (no NUMA affinity) or has no attribute
-    net_interfaces: tuple[str, ...] = ()
-    dev_nodes: tuple[str, ...] = field(default=())
+    __slots__ = ("dev_nodes", "device_id", "index", "net_interfaces", "numa_node", "pci_address", "vendor_id")
+
+    def __init__(self, pci_address: str, index: int, vendor_id: str, device_id: str, numa_node: int | None,
+                 net_interfaces: tuple[str, ...] = (), dev_nodes: tuple[str, ...] = ()) -> None:
+        self.pci_address = pci_address  # e.g. "0000:3b:00.0"; also the device ID advertised to the kubelet
+        self.index = index  # ordinal among the modules found, sorted by PCI address
+        self.vendor_id = vendor_id  # "0x...." as sysfs writes it
+        self.device_id = device_id
+        self.numa_node = numa_node  # None when sysfs says -1 (no NUMA affinity) or has no attribute
+        self.net_interfaces = net_interfaces
+        self.dev_nodes = dev_nodes
+
+    def _key(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NR1Module) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "NR1Module(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
-def _read(path: Path) -> str | None:
+def _pci(sysfs_root: str | os.PathLike[str], address: str, *parts: str) -> str:
+    return os.path.join(os.fspath(sysfs_root), PCI_DEVICES, address, *parts)
+
+
+def _read(path: str) -> str | None:
     try:
-        return path.read_text().strip()
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
         return None
 
@@ -51,7 +69,7 @@ def normalize_hex_id(value: str) -> str:
 
 def read_numa_node(sysfs_root: str | os.PathLike[str], pci_address: str) -> int | None:
     """NUMA node of a PCI function, or None when the platform reports none (-1) or sysfs lacks it."""
-    raw = _read(Path(sysfs_root) / PCI_DEVICES / pci_address / "numa_node")
+    raw = _read(_pci(sysfs_root, pci_address, "numa_node"))
     if raw is None:
         return None
     try:
@@ -63,16 +81,15 @@ def read_numa_node(sysfs_root: str | os.PathLike[str], pci_address: str) -> int 
 
 def net_interfaces(sysfs_root: str | os.PathLike[str], pci_address: str) -> tuple[str, ...]:
     """Names of the network interfaces that belong to a PCI function (children of its ``net/``)."""
-    net_dir = Path(sysfs_root) / PCI_DEVICES / pci_address / "net"
     try:
-        return tuple(sorted(entry.name for entry in net_dir.iterdir()))
+        return tuple(sorted(os.listdir(_pci(sysfs_root, pci_address, "net"))))
     except OSError:
         return ()
 
 
 def interface_operstate(sysfs_root: str | os.PathLike[str], pci_address: str, ifname: str) -> str | None:
     """The kernel's ``operstate`` of one of the module's interfaces ("up", "down", ...), None if absent."""
-    return _read(Path(sysfs_root) / PCI_DEVICES / pci_address / "net" / ifname / "operstate")
+    return _read(_pci(sysfs_root, pci_address, "net", ifname, "operstate"))
 
 
 def expand_dev_pattern(pattern: str, pci_address: str, index: int) -> tuple[str, ...]:
@@ -80,6 +97,8 @@ def expand_dev_pattern(pattern: str, pci_address: str, index: int) -> tuple[str,
 
     A pattern that names no existing file yields nothing, so a module whose driver made no node is visible.
     """
+    import glob  # only the device plugin expands patterns; keep it off the CNI plugin's start-up
+
     path = pattern.replace("{index}", str(index)).replace("{pci}", pci_address)
     if glob.has_magic(path):
         return tuple(sorted(glob.glob(path)))
@@ -96,15 +115,14 @@ def discover(
     ``device_ids`` is not empty, whose device ID is in it. Sorted by PCI address; indexes follow that order."""
     vendors = {normalize_hex_id(v) for v in vendor_ids}
     devices = {normalize_hex_id(d) for d in device_ids}
-    root = Path(sysfs_root) / PCI_DEVICES
+    root = os.path.join(os.fspath(sysfs_root), PCI_DEVICES)
     try:
-        addresses = sorted(entry.name for entry in root.iterdir())
+        addresses = sorted(os.listdir(root))
     except OSError:
         return []
     found: list[NR1Module] = []
     for address in addresses:
-        base = root / address
-        vendor, device = _read(base / "vendor"), _read(base / "device")
+        vendor, device = _read(_pci(sysfs_root, address, "vendor")), _read(_pci(sysfs_root, address, "device"))
         if vendor is None or device is None:
             continue
         try:
@@ -130,4 +148,4 @@ def discover(
 
 def find_module(sysfs_root: str | os.PathLike[str], pci_address: str) -> bool:
     """Whether the PCI function still exists (a module that vanished is unhealthy)."""
-    return (Path(sysfs_root) / PCI_DEVICES / pci_address).is_dir()
+    return os.path.isdir(_pci(sysfs_root, pci_address))
