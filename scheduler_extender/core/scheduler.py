@@ -40,7 +40,7 @@ from .gpr import GPR, Phase, backoff_delay
 from .inventory import Inventory, Placement
 from .placement import BestFit, PlacementPolicy, Request, fits
 from .queue import GPRQueue, queue_key
-from .waittime import Holder, Waiting, earliest_fit, estimate_starts
+from .waittime import Holder, Waiting, earliest_fit, estimate_starts, holder_order
 
 
 @dataclass
@@ -78,6 +78,7 @@ class _Pass:
     admitted: list[str] = field(default_factory=list)
     requeue: list[GPR] = field(default_factory=list)
     qcache: dict[str, tuple[list[float], list[int]]] = field(default_factory=dict)
+    bounds: list[Holder] | None = None  # holders sorted by end bound, kept up to date within the pass
 
 
 class Scheduler:
@@ -285,12 +286,15 @@ class Scheduler:
         if g.exit_duration_s is not None:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, now))
         st.admitted.append(g.name)
+        if st.bounds is not None:
+            bisect.insort(st.bounds, Holder(g.name, g.end_bound()), key=holder_order)
         st.masked = None
         st.qcache.pop(g.workspace, None)
         return Event(now, kind, g.name)
 
     def _evict(self, g: GPR, now: float, st: _Pass, by: str) -> list[Event]:
         self._release(g)
+        st.bounds = None
         st.qcache.pop(g.workspace, None)
         g.evictions += 1
         g.transition(Phase.EVICTED, now, f"EvictedFor:{by}")
@@ -347,15 +351,20 @@ class Scheduler:
                     base.healthy[a.node, d] = False
         return base
 
-    def _reserve(self, g: GPR, prior: list[Reservation], now: float) -> Reservation:
+    def _reserve(self, g: GPR, prior: list[Reservation], now: float, st: _Pass | None = None) -> Reservation:
         base = self._base_without(prior)
-        start, state = earliest_fit(base, g.request(), self._holder_bounds(), now)
+        if st is None:
+            start, state = earliest_fit(base, g.request(), self._holder_bounds(), now)
+        else:
+            if st.bounds is None:
+                st.bounds = sorted(self._holder_bounds(), key=holder_order)
+            start, state = earliest_fit(base, g.request(), st.bounds, now, presorted=True)
         placement = self.policy.place(state, g.request()) if math.isfinite(start) else None
         return Reservation(g.name, max(start, g.not_before), placement)
 
     def _ensure_reservations(self, st: _Pass, now: float) -> bool:
         while len(st.resv) < len(st.blocked):
-            r = self._reserve(st.blocked[len(st.resv)], st.resv, now)
+            r = self._reserve(st.blocked[len(st.resv)], st.resv, now, st)
             st.resv.append(r)
             st.masked = None
         return all(math.isfinite(r.start) for r in st.resv)
