@@ -83,7 +83,8 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="accelstack simulate",
-        description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(__doc__ or "").replace("``", "").split("\n\nInputs", 1)[0],
         epilog="Run 'accelstack simulate MODE --help' for a mode's options. Docs: docs/simulator.md",
     )
     sub = p.add_subparsers(dest="mode", required=True, metavar="MODE")
