@@ -210,6 +210,34 @@ class Inventory:
                 raise ValueError(f"node {node} has no device {device}")
             self.healthy[n, device] = healthy
 
+    def rebuild(self, nodes: Iterable[NodeSpec]) -> tuple[Inventory, list[str]]:
+        """A new inventory for a changed node set (nodes joined, left or changed), keeping the tie-break
+        order of surviving nodes, device health, and every allocation whose nodes and devices still exist
+        and still fit. Returns it and the owners whose allocations could not be kept."""
+        new = Inventory(nodes)
+        old_rank = {name: int(self.rank[i]) for i, name in enumerate(self.names)}
+        order = sorted(range(len(new)), key=lambda i: (old_rank.get(new.names[i], len(self) + i), i))
+        new.rank = np.empty(len(new), dtype=np.int64)
+        new.rank[order] = np.arange(len(new))
+        lost: list[str] = []
+        for owner, p in self.allocations.items():  # health is applied afterwards: existing work stays put
+            try:
+                moved = Placement(
+                    tuple(
+                        NodeAssignment(new.index[self.names[a.node]], a.devices, a.milli, a.cpu_milli, a.memory_mib)
+                        for a in p.assignments
+                    )
+                )
+                new.allocate(owner, moved)
+            except (KeyError, AllocationError):
+                lost.append(owner)
+        for i, name in enumerate(new.names):
+            j = self.index.get(name)
+            if j is not None:
+                w = min(int(new.ndev[i]), int(self.ndev[j]))
+                new.healthy[i, :w] = self.healthy[j, :w]
+        return new, lost
+
     def copy(self) -> Inventory:
         """An independent copy (shares the immutable node specs)."""
         new = object.__new__(Inventory)
@@ -236,3 +264,4 @@ class Inventory:
         assert (self.free[self.present] >= 0).all(), "a device is over-allocated"
         assert (self.free[self.present] <= MILLI_PER_DEVICE).all(), "a device has more than capacity free"
         assert (self.cpu_free >= 0).all() and (self.mem_free >= 0).all(), "host CPU/memory over-allocated"
+

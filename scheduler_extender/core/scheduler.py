@@ -37,7 +37,7 @@ from typing import Any
 
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay
-from .inventory import Inventory, Placement
+from .inventory import Inventory, NodeSpec, Placement
 from .placement import BestFit, PlacementPolicy, Request, fits
 from .queue import GPRQueue, queue_key
 from .waittime import Holder, Waiting, earliest_fit, estimate_starts, holder_order
@@ -181,6 +181,30 @@ class Scheduler:
             )
             if hit:
                 events += self.finish(g.name, now, ok=False, reason="DeviceUnhealthy")
+        return events
+
+    def set_nodes(self, nodes: list[NodeSpec], now: float) -> list[Event]:
+        """The node set changed (nodes joined, left, or changed devices): rebuild the inventory, keeping
+        allocations that still fit; GPRs that lost theirs fail with reason ``NodeLost`` (and requeue)."""
+        self.inv, lost = self.inv.rebuild(nodes)
+        self._empty, _ = self.inv.rebuild(nodes)
+        for owner in list(self._empty.allocations):
+            self._empty.release(owner)
+        self._ever.clear()
+        events: list[Event] = []
+        for name in lost:
+            g = self.gprs[name]
+            self.holders.pop(name, None)
+            self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
+            g.failures += 1
+            g.transition(Phase.FAILED, now, "NodeLost")
+            events.append(Event(now, "failed", name, "NodeLost"))
+            if g.requeue_on_failure and g.failures <= g.retry_limit:
+                delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
+                g.transition(Phase.QUEUED, now, f"Requeued after failure {g.failures}")
+                g.not_before = now + delay
+                heapq.heappush(self._backoff, (g.not_before, g.seq, name))
+                events.append(Event(now, "requeued", name, f"backoff {delay:g}s"))
         return events
 
     # ---------------------------------------------------------------- time passes

@@ -236,3 +236,20 @@ def test_invariants_hold_under_random_event_streams(steps: list, policy_name: st
                 assert s.policy.place(s.inv, head.request()) is None
         # no GPR ever holds past its exit bound
         assert all(g.end_bound() > now or math.isinf(g.end_bound()) for g in s.holders.values())
+
+
+def test_node_set_changes_keep_surviving_allocations() -> None:
+    s = _sched(2, 2)
+    s.submit(GPR("a", devices_per_node=2, requeue_on_failure=True), 0)
+    s.submit(GPR("b", devices_per_node=2), 0)
+    s.tick(0)
+    node_a = s.inv.names[s.gprs["a"].placement.assignments[0].node]  # type: ignore[union-attr]
+    node_b = s.inv.names[s.gprs["b"].placement.assignments[0].node]  # type: ignore[union-attr]
+    s.inv.set_health(node_b, 1, False)
+    ev = s.set_nodes([NodeSpec(node_b, 2), NodeSpec("n9", 4)], 5)
+    assert kinds(ev) == [("failed", "a"), ("requeued", "a")]
+    assert s.gprs["b"].holding and not s.inv.healthy[s.inv.index[node_b], 1]
+    assert node_a not in s.inv.index
+    s.check()
+    s.tick(5 + backoff_delay(1))
+    assert s.inv.names[s.gprs["a"].placement.assignments[0].node] == "n9"  # type: ignore[union-attr]
