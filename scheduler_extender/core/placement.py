@@ -146,6 +146,7 @@ class TypicalShapes:
     """Frequency-weighted typical shapes, bound to one inventory's model list for vectorised use."""
 
     def __init__(self, shapes: Sequence[tuple[Shape, float]], models: Sequence[str]) -> None:
+        self.models = list(models)
         self.shapes = [s for s, _ in shapes]
         self.weight = np.array([w for _, w in shapes], dtype=np.float64)
         self.cpu = np.array([s.cpu_milli for s in self.shapes], dtype=np.int64)
@@ -164,6 +165,12 @@ class TypicalShapes:
                 model_ok[i, j] = not s.models or m in s.models
         self.model_ok = model_ok
         self.total_weight = float(self.weight.sum())
+
+    def bind(self, models: Sequence[str]) -> TypicalShapes:
+        """The same shapes and weights for an inventory with another model list (itself if unchanged)."""
+        if list(models) == self.models:
+            return self
+        return TypicalShapes(list(zip(self.shapes, self.weight.tolist(), strict=True)), models)
 
     @classmethod
     def from_requests(
@@ -247,6 +254,9 @@ class FGD:
         cand = np.flatnonzero(ok)
         if len(cand) < req.node_count:
             return None
+        if self.shapes.models != inv.models:  # the node set changed: re-bind model indices
+            self.shapes = self.shapes.bind(inv.models)
+            self._uid = -1
         rows = avail[cand]
         cpu_after = inv.cpu_free[cand] - req.cpu_milli
         if blocked is None:

@@ -128,3 +128,15 @@ def test_no_over_allocation_under_any_request_stream(reqs: list[tuple[int, int, 
 def test_random_fit_is_seeded() -> None:
     a = [RandomFit(7).place(_inv(1, 1, 1, 1), Request(count=1)) for _ in range(2)]
     assert a[0] == a[1]
+
+
+def test_fgd_follows_a_changed_model_list() -> None:
+    inv = Inventory([NodeSpec("a", 2, model="A")])
+    shapes = TypicalShapes.from_requests([Shape(0, 1, 500, frozenset({"B"})), Shape(0, 1, 1000)], inv.models)
+    fgd = FGD(shapes)
+    assert fgd.place(inv, Request(count=1, milli=500)) is not None
+    inv2, lost = inv.rebuild([NodeSpec("b", 2, model="B"), NodeSpec("a", 2, model="A")])
+    assert lost == [] and inv2.models == ["A", "B"]
+    p = fgd.place(inv2, Request(count=1, milli=500, models=frozenset({"B"})))
+    assert p is not None and inv2.names[p.assignments[0].node] == "b"
+    assert list(fgd.shapes.models) == ["A", "B"]
