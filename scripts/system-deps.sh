@@ -4,6 +4,7 @@
 set -uo pipefail
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)   # kubectl kustomize for the manifest tests
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "== installing ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \
