@@ -163,6 +163,7 @@ class Option:
     help: str
     flag: str = ""  # derived from the key when empty
     env: str = ""  # derived from the key when empty
+    env_prefix: str = ENV_PREFIX
 
     def _words(self) -> list[str]:
         """'nr1.vendorIDs' -> ['nr1', 'vendor', 'IDs']; the 'flags.' section adds no word."""
@@ -175,7 +176,7 @@ class Option:
 
     @property
     def env_name(self) -> str:
-        return self.env or ENV_PREFIX + "_".join(self._words()).upper()
+        return self.env or self.env_prefix + "_".join(self._words()).upper()
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -235,10 +236,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("labeller.interval", parse_duration, 60.0, "how often labels are recomputed and reconciled"),
 )
 
-_BY_KEY = {o.key: o for o in OPTIONS}
-SECTIONS = {"version", "flags", "nvidia", "nr1", "labeller"}
-
-
 @dataclass(frozen=True)
 class Config:
     values: Mapping[str, Any]
@@ -253,47 +250,105 @@ class Config:
         return {k[len(dot):]: v for k, v in self.values.items() if k.startswith(dot)}
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"{prefix}{key!r}: keys must be strings")
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and path not in _BY_KEY and value:
-            flat.update(_flatten(value, path + "."))
-        elif isinstance(value, Mapping) and not value and any(k.startswith(path + ".") for k in _BY_KEY):
-            continue  # an empty known section, e.g. "nr1: {}"
-        else:
-            flat[path] = value
-    return flat
+class Schema:
+    """One process's versioned configuration: its options table and environment prefix. Reads the file, adds
+    the flags to a parser and resolves flag > env > file > default into a validated :class:`Config`. The device
+    plugin and the node-health processes each declare an ``OPTIONS`` table and use this one machinery."""
+
+    def __init__(self, options: Sequence[Option], env_prefix: str) -> None:
+        self.options = tuple(options)
+        self.env_prefix = env_prefix
+        self.by_key = {o.key: o for o in self.options}
+        self.sections = sorted({o.key.split(".", 1)[0] for o in self.options})
+
+    def _flatten(self, tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{prefix}{key!r}: keys must be strings")
+            path = f"{prefix}{key}"
+            if isinstance(value, Mapping) and path not in self.by_key and value:
+                flat.update(self._flatten(value, path + "."))
+            elif isinstance(value, Mapping) and not value and any(k.startswith(path + ".") for k in self.by_key):
+                continue  # an empty known section, e.g. "nr1: {}"
+            else:
+                flat[path] = value
+        return flat
+
+    def load_file(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Read and structurally check a config file; returns dotted key -> raw value."""
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+        try:
+            tree = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError(f"config file {path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        if tree is None:
+            tree = {}
+        if not isinstance(tree, Mapping):
+            raise ConfigError(f"config file {path}: the top level must be a mapping, got {type(tree).__name__}")
+        version = tree.get("version")
+        if version != CONFIG_VERSION:
+            raise ConfigError(f"version: must be {CONFIG_VERSION!r}, got {version!r} (in {path})")
+        flat = self._flatten({k: v for k, v in tree.items() if k != "version"})
+        for key in flat:
+            if key not in self.by_key:
+                section = key.split(".", 1)[0]
+                hint = "" if section in self.sections else f" (top-level sections: {', '.join(self.sections)})"
+                raise ConfigError(f"{key}: unknown key{hint} (in {path})")
+        return flat
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config-file", default=None, help=f"versioned YAML/JSON config file (version: "
+                            f"{CONFIG_VERSION}); env {self.env_prefix}CONFIG_FILE")
+        parser.add_argument("--print-config", action="store_true",
+                            help="print the effective configuration (after flags, env and file) and exit")
+        for option in self.options:
+            parser.add_argument(option.flag_name, dest=option.key, default=None, metavar="VALUE",
+                                help=f"{option.help} [env {option.env_name}; file {option.key}; "
+                                     f"default {option.default!r}]")
+
+    def resolve(self, args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
+        """Each setting from its flag, else its variable, else the file, else the default; parsed and checked."""
+        config_file = args.config_file or environ.get(self.env_prefix + "CONFIG_FILE") or None
+        file_values = self.load_file(config_file) if config_file else {}
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for option in self.options:
+            raw, source = option.default, "default"
+            if option.key in file_values:
+                raw, source = file_values[option.key], "file"
+            if option.env_name in environ:
+                raw, source = environ[option.env_name], "env"
+            flag_value = getattr(args, option.key)
+            if flag_value is not None:
+                raw, source = flag_value, "flag"
+            where = {"flag": f" (flag {option.flag_name})", "env": f" (env {option.env_name})",
+                     "file": f" (in {config_file})", "default": ""}[source]
+            try:
+                values[option.key] = option.parse(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{option.key}: {exc}{where}") from None
+            sources[option.key] = source
+        return Config(values, sources)
+
+    def print_tree(self, config: Config) -> str:
+        """The effective configuration as a versioned YAML file."""
+        tree: dict[str, Any] = {"version": CONFIG_VERSION}
+        for key, value in config.values.items():
+            node = tree
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return yaml.safe_dump(tree, sort_keys=False)
 
 
-def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and structurally check a config file; returns dotted key -> raw value."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"config file {path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if tree is None:
-        tree = {}
-    if not isinstance(tree, Mapping):
-        raise ConfigError(f"config file {path}: the top level must be a mapping, got {type(tree).__name__}")
-    version = tree.get("version")
-    if version != CONFIG_VERSION:
-        raise ConfigError(f"version: must be {CONFIG_VERSION!r}, got {version!r} (in {path})")
-    flat = _flatten({k: v for k, v in tree.items() if k != "version"})
-    for key in flat:
-        if key not in _BY_KEY:
-            section = key.split(".", 1)[0]
-            hint = "" if section in SECTIONS else f" (top-level sections: {', '.join(sorted(SECTIONS))})"
-            raise ConfigError(f"{key}: unknown key{hint} (in {path})")
-    return flat
+SCHEMA = Schema(OPTIONS, ENV_PREFIX)
 
 
 def build_parser(prog: str = "accelstack-device-plugin") -> argparse.ArgumentParser:
@@ -307,13 +362,7 @@ def build_parser(prog: str = "accelstack-device-plugin") -> argparse.ArgumentPar
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config-file", default=None,
-                        help=f"versioned YAML/JSON config file (version: {CONFIG_VERSION}); env ACCELSTACK_DP_CONFIG_FILE")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the effective configuration (after flags, env and file) and exit")
-    for option in OPTIONS:
-        parser.add_argument(option.flag_name, dest=option.key, default=None, metavar="VALUE",
-                            help=f"{option.help} [env {option.env_name}; file {option.key}; default {option.default!r}]")
+    SCHEMA.add_arguments(parser)
     return parser
 
 
@@ -321,26 +370,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """Parse flags, environment and file into a validated Config. Raises ConfigError (SystemExit for --help)."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
-    config_file = args.config_file or environ.get("ACCELSTACK_DP_CONFIG_FILE") or None
-    file_values = load_file(config_file) if config_file else {}
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for option in OPTIONS:
-        raw, source = option.default, "default"
-        if option.key in file_values:
-            raw, source = file_values[option.key], "file"
-        if option.env_name in environ:
-            raw, source = environ[option.env_name], "env"
-        flag_value = getattr(args, option.key)
-        if flag_value is not None:
-            raw, source = flag_value, "flag"
-        where = {"flag": f" (flag {option.flag_name})", "env": f" (env {option.env_name})",
-                 "file": f" (in {config_file})", "default": ""}[source]
-        try:
-            values[option.key] = option.parse(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{option.key}: {exc}{where}") from None
-        sources[option.key] = source
+    config = SCHEMA.resolve(args, environ)
+    values = dict(config.values)
     if values["nr1.enabled"] and not values["nr1.vendorIDs"]:
         raise ConfigError("nr1.vendorIDs: required when nr1.enabled is true (PCI vendor IDs, see `lspci -nn`)")
     if not values["nvidia.enabled"] and not values["nr1.enabled"]:
@@ -351,4 +382,4 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise ConfigError("nr1.resourceName: must differ from nvidia.resourceName")
     if not values["labeller.nodeName"]:
         values["labeller.nodeName"] = environ.get("NODE_NAME", "")
-    return Config(values, sources), args
+    return Config(values, config.sources), args

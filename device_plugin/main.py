@@ -11,9 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
-from device_plugin.config import Config, ConfigError, load
+from device_plugin.config import SCHEMA, Config, ConfigError, load
 from device_plugin.devices import Backend, DeviceTable
 from device_plugin.labeller import NodeLabeller, in_cluster_core_api
 from device_plugin.nr1_backend import NR1Backend
@@ -155,14 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accelstack-device-plugin: configuration error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
-        tree: dict[str, Any] = {"version": "v1"}
-        for key, value in config.values.items():
-            node = tree
-            *parents, leaf = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-        print(yaml.safe_dump(tree, sort_keys=False), end="")
+        print(SCHEMA.print_tree(config), end="")
         return 0
     setup_logging(config["flags.logLevel"], config["flags.logFormat"])
     try:

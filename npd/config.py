@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from device_plugin.config import (
     DEFAULT_IGNORED_XIDS,
+    Config,
     ConfigError,
+    Schema,
     parse_address,
     parse_argv,
     parse_bool,
@@ -30,8 +29,8 @@ from device_plugin.config import (
     parse_list,
     parse_str,
 )
+from device_plugin.config import Option as BaseOption
 
-CONFIG_VERSION = "v1"
 ENV_PREFIX = "ACCELSTACK_NPD_"
 
 # XIDs that mean the GPU itself needs attention (reset, drain or RMA), as NVIDIA's XID catalogue describes
@@ -68,30 +67,12 @@ def parse_signed_int(value: Any) -> int:
     return number
 
 
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+def Option(key: str, parse: Callable[[Any], Any], default: Any, help: str) -> BaseOption:
+    """An option of the node-health processes: the device plugin's Option with their environment prefix."""
+    return BaseOption(key, parse, default, help, env_prefix=ENV_PREFIX)
 
 
-@dataclass(frozen=True)
-class Option:
-    key: str
-    parse: Callable[[Any], Any]
-    default: Any
-    help: str
-
-    def _words(self) -> list[str]:
-        key = self.key.replace("IDs", "Ids")
-        return [w for part in key.split(".") for w in _CAMEL.sub(" ", part).split()]
-
-    @property
-    def flag_name(self) -> str:
-        return "--" + "-".join(self._words()).lower()
-
-    @property
-    def env_name(self) -> str:
-        return ENV_PREFIX + "_".join(self._words()).upper()
-
-
-OPTIONS: tuple[Option, ...] = (
+OPTIONS: tuple[BaseOption, ...] = (
     # common to every node-health process
     Option("node.name", parse_str, "", "this node's name (default: env NODE_NAME)"),
     Option("node.sysfsRoot", parse_str, "/sys", "root of sysfs (PCI functions, NUMA, network interfaces)"),
@@ -172,64 +153,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("remediation.metricsAddress", parse_address, ":9403", "listen address of /metrics and health"),
 )
 
-_BY_KEY = {o.key: o for o in OPTIONS}
-SECTIONS = sorted({o.key.split(".", 1)[0] for o in OPTIONS})
-
-
-@dataclass(frozen=True)
-class Config:
-    values: Mapping[str, Any]
-    sources: Mapping[str, str]
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def section(self, prefix: str) -> dict[str, Any]:
-        dot = prefix + "."
-        return {k[len(dot):]: v for k, v in self.values.items() if k.startswith(dot)}
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and path not in _BY_KEY:
-            flat.update(_flatten(value, path + "."))
-        else:
-            flat[path] = value
-    return flat
-
-
-def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    import yaml
-
-    try:
-        tree = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
-    tree = tree or {}
-    if not isinstance(tree, Mapping):
-        raise ConfigError(f"config file {path}: the top level must be a mapping")
-    if tree.get("version") != CONFIG_VERSION:
-        raise ConfigError(f"version: must be {CONFIG_VERSION!r}, got {tree.get('version')!r} (in {path})")
-    flat = _flatten({k: v for k, v in tree.items() if k != "version"})
-    for key in flat:
-        if key not in _BY_KEY:
-            raise ConfigError(f"{key}: unknown key (sections: {', '.join(SECTIONS)}) (in {path})")
-    return flat
+SCHEMA = Schema(OPTIONS, ENV_PREFIX)
+SECTIONS = SCHEMA.sections
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description + " Precedence: flag > environment > "
                                      "file > default.")
-    parser.add_argument("--config-file", default=None,
-                        help=f"versioned YAML/JSON file (version: {CONFIG_VERSION}); env {ENV_PREFIX}CONFIG_FILE")
-    parser.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
-    for option in OPTIONS:
-        parser.add_argument(option.flag_name, dest=option.key, default=None, metavar="VALUE",
-                            help=f"{option.help} [env {option.env_name}; default {option.default!r}]")
+    SCHEMA.add_arguments(parser)
     return parser
 
 
@@ -242,28 +173,11 @@ def load(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None, p
     if extra is not None:
         extra(parser)
     args = parser.parse_args(argv)
-    config_file = args.config_file or environ.get(ENV_PREFIX + "CONFIG_FILE") or None
-    file_values = load_file(config_file) if config_file else {}
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for option in OPTIONS:
-        raw, source = option.default, "default"
-        if option.key in file_values:
-            raw, source = file_values[option.key], "file"
-        if option.env_name in environ:
-            raw, source = environ[option.env_name], "env"
-        if getattr(args, option.key) is not None:
-            raw, source = getattr(args, option.key), "flag"
-        where = {"flag": f" (flag {option.flag_name})", "env": f" (env {option.env_name})",
-                 "file": f" (in {config_file})", "default": ""}[source]
-        try:
-            values[option.key] = option.parse(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{option.key}: {exc}{where}") from None
-        sources[option.key] = source
+    config = SCHEMA.resolve(args, environ)
+    values = dict(config.values)
     if not values["node.name"]:
         values["node.name"] = environ.get("NODE_NAME", "")
-    return Config(values, sources), args
+    return Config(values, config.sources), args
 
 
 __all__ = ["OPTIONS", "Config", "ConfigError", "load", "parse_argv"]

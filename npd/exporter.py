@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from device_plugin.config import ConfigError
     from device_plugin.observability import HttpEndpoint, PluginMetrics, setup_logging
-    from npd.config import load
+    from npd.config import SCHEMA, load
 
     try:
         config, args = load(argv, prog="accelstack-device-exporter",
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"accelstack-device-exporter: {exc}", file=sys.stderr)
         sys.exit(2)
     if args.print_config:
-        print(dict(config.values))
+        print(SCHEMA.print_tree(config), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     registry, collector = build(config.values)

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     from device_plugin.config import ConfigError
     from device_plugin.observability import setup_logging
-    from npd.config import load
+    from npd.config import SCHEMA, load
 
     def extra(parser: Any) -> None:
         parser.add_argument("--checks", default=",".join(DEFAULT_CHECKS),
@@ -267,7 +267,7 @@ def _main(argv: list[str] | None) -> None:
         finish(emit(Result(UNKNOWN, f"config: {exc}"), 200))
         return
     if args.print_config:
-        print(dict(config.values))
+        print(SCHEMA.print_tree(config), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     values = config.values

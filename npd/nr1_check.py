@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     from device_plugin.config import ConfigError
     from device_plugin.observability import setup_logging
-    from npd.config import load
+    from npd.config import SCHEMA, load
 
     try:
         config, args = load(argv, prog="accelstack-npd-nr1",
@@ -93,7 +93,7 @@ def _main(argv: list[str] | None) -> None:
         finish(emit(Result(UNKNOWN, f"config: {exc}"), 200))
         return
     if args.print_config:
-        print(dict(config.values))
+        print(SCHEMA.print_tree(config), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     values = config.values

@@ -306,7 +306,7 @@ async def _amain(values: Mapping[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     from device_plugin.config import ConfigError
     from device_plugin.observability import setup_logging
-    from npd.config import load
+    from npd.config import SCHEMA, load
 
     try:
         config, args = load(argv, prog="accelstack-remediation",
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"accelstack-remediation: {exc}", file=sys.stderr)
         sys.exit(2)
     if args.print_config:
-        print(dict(config.values))
+        print(SCHEMA.print_tree(config), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     asyncio.run(_amain(config.values))
