@@ -23,7 +23,7 @@ import orjson
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from scheduler_extender import ledger
-from scheduler_extender.cluster import ClusterView, PodView, node_view, pod_view
+from scheduler_extender.cluster import ClusterView, NodeView, PodView, node_view, pod_view
 from scheduler_extender.kube import Conflict, Kube, NotFound
 from scheduler_extender.verbs import PodAsk, node_verdict
 
@@ -89,36 +89,36 @@ class Binder:
         return ""
 
     async def _record(self, pod: PodView, node: str) -> str:
+        """Decide and record the pod in the node's ledger; '' when recorded (or already there), else why not."""
         ask = self._ask(pod)
         if ask.problem:
             return f"cannot bind {pod.key}: {ask.problem}"
-        for _ in range(self.max_attempts):
-            view = self.view.nodes.get(node)
-            if view is None:
-                try:
-                    await self._fresh_node(node)
-                except NotFound:
-                    return f"node {node} not found"
-                continue
+        if node not in self.view.nodes:
+            try:
+                await self._fresh_node(node)
+            except NotFound:
+                return f"node {node} not found"
+        refusal: list[tuple[str, bool]] = []
+
+        def change(view: NodeView) -> dict[str, ledger.Entry] | None:
+            refusal.clear()
             if pod.uid in view.ledger:
-                return ""  # a retried bind: the devices are already recorded for this pod
+                return None  # a retried bind: the devices are already recorded for this pod
             reason, resolvable = node_verdict(self.view, ask, node)
             if reason:
-                if resolvable and ask.gpr is not None and ask.gpr.enable_eviction:
-                    return await self._evict_for(pod, ask, node, reason)
-                return f"cannot bind {pod.key} to {node}: {reason}"
-            entries = dict(view.ledger)
-            entries[pod.uid] = ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, self.clock())
-            body = {"metadata": {"resourceVersion": view.resource_version,
-                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
-            try:
-                updated = await self.kube.patch_node(node, body)
-            except Conflict:
-                self.conflicts += 1
-                await self._fresh_node(node)
-                continue
-            self.view.update_node(node_view(updated, self.view.resources))
+                refusal.append((reason, resolvable))
+                return None
+            return {**view.ledger, pod.uid: ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, self.clock())}
+
+        if await self._rewrite(node, change) or (node in self.view.nodes and pod.uid in self.view.nodes[node].ledger):
             return ""
+        if node not in self.view.nodes:
+            return f"node {node} not found"
+        if refusal:
+            reason, resolvable = refusal[0]
+            if resolvable and ask.gpr is not None and ask.gpr.enable_eviction:
+                return await self._evict_for(pod, ask, node, reason)
+            return f"cannot bind {pod.key} to {node}: {reason}"
         return f"cannot bind {pod.key} to {node}: node {node} kept changing ({self.max_attempts} conflicts); retry"
 
     async def _create_binding(self, namespace: str, name: str, uid: str, node: str) -> str:
@@ -139,56 +139,57 @@ class Binder:
             return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.reason}"
         return ""
 
+    async def _rewrite(self, node: str, change: Callable[[NodeView], dict[str, ledger.Entry] | None]) -> bool:
+        """Write ``change(view)``'s entries as the node's ledger, conditional on the Node's resourceVersion; on a
+        conflict re-read the node and ask ``change`` again. ``change`` returns None when there is nothing to write.
+        True when written."""
+        for _ in range(self.max_attempts):
+            view = self.view.nodes.get(node)
+            if view is None:
+                return False
+            entries = change(view)
+            if entries is None:
+                return False
+            body = {"metadata": {"resourceVersion": view.resource_version,
+                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
+            try:
+                updated = await self.kube.patch_node(node, body)
+            except Conflict:
+                self.conflicts += 1
+                await self._fresh_node(node)
+                continue
+            except NotFound:
+                return False
+            self.view.update_node(node_view(updated, self.view.resources))
+            return True
+        return False
+
     async def adopt(self, node: str, pods: list[PodView]) -> int:
         """Record pods already bound to ``node`` that its ledger lacks (bound before accelstack ran, or by another
         scheduler): the ledger must hold every device in use, even past capacity, so nothing new lands there."""
-        for _ in range(self.max_attempts):
-            view = self.view.nodes.get(node)
-            if view is None:
-                return 0
+        added: list[str] = []
+
+        def change(view: NodeView) -> dict[str, ledger.Entry] | None:
             missing = [p for p in pods if p.uid not in view.ledger]
+            added[:] = [p.uid for p in missing]
             if not missing:
-                return 0
+                return None
             entries = dict(view.ledger)
             for p in missing:
                 entries[p.uid] = ledger.Entry(p.uid, p.key, dict(p.requests), p.gpr, self.clock())
-            body = {"metadata": {"resourceVersion": view.resource_version,
-                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
-            try:
-                updated = await self.kube.patch_node(node, body)
-            except Conflict:
-                self.conflicts += 1
-                await self._fresh_node(node)
-                continue
-            except NotFound:
-                return 0
-            self.view.update_node(node_view(updated, self.view.resources))
-            return len(missing)
-        return 0
+            return entries
+
+        return len(added) if await self._rewrite(node, change) else 0
 
     async def release(self, node: str, uids: list[str]) -> int:
         """Take pods' entries out of a node's ledger (conditional patch, retried); returns how many went."""
-        for _ in range(self.max_attempts):
-            view = self.view.nodes.get(node)
-            if view is None:
-                return 0
-            gone = [u for u in uids if u in view.ledger]
-            if not gone:
-                return 0
-            entries = {u: e for u, e in view.ledger.items() if u not in gone}
-            body = {"metadata": {"resourceVersion": view.resource_version,
-                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
-            try:
-                updated = await self.kube.patch_node(node, body)
-            except Conflict:
-                self.conflicts += 1
-                await self._fresh_node(node)
-                continue
-            except NotFound:
-                return 0
-            self.view.update_node(node_view(updated, self.view.resources))
-            return len(gone)
-        return 0
+        gone: list[str] = []
+
+        def change(view: NodeView) -> dict[str, ledger.Entry] | None:
+            gone[:] = [u for u in uids if u in view.ledger]
+            return {u: e for u, e in view.ledger.items() if u not in gone} if gone else None
+
+        return len(gone) if await self._rewrite(node, change) else 0
 
     async def _evict_for(self, pod: PodView, ask: PodAsk, node: str, reason: str) -> str:
         """Start evicting the cheapest set of lower-priority, preemptible holders on the node."""
