@@ -122,3 +122,22 @@ def test_relative_links_in_the_operator_docs_resolve() -> None:
             if "://" in target:
                 continue
             assert (DOCS / target).resolve().exists(), f"docs/{name} links to {target}, which does not exist"
+
+
+PATH_PREFIXES = ("manifests/", "docs/", "scripts/", "tests/", "device_plugin/", "scheduler_extender/", "npd/", "cni/",
+                 "bench/", "protos/")
+
+
+def test_repository_paths_and_test_names_cited_in_the_operator_docs_exist() -> None:
+    all_tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
+    for name in OPERATOR_DOCS:
+        text = (DOCS / name).read_text()
+        for token in re.findall(r"`([^`\s]+)`", text):
+            path, _, test = token.partition("::")
+            if path.startswith(PATH_PREFIXES) and "<" not in path and "*" not in path:
+                target = ROOT / path.rstrip("/")
+                assert target.exists(), f"docs/{name} cites {path}, which does not exist"
+                if test:
+                    assert re.search(rf"def {re.escape(test)}\(", target.read_text()), f"docs/{name}: no {token}"
+            elif re.fullmatch(r"test_\w+", token):
+                assert re.search(rf"def {token}\(", all_tests), f"docs/{name} cites {token}, which is no test"
