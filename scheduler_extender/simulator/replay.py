@@ -100,7 +100,8 @@ class ReplayResult:
     evictions: int
     lost_gpu_hours: float
     inversions: int
-    utilisation_pct: float
+    utilisation_pct: float  # over the submission window (first to last arrival)
+    utilisation_all_pct: float  # until the last job finished
     span_s: float
     delay: dict[str, dict[str, float]]
     jct: dict[str, float]
@@ -167,6 +168,7 @@ def replay_run(
     last_t = float(jobs[0].submit_s) if jobs else 0.0
     admissions = evictions = 0
     lost = 0.0
+    busy_at_last_submit = -1.0
     while True:
         t = min(
             float(jobs[i].submit_s) if i < n else math.inf,
@@ -206,6 +208,8 @@ def replay_run(
             if estimate_every and i % estimate_every == 0:
                 new.append(j.job_id)
             i += 1
+            if i == n:
+                busy_at_last_submit = busy
         for ev in eng.tick(t):
             g = eng.gprs[ev.gpr]
             if ev.kind in ("admitted", "backfilled"):
@@ -232,6 +236,7 @@ def replay_run(
             else:
                 out[name].estimate = t
     span = max(last_t - (jobs[0].submit_s if jobs else 0), 1.0)
+    window_s = float(jobs[-1].submit_s - jobs[0].submit_s) if jobs else 0.0
     cap = inv.capacity_milli()
     done = [o for o in out.values() if o.first_start is not None]
     delays = [o.first_start - o.submit for o in done]  # type: ignore[operator]
@@ -270,7 +275,8 @@ def replay_run(
         evictions=evictions,
         lost_gpu_hours=lost / 3600,
         inversions=eng.inversions,
-        utilisation_pct=100 * busy / (cap * span),
+        utilisation_pct=100 * busy_at_last_submit / (cap * window_s) if window_s > 0 else math.nan,
+        utilisation_all_pct=100 * busy / (cap * span),
         span_s=span,
         delay=delay,
         jct=_stats(jcts),

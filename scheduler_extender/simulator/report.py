@@ -96,7 +96,7 @@ def replay_table(results: list[ReplayResult]) -> str:
             ]
         )
     main = table(
-        ["scheduler", "placement", "jobs", "wait mean s", "p50", "p95", "p99", "JCT mean s", "util%", "evictions",
+        ["scheduler", "placement", "jobs", "wait mean s", "p50", "p95", "p99", "JCT mean s", "util%*", "evictions",
          "inversions", "est.err p50 s", "sim s"],
         rows,
     )
@@ -106,7 +106,8 @@ def replay_table(results: list[ReplayResult]) -> str:
     wkeys = [k for k in results[0].delay if k.startswith("workspace:")] if results else []
     wrow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) for r in results] for k in wkeys]
     per_ws = table(["workspace (wait mean s)"] + [r.scheduler for r in results], wrow)
-    return "\n\n".join([main, per_prio, per_ws])
+    note = "* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - submission"
+    return "\n\n".join([main + "\n" + note, per_prio, per_ws])
 
 
 def write_json(path: Path, payload: dict[str, object]) -> None:
@@ -137,14 +138,16 @@ def plot(path: Path, fill: list[FillResult] | None = None, replay: list[ReplayRe
     if fill:
         ax = axes[0][i]
         i += 1
+        colour: dict[str, str] = {}
         for r in fill:
             if r.curve:
                 xs, ys = zip(*r.curve, strict=True)
-                ax.plot([100 * x for x in xs], [100 * y for y in ys], label=f"{r.policy} (seed {r.seed})", lw=1)
+                (line,) = ax.plot([100 * x for x in xs], [100 * y for y in ys], label=f"{r.policy} (seed {r.seed})", lw=1)
+                colour.setdefault(r.policy, line.get_color())
         if published:
             for (wl, pol), v in published.items():
-                if fill and wl == fill[0].workload and pol in {r.policy for r in fill}:
-                    ax.scatter([130], [v["alloc_ratio_pct@arrived130"]], marker="x", s=30)
+                if wl == fill[0].workload and pol in colour:
+                    ax.scatter([130], [v["alloc_ratio_pct@arrived130"]], marker="x", s=30, color=colour[pol])
         ax.plot([0, 130], [0, 130], ls=":", c="grey", lw=0.8)
         ax.set_xlabel("arrived GPU requests, % of capacity")
         ax.set_ylabel("GPU allocation, % of capacity")
