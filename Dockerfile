@@ -24,6 +24,17 @@ RUN apt-get update && apt-get install -y --no-install-recommends iproute2 && rm 
     && groupadd --gid 65532 accelstack && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin accelstack
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-compile /wheels/*.whl && rm -rf /wheels
+# A relocatable copy of the interpreter with accelstack installed, for the CNI installer to put on the host
+# (/opt/cni/bin/accelstack-nr1-cni.d): the official images link python with rpath $ORIGIN/../lib, and Python
+# finds its home from bin/../lib/python3.11, so the tree runs from wherever it is copied.
+RUN set -eu; v=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")'); \
+    mkdir -p /opt/accelstack/bin /opt/accelstack/lib; \
+    cp -L "/usr/local/bin/python$v" /opt/accelstack/bin/python3; \
+    cp -a /usr/local/lib/libpython"$v"*.so* /opt/accelstack/lib/; \
+    cp -a "/usr/local/lib/python$v" /opt/accelstack/lib/; \
+    rm -rf "/opt/accelstack/lib/python$v/test" "/opt/accelstack/lib/python$v/idlelib" \
+           "/opt/accelstack/lib/python$v/tkinter" "/opt/accelstack/lib/python$v/ensurepip"; \
+    /opt/accelstack/bin/python3 -I -c 'import cni, device_plugin, grpc'  # the copy stands on its own
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532
 ENTRYPOINT []

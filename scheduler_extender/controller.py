@@ -61,6 +61,17 @@ def node_specs(view: ClusterView) -> list[NodeSpec]:
     return specs
 
 
+def live_cluster_limitation(g: GPR) -> str:
+    """Why the live cluster cannot serve this GPR yet ('' when it can). The policy core and the simulator place
+    fractions of a device, but on a cluster the kubelet hands out whole advertised devices: a fraction would be
+    reserved as a whole device per GPR and its pods could never bind. Time-slicing replicas are the way to share a
+    GPU on a cluster today (each replica is a whole advertised device)."""
+    if g.milli_per_device < 1000:
+        return ("spec.milliPerDevice: fractions of a device are not supported on a cluster yet (the simulator "
+                "models them); share GPUs with time-slicing replicas and ask for whole replicas instead")
+    return ""
+
+
 def restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
     """Put an Admitted/Running GPR back into a fresh core with its recorded reservation; False if it no longer
     fits there (a node went away or shrank): the caller then queues it again."""
@@ -109,6 +120,9 @@ def build_scheduler(view: ClusterView, objects: Iterable[dict[str, Any]], now: f
             g = gr.from_object(obj, now)
         except gr.SpecError as exc:
             errors[key] = str(exc)
+            continue
+        if live_cluster_limitation(g):
+            errors[key] = live_cluster_limitation(g)
             continue
         if g.phase in HOLDING and restore(sched, g, gr.reservation_of(obj), now):
             continue
@@ -194,6 +208,10 @@ class GPRController:
             except gr.SpecError as exc:
                 self.spec_errors[key] = str(exc)
                 continue
+            unsupported = live_cluster_limitation(g)
+            if unsupported:
+                self.spec_errors[key] = unsupported
+                continue
             g.phase, g.history = Phase.QUEUED, []
             events += sched.submit(g, now)
         for key, g in list(sched.gprs.items()):
@@ -239,7 +257,8 @@ class GPRController:
     async def _act(self, sched: Scheduler, events: list[Event]) -> None:
         for event in events:
             if event.kind in ("evicted", "expired", "cancelled") or (
-                    event.kind == "completed" and event.detail == "IdleTimeout"):
+                    event.kind == "completed" and event.detail == "IdleTimeout") or (
+                    event.kind == "failed" and event.detail == "DeviceUnhealthy"):
                 self.to_evict.setdefault(event.gpr, f"{event.kind}: {event.detail}".rstrip(": "))
             await self._event(event)
         for key, why in list(self.to_evict.items()):
@@ -315,7 +334,8 @@ class GPRController:
                                for a in (g.placement.assignments if g.placement and g.holding else ())]
                 conditions = []
                 if key in self.blocked:
-                    conditions.append({"type": "EvictionBlocked", "status": "True", "reason": "PodDisruptionBudget",
+                    reason = "PodDisruptionBudget" if " 429 " in f" {self.blocked[key]} " else "EvictionRefused"
+                    conditions.append({"type": "EvictionBlocked", "status": "True", "reason": reason,
                                        "message": self.blocked[key][:1000]})
                 estimate = estimates.get(key)
                 body = gr.status_body(g, queue_position=positions.get(key),

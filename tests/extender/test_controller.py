@@ -176,3 +176,26 @@ async def test_failed_pods_requeue_with_backoff() -> None:
         await peer.delete_object("api/v1/pods", "default", "flaky-0")
         await asyncio.sleep(0.3)
         assert status(peer, "flaky")["phase"] == "Queued"
+
+
+async def test_fractional_gprs_are_refused_on_a_live_cluster() -> None:
+    async with stack(**FAST) as (peer, _):
+        await seed_nodes(peer, 1)
+        await peer.put_object(GPRS, gpr("slice", phase=None, devices=1, milliPerDevice=250))
+        await wait_until(lambda: status(peer, "slice").get("reason") == "InvalidSpec")
+        assert "time-slicing replicas" in status(peer, "slice")["message"]
+
+
+async def test_unhealthy_node_fails_its_gprs_and_evicts_their_pods() -> None:
+    async with stack(**FAST) as (peer, _):
+        await seed_nodes(peer, 1)
+        await peer.put_object(GPRS, gpr("job", phase=None, devices=2, requeueOnFailure=True))
+        await peer.put_object("api/v1/pods", pod("job-0", 2, gpr="job", gated=True))
+        await wait_until(lambda: status(peer, "job").get("phase") == "Admitted")
+        await set_phase(peer, "job-0", "Running", "n0")
+        sick = node("n0", gpus=4, labels={"nvidia.com/gpu.product": "H100"}, conditions=[
+            {"type": "GPUUnhealthy", "status": "True", "reason": "XID", "message": "XID 79"}])
+        await peer.put_object("api/v1/nodes", sick, "MODIFIED")
+        await wait_until(lambda: status(peer, "job").get("failures") == 1)
+        assert status(peer, "job")["phase"] == "Queued"  # requeued with backoff, not on the sick node
+        await wait_until(lambda: "default/job-0" in peer.evicted)
