@@ -7,8 +7,10 @@ wait-time estimate for a hypothetical GPR.
 - ``GET|DELETE /api/v1/gprs/{namespace}/{name}``
 - ``POST /api/v1/waittime``                      ``{"namespace", "spec"}`` -> estimated start, wait, queue position
 
-Errors are JSON ``{"error": ...}`` with the HTTP status of the cause (400 bad input, 404, 409, 502 when the
-API server fails).
+Every call needs ``Authorization: Bearer <token>``: the token is checked with a TokenReview and the action with
+a SubjectAccessReview (``auth.Authorizer``), so the API allows exactly what the caller's RBAC allows. Errors are
+JSON ``{"error": ...}`` with the HTTP status of the cause (400 bad input, 401/403, 404, 409, 502 when the API
+server fails).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from scheduler_extender import gpr_resource as gr
+from scheduler_extender.auth import Authorizer
 from scheduler_extender.cluster import HOLDING, ClusterView
 from scheduler_extender.controller import GPRController, build_scheduler
 from scheduler_extender.kube import Conflict, Kube, NotFound
@@ -63,13 +66,20 @@ def inventory(view: ClusterView) -> dict[str, Any]:
     return {"nodes": nodes, "models": list(models.values())}
 
 
+GPR_ATTRS = {"group": gr.GROUP, "resource": gr.GPR_PLURAL}
+
+
 class RestAPI:
+    """The routes. With an ``authorizer`` every call needs a bearer token whose user RBAC allows the equivalent
+    Kubernetes action; without one (tests of the routes alone) the API is open."""
+
     def __init__(self, kube: Kube, view: ClusterView, controller: GPRController | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, authorizer: Authorizer | None = None) -> None:
         self.kube = kube
         self.view = view
         self.controller = controller
         self.clock = clock
+        self.authorizer = authorizer
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/inventory", self.get_inventory), web.get("/api/v1/gprs", self.list_gprs),
@@ -77,8 +87,17 @@ class RestAPI:
                 web.delete("/api/v1/gprs/{namespace}/{name}", self.delete_gpr),
                 web.post("/api/v1/waittime", self.waittime)]
 
-    async def get_inventory(self, _: web.Request) -> web.Response:
-        return _json(inventory(self.view))
+    async def _denied(self, request: web.Request, verb: str, namespace: str = "",
+                      attrs: dict[str, str] | None = None) -> web.Response | None:
+        if self.authorizer is None:
+            return None
+        attributes = {"verb": verb, **(attrs or GPR_ATTRS), **({"namespace": namespace} if namespace else {})}
+        status, reason = await self.authorizer.check(request.headers.get("Authorization"), attributes)
+        return _error(status, reason) if status else None
+
+    async def get_inventory(self, request: web.Request) -> web.Response:
+        denied = await self._denied(request, "list", attrs={"group": "", "resource": "nodes"})
+        return denied or _json(inventory(self.view))
 
     async def _call(self, coro: Any, created: bool = False) -> web.Response:
         try:
@@ -93,6 +112,9 @@ class RestAPI:
 
     async def list_gprs(self, request: web.Request) -> web.Response:
         namespace = request.query.get("namespace") or None
+        denied = await self._denied(request, "list", namespace or "")
+        if denied:
+            return denied
 
         async def items() -> dict[str, Any]:
             return {"items": await self.kube.list_gprs(namespace)}
@@ -100,10 +122,13 @@ class RestAPI:
         return await self._call(items())
 
     async def get_gpr(self, request: web.Request) -> web.Response:
-        return await self._call(self.kube.get_gpr(request.match_info["namespace"], request.match_info["name"]))
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        return await self._denied(request, "get", namespace) or await self._call(self.kube.get_gpr(namespace, name))
 
     async def delete_gpr(self, request: web.Request) -> web.Response:
-        return await self._call(self.kube.delete_gpr(request.match_info["namespace"], request.match_info["name"]))
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        denied = await self._denied(request, "delete", namespace)
+        return denied or await self._call(self.kube.delete_gpr(namespace, name))
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -125,7 +150,8 @@ class RestAPI:
             gr.from_object(obj, self.clock())  # validate before the API server sees it
         except (ValueError, gr.SpecError) as exc:
             return _error(400, str(exc))
-        return await self._call(self.kube.create_gpr(namespace, obj), created=True)
+        denied = await self._denied(request, "create", namespace)
+        return denied or await self._call(self.kube.create_gpr(namespace, obj), created=True)
 
     async def waittime(self, request: web.Request) -> web.Response:
         now = self.clock()
@@ -137,6 +163,9 @@ class RestAPI:
             g = gr.from_object(obj, now)
         except (ValueError, gr.SpecError) as exc:
             return _error(400, str(exc))
+        denied = await self._denied(request, "list", namespace)  # the estimate reveals the namespace's queue
+        if denied:
+            return denied
         objects = self.controller.objects.values() if self.controller else []
         sched, _ = build_scheduler(self.view, list(objects), now,
                                    self.controller.policy if self.controller else "bestfit",

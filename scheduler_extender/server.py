@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from scheduler_extender.auth import Authorizer
 from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import ClusterView
 from scheduler_extender.controller import GPRController
@@ -36,7 +37,7 @@ class ExtenderServer:
                  extra_routes: Callable[[web.Application], None] | None = None, run_controller: bool = True,
                  lease_namespace: str = "accelstack-system", lease_name: str = "accelstack-gpr-controller",
                  identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: int = 15,
-                 sweep_every: float = 60.0) -> None:
+                 sweep_every: float = 60.0, rest_auth: bool = True) -> None:
         self.kube = kube
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
@@ -53,7 +54,7 @@ class ExtenderServer:
             Informer("gprs", kube.lister("gprs"), self._on_gpr, self._sync_gprs),
         ]
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready)
-        self.rest = RestAPI(kube, self.view, self.controller)
+        self.rest = RestAPI(kube, self.view, self.controller, authorizer=Authorizer(kube) if rest_auth else None)
         self.app = web.Application(client_max_size=max_body)
         self.app.add_routes(self.extender.routes(prefix))
         self.app.add_routes(self.rest.routes())

@@ -92,6 +92,8 @@ class APIServerPeer:
         self.requests: list[tuple[str, str]] = []
         self.hooks: dict[str, Callable[[web.Request, dict[str, Any]], Any]] = {}
         self.epoch = 0  # bumped by compact(): open watches end with 410
+        self.tokens: dict[str, dict[str, Any]] = {}  # bearer token -> TokenReview user
+        self.grants: set[tuple[str, str, str, str, str]] = set()  # (user, verb, group, resource, namespace)
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, pod, node) per Binding created
         self.evicted: list[str] = []
         self.pdb_blocks: set[str] = set()  # "ns/name" of pods whose eviction a PDB refuses
@@ -166,6 +168,8 @@ class APIServerPeer:
             body = await request.json() if request.can_read_body else {}
             result = hook(request, body)
             return await result if asyncio.iscoroutine(result) else result
+        if request.method == "POST" and resource.endswith(("/tokenreviews", "/subjectaccessreviews")):
+            return await self._review(request, resource)
         if request.method == "POST" and resource.endswith("/pods") and sub in ("binding", "eviction"):
             return await (self._binding if sub == "binding" else self._eviction)(request, namespace, name)
         if request.method == "GET" and not name:
@@ -242,6 +246,22 @@ class APIServerPeer:
             elif labels.get(term) is None:
                 return False
         return True
+
+    async def _review(self, request: web.Request, resource: str) -> web.Response:
+        """TokenReview (``tokens``: token -> user info) and SubjectAccessReview (``grants``: (user, verb, group,
+        resource, namespace), namespace "" = every namespace), answered in the API server's shapes."""
+        body = await request.json()
+        spec = body.get("spec") or {}
+        if resource.endswith("/tokenreviews"):
+            user = self.tokens.get(spec.get("token", ""))
+            status_ = {"authenticated": True, "user": user} if user else {"authenticated": False,
+                                                                         "error": "invalid bearer token"}
+        else:
+            attrs = spec.get("resourceAttributes") or {}
+            wanted = (spec.get("user"), attrs.get("verb"), attrs.get("group", ""), attrs.get("resource"))
+            allowed = any(g[:4] == wanted and g[4] in ("", attrs.get("namespace", "")) for g in self.grants)
+            status_ = {"allowed": allowed, **({} if allowed else {"reason": "no RBAC rule allows it"})}
+        return web.json_response({**body, "status": status_}, status=201)
 
     async def _binding(self, request: web.Request, namespace: str, name: str) -> web.Response:
         """pods/binding as the API server does it: sets spec.nodeName once; a UID precondition is honoured."""

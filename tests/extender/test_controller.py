@@ -49,7 +49,7 @@ async def test_admission_gate_status_and_life_cycle() -> None:
         await peer.put_object(GPRS, gpr("wide", phase=None, devices=4, nodes=2, priority=100, exitDuration="1h"))
         await wait_until(lambda: status(peer, "wide").get("queuePosition") == 1)
         assert status(peer, "wide")["phase"] == "Queued" and status(peer, "wide")["estimatedStart"]
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=admin(peer)) as http:
             async with http.post(f"http://127.0.0.1:{server.port}/api/v1/waittime",
                                  json={"namespace": "default", "spec": {"devicesPerNode": 1}}) as r:
                 estimate = await r.json()
@@ -117,14 +117,47 @@ async def test_one_leader_and_failover() -> None:
     await peer.stop()
 
 
+def admin(peer: APIServerPeer) -> dict[str, str]:
+    """A token whose user may do everything the REST API offers."""
+    peer.tokens["admin-token"] = {"username": "alice", "groups": ["team-a"]}
+    for verb in ("list", "get", "create", "delete"):
+        peer.grants.add(("alice", verb, "accelstack.io", "gpuprovisioningrequests", ""))
+    peer.grants.add(("alice", "list", "", "nodes", ""))
+    return {"Authorization": "Bearer admin-token"}
+
+
+async def test_rest_api_needs_a_token_and_rbac() -> None:
+    async with stack(**FAST) as (peer, server):
+        peer.tokens["bob-token"] = {"username": "bob", "groups": []}
+        peer.grants.add(("bob", "list", "accelstack.io", "gpuprovisioningrequests", "team-b"))
+        base = f"http://127.0.0.1:{server.port}/api/v1"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/inventory") as r:
+                assert r.status == 401 and "bearer token is required" in (await r.json())["error"]
+            async with http.get(f"{base}/inventory", headers={"Authorization": "Bearer forged"}) as r:
+                assert r.status == 401 and "not valid" in (await r.json())["error"]
+            bob = {"Authorization": "Bearer bob-token"}
+            async with http.get(f"{base}/inventory", headers=bob) as r:
+                assert r.status == 403 and "bob may not list nodes" in (await r.json())["error"]
+            async with http.get(f"{base}/gprs?namespace=team-b", headers=bob) as r:
+                assert r.status == 200
+            async with http.get(f"{base}/gprs?namespace=team-a", headers=bob) as r:
+                assert r.status == 403
+            async with http.post(f"{base}/gprs", headers=bob, json={"namespace": "team-b", "name": "x",
+                                                                    "spec": {"devicesPerNode": 1}}) as r:
+                assert r.status == 403 and "may not create" in (await r.json())["error"]
+            assert peer.get(GPRS, "team-b", "x") is None
+
+
 async def test_rest_api_inventory_and_gprs() -> None:
     async with stack(**FAST) as (peer, server):
         await seed_nodes(peer, 2)
+        auth = admin(peer)
         await peer.put_object("api/v1/nodes", node("sick", gpus=8, taints=[
             {"key": "accelstack.io/unhealthy", "effect": "NoSchedule"}]))
         await wait_until(lambda: len(server.view.nodes) == 3)
         base = f"http://127.0.0.1:{server.port}/api/v1"
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=auth) as http:
             async with http.get(f"{base}/inventory") as r:
                 inv = await r.json()
             sick = next(n for n in inv["nodes"] if n["node"] == "sick")

@@ -1,0 +1,72 @@
+"""Who may use the REST API: the caller's bearer token is checked with the API server (TokenReview), then the
+action with Kubernetes RBAC (SubjectAccessReview), the way kube-rbac-proxy and aggregated API servers do it.
+
+So the REST API grants nothing the caller could not do with ``kubectl``: creating a GPR through it needs
+``create`` on ``gpuprovisioningrequests`` in that namespace, the inventory needs ``list`` on nodes. Decisions are
+cached for a few seconds per (token, action) to keep API traffic down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from scheduler_extender.kube import Kube, _json
+
+
+class Authorizer:
+    def __init__(self, kube: Kube, ttl: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube = kube
+        self.ttl = ttl
+        self.clock = clock
+        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, int, str]] = {}
+
+    async def _review(self, token: str) -> dict[str, Any]:
+        from kubernetes_asyncio import client
+
+        body: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        api = client.AuthenticationV1Api(self.kube.api_client)
+        return (await _json(api.create_token_review(body, _preload_content=False))).get("status") or {}
+
+    async def _access(self, user: dict[str, Any], attributes: dict[str, str]) -> dict[str, Any]:
+        from kubernetes_asyncio import client
+
+        spec = {"user": user.get("username", ""), "uid": user.get("uid", ""), "groups": user.get("groups") or [],
+                "extra": user.get("extra") or {}, "resourceAttributes": attributes}
+        body: Any = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        api = client.AuthorizationV1Api(self.kube.api_client)
+        return (await _json(api.create_subject_access_review(body, _preload_content=False))).get("status") or {}
+
+    async def check(self, authorization: str | None, attributes: dict[str, str]) -> tuple[int, str]:
+        """(0, username) when allowed, else (HTTP status, reason): 401 without a valid token, 403 when RBAC says
+        no, 503 when the API server cannot answer."""
+        if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
+            return 401, "a bearer token is required (Authorization: Bearer <token>)"
+        token = authorization[7:].strip()
+        key = (hashlib.sha256(token.encode()).hexdigest(), tuple(sorted(attributes.items())))
+        now = self.clock()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self.ttl:
+            return cached[1], cached[2]
+        try:
+            review = await self._review(token)
+            if not review.get("authenticated"):
+                result = (401, "the token is not valid: " + str(review.get("error") or "not authenticated"))
+            else:
+                user = review.get("user") or {}
+                access = await self._access(user, attributes)
+                if access.get("allowed"):
+                    result = (0, str(user.get("username", "")))
+                else:
+                    what = f"{attributes.get('verb')} {attributes.get('resource')}"
+                    where = f" in namespace {attributes['namespace']}" if attributes.get("namespace") else ""
+                    result = (403, f"{user.get('username', '?')} may not {what}{where}"
+                                   + (f": {access['reason']}" if access.get("reason") else ""))
+        except Exception as exc:  # the API server is away: refuse, and do not cache the refusal
+            return 503, f"cannot check the caller with the API server: {type(exc).__name__}"
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[key] = (now, *result)
+        return result
