@@ -263,14 +263,14 @@ class Scheduler:
     def estimates(self, now: float, upto: str | None = None) -> dict[str, float]:
         """Estimated start time per queued GPR, in queue order (all of them, or up to and including ``upto``).
         inf: cannot be estimated (blocked by an unbounded holder, or bigger than the healthy cluster).
-        Quotas are not modelled here."""
-        holders = [Holder(g.name, g.end_bound()) for g in self.holders.values()]
+        Workspace quotas are modelled per workspace (see :func:`.waittime.estimate_starts`)."""
+        holders = [Holder(g.name, g.end_bound(), g.workspace, g.milli_total()) for g in self.holders.values()]
         order = self.queued()
         if upto is not None:
             names = [g.name for g in order]
             order = order[: names.index(upto) + 1] if upto in names else []
-        waiting = [Waiting(g.name, g.request(), g.exit_duration_s, g.not_before) for g in order]
-        return estimate_starts(self.inv, holders, waiting, now, BestFit())
+        waiting = [Waiting(g.name, g.request(), g.exit_duration_s, g.not_before, g.workspace) for g in order]
+        return estimate_starts(self.inv, holders, waiting, now, BestFit(), self.cfg.quotas)
 
     def check(self) -> None:
         """Invariants: inventory consistent; holders are exactly the allocations; quotas respected."""

@@ -19,10 +19,13 @@ from .placement import PlacementPolicy, Request, fits
 
 
 class Holder(NamedTuple):
-    """An allocation owner in ``inv.allocations`` and when it releases at the latest (inf if unbounded)."""
+    """An allocation owner in ``inv.allocations`` and when it releases at the latest (inf if unbounded);
+    its workspace and device milli matter only for quota-aware estimates."""
 
     name: str
     end: float
+    workspace: str = ""
+    milli: int = 0
 
 
 def holder_order(h: Holder) -> tuple[float, str]:
@@ -35,6 +38,7 @@ class Waiting:
     request: Request
     duration: float | None  # exitDuration; None = holds forever once started
     not_before: float = 0.0
+    workspace: str = ""
 
 
 def earliest_fit(
@@ -84,12 +88,46 @@ def estimate_starts(
     waiting: Sequence[Waiting],
     now: float,
     policy: PlacementPolicy,
+    quotas: dict[str, int] | None = None,
 ) -> dict[str, float]:
     """Estimated start time for each waiting request, in the given (queue) order.
 
     Requests start in order; one that cannot fit even when everything bounded has been released gets ``inf``
-    and does not hold up the ones behind it.
+    and does not hold up the ones behind it. With ``quotas`` (device milli per workspace) each request also
+    waits, within its own workspace and in order, until the workspace's holders and earlier requests leave
+    it room; the estimate is the later of the capacity and the quota projection.
     """
+    quotas = quotas or {}
+    qusage: dict[str, int] = {}
+    qevents: dict[str, list[tuple[float, int]]] = {}
+    qclock: dict[str, float] = {}
+    for h in holders:
+        if h.workspace in quotas:
+            qusage[h.workspace] = qusage.get(h.workspace, 0) + h.milli
+            heapq.heappush(qevents.setdefault(h.workspace, []), (h.end, h.milli))
+
+    def quota_start(w: Waiting, earliest: float) -> float:
+        q = quotas.get(w.workspace)
+        if q is None:
+            return earliest
+        heap = qevents.setdefault(w.workspace, [])
+        t = max(earliest, qclock.get(w.workspace, now))
+        milli = w.request.milli_total()
+        while heap and (heap[0][0] <= t or qusage.get(w.workspace, 0) + milli > q):
+            end, m = heapq.heappop(heap)
+            qusage[w.workspace] -= m
+            t = max(t, end)
+        if qusage.get(w.workspace, 0) + milli > q:
+            return math.inf
+        qclock[w.workspace] = t
+        return t
+
+    def quota_hold(w: Waiting, start: float) -> None:
+        if w.workspace in quotas and math.isfinite(start):
+            qusage[w.workspace] = qusage.get(w.workspace, 0) + w.request.milli_total()
+            end = start + w.duration if w.duration is not None else math.inf
+            heapq.heappush(qevents.setdefault(w.workspace, []), (end, w.request.milli_total()))
+
     state = inv.copy()
     events: list[tuple[float, str]] = [(h.end, h.name) for h in holders if h.name in state.allocations]
     heapq.heapify(events)
@@ -130,5 +168,7 @@ def estimate_starts(
                 never.clear()
         else:
             heapq.heappush(events, (clock + w.duration, owner))
-        out[w.name] = clock
+        start = quota_start(w, clock)
+        quota_hold(w, start)
+        out[w.name] = start
     return out

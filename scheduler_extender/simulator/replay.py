@@ -99,7 +99,7 @@ class ReplayResult:
     admissions: int
     evictions: int
     lost_gpu_hours: float
-    inversions: int
+    inversions: int | None  # None: not audited
     utilisation_pct: float  # over the submission window (first to last arrival)
     utilisation_all_pct: float  # until the last job finished
     span_s: float
@@ -274,7 +274,7 @@ def replay_run(
         admissions=admissions,
         evictions=evictions,
         lost_gpu_hours=lost / 3600,
-        inversions=eng.inversions,
+        inversions=eng.inversions if audit else None,
         utilisation_pct=100 * busy_at_last_submit / (cap * window_s) if window_s > 0 else math.nan,
         utilisation_all_pct=100 * busy / (cap * span),
         span_s=span,

@@ -90,14 +90,14 @@ def replay_table(results: list[ReplayResult]) -> str:
                 _fmt(r.jct["mean"], 0),
                 _fmt(r.utilisation_pct, 1),
                 r.evictions,
-                r.inversions,
-                _fmt(r.estimate_error["median_abs_s"], 0),
+                "n/a" if r.inversions is None else r.inversions,
+                _fmt(r.estimate_error["mean_abs_s"], 0),
                 _fmt(r.seconds, 1),
             ]
         )
     main = table(
         ["scheduler", "placement", "jobs", "wait mean s", "p50", "p95", "p99", "JCT mean s", "util%*", "evictions",
-         "inversions", "est.err p50 s", "sim s"],
+         "inversions", "est.err mean s", "sim s"],
         rows,
     )
     keys = [k for k in results[0].delay if k.startswith("priority:")] if results else []
@@ -106,7 +106,8 @@ def replay_table(results: list[ReplayResult]) -> str:
     wkeys = [k for k in results[0].delay if k.startswith("workspace:")] if results else []
     wrow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) for r in results] for k in wkeys]
     per_ws = table(["workspace (wait mean s)"] + [r.scheduler for r in results], wrow)
-    note = "* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - submission"
+    note = ("* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - "
+            "submission;\n  inversions: n/a unless --audit; est.err: mean |actual start - estimate at arrival|")
     return "\n\n".join([main + "\n" + note, per_prio, per_ws])
 
 

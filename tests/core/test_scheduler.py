@@ -253,3 +253,15 @@ def test_node_set_changes_keep_surviving_allocations() -> None:
     s.check()
     s.tick(5 + backoff_delay(1))
     assert s.inv.names[s.gprs["a"].placement.assignments[0].node] == "n9"  # type: ignore[union-attr]
+
+
+def test_estimates_respect_workspace_quotas() -> None:
+    s = _sched(4, quotas={"team": 1000})
+    s.submit(GPR("run", workspace="team", exit_duration_s=100), 0)
+    s.tick(0)
+    s.submit(GPR("next", workspace="team", exit_duration_s=50), 1)
+    s.submit(GPR("after", workspace="team", exit_duration_s=50), 1)
+    s.submit(GPR("free", workspace="other", exit_duration_s=50, devices_per_node=4), 1)
+    s.tick(1)
+    assert s.gprs["free"].phase is Phase.QUEUED  # needs all 4 devices; "run" holds one until 100
+    assert s.estimates(1) == {"next": 100, "after": 150, "free": 100}
