@@ -37,7 +37,7 @@ from typing import Any
 
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay
-from .inventory import Inventory, NodeSpec, Placement
+from .inventory import AllocationError, Inventory, NodeSpec, Placement
 from .placement import BestFit, PlacementPolicy, Request, fits
 from .queue import GPRQueue, queue_key
 from .waittime import Holder, Waiting, earliest_fit, estimate_starts, holder_order
@@ -118,6 +118,32 @@ class Scheduler:
         self.gprs[g.name] = g
         self.queue.push(g)
         return [Event(now, "submitted", g.name)]
+
+    def adopt(self, g: GPR, placement: Placement, now: float) -> bool:
+        """Take over a GPR that already holds ``placement`` (Admitted or Running, e.g. after a controller
+        restart). False, changing nothing, when the placement no longer fits the inventory; the caller then
+        queues the GPR again with :meth:`submit`."""
+        if not g.holding:
+            raise ValueError(f"{g.name}: only Admitted or Running GPRs can be adopted ({g.phase.value})")
+        try:
+            self.inv.allocate(g.name, placement)
+        except AllocationError:
+            return False
+        self._seq += 1
+        g.seq = self._seq
+        g.placement = placement
+        if g.admitted_at is None:
+            g.admitted_at = now
+        self.gprs[g.name] = g
+        self.holders[g.name] = g
+        self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+        if g.exit_duration_s is not None:
+            heapq.heappush(self._expiry, (g.end_bound(), g.name, g.admitted_at))
+        if g.phase is Phase.RUNNING:
+            if g.last_active_at is None:
+                g.last_active_at = now
+            self._arm_idle(g)
+        return True
 
     def start(self, name: str, now: float) -> list[Event]:
         """Its pods are running: Admitted -> Running."""

@@ -265,3 +265,18 @@ def test_estimates_respect_workspace_quotas() -> None:
     s.tick(1)
     assert s.gprs["free"].phase is Phase.QUEUED  # needs all 4 devices; "run" holds one until 100
     assert s.estimates(1) == {"next": 100, "after": 150, "free": 100}
+
+
+def test_adopt_restores_a_holder_after_restart() -> None:
+    from scheduler_extender.core.inventory import NodeAssignment, Placement
+
+    s = _sched(2)
+    g = GPR("a", exit_duration_s=50, phase=Phase.RUNNING, admitted_at=10.0)
+    assert s.adopt(g, Placement((NodeAssignment(0, (1,), 1000),)), now=20)
+    assert s.holders["a"] is g and s.inv.free[0, 1] == 0 and s.next_wakeup() == 60
+    clash = GPR("b", phase=Phase.ADMITTED)
+    assert not s.adopt(clash, Placement((NodeAssignment(0, (1,), 1000),)), now=20)
+    assert "b" not in s.gprs
+    ev = s.tick(60)
+    assert ("expired", "a") in kinds(ev)
+    s.check()
