@@ -2,8 +2,8 @@
 
 Both project the future from what is known now: holders release their devices at their end bound
 (admission + exitDuration; never, if unbounded), and queued requests start in queue order as soon as they fit.
-The estimate is an upper bound as long as exitDuration is enforced and nothing of higher priority arrives:
-backfill can only make starts earlier.
+Early finishes make real starts earlier, higher-priority arrivals and evictions later, and the real placement
+policy may pack differently from the projection's best fit: it is an estimate, and the simulator measures its error.
 """
 
 from __future__ import annotations
