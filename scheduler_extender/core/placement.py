@@ -294,20 +294,26 @@ class FGD:
         )
 
 
+def default_shapes() -> TypicalShapes:
+    """A generic workload for FGD when no request history is at hand: quarter, half and whole devices and
+    2, 4 and 8 whole devices, equally likely, any model, no host CPU. Better: shapes from recent requests."""
+    return TypicalShapes(
+        [(Shape(0, 1, m), 1 / 6) for m in (250, 500, 1000)] + [(Shape(0, n, 1000), 1 / 6) for n in (2, 4, 8)],
+        [],
+    )
+
+
 def make_policy(name: str, shapes: TypicalShapes | None = None, seed: int = 0) -> PlacementPolicy:
-    """``bestfit`` | ``fgd`` (needs ``shapes``) | ``fgd-exact`` (Δ unquantised) | ``random``."""
+    """``bestfit`` | ``fgd`` | ``fgd-exact`` (Δ unquantised) | ``random``. FGD without ``shapes`` uses
+    :func:`default_shapes`."""
     if name == "bestfit":
         return BestFit()
     if name == "random":
         return RandomFit(seed)
     if name == "fgd":
-        if shapes is None:
-            raise ValueError("fgd needs typical shapes")
-        return FGD(shapes)
+        return FGD(shapes or default_shapes())
     if name == "fgd-exact":
-        if shapes is None:
-            raise ValueError("fgd-exact needs typical shapes")
-        return FGD(shapes, levels=0)
+        return FGD(shapes or default_shapes(), levels=0)
     raise ValueError(f"unknown placement policy {name!r} (bestfit, fgd, fgd-exact, random)")
 
 

@@ -140,3 +140,13 @@ def test_fgd_follows_a_changed_model_list() -> None:
     p = fgd.place(inv2, Request(count=1, milli=500, models=frozenset({"B"})))
     assert p is not None and inv2.names[p.assignments[0].node] == "b"
     assert list(fgd.shapes.models) == ["A", "B"]
+
+
+def test_fgd_without_history_uses_generic_shapes() -> None:
+    inv = _inv(8, 8)
+    pol = make_policy("fgd")
+    inv.allocate("a", pol.place(inv, Request(count=1, milli=500)))  # type: ignore[arg-type]
+    p = pol.place(inv, Request(count=1, milli=500))
+    assert p is not None  # the second half goes on the same device, keeping the other node whole
+    assert p.assignments[0].node == inv.allocations["a"].assignments[0].node
+    assert p.assignments[0].devices == inv.allocations["a"].assignments[0].devices
