@@ -1,0 +1,31 @@
+"""Replay pieces: the seeded assignment of what the trace lacks, job shapes, windows."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from scheduler_extender.core.gpr import priority_class
+from scheduler_extender.simulator.replay import Assignment, job_shape, window
+from scheduler_extender.simulator.traces import Job
+
+JOBS = [Job(f"j{i}", 1000 + 10 * i, 100 + i, 1 + i % 8, "vc") for i in range(3000)]
+
+
+def test_assignment_is_seeded_and_follows_the_mix() -> None:
+    a = Assignment(seed=5, priority_mix=(("low", 0.5), ("high", 0.5)), exit_factor=(1.5, 2.0))
+    drawn = a.draw(JOBS)
+    assert drawn == a.draw(JOBS) and drawn != Assignment(seed=6).draw(JOBS)
+    classes = Counter(priority_class(p) for p, _ in drawn)
+    assert set(classes) == {"low", "high"} and abs(classes["low"] - 1500) < 150
+    for job, (_, exit_s) in zip(JOBS, drawn, strict=True):
+        assert 1.5 * job.duration_s <= exit_s <= 2.0 * job.duration_s + 1
+
+
+def test_job_shapes_use_whole_nodes_beyond_eight() -> None:
+    assert [job_shape(n) for n in (1, 8, 12, 16, 24, 32)] == [(1, 1), (8, 1), (6, 2), (8, 2), (8, 3), (8, 4)]
+
+
+def test_window_and_load() -> None:
+    w = window(JOBS, days=None, max_jobs=10, load=2.0)
+    assert len(w) == 10 and w[0].submit_s == 1000 and w[1].submit_s == 1005
+    assert [j.duration_s for j in w] == [j.duration_s for j in JOBS[:10]]
