@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--estimate-every", type=int, default=10, metavar="N",
                    help="record the wait estimate of every Nth arrival (0: none; default 10)")
     r.add_argument("--audit", action="store_true", help="re-check every backfill for priority inversions")
+    r.add_argument("--fail-rate", type=float, default=0.0, metavar="P",
+                   help="each run attempt fails with probability P (0-1) midway; jobs requeue with backoff")
+    r.add_argument("--retry-limit", type=int, default=3, metavar="N", help="requeues after failures (default 3)")
     outputs(r)
 
     d = sub.add_parser("demo", help="a short run of fill and replay (< 1 minute)", description=(
@@ -192,7 +195,8 @@ def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | No
     for s in schedulers:
         res = replay_run(nodes, jobs, s, getattr(args, "placement", "bestfit"), assignment, quotas,
                          estimate_every=estimate_every if estimate_every is not None else getattr(args, "estimate_every", 10),
-                         audit=audit)
+                         audit=audit, fail_rate=getattr(args, "fail_rate", 0.0),
+                         retry_limit=getattr(args, "retry_limit", 3))
         print(f"  replay {s}: {res.finished} jobs, mean wait {res.delay['all']['mean']:.0f}s "
               f"({res.seconds:.1f}s)", file=sys.stderr)
         out.append(res)
@@ -216,6 +220,8 @@ def _main(argv: Sequence[str]) -> int:
         bad = [s for s in args.schedulers if s not in SCHEDULERS]
         if bad:
             build_parser().error(f"unknown scheduler {bad[0]!r} (choose from {', '.join(SCHEDULERS)})")
+        if not 0 <= args.fail_rate < 1 or args.retry_limit < 0:
+            build_parser().error("--fail-rate must be in [0, 1) and --retry-limit must not be negative")
         replay_res = run_replay(args, args.schedulers, args.days, args.load, args.audit)
     else:  # demo
         fill_res, published = run_fill(args, ["default"], ["random", "bestfit", "fgd"], [42], keep_curve=True)

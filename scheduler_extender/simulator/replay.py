@@ -106,6 +106,7 @@ class ReplayResult:
     delay: dict[str, dict[str, float]]
     jct: dict[str, float]
     estimate_error: dict[str, float]
+    failures: dict[str, int] = field(default_factory=dict)
     delays: list[float] = field(default_factory=list)
 
     def to_dict(self, with_samples: bool = False) -> dict[str, object]:
@@ -138,8 +139,14 @@ def replay_run(
     estimate_every: int = 10,
     audit: bool = False,
     max_reservations: int = 8,
+    fail_rate: float = 0.0,
+    retry_limit: int = 3,
 ) -> ReplayResult:
-    """Replay ``jobs`` (sorted by submit time) on ``nodes``. ``quotas``: GPUs per workspace."""
+    """Replay ``jobs`` (sorted by submit time) on ``nodes``. ``quotas``: GPUs per workspace.
+
+    ``fail_rate``: each run attempt fails with this probability at a uniform point of its run (seeded); jobs
+    then requeue with the GPR backoff (60 s doubling, at most 1 h) up to ``retry_limit`` times.
+    """
     t0 = time.perf_counter()
     assignment = assignment or Assignment()
     drawn = assignment.draw(jobs)
@@ -161,7 +168,9 @@ def replay_run(
     )
     eng = Scheduler(inv, pol, cfg)
     out: dict[str, JobOutcome] = {}
-    completions: list[tuple[float, str, float]] = []  # (time, name, admitted_at)
+    completions: list[tuple[float, str, float, bool]] = []  # (time, name, admitted_at, succeeds)
+    fail_rng = np.random.default_rng(assignment.seed + 1)
+    failures = requeues = gave_up = 0
     i, n = 0, len(jobs)
     used = 0  # allocated milli, for utilisation
     busy = 0.0  # integral of used milli over time
@@ -180,12 +189,19 @@ def replay_run(
         busy += used * (t - last_t)
         last_t = t
         while completions and completions[0][0] <= t:
-            _, name, adm = heapq.heappop(completions)
+            _, name, adm, ok = heapq.heappop(completions)
             g = eng.gprs[name]
             if g.holding and g.admitted_at == adm:
-                eng.finish(name, t)
+                evs = eng.finish(name, t, ok=ok, reason="" if ok else "InjectedFailure")
                 used -= g.milli_total()
-                out[name].finish = t
+                if ok:
+                    out[name].finish = t
+                else:
+                    failures += 1
+                    if any(e.kind == "requeued" for e in evs):
+                        requeues += 1
+                    else:
+                        gave_up += 1
         new: list[str] = []
         while i < n and jobs[i].submit_s <= t:
             j = jobs[i]
@@ -201,6 +217,8 @@ def replay_run(
                 exit_duration_s=exit_s,
                 preemptible=cls in assignment.preemptible_classes,
                 enable_eviction=cls in assignment.evicting_classes,
+                requeue_on_failure=fail_rate > 0,
+                retry_limit=retry_limit,
                 submitted_at=float(j.submit_s),
             )
             eng.submit(g, t)
@@ -219,7 +237,10 @@ def replay_run(
                 if o.first_start is None:
                     o.first_start = t
                 eng.start(ev.gpr, t)
-                heapq.heappush(completions, (t + o.duration, ev.gpr, t))
+                if fail_rate > 0 and fail_rng.random() < fail_rate:
+                    heapq.heappush(completions, (t + o.duration * float(fail_rng.random()), ev.gpr, t, False))
+                else:
+                    heapq.heappush(completions, (t + o.duration, ev.gpr, t, True))
             elif ev.kind == "evicted":
                 evictions += 1
                 used -= g.milli_total()
@@ -281,6 +302,7 @@ def replay_run(
         delay=delay,
         jct=_stats(jcts),
         estimate_error=est_err,
+        failures={"injected": failures, "requeued": requeues, "gave_up": gave_up},
         delays=delays,
     )
 

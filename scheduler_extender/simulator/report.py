@@ -108,7 +108,11 @@ def replay_table(results: list[ReplayResult]) -> str:
     per_ws = table(["workspace (wait mean s)"] + [r.scheduler for r in results], wrow)
     note = ("* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - "
             "submission;\n  inversions: n/a unless --audit; est.err: mean |actual start - estimate at arrival|")
-    return "\n\n".join([main + "\n" + note, per_prio, per_ws])
+    parts = [main + "\n" + note, per_prio, per_ws]
+    if any(r.failures.get("injected") for r in results):
+        frow = [[r.scheduler, r.failures["injected"], r.failures["requeued"], r.failures["gave_up"]] for r in results]
+        parts.append(table(["scheduler (injected failures)", "failures", "requeued", "gave up"], frow))
+    return "\n\n".join(parts)
 
 
 def write_json(path: Path, payload: dict[str, object]) -> None:

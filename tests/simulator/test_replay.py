@@ -29,3 +29,17 @@ def test_window_and_load() -> None:
     w = window(JOBS, days=None, max_jobs=10, load=2.0)
     assert len(w) == 10 and w[0].submit_s == 1000 and w[1].submit_s == 1005
     assert [j.duration_s for j in w] == [j.duration_s for j in JOBS[:10]]
+
+
+def test_injected_failures_requeue_with_backoff_until_the_limit() -> None:
+    from scheduler_extender.core.inventory import NodeSpec
+    from scheduler_extender.simulator.replay import replay_run
+
+    jobs = [Job(f"j{i}", 10 * i, 500, 1 + i % 4, f"vc{i % 2}") for i in range(200)]
+    nodes = [NodeSpec(f"n{i}", 8) for i in range(4)]
+    r = replay_run(nodes, jobs, "accelstack", fail_rate=0.5, retry_limit=1, estimate_every=0, audit=True)
+    f = r.failures
+    assert f["injected"] == f["requeued"] + f["gave_up"] and f["requeued"] > 0 and f["gave_up"] > 0
+    assert r.finished + f["gave_up"] == len(jobs) and r.inversions == 0
+    again = replay_run(nodes, jobs, "accelstack", fail_rate=0.5, retry_limit=1, estimate_every=0)
+    assert again.failures == f  # seeded
