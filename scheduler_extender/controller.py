@@ -73,8 +73,9 @@ def live_cluster_limitation(g: GPR) -> str:
 
 
 def restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
-    """Put an Admitted/Running GPR back into a fresh core with its recorded reservation; False if it no longer
-    fits there (a node went away or shrank): the caller then queues it again."""
+    """Put an Admitted/Running GPR back into a fresh core with its recorded reservation (whole devices: the
+    first free healthy ones of each node, the kubelet picks the physical ones); False if it no longer fits there
+    (a node went away or shrank): the caller then queues it again."""
     inv = sched.inv
     assignments = []
     for node, count in sorted(reservation.items()):
@@ -85,24 +86,7 @@ def restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -
         if len(free) < count:
             return False
         assignments.append(NodeAssignment(n, tuple(free[:count]), 1000))
-    if not assignments:
-        return False
-    placement = Placement(tuple(assignments))
-    inv.allocate(g.name, placement)
-    g.placement = placement
-    if g.admitted_at is None:
-        g.admitted_at = now
-    sched.gprs[g.name] = g
-    sched.holders[g.name] = g
-    sched.usage[g.workspace] = sched.usage.get(g.workspace, 0) + g.milli_total()
-    if g.exit_duration_s is not None:
-        import heapq
-
-        heapq.heappush(sched._expiry, (g.end_bound(), g.name, g.admitted_at))
-    if g.phase is Phase.RUNNING:
-        g.last_active_at = now
-        sched._arm_idle(g)
-    return True
+    return bool(assignments) and sched.adopt(g, Placement(tuple(assignments)), now)
 
 
 def build_scheduler(view: ClusterView, objects: Iterable[dict[str, Any]], now: float, policy: str = "bestfit",
