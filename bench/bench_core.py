@@ -30,6 +30,7 @@ from scheduler_extender.core.gpr import GPR
 from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import FGD, BestFit, Request, Shape, TypicalShapes
 from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
+from tests.core.test_placement import _ref_frag as reference_frag
 
 MODELS = ("A100", "H100", "L4")
 
@@ -71,17 +72,7 @@ def naive_fgd_cost(inv: Inventory, shapes: TypicalShapes, req: Request) -> tuple
     """The FGD choice computed node by node and device by device in plain Python (the baseline)."""
 
     def frag(free: list[int], cpu: int, model: str) -> float:
-        total = sum(f for f in free if f > 0)
-        out = 0.0
-        for s, w in zip(shapes.shapes, shapes.weight, strict=True):
-            ok = (
-                s.count > 0
-                and (not s.models or model in s.models)
-                and cpu >= s.cpu_milli
-                and sum(1 for f in free if f >= s.milli) >= s.count
-            )
-            out += w * (sum(f for f in free if 0 <= f < s.milli) if ok else total)
-        return out
+        return reference_frag(shapes, free, cpu, model)  # the same oracle the placement tests check against
 
     best = (float("inf"), -1, -1)
     avail = inv.avail().tolist()

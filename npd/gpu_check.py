@@ -28,7 +28,7 @@ from typing import Any
 
 from npd import kmsg
 from npd import state as state_store
-from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_with_deadline
+from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_plugin, run_with_deadline
 
 CHECKS = ("count", "xid", "ecc", "pages", "temperature", "power")
 DEFAULT_CHECKS = ("count", "xid", "ecc", "pages")
@@ -237,16 +237,7 @@ def state_path(values: Mapping[str, Any], kind: str, checks: Collection[str]) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point; any failure outside the check itself is Unknown (exit 2): Python's own exit code for an
-    uncaught exception, 1, would read as NonOK to NPD."""
-    try:
-        _main(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, details on stderr)
-        if exc.code not in (0, None):
-            finish(emit(Result(UNKNOWN, "bad arguments (usage on stderr)"), 200))
-        raise
-    except BaseException as exc:
-        finish(emit(Result(UNKNOWN, f"plugin failed: {type(exc).__name__}: {exc}"), 200))
+    run_plugin(_main, argv)
 
 
 def _main(argv: list[str] | None) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from npd import state as state_store
 from npd.gpu_check import expected_count, state_path
-from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_with_deadline
+from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_plugin, run_with_deadline
 
 
 def backend_settings(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,16 +68,7 @@ def check_nr1(values: Mapping[str, Any], state: dict[str, Any], progress: Progre
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point; any failure outside the check itself is Unknown (exit 2): Python's own exit code for an
-    uncaught exception, 1, would read as NonOK to NPD."""
-    try:
-        _main(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, details on stderr)
-        if exc.code not in (0, None):
-            finish(emit(Result(UNKNOWN, "bad arguments (usage on stderr)"), 200))
-        raise
-    except BaseException as exc:
-        finish(emit(Result(UNKNOWN, f"plugin failed: {type(exc).__name__}: {exc}"), 200))
+    run_plugin(_main, argv)
 
 
 def _main(argv: list[str] | None) -> None:

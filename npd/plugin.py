@@ -101,3 +101,16 @@ def finish(code: int) -> None:
     """Leave now, even with a check thread stuck in a C call."""
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_plugin(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
+    """A plugin's entry point: any failure outside the check itself is Unknown (exit 2), because Python's own exit
+    code for an uncaught exception, 1, would read as NonOK to NPD."""
+    try:
+        main(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, details on stderr)
+        if exc.code not in (0, None):
+            finish(emit(Result(UNKNOWN, "bad arguments (usage on stderr)"), 200))
+        raise
+    except BaseException as exc:
+        finish(emit(Result(UNKNOWN, f"plugin failed: {type(exc).__name__}: {exc}"), 200))
