@@ -144,10 +144,13 @@ class GPRController:
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata", {})
         key = gr.gpr_key(meta.get("namespace") or "default", meta.get("name", ""))
+        old = self.objects.get(key)
         if kind == "DELETED":
             self.objects.pop(key, None)
         else:
             self.objects[key] = obj
+        if old is None or old.get("metadata", {}).get("generation") != meta.get("generation"):
+            self.spec_errors.pop(key, None)  # a new spec gets judged again
         self.poke.set()
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:

@@ -99,6 +99,12 @@ async def test_invalid_spec_is_reported_on_the_gpr() -> None:
         await peer.put_object(GPRS, gpr("bad", phase=None, devices=2, milliPerDevice=500))
         await wait_until(lambda: status(peer, "bad").get("reason") == "InvalidSpec")
         assert "milliPerDevice" in status(peer, "bad")["message"]
+        fixed = peer.get(GPRS, "default", "bad")
+        assert fixed is not None
+        fixed = dict(fixed, spec=dict(fixed["spec"], milliPerDevice=1000))
+        fixed["metadata"] = dict(fixed["metadata"], generation=2)
+        await peer.put_object(GPRS, fixed, "MODIFIED")  # the user fixes the spec: it is judged again
+        await wait_until(lambda: status(peer, "bad").get("phase") == "Admitted")
 
 
 async def test_one_leader_and_failover() -> None:
