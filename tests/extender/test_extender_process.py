@@ -72,6 +72,18 @@ current-context: peer
                 body = await r.json()
         assert body["NodeNames"] == ["gpu-node-1", "gpu-node-2"]
         assert body["FailedAndUnresolvableNodes"] == {"reject-node-3": "node unknown to the accelstack extender"}
+        # the admission webhook is served by the same process: a pod asking for a GPU without a GPR is refused
+        gpu_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+                   "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+        admission = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "default",
+            "operation": "CREATE", "userInfo": {"username": "alice"}, "object": gpu_pod, "dryRun": False}}
+        async with aiohttp.ClientSession() as http, http.post(
+                f"https://127.0.0.1:{port}/mutate-pods", json=admission, ssl=context) as r:
+            answer = await r.json()
+        assert answer["response"]["uid"] == "u-1" and answer["response"]["allowed"] is False
+        assert "GPR" in answer["response"]["status"]["message"]
         for _ in range(50):  # the controller took the Lease
             if peer.get("apis/coordination.k8s.io/v1/leases", "accelstack-system", "accelstack-gpr-controller"):
                 break
