@@ -139,6 +139,10 @@ class GPRController:
         self.to_evict: dict[str, str] = {}  # GPR -> why its pods must go
         self.poke = asyncio.Event()
         self.passes = 0
+        self.estimate_every = 30.0
+        self._estimate_cache: dict[str, float] = {}
+        self._estimate_names: frozenset[str] = frozenset()
+        self._estimated_at = -math.inf
 
     # informer callbacks (the server fans events out to the view and here)
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
@@ -308,7 +312,7 @@ class GPRController:
     async def _write_statuses(self, sched: Scheduler, now: float) -> None:
         queued = sched.queued()
         positions = {g.name: i + 1 for i, g in enumerate(queued)}
-        estimates = sched.estimates(now) if queued else {}
+        estimates = self._estimates(sched, queued, now)
         for key, obj in list(self.objects.items()):
             g = sched.gprs.get(key)
             if key in self.spec_errors:
@@ -341,6 +345,17 @@ class GPRController:
             except (Conflict, NotFound):
                 continue  # the informer brings the fresh object; the next pass writes again
             self.objects[key] = written
+
+    def _estimates(self, sched: Scheduler, queued: list[GPR], now: float) -> dict[str, float]:
+        """Estimated starts of the queued GPRs. They cost seconds for a queue of thousands (bench_core), so they
+        are recomputed only when the queue's membership changed or ``estimate_every`` seconds passed."""
+        names = frozenset(g.name for g in queued)
+        if not names:
+            return {}
+        if names != self._estimate_names or now - self._estimated_at >= self.estimate_every:
+            self._estimate_cache = sched.estimates(now)
+            self._estimate_names, self._estimated_at = names, now
+        return self._estimate_cache
 
     @staticmethod
     def _unchanged(current: dict[str, Any], new: dict[str, Any]) -> bool:
