@@ -140,6 +140,7 @@ class GPRController:
         self.poke = asyncio.Event()
         self.passes = 0
         self.estimate_every = 30.0
+        self._by_gpr: dict[str, list[Any]] = {}
         self._estimate_cache: dict[str, float] = {}
         self._estimate_names: frozenset[str] = frozenset()
         self._estimated_at = -math.inf
@@ -178,6 +179,7 @@ class GPRController:
                                                            self.config)
             self.signature, self.unhealthy = signature, set()
         sched = self.sched
+        self._index_pods()
         events: list[Event] = []
         events += self._sync_gprs(sched, now)
         events += self._sync_health(sched, now)
@@ -226,7 +228,14 @@ class GPRController:
         return events
 
     def _pods_of(self, key: str) -> list[Any]:
-        return [p for p in self.view.pods.values() if p.gpr == key]
+        return self._by_gpr.get(key, [])
+
+    def _index_pods(self) -> None:
+        """GPR -> its pods, once per pass (the pass asks per GPR; scanning every pod each time is quadratic)."""
+        self._by_gpr = {}
+        for p in self.view.pods.values():
+            if p.gpr:
+                self._by_gpr.setdefault(p.gpr, []).append(p)
 
     def _sync_pods(self, sched: Scheduler, now: float) -> list[Event]:
         events: list[Event] = []
