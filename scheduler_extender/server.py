@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,7 @@ class ExtenderServer:
             extra_routes(self.app)
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._releases: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.released: list[str] = []  # ledger entries given back by garbage collection (uids)
@@ -90,7 +92,9 @@ class ExtenderServer:
             node = (obj.get("spec") or {}).get("nodeName") or ""
             view = self.view.nodes.get(node)
             if view is not None and uid in view.ledger:
-                self._tasks.append(asyncio.create_task(self._release(node, uid)))
+                task = asyncio.create_task(self._release(node, uid))
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
 
     async def _release(self, node: str, uid: str) -> None:
         """A pod that ended gives its devices back to the node's ledger."""
@@ -100,12 +104,12 @@ class ExtenderServer:
         except Exception as exc:
             log.warning("ledger release failed; the next sweep retries", extra={"node": node, "error": str(exc)[:200]})
 
-    async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0) -> tuple[int, int]:
-        """Make every node's ledger match the pods: give back entries of pods that are gone, ended, bound
-        elsewhere or never bound within ``unbound_ttl`` (a bind that crashed half way), and adopt bound pods a
-        ledger lacks. Returns (released, adopted)."""
-        import time
-
+    async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0,
+                    unseen_grace: float = 120.0) -> tuple[int, int]:
+        """Make every node's ledger match the pods: give back entries of pods that ended, are bound elsewhere,
+        were never bound within ``unbound_ttl`` (a bind that crashed half way) or are gone — the last only once
+        the entry is older than ``unseen_grace``, because a pod bound a moment ago may not have reached this
+        replica's informer yet. Adopt bound pods a ledger lacks. Returns (released, adopted)."""
         now = time.time() if now is None else now
         released = adopted = 0
         bound: dict[str, list[Any]] = {}
@@ -116,7 +120,10 @@ class ExtenderServer:
             stale = []
             for uid, entry in node.ledger.items():
                 holder = self.view.pods.get(uid)
-                if holder is None or holder.phase in ("Succeeded", "Failed") or holder.node not in ("", node.name) \
+                if holder is None:
+                    if now - entry.since > unseen_grace:
+                        stale.append(uid)
+                elif holder.phase in ("Succeeded", "Failed") or holder.node not in ("", node.name) \
                         or (not holder.node and now - entry.since > unbound_ttl):
                     stale.append(uid)
             if stale:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import aiohttp
 import orjson
@@ -197,16 +198,18 @@ async def test_oversized_body_gets_413_and_health_endpoints() -> None:
 async def test_sweep_adopts_bound_pods_and_releases_stale_entries() -> None:
     async with stack() as (peer, server):
         # a pod bound before accelstack ran (no ledger entry), and a ledger entry of a pod that is long gone
-        stale = '{"gone-uid": {"p": "default/gone", "r": {"nvidia.com/gpu": 2}, "t": 1}}'
+        # ... and one recorded a moment ago for a pod this replica's informer has not seen yet: it must stay
+        stale = ('{"gone-uid": {"p": "default/gone", "r": {"nvidia.com/gpu": 2}, "t": 1}, '
+                 f'"fresh-uid": {{"p": "default/fresh", "r": {{"nvidia.com/gpu": 1}}, "t": {time.time()}}}}}')
         n = node("gpu-node-1", gpus=4)
         n["metadata"]["annotations"] = {LEDGER_ANNOTATION: stale}
         await seed(peer, n, pod("early", 3, uid="early-uid", node_name="gpu-node-1", phase="Running"),
                    pod("late", 2, uid="late-uid"))
         await wait_until(lambda: len(server.view.pods) == 2 and len(server.view.nodes) == 1)
-        _, body = await post(server, "filter", filter_body(pod("late", 2), ["gpu-node-1"]))
+        _, body = await post(server, "filter", filter_body(pod("late", 1), ["gpu-node-1"]))
         assert body["NodeNames"] == ["gpu-node-1"]  # type: ignore[index]  # the ledger does not know "early" yet
         assert await server.sweep() == (1, 1)
         entries = orjson.loads(peer.get("api/v1/nodes", "", "gpu-node-1")["metadata"]["annotations"][LEDGER_ANNOTATION])  # type: ignore[index]
-        assert set(entries) == {"early-uid"} and entries["early-uid"]["r"] == {"nvidia.com/gpu": 3}
-        _, body = await post(server, "filter", filter_body(pod("late", 2), ["gpu-node-1"]))
-        assert body["FailedNodes"] == {"gpu-node-1": "1 nvidia.com/gpu free, pod asks 2"}  # type: ignore[index]
+        assert set(entries) == {"early-uid", "fresh-uid"} and entries["early-uid"]["r"] == {"nvidia.com/gpu": 3}
+        _, body = await post(server, "filter", filter_body(pod("late", 1), ["gpu-node-1"]))
+        assert body["FailedNodes"] == {"gpu-node-1": "0 nvidia.com/gpu free, pod asks 1"}  # type: ignore[index]
