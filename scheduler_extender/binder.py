@@ -25,7 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from scheduler_extender import ledger
 from scheduler_extender.cluster import ClusterView, NodeView, PodView, node_view, pod_view
 from scheduler_extender.kube import Conflict, Kube, NotFound
-from scheduler_extender.verbs import PodAsk, node_verdict
+from scheduler_extender.verbs import PodAsk, node_verdict, resolve
 
 log = logging.getLogger("accelstack.extender.bind")
 ALLOCATION_ANNOTATION = "accelstack.io/allocation"
@@ -48,16 +48,6 @@ class Binder:
             return cached, None
         obj = await self.kube.get_pod(namespace, name)
         return pod_view(obj, self.view.resources), obj
-
-    def _ask(self, pod: PodView) -> PodAsk:
-        ask = PodAsk(dict(pod.requests), gpr_key=pod.gpr, priority=pod.priority)
-        if pod.gpr:
-            ask.gpr = self.view.gprs.get(pod.gpr)
-            if ask.gpr is None:
-                ask.problem = f"GPR {pod.gpr} not found"
-            elif ask.gpr.phase not in ("Admitted", "Running"):
-                ask.problem = f"GPR {pod.gpr} is {ask.gpr.phase}, not admitted"
-        return ask
 
     async def _fresh_node(self, node: str) -> None:
         self.view.update_node(node_view(await self.kube.get_node(node), self.view.resources))
@@ -90,7 +80,7 @@ class Binder:
 
     async def _record(self, pod: PodView, node: str) -> str:
         """Decide and record the pod in the node's ledger; '' when recorded (or already there), else why not."""
-        ask = self._ask(pod)
+        ask = resolve(self.view, dict(pod.requests), pod.gpr, pod.priority)
         if ask.problem:
             return f"cannot bind {pod.key}: {ask.problem}"
         if node not in self.view.nodes:

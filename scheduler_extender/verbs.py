@@ -31,23 +31,31 @@ class PodAsk:
     priority: int = 0
 
 
-def ask_of(view: ClusterView, pod: Pod, require_gpr: bool = False) -> PodAsk:
-    requests = pod_requests(pod.spec, view.resources)
-    ask = PodAsk(requests, priority=pod.spec.priority or 0)
+def resolve(view: ClusterView, requests: dict[str, int], gpr_key: str, priority: int,
+            require_gpr: bool = False) -> PodAsk:
+    """A pod's requests and GPR (``namespace/name`` or "") resolved against the view; the one place that says
+    when a pod's GPR cannot take devices (missing, not admitted, or required and absent)."""
+    ask = PodAsk(requests, gpr_key=gpr_key, priority=priority)
     if not requests:
         return ask
-    label = (pod.metadata.labels or {}).get(GPR_LABEL, "")
-    if not label:
+    if not gpr_key:
         if require_gpr:
             ask.problem = f"pod has no {GPR_LABEL} label and this extender requires a GPR"
         return ask
-    ask.gpr_key = f"{pod.metadata.namespace}/{label}"
-    ask.gpr = view.gprs.get(ask.gpr_key)
+    ask.gpr = view.gprs.get(gpr_key)
     if ask.gpr is None:
-        ask.problem = f"GPR {ask.gpr_key} not found"
+        ask.problem = f"GPR {gpr_key} not found"
     elif ask.gpr.phase not in HOLDING:
-        ask.problem = f"GPR {ask.gpr_key} is {ask.gpr.phase}, not admitted"
+        ask.problem = f"GPR {gpr_key} is {ask.gpr.phase}, not admitted"
     return ask
+
+
+def ask_of(view: ClusterView, pod: Pod, require_gpr: bool = False) -> PodAsk:
+    """The ask of a pod as an extender request carries it."""
+    requests = pod_requests(pod.spec, view.resources)
+    label = (pod.metadata.labels or {}).get(GPR_LABEL, "")
+    return resolve(view, requests, f"{pod.metadata.namespace}/{label}" if label else "", pod.spec.priority or 0,
+                   require_gpr)
 
 
 @dataclass
