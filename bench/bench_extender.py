@@ -44,6 +44,7 @@ def run_extender(conn: Any, binds: int) -> None:
     async def main() -> None:
         from kubernetes_asyncio import client
 
+        from kubeapi import KubeClient
         from scheduler_extender.kube import Kube
         from scheduler_extender.server import ExtenderServer
         from tests.apiserver_peer import APIServerPeer
@@ -56,7 +57,7 @@ def run_extender(conn: Any, binds: int) -> None:
         for i in range(binds):
             await peer.put_object("api/v1/pods", pod(f"bind-{i:04d}", 1, uid=f"uid-{i:04d}"))
         api = client.ApiClient(client.Configuration(host=peer.url))
-        server = ExtenderServer(Kube(api), run_controller=False)
+        server = ExtenderServer(Kube(KubeClient(api, field_manager="accelstack-extender")), run_controller=False)
         await server.start()
         conn.send({"port": server.port})
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # the HTTP runs are over

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduler_extender.kube import Kube, _json
+from scheduler_extender.kube import Kube
 
 
 class Authorizer:
@@ -24,20 +24,12 @@ class Authorizer:
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, int, str]] = {}
 
     async def _review(self, token: str) -> dict[str, Any]:
-        from kubernetes_asyncio import client
-
-        body: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        api = client.AuthenticationV1Api(self.kube.api_client)
-        return (await _json(api.create_token_review(body, _preload_content=False))).get("status") or {}
+        return await self.kube.token_review(token)
 
     async def _access(self, user: dict[str, Any], attributes: dict[str, str]) -> dict[str, Any]:
-        from kubernetes_asyncio import client
-
         spec = {"user": user.get("username", ""), "uid": user.get("uid", ""), "groups": user.get("groups") or [],
                 "extra": user.get("extra") or {}, "resourceAttributes": attributes}
-        body: Any = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
-        api = client.AuthorizationV1Api(self.kube.api_client)
-        return (await _json(api.create_subject_access_review(body, _preload_content=False))).get("status") or {}
+        return await self.kube.access_review(spec)
 
     async def check(self, authorization: str | None, attributes: dict[str, str]) -> tuple[int, str]:
         """(0, username) when allowed, else (HTTP status, reason): 401 without a valid token, 403 when RBAC says

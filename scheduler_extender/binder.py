@@ -20,11 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from scheduler_extender import ledger
 from scheduler_extender.cluster import ClusterView, NodeView, PodView, node_view, pod_view
-from scheduler_extender.kube import Conflict, Kube, NotFound
+from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound, TransportError
 from scheduler_extender.verbs import PodAsk, node_verdict, resolve
 
 log = logging.getLogger("accelstack.extender.bind")
@@ -41,6 +40,8 @@ class Binder:
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.conflicts = 0
         self.evictions = 0
+        self.evict_every = 10.0
+        self._evicting: dict[str, float] = {}  # victim pod UID -> when its eviction was requested
 
     async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodView | None, dict[str, Any] | None]:
         cached = self.view.pods.get(uid)
@@ -61,22 +62,19 @@ class Binder:
         if obj is not None and obj.get("metadata", {}).get("uid") not in (uid, None):
             return f"pod {namespace}/{name} has UID {obj['metadata'].get('uid')}, not {uid}"
         if pod is None:  # asks for no managed resource: a plain Binding
-            return await self._create_binding(namespace, name, uid, node)
+            return (await self._create_binding(namespace, name, uid, node))[0]
+        record = {"node": node, "requests": pod.requests, "gpr": pod.gpr, "boundAt": round(self.clock(), 3)}
         async with self.locks[node]:
             error = await self._record(pod, node)
             if error:
                 return error
-            error = await self._create_binding(namespace, name, uid, node)
-            if error:
+            # two round trips: the ledger (the guarantee) and the Binding, which carries the allocation record
+            # as an annotation the API server copies onto the pod
+            error, unknown = await self._create_binding(namespace, name, uid, node,
+                                                        {ALLOCATION_ANNOTATION: orjson.dumps(record).decode()})
+            if error and not unknown:
                 await self.release(node, [uid])
-                return error
-        record = {"node": node, "requests": pod.requests, "gpr": pod.gpr, "boundAt": round(self.clock(), 3)}
-        try:
-            await self.kube.patch_pod(namespace, name, {"metadata": {"annotations": {
-                ALLOCATION_ANNOTATION: orjson.dumps(record).decode()}}})
-        except Exception as exc:  # the ledger already holds the truth; the annotation is for people and rebuilds
-            log.warning("could not annotate pod", extra={"pod": pod.key, "error": str(exc)[:200]})
-        return ""
+            return error
 
     async def _record(self, pod: PodView, node: str) -> str:
         """Decide and record the pod in the node's ledger; '' when recorded (or already there), else why not."""
@@ -111,23 +109,33 @@ class Binder:
             return f"cannot bind {pod.key} to {node}: {reason}"
         return f"cannot bind {pod.key} to {node}: node {node} kept changing ({self.max_attempts} conflicts); retry"
 
-    async def _create_binding(self, namespace: str, name: str, uid: str, node: str) -> str:
+    async def _create_binding(self, namespace: str, name: str, uid: str, node: str,
+                              annotations: dict[str, str] | None = None) -> tuple[str, bool]:
+        """('', _) when the pod is bound to ``node``; else (why, whether the outcome is unknown)."""
         try:
-            await self.kube.bind(namespace, name, uid, node)
+            await self.kube.bind(namespace, name, uid, node, annotations)
+            return "", False
         except Conflict as exc:
-            # A retried bind whose first answer was lost: the pod is already on this very node, which is success.
-            try:
-                current = await self.kube.get_pod(namespace, name)
-            except NotFound:
-                return f"binding {namespace}/{name} to {node} failed: {exc}"
-            if (current.get("spec") or {}).get("nodeName") == node and current.get("metadata", {}).get("uid") == uid:
-                return ""
-            return f"binding {namespace}/{name} to {node} failed: {exc}"
+            failure = f"binding {namespace}/{name} to {node} failed: {exc}"
         except NotFound as exc:
-            return f"binding {namespace}/{name} to {node} failed: {exc}"
-        except ApiException as exc:
-            return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.reason}"
-        return ""
+            return f"binding {namespace}/{name} to {node} failed: {exc}", False
+        except TransportError as exc:
+            failure = f"binding {namespace}/{name} to {node}: no answer ({exc.message}); retry"
+        except ApiError as exc:
+            return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.message or exc.reason}", False
+        # A conflict (a retried bind whose first answer was lost) or no answer: the pod may already be on this
+        # very node, which is success. If it is not bound, the caller takes the ledger entry back at once.
+        try:
+            current = await self.kube.get_pod(namespace, name)
+        except NotFound:
+            return failure, False
+        except ApiError:
+            # cannot tell: keep the entry (a retry finds it and binds; the sweep releases it if the pod stays
+            # unbound) and let the scheduler retry
+            return failure, True
+        if (current.get("spec") or {}).get("nodeName") == node and current.get("metadata", {}).get("uid") == uid:
+            return "", False
+        return failure, False
 
     async def _rewrite(self, node: str, change: Callable[[NodeView], dict[str, ledger.Entry] | None]) -> bool:
         """Write ``change(view)``'s entries as the node's ledger, conditional on the Node's resourceVersion; on a
@@ -209,14 +217,19 @@ class Binder:
         if any(v > 0 for v in need.values()):
             return f"cannot bind {pod.key} to {node}: {reason}; eviction of lower-priority work cannot make room"
         refused = []
+        now = self.clock()
+        self._evicting = {uid: t for uid, t in self._evicting.items() if now - t < self.evict_every}
         for victim in chosen:
+            if victim.terminating or victim.uid in self._evicting:
+                continue  # already leaving, or asked a moment ago: the scheduler's retries do not re-send
             try:
                 await self.kube.evict(victim.namespace, victim.name)
                 self.evictions += 1
-            except ApiException as exc:
-                refused.append(f"{victim.key} ({exc.status} {exc.reason})")
+                self._evicting[victim.uid] = now
             except NotFound:
                 continue
+            except ApiError as exc:
+                refused.append(f"{victim.key} ({exc.status} {exc.message or exc.reason})")
         if refused:
             return f"cannot bind {pod.key} to {node} yet: eviction refused for {', '.join(refused)}"
         return (f"evicting {len(chosen)} lower-priority pod(s) on {node} for {pod.key} "

@@ -8,11 +8,14 @@ write it. Node health comes from what node health sets: the conditions ``GPUUnhe
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_extender import ledger
+from scheduler_extender.gpr_resource import parse_duration
 from scheduler_extender.resources import pod_requests, whole
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
@@ -20,6 +23,8 @@ GPR_LABEL = "accelstack.io/gpr"
 UNHEALTHY_TAINT = "accelstack.io/unhealthy"
 CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
 HOLDING = ("Admitted", "Running")
+ALLOCATED = (*HOLDING, "Evicting")  # phases whose reservation still takes devices
+CAPACITY_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.memory", "accelstack.io/nr1.product")
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 
 
@@ -31,6 +36,7 @@ class NodeView:
     unhealthy: dict[str, str]  # resource (or "*") -> reason
     ledger: dict[str, ledger.Entry]
     resource_version: str = ""
+    ledger_error: str = ""  # the ledger annotation cannot be read: no bind may write it, no GPR is placed here
     used: dict[str, int] = field(default_factory=dict)  # resource -> devices in the ledger
     used_by: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpr, resource) -> devices
 
@@ -48,6 +54,13 @@ class NodeView:
             return ""
         return self.unhealthy.get(resource) or self.unhealthy.get("*", "")
 
+    def same_capacity(self, other: NodeView) -> bool:
+        """Whether the GPR controller would see no difference (allocatable, health, ledger, model labels)."""
+        return (self.allocatable == other.allocatable and self.unhealthy == other.unhealthy
+                and self.ledger == other.ledger and self.ledger_error == other.ledger_error
+                and {k: v for k, v in self.labels.items() if k in CAPACITY_LABELS}
+                == {k: v for k, v in other.labels.items() if k in CAPACITY_LABELS})
+
 
 @dataclass
 class GPRView:
@@ -58,6 +71,12 @@ class GPRView:
     enable_eviction: bool
     resource: str
     reservation: dict[str, int]  # node -> devices
+    uid: str = ""
+    created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as text)
+    devices: int = 1  # spec.devicesPerNode
+    nodes: int = 1  # spec.nodeCount
+    end: float = float("inf")  # admittedAt + exitDuration while it holds devices (inf when unbounded)
+    estimated_start: float | None = None  # status.estimatedStart while Queued
 
 
 @dataclass
@@ -72,6 +91,14 @@ class PodView:
     priority: int
     labels: dict[str, str] = field(default_factory=dict)
     gates: tuple[str, ...] = ()  # spec.schedulingGates names
+    terminating: bool = False  # metadata.deletionTimestamp is set
+    ended_at: float = 0.0  # latest container finishedAt (epoch seconds) once a container ended, else 0
+    affinity: dict[str, Any] | None = None  # spec.affinity as sent, for narrowing before the gate is lifted
+
+    @property
+    def live(self) -> bool:
+        """Still holds (or may yet hold) its devices: not Succeeded or Failed."""
+        return self.phase not in TERMINAL_POD_PHASES
 
     @property
     def key(self) -> str:
@@ -97,13 +124,14 @@ def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
         if taint.get("key") == UNHEALTHY_TAINT:
             unhealthy["*"] = f"tainted {UNHEALTHY_TAINT}"
     annotations = meta.get("annotations") or {}
+    error = ""
     try:
         entries = ledger.parse(annotations.get(ledger.LEDGER_ANNOTATION))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError) as exc:
         entries = {}
-        unhealthy["*"] = f"unreadable {ledger.LEDGER_ANNOTATION} annotation"
+        error = f"unreadable {ledger.LEDGER_ANNOTATION} annotation ({str(exc)[:120]})"
     return NodeView(meta.get("name", ""), allocatable, dict(meta.get("labels") or {}), unhealthy, entries,
-                    meta.get("resourceVersion", ""))
+                    meta.get("resourceVersion", ""), error)
 
 
 def gpr_view(obj: dict[str, Any]) -> GPRView:
@@ -114,15 +142,39 @@ def gpr_view(obj: dict[str, Any]) -> GPRView:
             reservation[str(item["node"])] = int(item.get("devices", 0))
         except (KeyError, TypeError, ValueError):
             continue
+    def number(key: str, default: int) -> int:
+        value = spec.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    end = float("inf")
+    admitted, exit_duration = _epoch(status.get("admittedAt")), spec.get("exitDuration")
+    if admitted is not None and isinstance(exit_duration, str):
+        with contextlib.suppress(ValueError):
+            end = admitted + parse_duration(exit_duration)
     return GPRView(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         phase=str(status.get("phase") or "Queued"),
-        priority=int(spec.get("priority", 100)),
+        priority=number("priority", 100),
         preemptible=bool(spec.get("preemptible", True)),
         enable_eviction=bool(spec.get("enableEviction", False)),
         resource=str(spec.get("resource", GPU)),
         reservation=reservation,
+        uid=str(meta.get("uid") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
+        devices=number("devicesPerNode", 1),
+        nodes=number("nodeCount", 1),
+        end=end,
+        estimated_start=_epoch(status.get("estimatedStart")),
     )
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
@@ -138,9 +190,28 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
     namespace = meta.get("namespace", "")
     gpr = labels.get(GPR_LABEL, "")
     gates = tuple(str(g.get("name", "")) for g in spec.get("schedulingGates") or [] if isinstance(g, dict))
+    status = obj.get("status") or {}
+    affinity = spec.get("affinity")
     return PodView(meta.get("uid", ""), namespace, meta.get("name", ""), spec.get("nodeName") or "",
-                   (obj.get("status") or {}).get("phase", "Pending"), f"{namespace}/{gpr}" if gpr else "",
-                   requests, int(spec.get("priority") or 0), labels, gates)
+                   status.get("phase", "Pending"), f"{namespace}/{gpr}" if gpr else "",
+                   requests, int(spec.get("priority") or 0), labels, gates,
+                   terminating=bool(meta.get("deletionTimestamp")), ended_at=_ended_at(status),
+                   affinity=affinity if isinstance(affinity, dict) else None)
+
+
+def _ended_at(status: dict[str, Any]) -> float:
+    """When the pod's last container ended (epoch seconds), 0 when none has."""
+    latest = 0.0
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for cs in status.get(key) or []:
+            terminated = ((cs or {}).get("state") or {}).get("terminated") or {}
+            when = terminated.get("finishedAt")
+            if isinstance(when, str) and when:
+                try:
+                    latest = max(latest, dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp())
+                except ValueError:
+                    continue
+    return latest
 
 
 class ClusterView:
@@ -189,7 +260,7 @@ class ClusterView:
         if kind == "DELETED":
             return
         self.gprs[view.key] = view
-        if view.phase in HOLDING:
+        if view.phase in ALLOCATED:
             for node, devices in view.reservation.items():
                 self.reserved.setdefault(node, {})[view.key] = devices
 

@@ -1,19 +1,19 @@
-"""The GPR controller: drives the policy core from the API server and carries out its decisions.
+"""The GPR controller: runs :func:`reconcile.plan_pass` over the informers' state and carries out the plan.
 
-While this replica leads (``LeaderElector``), each pass:
+While this replica leads, a pass is triggered by an event that matters (a GPR, a pod that asks for a managed
+resource or names a GPR, a node whose capacity, health or ledger changed), coalesced (events arriving while a
+pass runs make one more pass, not one each), or by a timer (backoff ends, exitDuration, idle timeouts, resync).
+The pass itself is pure and CPU-bound, so it runs in a worker thread on a snapshot: the event loop keeps
+serving informers, the Lease and HTTP meanwhile. Then, concurrently and bounded:
 
-1. keeps the core's inventory equal to the nodes (allocatable managed devices, GPU model labels) and their
-   health (``GPUUnhealthy``/``NR1Unhealthy`` conditions, the ``accelstack.io/unhealthy`` taint);
-2. keeps the core's GPRs equal to the GPR objects: new ones are submitted, deleted ones cancelled, and on a
-   fresh start (or a new leader) Admitted/Running ones are restored with their recorded reservation;
-3. feeds pod facts in: all of an admitted GPR's pods running -> Running; any running -> activity (resets the
-   idle clock: a GPR is idle while none of its pods runs); all ended -> Complete, or Failed if one failed;
-4. ``tick``s the core and carries out what it decided: lifts the scheduling gate from the pods of admitted
-   GPRs, evicts the pods of evicted, expired, idle-ended and cancelled GPRs through the Eviction API (a
-   PodDisruptionBudget refusal is reported on the GPR as condition ``EvictionBlocked``, never bypassed),
-   emits Kubernetes Events;
-5. writes each GPR's status (phase, queue position, estimated start, reservation, conditions) with the
-   object's resourceVersion (a conflict is retried on the next pass with the fresh object).
+1. status writes (PUT ``status`` with the object's resourceVersion; a conflict is left to the next pass, which
+   sees the fresh object);
+2. for GPRs whose *stored* status says Admitted/Running: each gated pod's node affinity is narrowed to the
+   reserved nodes and the gate lifted, in one patch (so kube-scheduler's own filters and node sampling work for
+   the reservation, and the extender only sees feasible nodes);
+3. evictions through the Eviction API (PodDisruptionBudgets respected; a refusal shows on the GPR as condition
+   ``EvictionBlocked``), at most once per ``evict_every`` per pod;
+4. Events for transitions whose status was written; deletion of auto-created GPRs no pod ever used.
 """
 
 from __future__ import annotations
@@ -23,375 +23,269 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kubeapi import ApiError, Conflict, NotFound, TooManyRequests
 from scheduler_extender import gpr_resource as gr
-from scheduler_extender.cluster import GPU, NR1, ClusterView
-from scheduler_extender.core.gpr import GPR, Phase
-from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
-from scheduler_extender.core.placement import make_policy
-from scheduler_extender.core.scheduler import Event, Scheduler, SchedulerConfig
-from scheduler_extender.kube import Conflict, Kube, NotFound
+from scheduler_extender.cluster import ClusterView
+from scheduler_extender.core.scheduler import Event, SchedulerConfig
+from scheduler_extender.kube import Kube
+from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass, ungate_patch
 
 log = logging.getLogger("accelstack.controller")
-MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}
-MEMORY_LABEL = "nvidia.com/gpu.memory"
-HOLDING = (Phase.ADMITTED, Phase.RUNNING)
-STATUS_KEYS = ("phase", "reason", "queuePosition", "estimatedStart", "reservation", "failures", "evictions",
-               "admittedAt", "startedAt", "finishedAt")
+WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
 
 
-def node_specs(view: ClusterView) -> list[NodeSpec]:
-    """The core's nodes: one per cluster node with managed devices (GPUs first when a node has both)."""
-    specs = []
-    for node in sorted(view.nodes.values(), key=lambda n: n.name):
-        for resource in (GPU, NR1):
-            count = node.allocatable.get(resource, 0)
-            if count > 0:
-                try:
-                    memory = int(node.labels.get(MEMORY_LABEL, "0")) if resource == GPU else 0
-                except ValueError:
-                    memory = 0
-                specs.append(NodeSpec(node.name, count, node.labels.get(MODEL_LABEL[resource], ""), resource,
-                                      memory, labels=dict(node.labels)))
-                break
-    return specs
-
-
-def live_cluster_limitation(g: GPR) -> str:
-    """Why the live cluster cannot serve this GPR yet ('' when it can). The policy core and the simulator place
-    fractions of a device, but on a cluster the kubelet hands out whole advertised devices: a fraction would be
-    reserved as a whole device per GPR and its pods could never bind. Time-slicing replicas are the way to share a
-    GPU on a cluster today (each replica is a whole advertised device)."""
-    if g.milli_per_device < 1000:
-        return ("spec.milliPerDevice: fractions of a device are not supported on a cluster yet (the simulator "
-                "models them); share GPUs with time-slicing replicas and ask for whole replicas instead")
-    return ""
-
-
-def restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
-    """Put an Admitted/Running GPR back into a fresh core with its recorded reservation (whole devices: the
-    first free healthy ones of each node, the kubelet picks the physical ones); False if it no longer fits there
-    (a node went away or shrank): the caller then queues it again."""
-    inv = sched.inv
-    assignments = []
-    for node, count in sorted(reservation.items()):
-        if node not in inv.index:
-            return False
-        n = inv.index[node]
-        free = [d for d in range(inv.ndev[n]) if inv.free[n, d] == 1000 and inv.healthy[n, d]]
-        if len(free) < count:
-            return False
-        assignments.append(NodeAssignment(n, tuple(free[:count]), 1000))
-    return bool(assignments) and sched.adopt(g, Placement(tuple(assignments)), now)
-
-
-def build_scheduler(view: ClusterView, objects: Iterable[dict[str, Any]], now: float, policy: str = "bestfit",
-                    config: SchedulerConfig | None = None) -> tuple[Scheduler, dict[str, str]]:
-    """A core built from the API server's state; returns it and the spec errors of objects it had to skip."""
-    sched = Scheduler(Inventory(node_specs(view)), make_policy(policy), config or SchedulerConfig())
-    errors: dict[str, str] = {}
-    ordered = sorted(objects, key=lambda o: (o.get("metadata", {}).get("creationTimestamp") or "",
-                                             o.get("metadata", {}).get("name", "")))
-    for obj in ordered:
-        key = gr.gpr_key(obj.get("metadata", {}).get("namespace") or "default", obj.get("metadata", {}).get("name", ""))
-        if gr.is_terminal(obj) or obj.get("metadata", {}).get("deletionTimestamp"):
-            continue
-        try:
-            g = gr.from_object(obj, now)
-        except gr.SpecError as exc:
-            errors[key] = str(exc)
-            continue
-        if live_cluster_limitation(g):
-            errors[key] = live_cluster_limitation(g)
-            continue
-        if g.phase in HOLDING and restore(sched, g, gr.reservation_of(obj), now):
-            continue
-        phase_was = g.phase
-        g.phase = Phase.QUEUED
-        g.history = []
-        sched.submit(g, now)
-        if phase_was in (Phase.FAILED, Phase.EVICTED):
-            g.reason = f"Requeued after {phase_was.value.lower()}"
-    return sched, errors
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        p = "accelstack_controller_"
+        buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+        self.pass_seconds = Histogram(p + "pass_seconds", "Time to plan one pass (off the event loop)",
+                                      buckets=buckets, registry=self.registry)
+        self.estimate_seconds = Histogram(p + "estimate_seconds", "Time to estimate the queue's start times",
+                                          buckets=buckets, registry=self.registry)
+        self.act_seconds = Histogram(p + "act_seconds", "Time to carry out one pass (API writes)",
+                                     buckets=buckets, registry=self.registry)
+        self.passes = Counter(p + "passes_total", "Controller passes by result", ["result"], registry=self.registry)
+        self.actions = Counter(p + "actions_total", "API actions by kind and result", ["action", "result"],
+                               registry=self.registry)
+        self.queued = Gauge(p + "queued_gprs", "GPRs waiting in the queue", registry=self.registry)
+        self.holding = Gauge(p + "holding_gprs", "GPRs holding a reservation", registry=self.registry)
 
 
 class GPRController:
     def __init__(self, kube: Kube, view: ClusterView, policy: str = "bestfit", resync: float = 5.0,
                  config: SchedulerConfig | None = None, clock: Callable[[], float] = time.time,
-                 namespace_events: bool = True) -> None:
+                 namespace_events: bool = True, concurrency: int = 16, estimate_every: float = 30.0,
+                 evict_every: float = 10.0, orphan_grace: float = 120.0,
+                 registry: CollectorRegistry | None = None) -> None:
         self.kube = kube
         self.view = view
         self.policy = policy
         self.resync = resync
         self.config = config or SchedulerConfig()
+        self.config.instant_eviction = False
         self.clock = clock
         self.emit_events = namespace_events
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.sched: Scheduler | None = None
-        self.signature: tuple[Any, ...] = ()
-        self.unhealthy: set[str] = set()
-        self.spec_errors: dict[str, str] = {}
-        self.blocked: dict[str, str] = {}  # GPR -> eviction refusal message
-        self.to_evict: dict[str, str] = {}  # GPR -> why its pods must go
+        self.concurrency = concurrency
+        self.estimate_every = estimate_every
+        self.evict_every = evict_every
+        self.orphan_grace = orphan_grace
+        self.metrics = ControllerMetrics(registry)
+        self.objects: dict[str, dict[str, Any]] = {}  # GPR objects by UID
+        self._uids: dict[str, str] = {}  # namespace/name -> UID of the object that has that name now
+        self.cache = PassCache()
         self.poke = asyncio.Event()
         self.passes = 0
-        self.estimate_every = 30.0
-        self._by_gpr: dict[str, list[Any]] = {}
-        self._estimate_cache: dict[str, float] = {}
-        self._estimate_names: frozenset[str] = frozenset()
-        self._estimated_at = -math.inf
+        self.last_plan: Plan | None = None
+        self.refusals: dict[str, str] = {}  # GPR UID -> eviction refusals seen at the last attempt
+        self._evicted_at: dict[str, float] = {}  # pod UID -> last eviction request
+        self._queue_at = -math.inf
+        self._queue: tuple[str, ...] | None = None  # the queue, in order, at the last refresh of positions
+        self.min_refresh = min(2.0, estimate_every)  # a changed queue is re-estimated at most this often
 
-    # informer callbacks (the server fans events out to the view and here)
+    # ------------------------------------------------------------------------------- informer callbacks
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata", {})
-        key = gr.gpr_key(meta.get("namespace") or "default", meta.get("name", ""))
-        old = self.objects.get(key)
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        key = gr.gpr_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         if kind == "DELETED":
-            self.objects.pop(key, None)
-        else:
-            self.objects[key] = obj
-        if old is None or old.get("metadata", {}).get("generation") != meta.get("generation"):
-            self.spec_errors.pop(key, None)  # a new spec gets judged again
+            self.objects.pop(uid, None)
+            if self._uids.get(key) == uid:
+                del self._uids[key]
+        elif not _older(obj, self.objects.get(uid)):
+            old = self._uids.get(key)
+            if old is not None and old != uid:  # the name now belongs to a new object: the old one is gone
+                self.objects.pop(old, None)
+            self._uids[key] = uid
+            self.objects[uid] = obj
         self.poke.set()
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
-        self.objects = {}
+        self.objects, self._uids = {}, {}
         for obj in items:
             self.on_gpr("ADDED", obj)
 
     def changed(self, *_: Any) -> None:
         self.poke.set()
 
-    # one pass
-    def _inventory_signature(self) -> tuple[Any, ...]:
-        return tuple((s.name, s.devices, s.model, s.resource) for s in node_specs(self.view))
+    # ----------------------------------------------------------------------------------------- a pass
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.clock(), dict(self.view.nodes), dict(self.view.pods), dict(self.objects),
+                        dict(self.refusals))
 
-    async def reconcile(self) -> list[Event]:
-        now = self.clock()
+    async def reconcile(self) -> Plan:
+        snap = self.snapshot()
+        due = snap.now - self._queue_at >= self.estimate_every
+        cfg = PassConfig(self.policy, self.config, refresh_queue=due, orphan_grace=self.orphan_grace,
+                         last_queue=self._queue, refresh_on_change=snap.now - self._queue_at >= self.min_refresh)
+        plan = await asyncio.to_thread(plan_pass, snap, cfg, self.cache)
+        if plan.refreshed:
+            self._queue_at, self._queue = snap.now, plan.queue
+            self.metrics.estimate_seconds.observe(plan.estimate_seconds)
+        self.metrics.pass_seconds.observe(plan.seconds)
+        self.metrics.queued.set(plan.queued)
+        self.metrics.holding.set(plan.holding)
+        started = time.perf_counter()
+        await self._act(plan, snap)
+        self.metrics.act_seconds.observe(time.perf_counter() - started)
         self.passes += 1
-        signature = self._inventory_signature()
-        if self.sched is None or signature != self.signature:
-            self.sched, self.spec_errors = build_scheduler(self.view, self.objects.values(), now, self.policy,
-                                                           self.config)
-            self.signature, self.unhealthy = signature, set()
-        sched = self.sched
-        self._index_pods()
-        events: list[Event] = []
-        events += self._sync_gprs(sched, now)
-        events += self._sync_health(sched, now)
-        events += self._sync_pods(sched, now)
-        events += sched.tick(now)
-        await self._act(sched, events)
-        await self._write_statuses(sched, now)
-        return events
+        self.last_plan = plan
+        return plan
 
-    def _sync_gprs(self, sched: Scheduler, now: float) -> list[Event]:
-        events: list[Event] = []
-        for key, obj in self.objects.items():
-            if key in sched.gprs or key in self.spec_errors:
-                continue
-            if gr.is_terminal(obj):
-                continue
-            try:
-                g = gr.from_object(obj, now)
-            except gr.SpecError as exc:
-                self.spec_errors[key] = str(exc)
-                continue
-            unsupported = live_cluster_limitation(g)
-            if unsupported:
-                self.spec_errors[key] = unsupported
-                continue
-            g.phase, g.history = Phase.QUEUED, []
-            events += sched.submit(g, now)
-        for key, g in list(sched.gprs.items()):
-            current = self.objects.get(key)
-            gone = current is None or bool(current.get("metadata", {}).get("deletionTimestamp"))
-            if gone and g.phase not in (Phase.COMPLETE, Phase.CANCELLED):
-                events += sched.cancel(key, now)
-                self.to_evict[key] = "GPR deleted"
-        return events
+    async def _bounded(self, jobs: Iterable[Awaitable[Any]]) -> list[Any]:
+        gate = asyncio.Semaphore(self.concurrency)
 
-    def _sync_health(self, sched: Scheduler, now: float) -> list[Event]:
-        events: list[Event] = []
-        inv = sched.inv
-        sick = {n.name for n in self.view.nodes.values() if n.name in inv.index
-                and n.health_reason(inv.specs[inv.index[n.name]].resource)}
-        for name in sick - self.unhealthy:
-            events += sched.set_health(name, None, False, now)
-        for name in self.unhealthy - sick:
-            events += sched.set_health(name, None, True, now)
-        self.unhealthy = sick
-        return events
+        async def one(job: Awaitable[Any]) -> Any:
+            async with gate:
+                return await job
 
-    def _pods_of(self, key: str) -> list[Any]:
-        return self._by_gpr.get(key, [])
+        return await asyncio.gather(*(one(j) for j in jobs))
 
-    def _index_pods(self) -> None:
-        """GPR -> its pods, once per pass (the pass asks per GPR; scanning every pod each time is quadratic)."""
-        self._by_gpr = {}
-        for p in self.view.pods.values():
-            if p.gpr:
-                self._by_gpr.setdefault(p.gpr, []).append(p)
-
-    def _sync_pods(self, sched: Scheduler, now: float) -> list[Event]:
-        events: list[Event] = []
-        for key, g in list(sched.holders.items()):
-            pods = self._pods_of(key)
-            if not pods:
+    async def _act(self, plan: Plan, snap: Snapshot) -> None:
+        results = await self._bounded(self._write(w.uid, w.status) for w in plan.writes)
+        written = {w.uid for w, ok in zip(plan.writes, results, strict=True) if ok}
+        by_gpr: dict[str, list[Any]] = {}
+        for pod in snap.pods.values():
+            if pod.gpr and gr.SCHEDULING_GATE in pod.gates:
+                by_gpr.setdefault(pod.gpr, []).append(pod)
+        ungates = []
+        for uid, nodes in plan.ungate.items():
+            obj = self.objects.get(uid)
+            if obj is None or gr.phase_of(obj) not in ("Admitted", "Running"):
+                continue  # status first: never lift a gate before the status says Admitted
+            if sorted(gr.reservation_of(obj)) != sorted(nodes):
                 continue
-            phases = [p.phase for p in pods]
-            if all(ph in ("Succeeded", "Failed") for ph in phases):
-                failed = "Failed" in phases
-                events += sched.finish(key, now, ok=not failed, reason="PodFailed" if failed else "Succeeded")
-                continue
-            if g.phase is Phase.ADMITTED and all(ph == "Running" for ph in phases):
-                events += sched.start(key, now)
-            elif g.phase is Phase.RUNNING and any(ph == "Running" for ph in phases):
-                sched.activity(key, now)
-        return events
+            meta = obj.get("metadata") or {}
+            ungates += [(pod, nodes) for pod in by_gpr.get(gr.gpr_key(meta.get("namespace", ""), meta.get("name", "")), ())]
+        await self._bounded(self._ungate(pod, nodes) for pod, nodes in ungates)
+        now = self.clock()
+        due = [e for e in plan.evictions if now - self._evicted_at.get(e.pod.uid, -math.inf) >= self.evict_every]
+        outcomes = await self._bounded(self._evict(e.pod, e.why) for e in due)
+        refusals: dict[str, list[str]] = {}
+        for e, refusal in zip(due, outcomes, strict=True):
+            self._evicted_at[e.pod.uid] = now
+            if refusal:
+                refusals.setdefault(e.gpr_uid, []).append(refusal)
+        evicting = {e.gpr_uid for e in plan.evictions}
+        self.refusals = {uid: msg for uid, msg in self.refusals.items() if uid in evicting}
+        self.refusals.update({uid: "; ".join(msgs) for uid, msgs in refusals.items()})
+        live = set(snap.pods)
+        self._evicted_at = {uid: t for uid, t in self._evicted_at.items() if uid in live}
+        if self.emit_events:
+            await self._bounded(self._event(uid, e) for uid, e in plan.events if uid in written and e.kind != "submitted")
+        await self._bounded(self._delete_orphan(*o) for o in plan.orphans)
 
-    async def _act(self, sched: Scheduler, events: list[Event]) -> None:
-        for event in events:
-            if event.kind in ("evicted", "expired", "cancelled") or (
-                    event.kind == "completed" and event.detail == "IdleTimeout") or (
-                    event.kind == "failed" and event.detail == "DeviceUnhealthy"):
-                self.to_evict.setdefault(event.gpr, f"{event.kind}: {event.detail}".rstrip(": "))
-            await self._event(event)
-        for key, why in list(self.to_evict.items()):
-            if await self._evict_pods(key, why):
-                self.to_evict.pop(key, None)
-        for key in list(sched.holders):
-            await self._ungate(key)
+    async def _write(self, uid: str, status: dict[str, Any]) -> bool:
+        obj = self.objects.get(uid)
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        body = dict(obj)
+        body["status"] = status
+        try:
+            written = await self.kube.replace_gpr_status(meta.get("namespace", ""), meta.get("name", ""), body)
+        except (Conflict, NotFound):
+            self.metrics.actions.labels("status", "conflict").inc()
+            return False  # the informer brings the fresh object; the next pass decides again
+        except ApiError as exc:
+            self.metrics.actions.labels("status", "error").inc()
+            log.warning("status write failed", extra={"gpr": f"{meta.get('namespace')}/{meta.get('name')}",
+                                                      "error": str(exc)[:200]})
+            return False
+        self.metrics.actions.labels("status", "ok").inc()
+        if not _older(written, self.objects.get(uid)):
+            self.objects[uid] = written
+        return True
 
-    async def _evict_pods(self, key: str, why: str) -> bool:
-        """Evict the GPR's pods that still run or wait; True when none is left to evict."""
-        done = True
-        refusals = []
-        for pod in self._pods_of(key):
-            if pod.phase in ("Succeeded", "Failed"):
-                continue
-            try:
-                await self.kube.evict(pod.namespace, pod.name, why)
-            except NotFound:
-                continue
-            except ApiException as exc:
-                done = False
-                refusals.append(f"{pod.key}: {exc.status} {exc.reason}")
-        if refusals:
-            self.blocked[key] = "; ".join(refusals)
-        else:
-            self.blocked.pop(key, None)
-        return done
-
-    async def _ungate(self, key: str) -> None:
-        for pod in self._pods_of(key):
-            if gr.SCHEDULING_GATE not in pod.gates:
-                continue
-            remaining = [{"name": g} for g in pod.gates if g != gr.SCHEDULING_GATE]
-            patch = [{"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in pod.gates]},
-                     {"op": "replace", "path": "/spec/schedulingGates", "value": remaining}]
-            try:
-                await self.kube.patch_pod(pod.namespace, pod.name, patch)
-            except (NotFound, Conflict):
-                continue
-            except ApiException as exc:
-                log.warning("ungate failed", extra={"pod": pod.key, "status": exc.status})
-
-    async def _event(self, event: Event) -> None:
-        if not self.emit_events or "/" not in event.gpr:
+    async def _ungate(self, pod: Any, nodes: list[str]) -> None:
+        patch = ungate_patch(pod, nodes, gr.SCHEDULING_GATE)
+        if patch is None:
             return
+        try:
+            await self.kube.patch_pod(pod.namespace, pod.name, patch)
+            self.metrics.actions.labels("ungate", "ok").inc()
+        except (NotFound, Conflict):
+            self.metrics.actions.labels("ungate", "conflict").inc()
+        except ApiError as exc:  # 422: a test op failed (the pod changed meanwhile); the next pass retries
+            self.metrics.actions.labels("ungate", "error").inc()
+            log.warning("ungate failed", extra={"pod": pod.key, "error": str(exc)[:200]})
+
+    async def _evict(self, pod: Any, why: str) -> str:
+        """'' when evicted (or already gone), else the refusal."""
+        try:
+            await self.kube.evict(pod.namespace, pod.name, why)
+            self.metrics.actions.labels("evict", "ok").inc()
+            log.info("evicted pod", extra={"pod": pod.key, "why": why})
+            return ""
+        except NotFound:
+            return ""
+        except TooManyRequests as exc:
+            self.metrics.actions.labels("evict", "refused").inc()
+            return f"{pod.key}: 429 {exc.message or 'refused by a PodDisruptionBudget'}"
+        except ApiError as exc:
+            self.metrics.actions.labels("evict", "error").inc()
+            return f"{pod.key}: {exc.status} {exc.message or exc.reason}"
+
+    async def _event(self, uid: str, event: Event) -> None:
         namespace, name = event.gpr.split("/", 1)
-        obj = self.objects.get(event.gpr)
-        uid = obj.get("metadata", {}).get("uid", "") if obj else ""
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(event.time))
+        stamp = gr.rfc3339(event.time)
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{name}.", "namespace": namespace},
                 "involvedObject": {"apiVersion": gr.API_VERSION, "kind": gr.GPR_KIND, "name": name,
                                    "namespace": namespace, "uid": uid},
                 "reason": event.kind.capitalize(), "message": event.detail or event.kind,
-                "type": "Warning" if event.kind in ("evicted", "failed", "idle") else "Normal",
+                "type": "Warning" if event.kind in WARNING_EVENTS else "Normal",
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
                 "source": {"component": "accelstack-gpr-controller"}}
         await self.kube.create_event(namespace, body)
 
-    async def _write_statuses(self, sched: Scheduler, now: float) -> None:
-        queued = sched.queued()
-        positions = {g.name: i + 1 for i, g in enumerate(queued)}
-        estimates = self._estimates(sched, queued, now)
-        for key, obj in list(self.objects.items()):
-            g = sched.gprs.get(key)
-            if key in self.spec_errors:
-                body = {"status": {"phase": Phase.FAILED.value, "reason": "InvalidSpec",
-                                   "message": self.spec_errors[key]}}
-            elif g is None:
-                continue
-            else:
-                reservation = [{"node": sched.inv.names[a.node], "devices": len(a.devices)}
-                               for a in (g.placement.assignments if g.placement and g.holding else ())]
-                conditions = []
-                if key in self.blocked:
-                    reason = "PodDisruptionBudget" if " 429 " in f" {self.blocked[key]} " else "EvictionRefused"
-                    conditions.append({"type": "EvictionBlocked", "status": "True", "reason": reason,
-                                       "message": self.blocked[key][:1000]})
-                estimate = estimates.get(key)
-                body = gr.status_body(g, queue_position=positions.get(key),
-                                      estimated_start=estimate if estimate is not None and math.isfinite(estimate)
-                                      else None, reservation=reservation, now=now,
-                                      observed_generation=obj.get("metadata", {}).get("generation"),
-                                      conditions=conditions,
-                                      previous_conditions=(obj.get("status") or {}).get("conditions"))
-            if self._unchanged(obj.get("status") or {}, body["status"]):
-                continue
-            new = dict(obj)
-            new["status"] = body["status"]
-            meta = obj.get("metadata", {})
-            try:
-                written = await self.kube.replace_gpr_status(meta.get("namespace", ""), meta.get("name", ""), new)
-            except (Conflict, NotFound):
-                continue  # the informer brings the fresh object; the next pass writes again
-            self.objects[key] = written
+    async def _delete_orphan(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            await self.kube.delete_gpr(namespace, name, uid=uid)
+            log.info("deleted an auto-created GPR that no pod uses", extra={"gpr": f"{namespace}/{name}"})
+            self.metrics.actions.labels("orphan", "ok").inc()
+        except (NotFound, Conflict):
+            pass
+        except ApiError as exc:
+            self.metrics.actions.labels("orphan", "error").inc()
+            log.warning("could not delete an orphan GPR", extra={"gpr": f"{namespace}/{name}", "error": str(exc)[:200]})
 
-    def _estimates(self, sched: Scheduler, queued: list[GPR], now: float) -> dict[str, float]:
-        """Estimated starts of the queued GPRs. They cost seconds for a queue of thousands (bench_core), so they
-        are recomputed only when the queue's membership changed or ``estimate_every`` seconds passed."""
-        names = frozenset(g.name for g in queued)
-        if not names:
-            return {}
-        if names != self._estimate_names or now - self._estimated_at >= self.estimate_every:
-            self._estimate_cache = sched.estimates(now)
-            self._estimate_names, self._estimated_at = names, now
-        return self._estimate_cache
-
-    @staticmethod
-    def _unchanged(current: dict[str, Any], new: dict[str, Any]) -> bool:
-        def kinds(status: dict[str, Any]) -> set[tuple[str, str]]:
-            return {(str(c.get("type")), str(c.get("status"))) for c in status.get("conditions") or []
-                    if isinstance(c, dict)}
-
-        return all(current.get(k) == new.get(k) for k in STATUS_KEYS) and kinds(current) == kinds(new)
-
-    async def run(self, stop: asyncio.Event, leading: asyncio.Event) -> None:
+    # ------------------------------------------------------------------------------------------ the loop
+    async def run(self, stop: asyncio.Event) -> None:
+        """Passes until ``stop`` (a leader term's end). Errors are logged and the pass retried with backoff."""
+        failures = 0
         while not stop.is_set():
-            if not leading.is_set():
-                self.sched = None  # a new term starts from the API server's state
-                waits = [asyncio.create_task(stop.wait()), asyncio.create_task(leading.wait())]
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for task in waits:
-                    task.cancel()
-                continue
             self.poke.clear()
             try:
-                await self.reconcile()
+                plan = await self.reconcile()
+                failures = 0
+                self.metrics.passes.labels("ok").inc()
+                wake = plan.wakeup
             except Exception:
-                log.exception("reconcile failed; retrying")
-            wake = self.sched.next_wakeup() if self.sched else math.inf
-            timeout = max(0.01, min(self.resync, wake - self.clock()))
+                failures += 1
+                self.metrics.passes.labels("error").inc()
+                log.exception("controller pass failed; retrying")
+                wake = self.clock() + min(30.0, 0.5 * 2 ** failures)
+            timeout = max(0.01, min(self.resync, wake - self.clock(), self._queue_at + self.estimate_every
+                                    - self.clock() + 0.01))
             waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.poke.wait())]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
             for task in waits:
                 task.cancel()
+
+
+def _older(new: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    """True when ``new`` is an older version than ``current`` (an event delayed behind our own write)."""
+    if current is None:
+        return False
+    try:
+        return int((new.get("metadata") or {}).get("resourceVersion") or 0) < int(
+            (current.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return False

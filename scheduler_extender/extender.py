@@ -58,12 +58,14 @@ def _node_names(args: wire.ExtenderArgs) -> tuple[list[str], list[msgspec.Raw] |
 
 class Extender:
     def __init__(self, view: ClusterView, binder: Binder, metrics: ExtenderMetrics | None = None,
-                 require_gpr: bool = False, ready: Callable[[], bool] = lambda: True) -> None:
+                 require_gpr: bool = False, ready: Callable[[], bool] = lambda: True,
+                 registries: tuple[CollectorRegistry, ...] = ()) -> None:
         self.view = view
         self.binder = binder
         self.metrics = metrics or ExtenderMetrics()
         self.require_gpr = require_gpr
         self.ready = ready
+        self.registries = (self.metrics.registry, *registries)
 
     def routes(self, prefix: str = "/scheduler") -> list[web.RouteDef]:
         prefix = prefix.rstrip("/")
@@ -163,7 +165,9 @@ class Extender:
         return web.Response(text="ok\n")
 
     async def readyz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok\n") if self.ready() else web.Response(status=503, text="informers not synced\n")
+        return web.Response(text="ok\n") if self.ready() else web.Response(
+            status=503, text="not ready: a resource cannot be listed from the API server (see the logs)\n")
 
     async def metrics_view(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = b"".join(generate_latest(r) for r in self.registries)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -39,6 +39,9 @@ SPEC_FIELDS = (
 MAX_MODELS, MAX_MODEL_LENGTH = 32, 128  # as the CRD's maxItems and maxLength
 MAX_NAME = 63  # a GPR's name is the value of the pod label accelstack.io/gpr: a label value has at most 63
 TERMINAL_PHASES = frozenset({Phase.COMPLETE.value, Phase.CANCELLED.value})
+# A Failed (or Evicted) GPR is final too: a failure that is retried is written as Queued with nextRetryTime.
+FINAL_PHASES = TERMINAL_PHASES | {Phase.FAILED.value, Phase.EVICTED.value}
+ALLOCATED_PHASES = frozenset({Phase.ADMITTED.value, Phase.RUNNING.value, Phase.EVICTING.value})
 
 
 class SpecError(ValueError):
@@ -248,22 +251,30 @@ def from_object(obj: dict[str, Any], now: float) -> GPR:
         raise SpecError(f"spec: {exc}") from None
     status = obj.get("status")
     if isinstance(status, Mapping):
-        try:
-            g.phase = Phase(status.get("phase") or Phase.QUEUED.value)
-        except ValueError:
-            g.phase = Phase.QUEUED
-        reason = status.get("reason")
-        g.reason = reason if isinstance(reason, str) else ""
-        for attr, key in (("failures", "failures"), ("evictions", "evictions")):
-            value = status.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                setattr(g, attr, value)
-        g.admitted_at = parse_time(status.get("admittedAt"))
-        g.started_at = parse_time(status.get("startedAt"))
-        g.finished_at = parse_time(status.get("finishedAt"))
-        if g.started_at is not None:
-            g.last_active_at = g.started_at
+        restore_status(g, status)
     return g
+
+
+def restore_status(g: GPR, status: Mapping[str, Any]) -> None:
+    """Put what a GPR's status records (phase, reason, counters, timestamps, retry time) back on ``g``."""
+    try:
+        g.phase = Phase(status.get("phase") or Phase.QUEUED.value)
+    except ValueError:
+        g.phase = Phase.QUEUED
+    reason = status.get("reason")
+    g.reason = reason if isinstance(reason, str) else ""
+    for attr, key in (("failures", "failures"), ("evictions", "evictions")):
+        value = status.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            setattr(g, attr, value)
+    g.admitted_at = parse_time(status.get("admittedAt"))
+    g.started_at = parse_time(status.get("startedAt"))
+    g.finished_at = parse_time(status.get("finishedAt"))
+    if g.started_at is not None:
+        g.last_active_at = g.started_at
+    retry = parse_time(status.get("nextRetryTime"))
+    if retry is not None:
+        g.not_before = retry
 
 
 def to_spec(g: GPR) -> dict[str, Any]:
@@ -294,6 +305,7 @@ CONDITIONS: dict[str, frozenset[Phase]] = {
     "Queued": frozenset({Phase.QUEUED}),
     "Admitted": frozenset({Phase.ADMITTED, Phase.RUNNING}),
     "Running": frozenset({Phase.RUNNING}),
+    "Evicting": frozenset({Phase.EVICTING}),
     "Finished": frozenset({Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.CANCELLED}),
 }
 
@@ -310,6 +322,8 @@ def _message(g: GPR, queue_position: int | None, estimated_start: float | None, 
         return f"{ask} reserved on {', '.join(nodes) or 'no node'}; waiting for its pods to start"
     if g.phase is Phase.RUNNING:
         return f"running on {', '.join(nodes) or 'no node'}"
+    if g.phase is Phase.EVICTING:
+        return f"evicting ({g.reason}): still holds {', '.join(nodes) or 'no node'} until its pods are gone"
     return f"{g.phase.value.lower()}{': ' + g.reason if g.reason else ''}"
 
 
@@ -386,6 +400,8 @@ def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | 
         status["queuePosition"] = queue_position
     if queued and estimated_start is not None and math.isfinite(estimated_start):
         status["estimatedStart"] = rfc3339(estimated_start)
+    if queued and g.not_before > now:
+        status["nextRetryTime"] = rfc3339(math.ceil(g.not_before))
     for key, value in (("admittedAt", g.admitted_at), ("startedAt", g.started_at), ("finishedAt", g.finished_at)):
         if value is not None:
             status[key] = rfc3339(value)

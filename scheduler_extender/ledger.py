@@ -15,6 +15,11 @@ from dataclasses import dataclass
 import orjson
 
 LEDGER_ANNOTATION = "accelstack.io/ledger"
+LEDGER_VERSION = 1  # {"v": 1, "pods": {uid: entry}}; version 0 is the bare {uid: entry} map of earlier releases
+
+
+class LedgerVersionError(ValueError):
+    """The annotation was written by a newer accelstack: read nothing from it and write nothing to it."""
 
 
 @dataclass(frozen=True)
@@ -27,12 +32,19 @@ class Entry:
 
 
 def parse(text: str | None) -> dict[str, Entry]:
-    """Entries by pod UID. A malformed annotation reads as empty only if absent; otherwise it raises."""
+    """Entries by pod UID. An absent annotation is an empty ledger; a malformed one raises ValueError (and a
+    newer format :class:`LedgerVersionError`): the caller must neither trust nor overwrite it."""
     if not text:
         return {}
-    raw = orjson.loads(text)  # JSON: {uid: {"p": "ns/name", "r": {resource: n}, "g": "ns/gpr", "t": epoch}}
+    raw = orjson.loads(text)  # {"v": 1, "pods": {uid: {"p": "ns/name", "r": {resource: n}, "g": "ns/gpr", "t": t}}}
     if not isinstance(raw, dict):
         raise ValueError("ledger annotation is not a JSON object")
+    if "v" in raw:
+        if raw["v"] != LEDGER_VERSION:
+            raise LedgerVersionError(f"ledger format version {raw['v']!r} is newer than {LEDGER_VERSION}")
+        raw = raw.get("pods")
+        if not isinstance(raw, dict):
+            raise ValueError("ledger annotation has no pods map")
     out = {}
     for uid, item in raw.items():
         requests = {str(k): int(v) for k, v in dict(item["r"]).items()}
@@ -42,6 +54,6 @@ def parse(text: str | None) -> dict[str, Entry]:
 
 
 def render(entries: Mapping[str, Entry]) -> str:
-    body = {uid: {"p": e.pod, "r": e.requests, "t": round(e.since, 3), **({"g": e.gpr} if e.gpr else {})}
+    pods = {uid: {"p": e.pod, "r": e.requests, "t": round(e.since, 3), **({"g": e.gpr} if e.gpr else {})}
             for uid, e in sorted(entries.items())}
-    return orjson.dumps(body).decode()
+    return orjson.dumps({"v": LEDGER_VERSION, "pods": pods}).decode()

@@ -53,7 +53,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("lease-seconds", "15", "leader lease duration in seconds")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between controller passes when nothing changes")
-    add("controller", "true", "run the leader-elected GPR controller in this process")
+    add("controller", "true", "run the leader-elected GPR controller inside this process (its passes run in a worker "
+        "thread); false when it runs as its own process, accelstack-controller, as the manifests ship it")
+    add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
     add("webhook", "true", "serve the admission webhook (POST /mutate-pods, /validate-gprs)")
     add("auto-gpr", "false", "webhook: create a GPR from the namespace's default template for unlabelled pods")
     add("log-level", "info", "debug, info, warning or error")
@@ -114,23 +116,17 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "resync": _number("resync", args.resync, float, 0.05), "controller": _bool("controller", args.controller),
         "webhook": _bool("webhook", args.webhook), "auto_gpr": _bool("auto-gpr", args.auto_gpr),
         "log_level": args.log_level, "log_format": args.log_format,
+        "api_timeout": _number("api-timeout", args.api_timeout, float, 0.1),
     }
 
 
 async def serve(opts: dict[str, Any]) -> None:
-    from kubernetes_asyncio import client, config
-
+    from kubeapi.client import from_config
     from scheduler_extender.kube import Kube
     from scheduler_extender.server import ExtenderServer
 
-    if opts["kubeconfig"]:
-        await config.load_kube_config(config_file=opts["kubeconfig"])
-    else:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            await config.load_kube_config()
-    kube = Kube(client.ApiClient())
+    kube = Kube(await from_config(opts["kubeconfig"], field_manager="accelstack-extender",
+                                  timeout=opts["api_timeout"]))
     extra = None
     if opts["webhook"]:
         extra = webhook_routes(kube, opts)
@@ -165,7 +161,7 @@ def webhook_routes(kube: Any, opts: dict[str, Any]) -> Any:
         return None
 
     def add(app: Any) -> None:
-        handler = webhook.Webhook(webhook.KubeLookup(kube.api_client), resources=opts["resources"],
+        handler = webhook.Webhook(webhook.KubeLookup(kube), resources=opts["resources"],
                                   auto_gpr=opts["auto_gpr"])
         webhook.add_webhook_routes(app, handler)
 

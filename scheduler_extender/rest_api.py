@@ -15,6 +15,7 @@ server fails).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -22,13 +23,11 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.auth import Authorizer
-from scheduler_extender.cluster import HOLDING, ClusterView
-from scheduler_extender.controller import GPRController, build_scheduler
-from scheduler_extender.kube import Conflict, Kube, NotFound
+from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
+from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -73,13 +72,13 @@ class RestAPI:
     """The routes. With an ``authorizer`` every call needs a bearer token whose user RBAC allows the equivalent
     Kubernetes action; without one (tests of the routes alone) the API is open."""
 
-    def __init__(self, kube: Kube, view: ClusterView, controller: GPRController | None = None,
-                 clock: Callable[[], float] = time.time, authorizer: Authorizer | None = None) -> None:
+    def __init__(self, kube: Kube, view: ClusterView, clock: Callable[[], float] = time.time,
+                 authorizer: Authorizer | None = None, limiter: RateLimiter | None = None) -> None:
         self.kube = kube
         self.view = view
-        self.controller = controller
         self.clock = clock
         self.authorizer = authorizer
+        self.limiter = limiter or RateLimiter()
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/inventory", self.get_inventory), web.get("/api/v1/gprs", self.list_gprs),
@@ -106,9 +105,9 @@ class RestAPI:
             return _error(404, str(exc) or "not found")
         except Conflict as exc:
             return _error(409, str(exc) or "conflict")
-        except ApiException as exc:
+        except ApiError as exc:
             status = exc.status if exc.status in (400, 403, 422) else 502
-            return _error(status, f"API server: {exc.status} {exc.reason}")
+            return _error(status, f"API server: {exc.status} {exc.message or exc.reason}")
 
     async def list_gprs(self, request: web.Request) -> web.Response:
         namespace = request.query.get("namespace") or None
@@ -154,31 +153,93 @@ class RestAPI:
         return denied or await self._call(self.kube.create_gpr(namespace, obj), created=True)
 
     async def waittime(self, request: web.Request) -> web.Response:
-        now = self.clock()
+        """Estimated start of a GPR one would submit now, from what the controller keeps in the GPRs' statuses: no
+        pass is run here (an answer costs O(nodes + GPRs), never blocks the loop). Rate-limited per caller."""
+        limited = self.limiter.check(request)
+        if limited:
+            return web.Response(status=429, body=orjson.dumps({"error": "too many wait-time requests"}),
+                                content_type="application/json", headers={"Retry-After": str(limited)})
         try:
             body = await self._body(request)
             namespace = body.get("namespace") or "default"
-            obj = {"apiVersion": gr.API_VERSION, "kind": gr.GPR_KIND,
-                   "metadata": {"name": "~hypothetical", "namespace": namespace}, "spec": body.get("spec", {})}
-            g = gr.from_object(obj, now)
+            if not isinstance(namespace, str):
+                raise gr.SpecError("namespace: must be a string")
         except (ValueError, gr.SpecError) as exc:
             return _error(400, str(exc))
         denied = await self._denied(request, "list", namespace)  # the estimate reveals the namespace's queue
         if denied:
             return denied
-        objects = self.controller.objects.values() if self.controller else []
-        sched, _ = build_scheduler(self.view, list(objects), now,
-                                   self.controller.policy if self.controller else "bestfit",
-                                   self.controller.config if self.controller else None)
-        g.submitted_at = now + 1e-6  # behind everything already queued at its priority
-        sched.submit(g, now)
-        order = [q.name for q in sched.queued()]
-        position = order.index(g.name) + 1 if g.name in order else None
-        start = sched.estimates(now).get(g.name, math.inf)
-        fits_now = sched.policy.place(sched.inv, g.request()) is not None and position == 1
-        if fits_now:
-            start = now
-        holding = sum(1 for v in self.view.gprs.values() if v.phase in HOLDING)
-        return _json({"queuePosition": position, "estimatedStart": gr.rfc3339(start) if math.isfinite(start) else None,
-                      "waitSeconds": round(start - now, 3) if math.isfinite(start) else None,
-                      "estimable": math.isfinite(start), "admittedGPRs": holding})
+        try:
+            fields = gr.check_spec(body.get("spec", {}))
+        except gr.SpecError as exc:
+            return _error(400, str(exc))
+        return _json(what_if(self.view, fields, self.clock()))
+
+
+class RateLimiter:
+    """A token bucket per caller (the bearer token's hash, else the peer address)."""
+
+    def __init__(self, rate: float = 10.0, burst: int = 20, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.buckets: dict[str, tuple[float, float]] = {}
+
+    def check(self, request: web.Request) -> int:
+        """0 when allowed, else the seconds to wait (for Retry-After)."""
+        auth = request.headers.get("Authorization", "")
+        key = hashlib.sha256(auth.encode()).hexdigest() if auth else str(request.remote)
+        now = self.clock()
+        tokens, at = self.buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self.buckets[key] = (tokens, now)
+            return max(1, math.ceil((1.0 - tokens) / self.rate))
+        if len(self.buckets) > 10_000:
+            self.buckets.clear()
+        self.buckets[key] = (tokens - 1.0, now)
+        return 0
+
+
+def what_if(view: ClusterView, fields: dict[str, Any], now: float) -> dict[str, Any]:
+    """Where a new GPR with ``fields`` would stand and when it would start, from the view alone.
+
+    Position: behind every queued GPR of higher or equal priority. Start: now when nothing of its resource waits
+    ahead of it and enough healthy nodes have the devices free; otherwise the latest estimated start the
+    controller wrote for a GPR of the same resource ahead of it, or — with nothing ahead — the time enough
+    holders reach their end bound (admission + exitDuration). ``estimable`` is false when no bound exists."""
+    resource, priority = fields["resource"], fields["priority"]
+    per_node, count = fields["devices_per_node"], fields["node_count"]
+    queued = [g for g in view.gprs.values() if g.phase == "Queued"]
+    ahead = [g for g in queued if g.priority >= priority]
+    same = [g for g in ahead if g.resource == resource]
+    free: dict[str, int] = {}
+    for node in view.nodes.values():
+        if node.allocatable.get(resource, 0) >= per_node and not node.health_reason(resource) \
+                and not node.ledger_error:
+            free[node.name] = view.free_for(node, resource, "")
+    start = math.inf
+    basis = ""
+    if not same and sum(1 for f in free.values() if f >= per_node) >= count:
+        start, basis = now, "fits now"
+    elif same:
+        known = [g.estimated_start for g in same if g.estimated_start is not None]
+        if len(known) == len(same):
+            start, basis = max([now, *known]), "after the GPRs ahead of it"
+        else:
+            basis = "a GPR ahead of it has no estimate yet"
+    else:
+        ends = sorted((g.end, name, n) for g in view.gprs.values() if g.phase in ALLOCATED and g.resource == resource
+                      for name, n in g.reservation.items() if name in free)
+        for end, name, n in ends:
+            if not math.isfinite(end):
+                basis = "an unbounded holder is in the way"
+                break
+            free[name] += n
+            if sum(1 for f in free.values() if f >= per_node) >= count:
+                start, basis = max(now, end), "when holders reach their exitDuration"
+                break
+        else:
+            basis = basis or "more than the healthy cluster has"
+    holding = sum(1 for v in view.gprs.values() if v.phase in HOLDING)
+    return {"queuePosition": len(ahead) + 1, "estimatedStart": gr.rfc3339(start) if math.isfinite(start) else None,
+            "waitSeconds": round(start - now, 3) if math.isfinite(start) else None,
+            "estimable": math.isfinite(start), "basis": basis, "admittedGPRs": holding}

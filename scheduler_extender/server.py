@@ -1,7 +1,12 @@
-"""One extender process: informers feeding the cluster view, the extender verbs, the binder, the REST API, the
-admission webhook and the (leader-elected) GPR controller, on one aiohttp server.
+"""The extender process and the controller service.
 
-``ExtenderServer`` is what ``accelstack-extender`` runs and what the tests start against the API-server peer.
+``ExtenderServer`` is what answers kube-scheduler and the API server on the hot path: informers feeding the
+cluster view, the extender verbs, the binder, the REST API and the admission webhook, on one aiohttp server.
+
+``ControllerService`` is the leader-elected GPR controller and the ledger sweep. It runs in its own process
+(``accelstack-controller``, the layout the manifests ship: a second container beside the extender) so that its
+CPU-bound passes never compete with the verbs for the interpreter, or — with ``run_controller=True`` — inside the
+extender process on the same view (small clusters, tests), where passes still run in a worker thread.
 """
 
 from __future__ import annotations
@@ -18,18 +23,146 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
 
+from kubeapi.informer import Informer
+from kubeapi.leader import LeaderElector
+from kubeapi.resources import GPRS, NODES, PODS
+from kubeapi.tasks import supervise, while_leading
 from scheduler_extender.auth import Authorizer
 from scheduler_extender.binder import Binder
-from scheduler_extender.cluster import ClusterView
+from scheduler_extender.cluster import ClusterView, PodView
 from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import Extender, ExtenderMetrics
-from scheduler_extender.kube import Informer, Kube
-from scheduler_extender.leader import LeaderElector
+from scheduler_extender.kube import Kube
 from scheduler_extender.rest_api import RestAPI
 
 log = logging.getLogger("accelstack.extender.server")
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
+
+
+def _pod_matters(old: PodView | None, new: PodView | None) -> bool:
+    """Whether a pod change can change a controller decision (pods that ask for no managed resource never do)."""
+    if old is None or new is None:
+        return old is not new
+    return (old.phase, old.node, old.gates, old.terminating, old.gpr, old.ended_at) != (
+        new.phase, new.node, new.gates, new.terminating, new.gpr, new.ended_at)
+
+
+def make_informers(kube: Kube, view: ClusterView, on_node: Callable[[str, dict[str, Any]], None],
+                   on_pod: Callable[[str, dict[str, Any]], None], on_gpr: Callable[[str, dict[str, Any]], None],
+                   sync_gprs: Callable[[list[dict[str, Any]]], None],
+                   watch_timeout: tuple[int, int] = (300, 600)) -> list[Informer]:
+    return [
+        Informer(kube.client, NODES, on_node, view.sync_nodes, name="nodes", watch_timeout=watch_timeout),
+        Informer(kube.client, PODS, on_pod, view.sync_pods, name="pods", watch_timeout=watch_timeout),
+        Informer(kube.client, GPRS, on_gpr, sync_gprs, name="gprs", watch_timeout=watch_timeout),
+    ]
+
+
+async def wait_synced(informers: list[Informer], timeout: float) -> None:
+    try:
+        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in informers)), timeout)
+    except TimeoutError:
+        missing = [i for i in informers if not i.synced.is_set()]
+        hint = " (is the GPUProvisioningRequest CRD installed?)" if any(i.name == "gprs" for i in missing) else ""
+        detail = "; ".join(f"{i.name}: {i.last_error or 'no answer'}" for i in missing)
+        raise RuntimeError(f"could not list {', '.join(i.name for i in missing)} from the API server in "
+                           f"{timeout:g}s{hint}: {detail}") from None
+
+
+async def sweep_ledgers(view: ClusterView, binder: Binder, now: float | None = None, unbound_ttl: float = 600.0,
+                        unseen_grace: float = 120.0) -> tuple[int, int]:
+    """Make every node's ledger match the pods: give back entries of pods that ended, are bound elsewhere, were
+    never bound within ``unbound_ttl`` (a bind that crashed half way) or are gone — the last only once the entry
+    is older than ``unseen_grace``, because a pod bound a moment ago may not have reached this replica's informer
+    yet. Adopt bound pods a ledger lacks. A ledger that cannot be read is never overwritten. Returns (released,
+    adopted)."""
+    now = time.time() if now is None else now
+    released = adopted = 0
+    bound: dict[str, list[Any]] = {}
+    for p in view.pods.values():
+        if p.node and p.live:
+            bound.setdefault(p.node, []).append(p)
+    for node in list(view.nodes.values()):
+        if node.ledger_error:
+            continue
+        stale = []
+        for uid, entry in node.ledger.items():
+            holder = view.pods.get(uid)
+            if holder is None:
+                if now - entry.since > unseen_grace:
+                    stale.append(uid)
+            elif not holder.live or holder.node not in ("", node.name) \
+                    or (not holder.node and now - entry.since > unbound_ttl):
+                stale.append(uid)
+        if stale:
+            released += await binder.release(node.name, stale)
+        if bound.get(node.name):
+            adopted += await binder.adopt(node.name, bound[node.name])
+    return released, adopted
+
+
+class ControllerService:
+    """The leader-elected GPR controller and ledger sweep over a cluster view that someone keeps current."""
+
+    def __init__(self, kube: Kube, view: ClusterView, *, lease_namespace: str = "accelstack-system",
+                 lease_name: str = "accelstack-gpr-controller", identity: str = "", policy: str = "bestfit",
+                 resync: float = 5.0, lease_seconds: float = 15.0, sweep_every: float = 60.0,
+                 registry: CollectorRegistry | None = None, **controller: Any) -> None:
+        self.kube = kube
+        self.view = view
+        self.controller = GPRController(kube, view, policy=policy, resync=resync, registry=registry, **controller)
+        self.binder = Binder(kube, view)
+        self.elector = LeaderElector(kube.client, lease_namespace, lease_name,
+                                     identity or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}",
+                                     lease_duration=lease_seconds, renew_deadline=lease_seconds * 2 / 3,
+                                     retry_period=lease_seconds * 2 / 15)
+        self.sweep_every = sweep_every
+        self.released: int = 0  # ledger entries given back by sweeps
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # events from the informers (the owner of the view calls these after updating it)
+    def node_changed(self, old: Any, new: Any) -> None:
+        if old is None or new is None or not old.same_capacity(new):
+            self.controller.changed()
+
+    def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
+        if _pod_matters(old, new):
+            self.controller.changed()
+
+    def start(self, stop: asyncio.Event) -> None:
+        self._tasks = [
+            asyncio.create_task(supervise("leader-election", self.elector.run, stop), name="leader-election"),
+            asyncio.create_task(while_leading(self.elector, stop, {"gpr-controller": self.controller.run,
+                                                                   "ledger-sweep": self._sweeper}),
+                                name="leader-work"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self.elector.leading.is_set():
+            self.elector.leading.clear()
+            self.elector.following.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.elector.release(), 5)
+
+    async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0,
+                    unseen_grace: float = 120.0) -> tuple[int, int]:
+        released, adopted = await sweep_ledgers(self.view, self.binder, now, unbound_ttl, unseen_grace)
+        self.released += released
+        return released, adopted
+
+    async def _sweeper(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            released, adopted = await self.sweep()
+            if released or adopted:
+                log.info("ledger sweep", extra={"released": released, "adopted": adopted})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.sweep_every)
 
 
 class ExtenderServer:
@@ -37,25 +170,24 @@ class ExtenderServer:
                  prefix: str = "/scheduler", require_gpr: bool = False, max_body: int = DEFAULT_MAX_BODY,
                  extra_routes: Callable[[web.Application], None] | None = None, run_controller: bool = True,
                  lease_namespace: str = "accelstack-system", lease_name: str = "accelstack-gpr-controller",
-                 identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: int = 15,
-                 sweep_every: float = 60.0, rest_auth: bool = True) -> None:
+                 identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: float = 15.0,
+                 sweep_every: float = 60.0, rest_auth: bool = True, watch_timeout: tuple[int, int] = (300, 600),
+                 **controller: Any) -> None:
         self.kube = kube
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
         self.metrics = ExtenderMetrics()
-        self.controller = GPRController(kube, self.view, policy=policy, resync=resync)
-        self.run_controller = run_controller
-        self.elector = LeaderElector(kube, lease_namespace, lease_name, identity or f"{socket.gethostname()}-{os.getpid()}"
-                                     f"-{id(self):x}", lease_seconds=lease_seconds,
-                                     renew_every=max(0.2, lease_seconds / 3))
-        self.sweep_every = sweep_every
-        self.informers = [
-            Informer("nodes", kube.lister("nodes"), self._on_node, self.view.sync_nodes),
-            Informer("pods", kube.lister("pods"), self._on_pod, self.view.sync_pods),
-            Informer("gprs", kube.lister("gprs"), self._on_gpr, self._sync_gprs),
-        ]
-        self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready)
-        self.rest = RestAPI(kube, self.view, self.controller, authorizer=Authorizer(kube) if rest_auth else None)
+        self.service: ControllerService | None = None
+        if run_controller:
+            self.service = ControllerService(kube, self.view, lease_namespace=lease_namespace, lease_name=lease_name,
+                                             identity=identity, policy=policy, resync=resync,
+                                             lease_seconds=lease_seconds, sweep_every=sweep_every,
+                                             registry=self.metrics.registry, **controller)
+        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs,
+                                        watch_timeout)
+        self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
+                                 registries=(REGISTRY,))
+        self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None)
         self.app = web.Application(client_max_size=max_body)
         self.app.add_routes(self.extender.routes(prefix))
         self.app.add_routes(self.rest.routes())
@@ -66,29 +198,47 @@ class ExtenderServer:
         self._releases: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self.port = 0
-        self.released: list[str] = []  # ledger entries given back by garbage collection (uids)
+
+    @property
+    def controller(self) -> GPRController:
+        if self.service is None:
+            raise RuntimeError("this extender runs without the controller (run_controller=False)")
+        return self.service.controller
+
+    @property
+    def elector(self) -> LeaderElector:
+        if self.service is None:
+            raise RuntimeError("this extender runs without the controller (run_controller=False)")
+        return self.service.elector
 
     def ready(self) -> bool:
-        return all(i.synced.is_set() for i in self.informers)
+        return all(i.synced.is_set() and i.healthy for i in self.informers)
 
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        old = self.view.nodes.get(name)
         self.view.on_node(kind, obj)
-        self.controller.changed()
+        if self.service is not None:
+            self.service.node_changed(old, self.view.nodes.get(name))
 
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)
-        self.controller.on_gpr(kind, obj)
+        if self.service is not None:
+            self.service.controller.on_gpr(kind, obj)
 
     def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.view.sync_gprs(items)
-        self.controller.sync_gprs(items)
+        if self.service is not None:
+            self.service.controller.sync_gprs(items)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        old = self.view.pods.get(uid)
         self.view.on_pod(kind, obj)
-        self.controller.changed()
+        if self.service is not None:
+            self.service.pod_changed(old, self.view.pods.get(uid))
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in ("Succeeded", "Failed"):
-            uid = obj.get("metadata", {}).get("uid", "")
             node = (obj.get("spec") or {}).get("nodeName") or ""
             view = self.view.nodes.get(node)
             if view is not None and uid in view.ledger:
@@ -99,72 +249,26 @@ class ExtenderServer:
     async def _release(self, node: str, uid: str) -> None:
         """A pod that ended gives its devices back to the node's ledger."""
         try:
-            if await self.binder.release(node, [uid]):
-                self.released.append(uid)
+            await self.binder.release(node, [uid])
         except Exception as exc:
             log.warning("ledger release failed; the next sweep retries", extra={"node": node, "error": str(exc)[:200]})
 
     async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0,
                     unseen_grace: float = 120.0) -> tuple[int, int]:
-        """Make every node's ledger match the pods: give back entries of pods that ended, are bound elsewhere,
-        were never bound within ``unbound_ttl`` (a bind that crashed half way) or are gone — the last only once
-        the entry is older than ``unseen_grace``, because a pod bound a moment ago may not have reached this
-        replica's informer yet. Adopt bound pods a ledger lacks. Returns (released, adopted)."""
-        now = time.time() if now is None else now
-        released = adopted = 0
-        bound: dict[str, list[Any]] = {}
-        for p in self.view.pods.values():
-            if p.node and p.phase not in ("Succeeded", "Failed"):
-                bound.setdefault(p.node, []).append(p)
-        for node in list(self.view.nodes.values()):
-            stale = []
-            for uid, entry in node.ledger.items():
-                holder = self.view.pods.get(uid)
-                if holder is None:
-                    if now - entry.since > unseen_grace:
-                        stale.append(uid)
-                elif holder.phase in ("Succeeded", "Failed") or holder.node not in ("", node.name) \
-                        or (not holder.node and now - entry.since > unbound_ttl):
-                    stale.append(uid)
-            if stale:
-                released += await self.binder.release(node.name, stale)
-            if bound.get(node.name):
-                adopted += await self.binder.adopt(node.name, bound[node.name])
-        return released, adopted
-
-    async def _sweeper(self) -> None:
-        while not self.stop_event.is_set():
-            waits = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.elector.leading.wait())]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)  # sweep as soon as this replica leads
-            for task in waits:
-                task.cancel()
-            if self.elector.leading.is_set() and not self.stop_event.is_set():
-                try:
-                    released, adopted = await self.sweep()
-                    if released or adopted:
-                        log.info("ledger sweep", extra={"released": released, "adopted": adopted})
-                except Exception as exc:
-                    log.warning("ledger sweep failed", extra={"error": str(exc)[:200]})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), self.sweep_every)
+        """One ledger sweep over this process's view (the controller's leader runs it periodically)."""
+        return await sweep_ledgers(self.view, self.binder, now, unbound_ttl, unseen_grace)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None,
                     sync_timeout: float = 30.0) -> None:
         self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
         try:
-            await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers)), sync_timeout)
-        except TimeoutError:
-            missing = [i.name for i in self.informers if not i.synced.is_set()]
+            await wait_synced(self.informers, sync_timeout)
+        except RuntimeError:
             await self.stop()
-            hint = " (is the GPUProvisioningRequest CRD installed?)" if "gprs" in missing else ""
-            raise RuntimeError(f"could not list {', '.join(missing)} from the API server in {sync_timeout:g}s"
-                               f"{hint}; check the address, credentials and RBAC") from None
+            raise
         gc.freeze()  # the synced cluster view is long-lived: keep it out of the collector's full passes
-        if self.run_controller:
-            self._tasks.append(asyncio.create_task(self.elector.run(self.stop_event), name="leader-election"))
-            self._tasks.append(asyncio.create_task(self.controller.run(self.stop_event, self.elector.leading),
-                                                   name="gpr-controller"))
-            self._tasks.append(asyncio.create_task(self._sweeper(), name="ledger-sweep"))
+        if self.service is not None:
+            self.service.start(self.stop_event)
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
@@ -175,9 +279,8 @@ class ExtenderServer:
 
     async def stop(self) -> None:
         self.stop_event.set()
-        if self.elector.leading.is_set():
-            self.elector.leading.clear()
-            await self.elector.release()
+        if self.service is not None:
+            await self.service.stop()
         for task in self._tasks:
             task.cancel()
         with contextlib.suppress(Exception):

@@ -89,6 +89,8 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
     node = view.nodes.get(name)
     if node is None:
         return "node unknown to the accelstack extender", False
+    if node.ledger_error:
+        return node.ledger_error, False
     for resource, count in ask.requests.items():
         sick = node.health_reason(resource)
         if sick:

@@ -27,20 +27,18 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import orjson
 from aiohttp import ClientError, web
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+
+from kubeapi import AlreadyExists as KubeAlreadyExists
+from kubeapi import ApiError, NotFound
+from kubeapi.resources import NAMESPACES
 
 from .core.inventory import GPU, NR1
 from .gpr_resource import (
     GPR_LABEL,
     GPR_PLURAL,
-    GROUP,
     MAX_NAME,
     SCHEDULING_GATE,
-    TEMPLATE_PLURAL,
-    VERSION,
     SpecError,
     check_spec,
     format_duration,
@@ -50,6 +48,7 @@ from .gpr_resource import (
     parse_duration,
     template_spec,
 )
+from .kube import Kube
 from .resources import pod_requests
 
 log = logging.getLogger("accelstack.extender.webhook")
@@ -88,63 +87,31 @@ class Lookup(Protocol):
 
 
 class KubeLookup(Lookup):
-    """:class:`Lookup` on the API server, through ``kubernetes_asyncio`` (objects as plain dicts)."""
+    """:class:`Lookup` on the API server through the shared client layer (timeouts, status checks, retries)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-
-    @staticmethod
-    async def _call(call: Any) -> tuple[int, dict[str, Any]]:
-        try:
-            response = await call
-        except ApiException as exc:
-            return exc.status or 500, _status_body(exc.body)
-        body = await response.read()
-        status = getattr(response, "status", 200)
-        return status, (orjson.loads(body) if body and status < 300 else _status_body(body))
-
-    @staticmethod
-    def _check(status: int, body: dict[str, Any], what: str) -> None:
-        if status >= 300:
-            raise ApiException(status=status, reason=f"{what}: {body.get('message') or body.get('reason') or status}")
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
-        status, body = await self._call(self.core.read_namespace(name, _preload_content=False))
-        if status == 404:
+        try:
+            return await self.kube.client.get(NAMESPACES, name)
+        except NotFound:
             return None
-        self._check(status, body, f"namespace {name}")
-        return body
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        status, body = await self._call(self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, TEMPLATE_PLURAL, name, _preload_content=False))
-        if status == 404:
+        try:
+            return await self.kube.get_template(namespace, name)
+        except NotFound:
             return None
-        self._check(status, body, f"GPRTemplate {namespace}/{name}")
-        return body
 
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]:
-        status, body = await self._call(self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, GPR_PLURAL, _preload_content=False))
-        self._check(status, body, f"GPRs in {namespace}")
-        return list(body.get("items") or [])
+        return await self.kube.list_gprs(namespace)
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        status, answer = await self._call(self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, GPR_PLURAL, body, _preload_content=False))
-        if status == 409:
-            raise AlreadyExists(answer.get("message") or "already exists")
-        self._check(status, answer, f"create GPR in {namespace}")
-        return answer
-
-
-def _status_body(raw: Any) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw) if raw else {}
-    except (orjson.JSONDecodeError, TypeError):
-        return {"message": str(raw)[:200]}
-    return body if isinstance(body, dict) else {}
+        try:
+            return await self.kube.create_gpr(namespace, body)
+        except KubeAlreadyExists as exc:
+            raise AlreadyExists(exc.message or "already exists") from None
 
 
 # ---- AdmissionReview in and out -----------------------------------------------------------------------------
@@ -276,7 +243,7 @@ class Webhook:
         except BadReview as exc:
             self._count(f"{endpoint} bad-request")
             return _bad(str(exc))
-        except (TimeoutError, ApiException, ClientError, OSError) as exc:  # a lookup failed: fail closed
+        except (TimeoutError, ApiError, ClientError, OSError) as exc:  # a lookup failed: fail closed
             log.warning("admission lookup failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
             answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable",
                                      message=f"accelstack admission could not read the cluster: {str(exc)[:300]}")
@@ -450,9 +417,9 @@ class Webhook:
         except AlreadyExists:
             warnings.append(f"linked to the existing GPR {namespace}/{name}")
             return name
-        except ApiException as exc:
+        except ApiError as exc:
             return review_response(uid, False, code=403, message=(
-                f"could not create GPR {namespace}/{name} from template {template_name!r}: {exc.reason}"))
+                f"could not create GPR {namespace}/{name} from template {template_name!r}: {exc.message or exc}"))
         warnings.append(f"created GPR {namespace}/{name} from template {template_name!r}")
         log.info("created GPR from default template", extra={"gpr": f"{namespace}/{name}", "for": made_for})
         return name

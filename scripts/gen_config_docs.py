@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from device_plugin import config as dp_config
 from npd import config as npd_config
+from scheduler_extender import controller_main as ctl_main
 from scheduler_extender import main as ext_main
 
 MARKER = re.compile(r"<!-- BEGIN GENERATED: (?P<name>[a-z0-9-]+) -->\n.*?<!-- END GENERATED: (?P=name) -->",
@@ -98,15 +99,15 @@ def options_table(options: Iterable[Any]) -> str:
     return "\n".join(rows)
 
 
-def extender_table() -> str:
-    parser = ext_main.build_parser({})  # an empty environment: the built-in defaults
+def extender_table(module: Any = ext_main) -> str:
+    parser = module.build_parser({})  # an empty environment: the built-in defaults
     rows = ["| flag | environment variable | default | meaning |", "|---|---|---|---|"]
     for action in parser._actions:
         long = [s for s in action.option_strings if s.startswith("--")]
         if not long or long[0] == "--help":
             continue
         flag = long[0]
-        env = ext_main.ENV + flag[2:].upper().replace("-", "_")
+        env = module.ENV + flag[2:].upper().replace("-", "_")
         meaning = (action.help or "").split(" [env ", 1)[0]
         default = action.default if action.default not in ("", None) else '""'
         rows.append(f"| `{flag}` | `{env}` | `{default}` | {_cell(meaning)} |")
@@ -117,6 +118,7 @@ def blocks() -> dict[str, str]:
     return {
         "device-plugin": options_table(dp_config.OPTIONS),
         "extender": extender_table(),
+        "controller": extender_table(ctl_main),
         "npd": options_table(npd_config.OPTIONS),
     }
 

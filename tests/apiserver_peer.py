@@ -277,6 +277,9 @@ class APIServerPeer:
             return status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
         new = copy.deepcopy(pod)
         new.setdefault("spec", {})["nodeName"] = body["target"]["name"]
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        if annotations:  # the real server copies the Binding's annotations onto the pod
+            new["metadata"]["annotations"] = {**(new["metadata"].get("annotations") or {}), **annotations}
         await self.put_object("api/v1/pods", new, "MODIFIED")
         self.bindings.append((namespace, name, body["target"]["name"]))
         return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",

@@ -3,10 +3,13 @@
 Life cycle::
 
     Queued -> Admitted -> Running -> Complete | Failed | Evicted
+    Admitted | Running -> Evicting -> Evicted | Queued   (a driver whose pods take time to leave)
     Failed | Evicted -> Queued          (requeued: after a failure with exponential backoff, after eviction at once)
     any non-final phase -> Cancelled
 
-``Admitted`` means nodes and devices are reserved; ``Running`` means its pods started. ``exitDuration`` is the
+``Admitted`` means nodes and devices are reserved; ``Running`` means its pods started; ``Evicting`` means it was
+chosen for eviction and still holds its devices until its pods are gone (the live controller; the simulator's
+pods leave at once, so it goes straight to ``Evicted``). ``exitDuration`` is the
 maximum time from admission: when it passes the GPR completes with reason ``ExitDurationReached`` and is not
 requeued. An enforced idle timeout completes it with reason ``IdleTimeout``.
 """
@@ -27,6 +30,7 @@ class Phase(StrEnum):
     QUEUED = "Queued"
     ADMITTED = "Admitted"
     RUNNING = "Running"
+    EVICTING = "Evicting"
     COMPLETE = "Complete"
     FAILED = "Failed"
     EVICTED = "Evicted"
@@ -35,14 +39,17 @@ class Phase(StrEnum):
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.QUEUED: frozenset({Phase.ADMITTED, Phase.CANCELLED}),
-    Phase.ADMITTED: frozenset({Phase.RUNNING, Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.CANCELLED}),
-    Phase.RUNNING: frozenset({Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.CANCELLED}),
+    Phase.ADMITTED: frozenset({Phase.RUNNING, Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.EVICTING,
+                               Phase.CANCELLED}),
+    Phase.RUNNING: frozenset({Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.EVICTING, Phase.CANCELLED}),
+    Phase.EVICTING: frozenset({Phase.EVICTED, Phase.QUEUED, Phase.CANCELLED}),
     Phase.FAILED: frozenset({Phase.QUEUED, Phase.CANCELLED}),
     Phase.EVICTED: frozenset({Phase.QUEUED, Phase.CANCELLED}),
     Phase.COMPLETE: frozenset(),
     Phase.CANCELLED: frozenset(),
 }
 HOLDING = frozenset({Phase.ADMITTED, Phase.RUNNING})
+ALLOCATED = HOLDING | {Phase.EVICTING}  # phases in which the GPR's devices are taken
 
 
 class InvalidTransition(ValueError):

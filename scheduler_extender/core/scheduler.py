@@ -37,7 +37,7 @@ from typing import Any
 
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay
-from .inventory import AllocationError, Inventory, NodeSpec, Placement
+from .inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from .placement import BestFit, PlacementPolicy, Request, fits
 from .queue import GPRQueue, queue_key
 from .waittime import Holder, Waiting, earliest_fit, estimate_starts, holder_order
@@ -52,6 +52,9 @@ class SchedulerConfig:
     quotas: dict[str, int] | None = None  # workspace -> device milli it may hold at once
     requeue_evicted: bool = True
     audit: bool = False
+    # True: an evicted GPR's devices are free at once (the simulator: pods vanish). False: it is ``Evicting`` and
+    # keeps them until the driver reports its pods gone (:meth:`Scheduler.evicted`) — the live controller.
+    instant_eviction: bool = True
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class Scheduler:
         self.gprs: dict[str, GPR] = {}
         self.queue = GPRQueue(self.cfg.use_priority)
         self.holders: dict[str, GPR] = {}
+        self.evicting: dict[str, GPR] = {}  # chosen for eviction, devices still held until their pods are gone
+        self.external: dict[str, Placement] = {}  # devices held by work outside any GPR (see :meth:`hold`)
         self.usage: dict[str, int] = {}
         self.reservations: list[Reservation] = []
         self.inversions = 0
@@ -106,25 +111,30 @@ class Scheduler:
         self._ever: dict[Request, bool] = {}
 
     # ------------------------------------------------------------------ events in
-    def submit(self, g: GPR, now: float) -> list[Event]:
+    def submit(self, g: GPR, now: float, not_before: float | None = None) -> list[Event]:
+        """Queue ``g``; with ``not_before`` later than ``now`` it waits out that backoff first (a driver restoring
+        a requeued GPR whose retry time is recorded)."""
         g.validate()
         old = self.gprs.get(g.name)
         if old is not None and old.phase not in (Phase.COMPLETE, Phase.CANCELLED, Phase.FAILED):
             raise ValueError(f"{g.name} already exists ({old.phase.value})")
         self._seq += 1
         g.seq = self._seq
-        g.phase, g.not_before = Phase.QUEUED, now
+        g.phase, g.not_before = Phase.QUEUED, max(now, not_before if not_before is not None else now)
         g.history.append((now, Phase.QUEUED, "Submitted"))
         self.gprs[g.name] = g
-        self.queue.push(g)
+        if g.not_before > now:
+            heapq.heappush(self._backoff, (g.not_before, g.seq, g.name))
+        else:
+            self.queue.push(g)
         return [Event(now, "submitted", g.name)]
 
     def adopt(self, g: GPR, placement: Placement, now: float) -> bool:
         """Take over a GPR that already holds ``placement`` (Admitted or Running, e.g. after a controller
         restart). False, changing nothing, when the placement no longer fits the inventory; the caller then
         queues the GPR again with :meth:`submit`."""
-        if not g.holding:
-            raise ValueError(f"{g.name}: only Admitted or Running GPRs can be adopted ({g.phase.value})")
+        if not g.holding and g.phase is not Phase.EVICTING:
+            raise ValueError(f"{g.name}: only Admitted, Running or Evicting GPRs can be adopted ({g.phase.value})")
         try:
             self.inv.allocate(g.name, placement)
         except AllocationError:
@@ -135,15 +145,58 @@ class Scheduler:
         if g.admitted_at is None:
             g.admitted_at = now
         self.gprs[g.name] = g
+        if g.phase is Phase.EVICTING:
+            self.evicting[g.name] = g
+            self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+            return True
         self.holders[g.name] = g
         self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
         if g.exit_duration_s is not None:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, g.admitted_at))
-        if g.phase is Phase.RUNNING:
-            if g.last_active_at is None:
-                g.last_active_at = now
-            self._arm_idle(g)
+        if g.phase is Phase.RUNNING and g.last_active_at is None:
+            g.last_active_at = now
+        self._arm_idle(g)  # an Admitted GPR whose pods never start is idle since its admission
         return True
+
+    def hold(self, owner: str, node: str, count: int) -> int:
+        """Take up to ``count`` free whole devices of ``node`` for work the queue does not manage (pods without a
+        GPR, pods still terminating, pods of finished GPRs): capacity no GPR may be given. Returns how many were
+        free to take (the rest is already over-committed)."""
+        n = self.inv.index.get(node)
+        if n is None or count <= 0 or owner in self.inv.allocations:
+            return 0
+        free = [d for d in range(int(self.inv.ndev[n])) if self.inv.free[n, d] == 1000][:count]
+        if not free:
+            return 0
+        placement = Placement((NodeAssignment(n, tuple(free), 1000),))
+        healthy = self.inv.healthy[n].copy()
+        self.inv.healthy[n] = self.inv.present[n]  # held devices may be unhealthy ones
+        try:
+            self.inv.allocate(owner, placement)
+        finally:
+            self.inv.healthy[n] = healthy
+        self.external[owner] = placement
+        return len(free)
+
+    def evicted(self, name: str, now: float) -> list[Event]:
+        """An ``Evicting`` GPR's pods are gone: its devices return, and it is requeued (or ends ``Evicted``)."""
+        g = self.gprs[name]
+        if g.phase is not Phase.EVICTING:
+            raise ValueError(f"{name} is not evicting ({g.phase.value})")
+        self._release(g)
+        return self._after_eviction(g, now)
+
+    def _after_eviction(self, g: GPR, now: float, st: _Pass | None = None) -> list[Event]:
+        if not self.cfg.requeue_evicted:
+            g.transition(Phase.EVICTED, now, g.reason)
+            return []
+        g.transition(Phase.QUEUED, now, "Requeued after eviction")
+        g.not_before = now
+        if st is not None:
+            st.requeue.append(g)
+        elif g.name not in self.queue:
+            self.queue.push(g)
+        return [Event(now, "requeued", g.name, "after eviction")]
 
     def start(self, name: str, now: float) -> list[Event]:
         """Its pods are running: Admitted -> Running."""
@@ -185,7 +238,7 @@ class Scheduler:
 
     def cancel(self, name: str, now: float) -> list[Event]:
         g = self.gprs[name]
-        if g.holding:
+        if g.holding or g.phase is Phase.EVICTING:
             self._release(g)
         self.queue.remove(name)  # backoff entries are skipped lazily
         g.transition(Phase.CANCELLED, now, "Cancelled")
@@ -219,8 +272,14 @@ class Scheduler:
         self._ever.clear()
         events: list[Event] = []
         for name in lost:
-            g = self.gprs[name]
+            self.external.pop(name, None)
+            g = self.gprs.get(name)
+            if g is None:
+                continue
             self.holders.pop(name, None)
+            if self.evicting.pop(name, None) is not None:
+                self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
+                continue
             self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
             g.failures += 1
             g.transition(Phase.FAILED, now, "NodeLost")
@@ -291,6 +350,7 @@ class Scheduler:
         inf: cannot be estimated (blocked by an unbounded holder, or bigger than the healthy cluster).
         Workspace quotas are modelled per workspace (see :func:`.waittime.estimate_starts`)."""
         holders = [Holder(g.name, g.end_bound(), g.workspace, g.milli_total()) for g in self.holders.values()]
+        holders += [Holder(g.name, now, g.workspace, g.milli_total()) for g in self.evicting.values()]
         order = self.queued()
         if upto is not None:
             names = [g.name for g in order]
@@ -301,7 +361,8 @@ class Scheduler:
     def check(self) -> None:
         """Invariants: inventory consistent; holders are exactly the allocations; quotas respected."""
         self.inv.check()
-        assert set(self.holders) == set(self.inv.allocations), "holders and allocations differ"
+        owners = set(self.holders) | set(self.evicting) | set(self.external)
+        assert owners == set(self.inv.allocations), "holders and allocations differ"
         for ws, used in self.usage.items():
             q = (self.cfg.quotas or {}).get(ws)
             assert q is None or used <= q, f"workspace {ws} over quota"
@@ -316,15 +377,19 @@ class Scheduler:
             return False
         if heap is self._expiry:
             return g.admitted_at == entry[2]
-        return g.phase is Phase.RUNNING and g.last_active_at == entry[2] and not g.idle_reported
+        return g.last_active_at == entry[2] and not g.idle_reported
 
     def _arm_idle(self, g: GPR) -> None:
         if g.idle_timeout_s is not None and g.last_active_at is not None:
             heapq.heappush(self._idle, (g.last_active_at + g.idle_timeout_s, g.name, g.last_active_at))
+            if len(self._idle) > 2 * len(self.holders) + 64:  # activity re-arms often: drop dead entries
+                self._idle = [e for e in self._idle if self._live(self._idle, e)]
+                heapq.heapify(self._idle)
 
     def _release(self, g: GPR) -> None:
         self.inv.release(g.name)
         self.holders.pop(g.name, None)
+        self.evicting.pop(g.name, None)
         self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
 
     def _admit(self, g: GPR, p: Placement, now: float, kind: str, st: _Pass) -> Event:
@@ -343,18 +408,27 @@ class Scheduler:
         return Event(now, kind, g.name)
 
     def _evict(self, g: GPR, now: float, st: _Pass, by: str) -> list[Event]:
-        self._release(g)
         st.bounds = None
         st.qcache.pop(g.workspace, None)
         g.evictions += 1
-        g.transition(Phase.EVICTED, now, f"EvictedFor:{by}")
         events = [Event(now, "evicted", g.name, by)]
-        if self.cfg.requeue_evicted:
-            g.transition(Phase.QUEUED, now, "Requeued after eviction")
-            g.not_before = now
-            st.requeue.append(g)
-            events.append(Event(now, "requeued", g.name, "after eviction"))
-        return events
+        if not self.cfg.instant_eviction:
+            self.holders.pop(g.name, None)
+            self.evicting[g.name] = g
+            g.transition(Phase.EVICTING, now, f"EvictedFor:{by}")
+            return events
+        self._release(g)
+        g.transition(Phase.EVICTED, now, f"EvictedFor:{by}")
+        return events + self._after_eviction(g, now, st)
+
+    def _fits_once_evicted(self, req: Request) -> bool:
+        """Whether ``req`` fits when the GPRs being evicted now have left (then nobody more is evicted for it)."""
+        if not self.evicting:
+            return False
+        after = self.inv.copy()
+        for name in self.evicting:
+            after.release(name)
+        return self.policy.place(after, req) is not None
 
     def _plan(self, g: GPR, now: float, quota: int | None) -> list[str] | None:
         """Eviction plan for ``g``: for capacity (any workspace), or with ``quota`` set, within ``g``'s own
@@ -384,8 +458,9 @@ class Scheduler:
         k = bisect.bisect_left(cum, need)
         return math.inf if k >= len(cum) else max(now, ends[k])
 
-    def _holder_bounds(self) -> list[Holder]:
-        return [Holder(g.name, g.end_bound()) for g in self.holders.values()]
+    def _holder_bounds(self, now: float) -> list[Holder]:
+        return ([Holder(g.name, g.end_bound()) for g in self.holders.values()]
+                + [Holder(g.name, now) for g in self.evicting.values()])
 
     def _base_without(self, resv: list[Reservation]) -> Inventory:
         """A copy of the inventory with reserved devices and reserved host resources taken out."""
@@ -404,10 +479,10 @@ class Scheduler:
     def _reserve(self, g: GPR, prior: list[Reservation], now: float, st: _Pass | None = None) -> Reservation:
         base = self._base_without(prior)
         if st is None:
-            start, state = earliest_fit(base, g.request(), self._holder_bounds(), now)
+            start, state = earliest_fit(base, g.request(), self._holder_bounds(now), now)
         else:
             if st.bounds is None:
-                st.bounds = sorted(self._holder_bounds(), key=holder_order)
+                st.bounds = sorted(self._holder_bounds(now), key=holder_order)
             start, state = earliest_fit(base, g.request(), st.bounds, now, presorted=True)
         placement = self.policy.place(state, g.request()) if math.isfinite(start) else None
         return Reservation(g.name, max(start, g.not_before), placement)
@@ -448,7 +523,8 @@ class Scheduler:
                             walk.drop(g.workspace)
                         continue
                 elif over:
-                    if cfg.eviction and g.enable_eviction and not st.blocked:
+                    if cfg.eviction and g.enable_eviction and not st.blocked and not any(
+                            e.workspace == g.workspace for e in self.evicting.values()):
                         victims = self._plan(g, now, q)
                         if victims:
                             for v in victims:
@@ -476,7 +552,7 @@ class Scheduler:
                 p = None if req in st.failed else self.policy.place(self.inv, req)
                 if p is None:
                     st.failed.add(req)
-                    if cfg.eviction and g.enable_eviction:
+                    if cfg.eviction and g.enable_eviction and not self._fits_once_evicted(req):
                         victims = self._plan(g, now, None)
                         if victims:
                             for v in victims:

@@ -10,6 +10,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from kubeapi import KubeClient
 from scheduler_extender.kube import Kube
 from scheduler_extender.server import ExtenderServer
 from tests.apiserver_peer import APIServerPeer
@@ -74,7 +75,7 @@ async def stack(peer: APIServerPeer | None = None, **kwargs: Any) -> AsyncIterat
         await peer.start()
     api_client = client.ApiClient(client.Configuration(host=peer.url))
     kwargs.setdefault("run_controller", False)  # verb tests seed GPR statuses themselves
-    server = ExtenderServer(Kube(api_client), **kwargs)
+    server = ExtenderServer(Kube(KubeClient(api_client, field_manager="accelstack-extender")), **kwargs)
     await server.start()
     try:
         yield peer, server

@@ -9,8 +9,8 @@ import json
 import random
 
 import aiohttp
-import orjson
 
+from scheduler_extender import ledger
 from scheduler_extender.ledger import LEDGER_ANNOTATION
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import node, pod, stack
@@ -81,8 +81,8 @@ async def test_2000_concurrent_binds_two_replicas_and_a_restart() -> None:
     for i in range(NODES):
         node_obj = peer.get("api/v1/nodes", "", f"n{i:03d}")
         assert node_obj is not None
-        entries = orjson.loads((node_obj["metadata"].get("annotations") or {}).get(LEDGER_ANNOTATION, "{}"))
-        ledger_used = sum(e["r"]["nvidia.com/gpu"] for e in entries.values())
+        entries = ledger.parse((node_obj["metadata"].get("annotations") or {}).get(LEDGER_ANNOTATION))
+        ledger_used = sum(e.requests["nvidia.com/gpu"] for e in entries.values())
         assert ledger_used <= GPUS_PER_NODE
         assert ledger_used >= per_node[f"n{i:03d}"]  # every Binding is in the ledger
     await peer.stop()

@@ -12,7 +12,7 @@ from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, stack, wait_until
 
 GPRS = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
-FAST: dict[str, Any] = {"resync": 0.05, "lease_seconds": 2, "run_controller": True}
+FAST: dict[str, Any] = {"resync": 0.05, "lease_seconds": 2, "run_controller": True, "evict_every": 0.2}
 
 
 def status(peer: APIServerPeer, name: str) -> dict[str, Any]:
@@ -60,8 +60,8 @@ async def test_admission_gate_status_and_life_cycle() -> None:
         await wait_until(lambda: status(peer, "train").get("phase") == "Complete")
         await wait_until(lambda: status(peer, "wide").get("phase") == "Admitted")
         assert sorted(status(peer, "wide")["reservedNodes"]) == ["n0", "n1"]
-        reasons = {e["reason"] for (r, _, _), e in peer.objects.items() if r == "api/v1/events"}
-        assert {"Admitted", "Completed"} <= reasons
+        await wait_until(lambda: {"Admitted", "Completed"} <= {e["reason"] for (r, _, _), e in peer.objects.items()
+                                                               if r == "api/v1/events"})
     await peer.stop()
 
 
@@ -79,17 +79,21 @@ async def test_eviction_respects_pod_disruption_budgets() -> None:
         await wait_until(lambda: status(peer, "low").get("phase") == "Running")
         peer.pdb_blocks.add("default/low-1")
         await peer.put_object(GPRS, gpr("urgent", phase=None, devices=4, priority=250, enable_eviction=True))
-        await wait_until(lambda: status(peer, "urgent").get("phase") == "Admitted")
-        await wait_until(lambda: status(peer, "low").get("phase") == "Queued")
-        assert status(peer, "low")["evictions"] == 1
+        # eviction is not done when it is decided: the victim is Evicting and keeps its nodes while a pod of it
+        # still runs (here held by a PodDisruptionBudget); the preemptor waits, and nobody else is evicted
+        await wait_until(lambda: status(peer, "low").get("phase") == "Evicting")
+        assert status(peer, "low")["evictions"] == 1 and status(peer, "low")["reservedNodes"] == ["n0", "n1"]
         await wait_until(lambda: any(c["type"] == "EvictionBlocked" and c["status"] == "True"
                                      for c in status(peer, "low").get("conditions", [])))
         assert "default/low-0" in peer.evicted and "default/low-1" not in peer.evicted
         assert peer.get("api/v1/pods", "default", "low-1") is not None  # the budget was not bypassed
+        assert status(peer, "urgent")["phase"] == "Queued" and "queuePosition" not in status(peer, "low")
         peer.pdb_blocks.clear()
         await wait_until(lambda: "default/low-1" in peer.evicted)
-        await wait_until(lambda: not any(c["type"] == "EvictionBlocked"
-                                         for c in status(peer, "low").get("conditions", [])))
+        await wait_until(lambda: status(peer, "urgent").get("phase") == "Admitted")
+        await wait_until(lambda: status(peer, "low").get("phase") == "Queued")
+        assert status(peer, "low")["evictions"] == 1
+        assert not any(c["type"] == "EvictionBlocked" for c in status(peer, "low").get("conditions", []))
     await peer.stop()
 
 

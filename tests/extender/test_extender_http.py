@@ -137,7 +137,7 @@ async def test_bind_creates_binding_and_ledger_and_refuses_overallocation() -> N
         status, result = await post(server, "bind", body.encode())
         assert (status, result) == (200, {"Error": ""}) and len(peer.bindings) == 1
         node_obj = peer.get("api/v1/nodes", "", "gpu-node-1")
-        entries = orjson.loads(node_obj["metadata"]["annotations"][LEDGER_ANNOTATION])  # type: ignore[index]
+        entries = orjson.loads(node_obj["metadata"]["annotations"][LEDGER_ANNOTATION])["pods"]  # type: ignore[index]
         assert entries["uid-a"]["r"] == {"nvidia.com/gpu": 2}
         alloc = peer.get("api/v1/pods", "default", "a")["metadata"]["annotations"]["accelstack.io/allocation"]  # type: ignore[index]
         assert json.loads(alloc)["node"] == "gpu-node-1"
@@ -209,7 +209,7 @@ async def test_sweep_adopts_bound_pods_and_releases_stale_entries() -> None:
         _, body = await post(server, "filter", filter_body(pod("late", 1), ["gpu-node-1"]))
         assert body["NodeNames"] == ["gpu-node-1"]  # type: ignore[index]  # the ledger does not know "early" yet
         assert await server.sweep() == (1, 1)
-        entries = orjson.loads(peer.get("api/v1/nodes", "", "gpu-node-1")["metadata"]["annotations"][LEDGER_ANNOTATION])  # type: ignore[index]
+        entries = orjson.loads(peer.get("api/v1/nodes", "", "gpu-node-1")["metadata"]["annotations"][LEDGER_ANNOTATION])["pods"]  # type: ignore[index]
         assert set(entries) == {"early-uid", "fresh-uid"} and entries["early-uid"]["r"] == {"nvidia.com/gpu": 3}
         _, body = await post(server, "filter", filter_body(pod("late", 1), ["gpu-node-1"]))
         assert body["FailedNodes"] == {"gpu-node-1": "0 nvidia.com/gpu free, pod asks 1"}  # type: ignore[index]

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from kubernetes_asyncio import client
 
+from kubeapi.client import connected
+from scheduler_extender.kube import Kube
 from scheduler_extender.webhook import (
     AUTO_LABEL,
     CREATED_FOR_ANNOTATION,
@@ -603,9 +604,8 @@ async def peer() -> AsyncIterator[APIServerPeer]:
 
 @pytest.fixture
 async def kube_lookup(peer: APIServerPeer) -> AsyncIterator[KubeLookup]:
-    api_client = client.ApiClient(client.Configuration(host=peer.url))
-    yield KubeLookup(api_client)
-    await api_client.close()
+    async with connected(peer.url, field_manager="accelstack-extender") as kube:
+        yield KubeLookup(Kube(kube))
 
 
 async def seed(peer: APIServerPeer) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kubernetes_asyncio import client
-
-from scheduler_extender.kube import Informer, Kube
+from kubeapi.client import connected
+from kubeapi.informer import Informer
+from kubeapi.resources import NODES
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import node, wait_until
 
@@ -16,8 +16,8 @@ async def test_resume_then_relist_after_410() -> None:
     peer = APIServerPeer()
     await peer.start()
     await peer.put_object("api/v1/nodes", node("a"))
-    api = client.ApiClient(client.Configuration(host=peer.url))
-    kube = Kube(api)
+    kube_cm = connected(peer.url, field_manager="test")
+    kube = await kube_cm.__aenter__()
     state: dict[str, dict[str, Any]] = {}
     events: list[str] = []
 
@@ -32,7 +32,7 @@ async def test_resume_then_relist_after_410() -> None:
         state.clear()
         state.update({o["metadata"]["name"]: o for o in items})
 
-    informer = Informer("nodes", kube.lister("nodes"), on_event, on_sync, watch_timeout=1, retry_delay=0.05)
+    informer = Informer(kube, NODES, on_event, on_sync, watch_timeout=(1, 1), backoff=(0.05, 0.1))
     stop = asyncio.Event()
     task = asyncio.create_task(informer.run(stop))
     try:
@@ -41,7 +41,7 @@ async def test_resume_then_relist_after_410() -> None:
         await peer.put_object("api/v1/nodes", node("b"))
         await wait_until(lambda: "b" in state)
         await asyncio.sleep(1.3)  # the server ends the watch; the informer resumes from its resourceVersion
-        watches = [q for m, q in peer.requests if "watch=True" in q]
+        watches = [q for m, q in peer.requests if "watch=true" in q]
         assert len(watches) >= 2 and f"resourceVersion={informer.resource_version}" in watches[-1]
         assert informer.relists == 1
         # history compacted: the open watch ends with 410, the resume from the old version gets 410 too, and
@@ -56,5 +56,5 @@ async def test_resume_then_relist_after_410() -> None:
         stop.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await api.close()
+        await kube_cm.__aexit__(None, None, None)
         await peer.stop()

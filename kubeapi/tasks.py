@@ -1,0 +1,70 @@
+"""Supervised background tasks: a crash is logged with its traceback, counted and the task restarted with
+backoff (never a silently dead loop); leader-only work runs only while the Lease is held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from kubeapi.client import backoff_delay
+from kubeapi.leader import LeaderElector
+from kubeapi.metrics import api_metrics
+
+log = logging.getLogger("accelstack.tasks")
+TaskFactory = Callable[[asyncio.Event], Awaitable[None]]  # run until the event is set
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def supervise(name: str, factory: TaskFactory, stop: asyncio.Event, *, backoff: tuple[float, float] = (1.0, 30.0),
+                    rng: random.Random | None = None) -> None:
+    """Run ``factory(stop)`` until ``stop`` is set, restarting it whenever it raises or returns early."""
+    rng = rng or random.Random()
+    restarts = api_metrics().task_restarts.labels(name)
+    failures = 0
+    while not stop.is_set():
+        try:
+            await factory(stop)
+            if stop.is_set():
+                return
+            log.warning("background task returned early; restarting", extra={"task": name})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task crashed; restarting", extra={"task": name})
+        failures += 1
+        restarts.inc()
+        await _wait(stop, backoff_delay(failures, backoff[0], backoff[1], rng))
+
+
+async def while_leading(elector: LeaderElector, stop: asyncio.Event, tasks: dict[str, TaskFactory]) -> None:
+    """Run ``tasks`` (supervised) for each term this replica leads, and cancel them the moment it stops."""
+    while not stop.is_set():
+        await _first(stop, elector.leading)
+        if stop.is_set():
+            return
+        term = asyncio.Event()
+        running = [asyncio.create_task(supervise(name, factory, term), name=f"leader-{name}")
+                   for name, factory in tasks.items()]
+        try:
+            await _first(stop, elector.following)
+        finally:  # also when this task itself is cancelled: leader work never outlives the term
+            term.set()
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

@@ -1,0 +1,206 @@
+"""``accelstack-controller``: the leader-elected GPR controller and ledger sweep as a process of its own.
+
+It keeps its own informers (nodes, pods, GPRs), so its CPU-bound passes never share an interpreter with the
+extender that answers kube-scheduler and the webhooks. It serves ``/healthz``, ``/readyz`` (false while a
+resource cannot be listed) and ``/metrics``. Every flag has an environment variable (``ACCELSTACK_CTL_<FLAG>``);
+a flag wins over its variable. Bad values stop the process with exit code 2 and a message naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from device_plugin.observability import setup_logging
+from scheduler_extender.main import RESOURCE_NAMES, UsageError, _number
+
+log = logging.getLogger("accelstack.controller")
+ENV = "ACCELSTACK_CTL_"
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="accelstack-controller",
+        description="The accelstack GPR controller (leader-elected): admits, requeues and evicts GPUProvisioning"
+                    "Requests from the API server's state, lifts their pods' scheduling gates, keeps node ledgers "
+                    f"in step. Each flag can also be set with {ENV}<FLAG>; the flag wins.")
+
+    def add(flag: str, default: str, help_text: str) -> None:
+        p.add_argument(f"--{flag}", default=environ.get(ENV + flag.upper().replace("-", "_"), default),
+                       help=f"{help_text} [env {ENV}{flag.upper().replace('-', '_')}; default {default!r}]")
+
+    add("listen", ":8081", "host:port for /healthz, /readyz and /metrics")
+    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
+    add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
+    add("lease-namespace", environ.get("POD_NAMESPACE", "accelstack-system"), "namespace of the leader Lease")
+    add("lease-name", "accelstack-gpr-controller", "name of the leader Lease")
+    add("identity", environ.get("POD_NAME", ""), "leader-election identity (default: host-pid)")
+    add("lease-seconds", "15", "leader lease duration (renew deadline 2/3 of it, retry period 2/15)")
+    add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
+    add("resync", "5", "seconds between passes when nothing changes")
+    add("estimate-every", "30", "seconds between refreshes of queue positions and wait estimates")
+    add("concurrency", "16", "API writes (status, ungate, evict) in flight at once")
+    add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
+    add("log-level", "info", "debug, info, warning or error")
+    add("log-format", "json", "json or text")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    args = build_parser(environ).parse_args(argv)
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen: must be host:port or :port, got {args.listen!r}")
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        raise UsageError(f"--kubeconfig: no such file: {args.kubeconfig}")
+    resources = tuple(r.strip() for r in args.resources.split(",") if r.strip())
+    if not resources or any("/" not in r for r in resources):
+        raise UsageError(f"--resources: extended resource names like vendor.com/device, got {args.resources!r}")
+    if args.policy not in ("bestfit", "fgd", "random"):
+        raise UsageError(f"--policy: one of bestfit, fgd, random; got {args.policy!r}")
+    if args.log_level not in ("debug", "info", "warning", "error") or args.log_format not in ("json", "text"):
+        raise UsageError("--log-level / --log-format: debug|info|warning|error and json|text")
+    return {"host": host or "0.0.0.0", "port": int(port), "kubeconfig": args.kubeconfig, "resources": resources,
+            "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
+            "lease_seconds": _number("lease-seconds", args.lease_seconds, float, 2), "policy": args.policy,
+            "resync": _number("resync", args.resync, float, 0.05),
+            "estimate_every": _number("estimate-every", args.estimate_every, float, 1),
+            "concurrency": _number("concurrency", args.concurrency, int, 1),
+            "api_timeout": _number("api-timeout", args.api_timeout, float, 0.1),
+            "log_level": args.log_level, "log_format": args.log_format}
+
+
+class ControllerProcess:
+    """Informers + :class:`ControllerService` + a small health/metrics server."""
+
+    def __init__(self, kube: Any, opts: dict[str, Any]) -> None:
+        from scheduler_extender.cluster import ClusterView
+        from scheduler_extender.server import ControllerService, make_informers
+
+        self.kube = kube
+        self.view = ClusterView(opts["resources"])
+        self.registry = CollectorRegistry()
+        self.service = ControllerService(kube, self.view, lease_namespace=opts["lease_namespace"],
+                                         lease_name=opts["lease_name"], identity=opts["identity"],
+                                         policy=opts["policy"], resync=opts["resync"],
+                                         lease_seconds=opts["lease_seconds"], registry=self.registry,
+                                         estimate_every=opts["estimate_every"], concurrency=opts["concurrency"])
+        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs)
+        self.stop_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        old = self.view.nodes.get(name)
+        self.view.on_node(kind, obj)
+        self.service.node_changed(old, self.view.nodes.get(name))
+
+    def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        old = self.view.pods.get(uid)
+        self.view.on_pod(kind, obj)
+        self.service.pod_changed(old, self.view.pods.get(uid))
+
+    def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        self.view.on_gpr(kind, obj)
+        self.service.controller.on_gpr(kind, obj)
+
+    def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
+        self.view.sync_gprs(items)
+        self.service.controller.sync_gprs(items)
+
+    def ready(self) -> bool:
+        return all(i.synced.is_set() and i.healthy for i in self.informers)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, sync_timeout: float = 30.0) -> None:
+        from scheduler_extender.server import wait_synced
+
+        self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
+        await wait_synced(self.informers, sync_timeout)
+        self.service.start(self.stop_event)
+        app = web.Application()
+        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
+                        web.get("/metrics", self._metrics)])
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        self.port = server.sockets[0].getsockname()[1] if server is not None else port
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await self.service.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        if self.ready():
+            return web.Response(text="ok\n")
+        broken = ", ".join(f"{i.name}: {i.last_error or 'not synced'}" for i in self.informers if not i.healthy)
+        return web.Response(status=503, text=f"not ready: {broken}\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self.registry) + generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def serve(opts: dict[str, Any]) -> None:
+    from kubeapi.client import from_config
+    from scheduler_extender.kube import Kube
+
+    kube = Kube(await from_config(opts["kubeconfig"], field_manager="accelstack-gpr-controller",
+                                  timeout=opts["api_timeout"]))
+    process = ControllerProcess(kube, opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await process.start(opts["host"], opts["port"])
+        log.info("controller started", extra={"port": process.port})
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await process.stop()
+        await kube.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        opts = parse(argv)
+    except UsageError as exc:
+        print(f"accelstack-controller: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(opts["log_level"], opts["log_format"])
+    try:
+        asyncio.run(serve(opts))
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot run", extra={"error": str(exc)[:500]})
+        return 1
+    except Exception as exc:
+        log.error("cannot start", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

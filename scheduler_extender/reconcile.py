@@ -1,0 +1,495 @@
+"""One controller pass as a pure function: the cluster's objects in, the writes and actions that make it right out.
+
+Level-triggered, the way kube-controller-manager and Kueue work: nothing the pass decides depends on memory of
+earlier passes. Every pass builds the policy core afresh from API objects —
+
+- nodes: allocatable managed devices, GPU model labels, health (``GPUUnhealthy``/``NR1Unhealthy``, the
+  ``accelstack.io/unhealthy`` taint);
+- GPRs, by UID (a name reused after a delete is a new GPR): phase, failures, evictions, ``nextRetryTime`` (the
+  backoff), timestamps and the reservation, all from ``status``; the spec of the current ``generation``;
+- pods: devices held on each node by every bound pod that is not covered by its GPR's reservation (pods without a
+  GPR, pods of finished or requeued GPRs, pods still terminating, pods bound by another scheduler, and ledger
+  entries of pods not seen yet) are capacity no GPR may be given; pod phases say when a GPR runs, idles, ends,
+  or when an ``Evicting`` GPR's pods are gone;
+
+— then feeds in the facts, ticks the core, and returns what must change: status bodies (only where they differ
+from what is stored), pods to ungate (narrowed to the reserved nodes) once the status says ``Admitted``, bound
+pods to evict, Events, and auto-created GPRs left without pods. A restart or a new leader computes the same.
+
+Parsed specs are cached by (UID, generation) in :class:`PassCache` — a cache of a pure function, rebuilt
+identically after a restart.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_extender import gpr_resource as gr
+from scheduler_extender.cluster import GPU, NR1, NodeView, PodView
+from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
+from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
+from scheduler_extender.core.placement import make_policy
+from scheduler_extender.core.scheduler import Event, Scheduler, SchedulerConfig
+
+MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+AUTO_LABEL = "accelstack.io/auto-gpr"
+ALLOCATED = (Phase.ADMITTED, Phase.RUNNING, Phase.EVICTING)
+# status fields a pass compares with what it would write (positions and estimates are refreshed apart)
+COMPARED = ("phase", "reason", "failures", "evictions", "reservation", "admittedAt", "startedAt", "finishedAt",
+            "nextRetryTime", "observedGeneration")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the informers held when the pass began (shallow copies: the pass runs off the event loop)."""
+
+    now: float
+    nodes: Mapping[str, NodeView]
+    pods: Mapping[str, PodView]  # by UID
+    gprs: Mapping[str, dict[str, Any]]  # by UID
+    refusals: Mapping[str, str] = field(default_factory=dict)  # GPR UID -> eviction refusals the API answered
+
+
+@dataclass
+class PassConfig:
+    policy: str = "bestfit"
+    core: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(instant_eviction=False))
+    refresh_queue: bool = True  # write queue positions and estimates this pass
+    estimates: bool = True  # compute wait estimates when refreshing
+    # refresh also when the queue differs from this (a GPR arrived, left or moved), if allowed now
+    last_queue: tuple[str, ...] | None = None
+    refresh_on_change: bool = True
+    orphan_grace: float = 120.0  # an auto-created GPR that no pod names is deleted after this long
+
+
+@dataclass
+class StatusWrite:
+    uid: str
+    key: str
+    status: dict[str, Any]
+    holding: bool = False  # the status says Admitted/Running: its gated pods may be ungated once written
+
+
+@dataclass
+class Eviction:
+    pod: PodView
+    why: str
+    gpr_uid: str
+
+
+@dataclass
+class Plan:
+    writes: list[StatusWrite] = field(default_factory=list)
+    ungate: dict[str, list[str]] = field(default_factory=dict)  # GPR UID -> reserved node names
+    evictions: list[Eviction] = field(default_factory=list)
+    events: list[tuple[str, Event]] = field(default_factory=list)  # (GPR UID, core event)
+    orphans: list[tuple[str, str, str]] = field(default_factory=list)  # (namespace, name, uid)
+    wakeup: float = math.inf
+    queued: int = 0
+    holding: int = 0
+    queue: tuple[str, ...] = ()
+    refreshed: bool = False
+    seconds: float = 0.0
+    estimate_seconds: float = 0.0
+
+
+class PassCache:
+    """Parsed specs by (UID, generation): pure, so a restart rebuilds it identically."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, tuple[Any, dict[str, Any] | str]] = {}
+
+    def spec(self, uid: str, obj: dict[str, Any]) -> dict[str, Any] | str:
+        meta = obj.get("metadata") or {}
+        generation = meta.get("generation")
+        hit = self.specs.get(uid)
+        if hit is not None and hit[0] == generation:
+            return hit[1]
+        value: dict[str, Any] | str
+        try:
+            value = gr.check_spec(obj.get("spec") if obj.get("spec") is not None else {})
+            name = meta.get("name")
+            if not isinstance(name, str) or not 0 < len(name) <= gr.MAX_NAME:
+                raise gr.SpecError(f"metadata.name: 1 to {gr.MAX_NAME} characters (pods name their GPR in the "
+                                   f"label {gr.GPR_LABEL})")
+            if value["milli_per_device"] < 1000:
+                raise gr.SpecError(live_cluster_limitation())
+        except gr.SpecError as exc:
+            value = str(exc)
+        self.specs[uid] = (generation, value)
+        return value
+
+    def prune(self, live: set[str]) -> None:
+        for uid in [u for u in self.specs if u not in live]:
+            del self.specs[uid]
+
+
+def live_cluster_limitation() -> str:
+    return ("spec.milliPerDevice: fractions of a device are not supported on a cluster (the simulator models "
+            "them); share GPUs with time-slicing replicas and ask for whole replicas instead")
+
+
+def node_specs(nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
+    """The core's nodes: one per cluster node with managed devices (GPUs first when a node has both)."""
+    specs = []
+    for name in sorted(nodes):
+        node = nodes[name]
+        for resource in (GPU, NR1):
+            count = node.allocatable.get(resource, 0)
+            if count > 0:
+                try:
+                    memory = int(node.labels.get(MEMORY_LABEL, "0")) if resource == GPU else 0
+                except ValueError:
+                    memory = 0
+                specs.append(NodeSpec(node.name, count, node.labels.get(MODEL_LABEL[resource], ""), resource,
+                                      memory))
+                break
+    return specs
+
+
+def _restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
+    """Adopt an Admitted/Running/Evicting GPR with its recorded reservation (whole devices: the first free ones
+    of each node; the kubelet picks the physical ones); False when it no longer fits (a node left or shrank)."""
+    inv = sched.inv
+    assignments = []
+    for node, count in sorted(reservation.items()):
+        n = inv.index.get(node)
+        if n is None:
+            return False
+        free = [d for d in range(int(inv.ndev[n])) if inv.free[n, d] == 1000]
+        if len(free) < count:
+            return False
+        assignments.append(NodeAssignment(n, tuple(free[:count]), 1000))
+    if not assignments:
+        return False
+    healthy = inv.healthy.copy()  # health is applied after adoption: existing work stays where it is
+    inv.healthy[:] = inv.present
+    try:
+        return sched.adopt(g, Placement(tuple(assignments)), now)
+    finally:
+        inv.healthy[:] = healthy
+
+
+def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("creationTimestamp") or ""), str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+            str(meta.get("uid") or ""))
+
+
+def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
+    started = time.perf_counter()
+    now = snap.now
+    plan = Plan()
+    sched = Scheduler(Inventory(node_specs(snap.nodes)), make_policy(cfg.policy), cfg.core)
+    inv = sched.inv
+
+    pods_of: dict[str, list[PodView]] = {}
+    for p in snap.pods.values():
+        if p.gpr:
+            pods_of.setdefault(p.gpr, []).append(p)
+
+    uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
+    objects: dict[str, dict[str, Any]] = {}
+    final: dict[str, str] = {}  # key -> phase, for GPRs that hold nothing any more (their bound pods must go)
+    deleting: set[str] = set()
+    for obj in sorted(snap.gprs.values(), key=_created):
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        key = gr.gpr_key(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        if meta.get("deletionTimestamp"):
+            deleting.add(key)
+            continue
+        status: dict[str, Any] = obj["status"] if isinstance(obj.get("status"), dict) else {}
+        phase = gr.phase_of(obj)
+        fields = cache.spec(uid, obj)
+        generation = meta.get("generation")
+        if isinstance(fields, str):
+            if not (phase == Phase.FAILED.value and status.get("reason") == "InvalidSpec"
+                    and status.get("message") == fields and status.get("observedGeneration") == generation):
+                plan.writes.append(StatusWrite(uid, key, {"phase": Phase.FAILED.value, "reason": "InvalidSpec",
+                                                          "message": fields, "observedGeneration": generation,
+                                                          "failures": status.get("failures", 0) or 0,
+                                                          "evictions": status.get("evictions", 0) or 0}))
+            final[key] = Phase.FAILED.value
+            continue
+        rejudged = phase == Phase.FAILED.value and status.get("reason") == "InvalidSpec"
+        if phase in gr.FINAL_PHASES and not rejudged:
+            final[key] = phase
+            continue
+        created = gr.parse_time(meta.get("creationTimestamp"))
+        g = GPR(name=key, workspace=key.split("/", 1)[0], submitted_at=created if created is not None else now,
+                **fields)
+        gr.restore_status(g, status)
+        uid_of[key] = uid
+        objects[key] = obj
+        if g.phase in ALLOCATED:
+            if g.admitted_at is None:
+                g.admitted_at = now
+            g.last_active_at = _last_active(g, pods_of.get(key, ()), now)
+            if _restore(sched, g, gr.reservation_of(obj), now):
+                continue
+            plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
+            continue
+        reason = g.reason if g.phase is Phase.QUEUED and not rejudged else ""
+        g.history = []
+        sched.submit(g, now, g.not_before if g.not_before > now else None)
+        g.reason = reason
+
+    _hold_outside_reservations(sched, snap, pods_of)
+    for name, node in snap.nodes.items():
+        if name in inv.index and node.health_reason(inv.specs[inv.index[name]].resource):
+            plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
+    plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
+    ticked = sched.tick(now)
+    plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]
+    extra: dict[str, list[dict[str, Any]]] = {}
+    for e in ticked:
+        if e.kind == "idle":  # not enforced: said once, in a condition, while it stays idle
+            extra.setdefault(e.gpr, []).append({"type": "Idle", "status": "True", "reason": "IdleTimeout",
+                                                "message": "no pod has run for longer than spec.idleTimeout"})
+
+    estimates: dict[str, float] = {}
+    queued = sched.queued()
+    plan.queue = tuple(g.name for g in queued)
+    refresh = cfg.refresh_queue or (cfg.refresh_on_change and plan.queue != cfg.last_queue)
+    plan.refreshed = refresh
+    if refresh and cfg.estimates and queued:
+        t0 = time.perf_counter()
+        estimates = sched.estimates(now)
+        plan.estimate_seconds = time.perf_counter() - t0
+    positions = {g.name: i + 1 for i, g in enumerate(queued)}
+    for key, g in sched.gprs.items():
+        obj = objects[key]
+        uid = uid_of[key]
+        refusal = snap.refusals.get(uid)
+        if refusal and g.phase is Phase.EVICTING:
+            reason = "PodDisruptionBudget" if " 429 " in f" {refusal} " else "EvictionRefused"
+            extra.setdefault(key, []).append({"type": "EvictionBlocked", "status": "True", "reason": reason,
+                                              "message": refusal[:1000]})
+        current: dict[str, Any] = obj["status"] if isinstance(obj.get("status"), dict) else {}
+        placement = g.placement.assignments if g.placement is not None and g.phase in ALLOCATED else ()
+        reserved = [inv.names[a.node] for a in placement]
+        reservation: list[dict[str, Any]] = [{"node": inv.names[a.node], "devices": len(a.devices)} for a in placement]
+        holding = g.phase in (Phase.ADMITTED, Phase.RUNNING)
+        if holding:
+            plan.ungate[uid] = reserved
+        estimate = estimates.get(key)
+        body = gr.status_body(g, queue_position=positions.get(key),
+                              estimated_start=estimate if estimate is not None and math.isfinite(estimate) else None,
+                              reservation=reservation, now=now,
+                              observed_generation=(obj.get("metadata") or {}).get("generation"),
+                              conditions=extra.get(key), previous_conditions=current.get("conditions"))["status"]
+        if _differs(current, body, refresh):
+            if not refresh:  # keep the stored position and estimate until the next refresh
+                for k in ("queuePosition", "estimatedStart"):
+                    if g.phase is Phase.QUEUED and k in current:
+                        body[k] = current[k]
+                    else:
+                        body.pop(k, None)
+            plan.writes.append(StatusWrite(uid, key, body, holding))
+    plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of)
+    plan.orphans = _orphans(snap, pods_of, now, cfg.orphan_grace)
+    plan.queued = len(queued)
+    plan.holding = len(sched.holders)
+    plan.wakeup = sched.next_wakeup()
+    cache.prune(set(snap.gprs))
+    plan.seconds = time.perf_counter() - started
+    return plan
+
+
+def _last_active(g: GPR, pods: Any, now: float) -> float:
+    """When the GPR last had a running pod: now if one runs, else the latest end of one of its pods after
+    admission, else its start (or admission). An Admitted GPR whose pods never start is idle since admission."""
+    since = g.started_at or g.admitted_at or now
+    for p in pods:
+        if p.phase == "Running" and p.live:
+            return now
+        if p.ended_at and p.ended_at > since:
+            since = p.ended_at
+    return since
+
+
+def _node_lost(sched: Scheduler, g: GPR, now: float) -> list[Event]:
+    """An allocated GPR whose reserved node left or shrank: a failure (requeued with backoff while retries are
+    left, as the core does for a failed device)."""
+    g.failures += 1
+    g.history = []
+    if g.phase is Phase.EVICTING:  # it was leaving anyway: back to the queue
+        g.phase, g.reason = Phase.QUEUED, "Requeued after eviction"
+        sched.submit(g, now)
+        g.reason = "Requeued after eviction"
+        return [Event(now, "requeued", g.name, "node lost while evicting")]
+    if g.requeue_on_failure and g.failures <= g.retry_limit:
+        delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
+        sched.submit(g, now, now + delay)
+        g.reason = f"Requeued after failure {g.failures} (NodeLost)"
+        return [Event(now, "failed", g.name, "NodeLost"), Event(now, "requeued", g.name, f"backoff {delay:g}s")]
+    g.phase, g.reason, g.finished_at = Phase.FAILED, "NodeLost", now
+    g.admitted_at = g.admitted_at or now
+    sched.gprs[g.name] = g
+    return [Event(now, "failed", g.name, "NodeLost")]
+
+
+def _hold_outside_reservations(sched: Scheduler, snap: Snapshot, pods_of: dict[str, list[PodView]]) -> None:
+    """Devices in use on each node that no allocated GPR's reservation covers become capacity nobody gets."""
+    inv = sched.inv
+    covered: dict[tuple[str, str], int] = {}  # (gpr key, node) -> devices its reservation holds there
+    for name, g in [*sched.holders.items(), *sched.evicting.items()]:
+        for a in g.placement.assignments if g.placement else ():
+            covered[name, inv.names[a.node]] = len(a.devices)
+    used: dict[str, int] = {}
+    seen: set[str] = set()
+    for p in snap.pods.values():
+        if not p.node or not p.live or p.node not in inv.index:
+            continue
+        seen.add(p.uid)
+        resource = inv.specs[inv.index[p.node]].resource
+        count = p.requests.get(resource, 0)
+        left = covered.get((p.gpr, p.node), 0)
+        if left and p.gpr:
+            take = min(left, count)
+            covered[p.gpr, p.node] = left - take
+            count -= take
+        if count > 0:
+            used[p.node] = used.get(p.node, 0) + count
+    for name, node in snap.nodes.items():
+        if name not in inv.index:
+            continue
+        if node.ledger_error:
+            used[name] = int(inv.ndev[inv.index[name]])  # unknown use: give this node to nobody
+            continue
+        resource = inv.specs[inv.index[name]].resource
+        for uid, entry in node.ledger.items():  # bound a moment ago, not in this replica's informer yet
+            if uid not in seen and uid not in snap.pods:
+                left = covered.get((entry.gpr, name), 0)
+                count = entry.requests.get(resource, 0)
+                if left and entry.gpr:
+                    take = min(left, count)
+                    covered[entry.gpr, name] = left - take
+                    count -= take
+                used[name] = used.get(name, 0) + max(0, count)
+    for name, count in used.items():
+        sched.hold(f"pods@{name}", name, count)
+
+
+def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) -> list[Event]:
+    events: list[Event] = []
+    for key, g in list(sched.holders.items()):
+        since = g.admitted_at or 0.0
+        pods = [p for p in pods_of.get(key, ()) if p.live or not p.ended_at or p.ended_at >= since]
+        if not pods:
+            continue
+        phases = [p.phase for p in pods]
+        if all(not p.live for p in pods):
+            failed = "Failed" in phases
+            events += sched.finish(key, now, ok=not failed, reason="PodFailed" if failed else "Succeeded")
+            if g.phase is Phase.QUEUED:
+                g.reason = f"Requeued after failure {g.failures} (PodFailed)"
+            continue
+        if g.phase is Phase.ADMITTED and all(ph == "Running" for ph in phases):
+            events += sched.start(key, now)
+        elif g.phase is Phase.RUNNING and any(ph == "Running" for ph in phases):
+            sched.activity(key, now)
+    for key in list(sched.evicting):
+        if not any(p.live and p.node for p in pods_of.get(key, ())):
+            events += sched.evicted(key, now)
+    return events
+
+
+def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[str, str],
+               deleting: set[str], uid_of: dict[str, str]) -> list[Eviction]:
+    """Bound, live pods that hold devices outside their GPR's reservation: pods of Evicting, finished, requeued
+    or deleted GPRs. Pods without a GPR and pods never bound are left alone (they hold nothing of ours)."""
+    out: list[Eviction] = []
+    for key, pods in pods_of.items():
+        g = sched.gprs.get(key)
+        if g is not None and g.phase in (Phase.ADMITTED, Phase.RUNNING):
+            continue
+        if g is not None:
+            why = f"GPR {key} is {g.phase.value}" + (f" ({g.reason})" if g.reason else "")
+        elif key in final:
+            why = f"GPR {key} is {final[key]}"
+        elif key in deleting:
+            why = f"GPR {key} was deleted"
+        else:
+            continue  # no such GPR (yet): its pods wait at the gate; never delete a user's pods on a guess
+        out.extend(Eviction(p, why, uid_of.get(key, "")) for p in pods if p.node and p.live and not p.terminating)
+    return out
+
+
+def _orphans(snap: Snapshot, pods_of: dict[str, list[PodView]], now: float,
+             grace: float) -> list[tuple[str, str, str]]:
+    """GPRs the webhook created for a pod that was then never created (the API server gave up on the request
+    after the webhook answered), or whose pods are all gone: nothing will ever use them."""
+    out = []
+    for uid, obj in snap.gprs.items():
+        meta = obj.get("metadata") or {}
+        if (meta.get("labels") or {}).get(AUTO_LABEL) != "true" or meta.get("deletionTimestamp"):
+            continue
+        key = gr.gpr_key(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        created = gr.parse_time(meta.get("creationTimestamp"))
+        if created is None or now - created < grace or pods_of.get(key):
+            continue
+        out.append((str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid))
+    return out
+
+
+def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool) -> bool:
+    if any(current.get(k) != new.get(k) for k in COMPARED):
+        return True
+    if queue_too and any(current.get(k) != new.get(k) for k in ("queuePosition", "estimatedStart")):
+        return True
+
+    def kinds(status: Mapping[str, Any]) -> set[tuple[str, str]]:
+        return {(str(c.get("type")), str(c.get("status"))) for c in status.get("conditions") or []
+                if isinstance(c, dict)}
+
+    return kinds(current) != kinds(new)
+
+
+NODE_NAME_FIELD = "metadata.name"
+
+
+def ungate_patch(pod: PodView, nodes: list[str], gate: str) -> list[dict[str, Any]] | None:
+    """A JSON patch that narrows the pod's required node affinity to ``nodes`` and lifts ``gate``, in one
+    request (Kubernetes lets a gated pod's node affinity be narrowed, never widened). Tests guard against a
+    concurrent change. None when the pod does not carry the gate."""
+    if gate not in pod.gates or not nodes:
+        return None
+    need = {"key": NODE_NAME_FIELD, "operator": "In", "values": sorted(nodes)}
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/schedulingGates",
+                                  "value": [{"name": g} for g in pod.gates]}]
+    base = "/spec/affinity"
+    affinity = pod.affinity
+    fresh = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [need]}]}}
+    if affinity is None:
+        ops.append({"op": "add", "path": base, "value": {"nodeAffinity": fresh}})
+    else:
+        ops.append({"op": "test", "path": base, "value": affinity})
+        node_affinity = affinity.get("nodeAffinity")
+        required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        terms = required.get("nodeSelectorTerms") or []
+        if node_affinity is None:
+            ops.append({"op": "add", "path": f"{base}/nodeAffinity", "value": fresh})
+        elif not terms:
+            ops.append({"op": "add", "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+                        "value": fresh["requiredDuringSchedulingIgnoredDuringExecution"]})
+        else:
+            narrowed = []
+            for term in terms:
+                fields = list(term.get("matchFields") or [])
+                if need not in fields:
+                    fields.append(need)
+                narrowed.append({**term, "matchFields": fields})
+            if narrowed != terms:
+                ops.append({"op": "replace",
+                            "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+                            "value": narrowed})
+    ops.append({"op": "replace", "path": "/spec/schedulingGates",
+                "value": [{"name": g} for g in pod.gates if g != gate]})
+    return ops

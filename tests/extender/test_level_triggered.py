@@ -1,0 +1,253 @@
+"""The GPR controller is level-triggered: what it decides is derived from the API objects at each pass, so node
+changes, restarts and new leaders change nothing, names can be reused, edits are taken, devices held outside
+GPRs are respected, and an eviction is not done until the victim's pods are gone (issue #10, points 1-3, 8, 9)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from scheduler_extender.ledger import LEDGER_ANNOTATION
+from tests.apiserver_peer import APIServerPeer
+from tests.extender.harness import gpr, node, pod, stack, wait_until
+from tests.extender.test_controller import FAST, GPRS, seed_nodes, set_phase, status
+
+PODS = "api/v1/pods"
+
+
+class Clock:
+    """The controller's clock (leader election keeps real time): tests move it past backoffs and timeouts."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+async def recreate_stack_after(peer: APIServerPeer, **kwargs: Any) -> Any:
+    return stack(peer, **{**FAST, **kwargs})
+
+
+async def test_a_failed_gpr_stays_failed_across_node_changes_and_new_leaders() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer)
+    await peer.put_object(GPRS, gpr("once", phase=None, devices=2, requeueOnFailure=False))
+    await peer.put_object(PODS, pod("once-0", 2, gpr="once", gated=True))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: status(peer, "once").get("phase") == "Admitted")
+        node_name = status(peer, "once")["reservedNodes"][0]
+        await set_phase(peer, "once-0", "Failed", node_name)
+        await wait_until(lambda: status(peer, "once").get("phase") == "Failed")
+        assert status(peer, "once")["failures"] == 1
+        await peer.put_object("api/v1/nodes", node("n9", gpus=8))  # a node is added ...
+        await peer.delete_object("api/v1/nodes", "", "n1")  # ... and one removed
+        await peer.put_object(PODS, pod("once-1", 2, gpr="once", gated=True))  # its Job makes a new pod
+        await wait_until(lambda: "n9" in {n for n in _cluster_nodes(peer)})
+    async with stack(peer, **FAST):  # a new leader starts from the API server's state
+        await wait_until(lambda: status(peer, "once").get("phase") == "Failed", timeout=3)
+        await _stays(lambda: status(peer, "once").get("phase") == "Failed" and status(peer, "once")["failures"] == 1)
+        assert peer.get(PODS, "default", "once-1")["spec"].get("schedulingGates")  # type: ignore[index]
+    await peer.stop()
+
+
+def _cluster_nodes(peer: APIServerPeer) -> list[str]:
+    return [name for (r, _, name) in peer.objects if r == "api/v1/nodes"]
+
+
+async def _stays(predicate: Any, seconds: float = 1.0, what: Any = None) -> None:
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        assert predicate(), what() if what else ""
+        await asyncio.sleep(0.05)
+
+
+async def test_devices_held_outside_gprs_are_not_given_to_a_gpr() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer)  # n0, n1: 4 GPUs each
+    # a workload that was running before accelstack (no GPR, no ledger entry) holds 3 GPUs of n0
+    await peer.put_object(PODS, pod("legacy", 3, node_name="n0", phase="Running"))
+    # best fit would pack a 2-GPU GPR onto the fuller node if it did not know about that pod
+    await peer.put_object(GPRS, gpr("two", phase=None, devices=2))
+    async with stack(peer, **FAST) as (_, server):
+        await wait_until(lambda: status(peer, "two").get("phase") == "Admitted")
+        assert status(peer, "two")["reservedNodes"] == ["n1"]
+        # and a pod still terminating keeps its devices until it is gone
+        await peer.put_object(PODS, pod("leaving", 4, node_name="n1", phase="Running"))
+        obj = peer.get(PODS, "default", "leaving")
+        assert obj is not None
+        obj["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+        await peer.put_object(PODS, obj, "MODIFIED")
+        # (watches of different kinds are not ordered: let the pod's change arrive before the GPR)
+        await wait_until(lambda: any(p.terminating for p in server.view.pods.values()))
+        await peer.put_object(GPRS, gpr("one", phase=None, devices=2))  # n0 has 1 free, n1 none while it leaves
+        await _stays(lambda: status(peer, "one").get("phase", "Queued") == "Queued", what=lambda: status(peer, "one"))
+        await peer.delete_object(PODS, "default", "leaving")
+        await wait_until(lambda: status(peer, "one").get("phase") == "Admitted")
+    await peer.stop()
+
+
+async def test_a_reused_name_is_a_new_gpr_and_spec_edits_are_taken() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    await peer.put_object(GPRS, gpr("job", phase=None, devices=4))
+    await peer.put_object(PODS, pod("job-0", 4, gpr="job", gated=True))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: status(peer, "job").get("phase") == "Admitted")
+        await set_phase(peer, "job-0", "Succeeded", "n0")
+        await wait_until(lambda: status(peer, "job").get("phase") == "Complete")
+        # the Job is deleted and applied again: same GPR name, new object
+        await peer.delete_object(GPRS, "default", "job")
+        await peer.delete_object(PODS, "default", "job-0")
+        await peer.put_object(GPRS, gpr("job", phase=None, devices=4))
+        await peer.put_object(PODS, pod("job-0", 4, gpr="job", gated=True))
+        await wait_until(lambda: status(peer, "job").get("phase") == "Admitted")
+        await wait_until(lambda: not peer.get(PODS, "default", "job-0")["spec"].get("schedulingGates"))  # type: ignore[index]
+        # two GPRs wait behind it; raising the later one's priority moves it to the front
+        await peer.put_object(GPRS, gpr("first", phase=None, devices=4, priority=100))
+        await peer.put_object(GPRS, gpr("second", phase=None, devices=4, priority=100))
+        await wait_until(lambda: status(peer, "second").get("queuePosition") == 2)
+        edited = peer.get(GPRS, "default", "second")
+        assert edited is not None
+        edited["spec"]["priority"] = 300
+        edited["metadata"]["generation"] = 2
+        await peer.put_object(GPRS, edited, "MODIFIED")
+        await wait_until(lambda: status(peer, "second").get("queuePosition") == 1
+                         and status(peer, "second").get("observedGeneration") == 2)
+        assert status(peer, "first")["queuePosition"] == 2
+    await peer.stop()
+
+
+async def test_life_cycle_across_two_replicas_is_the_same_as_on_one() -> None:
+    """Admit, run, fail, requeue with backoff, fail again past the retry limit, recreate the name, edit the
+    priority — with the leader changing in between each step."""
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    clock = Clock()
+    opts = {"clock": clock}
+    await peer.put_object(GPRS, gpr("retry", phase=None, devices=4, requeueOnFailure=True, retryLimit=1))
+    await peer.put_object(PODS, pod("retry-0", 4, gpr="retry", gated=True))
+    async with stack(peer, **FAST, **opts):
+        await wait_until(lambda: status(peer, "retry").get("phase") == "Admitted")
+        await set_phase(peer, "retry-0", "Running", "n0")
+        await wait_until(lambda: status(peer, "retry").get("phase") == "Running")
+        await set_phase(peer, "retry-0", "Failed")
+        await wait_until(lambda: status(peer, "retry").get("phase") == "Queued")
+    st = status(peer, "retry")
+    assert st["failures"] == 1 and st["nextRetryTime"] and "after failure 1" in st["reason"]
+    await peer.delete_object(PODS, "default", "retry-0")
+    await peer.put_object(PODS, pod("retry-1", 4, gpr="retry", gated=True))
+    async with stack(peer, **FAST, **opts):  # a new leader honours the recorded backoff
+        await _stays(lambda: status(peer, "retry").get("phase") == "Queued"
+                     and status(peer, "retry").get("nextRetryTime") == st["nextRetryTime"])
+        clock.offset += 61  # the first backoff is 60 s
+        await wait_until(lambda: status(peer, "retry").get("phase") == "Admitted")
+        assert "nextRetryTime" not in status(peer, "retry")
+        await set_phase(peer, "retry-1", "Failed", "n0")
+        await wait_until(lambda: status(peer, "retry").get("phase") == "Failed")
+    assert status(peer, "retry")["failures"] == 2  # past retryLimit 1: final
+    async with stack(peer, **FAST, **opts):
+        clock.offset += 7200
+        await _stays(lambda: status(peer, "retry").get("phase") == "Failed" and status(peer, "retry")["failures"] == 2)
+        await peer.delete_object(GPRS, "default", "retry")
+        await peer.put_object(GPRS, gpr("retry", phase=None, devices=4, priority=50))
+        await wait_until(lambda: status(peer, "retry").get("phase") == "Admitted")
+        assert status(peer, "retry")["failures"] == 0
+    await peer.stop()
+
+
+async def test_an_admitted_gpr_whose_pods_never_start_ends_at_its_idle_timeout() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    clock = Clock()
+    await peer.put_object(GPRS, gpr("idle", phase=None, devices=4, idleTimeout="60s", enforceIdleTimeout=True,
+                                    exitDuration="24h"))
+    async with stack(peer, **FAST, clock=clock):
+        await wait_until(lambda: status(peer, "idle").get("phase") == "Admitted")
+        clock.offset += 61
+        await wait_until(lambda: status(peer, "idle").get("phase") == "Complete")
+        assert status(peer, "idle")["reason"] == "IdleTimeout"
+    await peer.stop()
+
+
+async def test_ungating_narrows_the_pod_to_its_reserved_nodes_after_the_status_is_written() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 3)
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
+    p = pod("w-0", 2, gpr="w", gated=True)
+    p["spec"]["affinity"] = own
+    await peer.put_object(PODS, p)
+    await peer.put_object(PODS, pod("w-1", 2, gpr="w", gated=True))
+    await peer.put_object(GPRS, gpr("w", phase=None, devices=2, nodes=2))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: not peer.get(PODS, "default", "w-0")["spec"].get("schedulingGates"))  # type: ignore[index]
+        reserved = sorted(status(peer, "w")["reservedNodes"])
+        assert status(peer, "w")["phase"] == "Admitted" and len(reserved) == 2
+        terms = peer.get(PODS, "default", "w-0")["spec"]["affinity"]["nodeAffinity"][  # type: ignore[index]
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        # the user's own term is kept, and narrowed to the reserved nodes
+        assert terms == [{"matchExpressions": own["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"][0]["matchExpressions"],
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": reserved}]}]
+        await wait_until(lambda: not peer.get(PODS, "default", "w-1")["spec"].get("schedulingGates"))  # type: ignore[index]
+        other = peer.get(PODS, "default", "w-1")["spec"]["affinity"]  # type: ignore[index]
+        assert other == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": reserved}]}]}}}
+    await peer.stop()
+
+
+async def test_an_unreadable_ledger_neither_evicts_nor_receives_work() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 2)
+    await peer.put_object(GPRS, gpr("busy", phase=None, devices=2))
+    await peer.put_object(PODS, pod("busy-0", 2, gpr="busy", gated=True))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: status(peer, "busy").get("phase") == "Admitted")
+        held = status(peer, "busy")["reservedNodes"][0]
+        other = "n1" if held == "n0" else "n0"
+        await set_phase(peer, "busy-0", "Running", held)
+        await wait_until(lambda: status(peer, "busy").get("phase") == "Running")
+        for name in (held, other):  # a hand edit (or a newer accelstack) leaves ledgers this one cannot read
+            obj = peer.get("api/v1/nodes", "", name)
+            assert obj is not None
+            obj["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = (
+                "{not json" if name == held else orjson.dumps({"v": 99, "pods": {}}).decode())
+            await peer.put_object("api/v1/nodes", obj, "MODIFIED")
+        await peer.put_object(GPRS, gpr("new", phase=None, devices=1))
+        await _stays(lambda: status(peer, "busy").get("phase") == "Running"
+                     and status(peer, "new").get("phase", "Queued") == "Queued")
+        assert peer.evicted == []
+        annotations = peer.get("api/v1/nodes", "", held)["metadata"]["annotations"]  # type: ignore[index]
+        assert annotations[LEDGER_ANNOTATION] == "{not json"  # never overwritten
+    await peer.stop()
+
+
+async def test_auto_gprs_whose_pod_never_came_are_deleted() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    orphan = gpr("orphan", phase=None, devices=1)
+    orphan["metadata"]["labels"] = {"accelstack.io/auto-gpr": "true"}
+    used = gpr("used", phase=None, devices=1)
+    used["metadata"]["labels"] = {"accelstack.io/auto-gpr": "true"}
+    mine = gpr("mine", phase=None, devices=1)  # made by a user: never deleted by the controller
+    for obj in (orphan, used, mine):
+        await peer.put_object(GPRS, obj)
+    await peer.put_object(PODS, pod("used-0", 1, gpr="used", gated=True))
+    async with stack(peer, **FAST, orphan_grace=0.0):
+        await wait_until(lambda: peer.get(GPRS, "default", "orphan") is None)
+        await _stays(lambda: peer.get(GPRS, "default", "used") is not None
+                     and peer.get(GPRS, "default", "mine") is not None, 0.5)
+    await peer.stop()
