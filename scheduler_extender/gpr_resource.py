@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -124,7 +125,8 @@ def format_duration(seconds: float) -> str:
 # ---- timestamps --------------------------------------------------------------------------------------------
 def rfc3339(epoch: float) -> str:
     """``2026-11-30T06:00:00Z`` (metav1.Time has second precision)."""
-    return datetime.fromtimestamp(math.floor(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = time.gmtime(math.floor(epoch))
+    return f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}Z"
 
 
 def parse_time(value: Any) -> float | None:

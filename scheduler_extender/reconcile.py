@@ -103,6 +103,26 @@ class PassCache:
 
     def __init__(self) -> None:
         self.specs: dict[str, tuple[Any, dict[str, Any] | str]] = {}
+        self.protos: dict[str, tuple[str, GPR]] = {}  # UID -> (resourceVersion, GPR as its object says)
+
+    def gpr(self, uid: str, obj: dict[str, Any], key: str, fields: dict[str, Any], now: float) -> GPR:
+        """A fresh core GPR for the object (spec and status restored), from a prototype cached by
+        resourceVersion: building ten thousand of them from JSON every pass would dominate the pass."""
+        meta = obj.get("metadata") or {}
+        version = str(meta.get("resourceVersion") or "")
+        hit = self.protos.get(uid)
+        if hit is None or hit[0] != version or not version:
+            created = gr.parse_time(meta.get("creationTimestamp"))
+            proto = GPR(name=key, workspace=key.split("/", 1)[0],
+                        submitted_at=created if created is not None else now, **fields)
+            status = obj.get("status")
+            if isinstance(status, dict):
+                gr.restore_status(proto, status)
+            hit = self.protos[uid] = (version, proto)
+        g = object.__new__(GPR)
+        g.__dict__.update(hit[1].__dict__)
+        g.history = []
+        return g
 
     def spec(self, uid: str, obj: dict[str, Any]) -> dict[str, Any] | str:
         meta = obj.get("metadata") or {}
@@ -125,8 +145,9 @@ class PassCache:
         return value
 
     def prune(self, live: set[str]) -> None:
-        for uid in [u for u in self.specs if u not in live]:
-            del self.specs[uid]
+        for table in (self.specs, self.protos):
+            for uid in [u for u in table if u not in live]:
+                del table[uid]
 
 
 def live_cluster_limitation() -> str:
@@ -154,25 +175,21 @@ def node_specs(nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
 
 def _restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
     """Adopt an Admitted/Running/Evicting GPR with its recorded reservation (whole devices: the first free ones
-    of each node; the kubelet picks the physical ones); False when it no longer fits (a node left or shrank)."""
+    of each node; the kubelet picks the physical ones); False when it no longer fits (a node left or shrank).
+    Called before node health is applied to the fresh inventory."""
     inv = sched.inv
     assignments = []
     for node, count in sorted(reservation.items()):
         n = inv.index.get(node)
         if n is None:
             return False
-        free = [d for d in range(int(inv.ndev[n])) if inv.free[n, d] == 1000]
+        free = inv.whole_free(n, count, healthy_only=False)
         if len(free) < count:
             return False
-        assignments.append(NodeAssignment(n, tuple(free[:count]), 1000))
+        assignments.append(NodeAssignment(n, free, 1000))
     if not assignments:
         return False
-    healthy = inv.healthy.copy()  # health is applied after adoption: existing work stays where it is
-    inv.healthy[:] = inv.present
-    try:
-        return sched.adopt(g, Placement(tuple(assignments)), now)
-    finally:
-        inv.healthy[:] = healthy
+    return sched.adopt(g, Placement(tuple(assignments)), now)  # health is applied after: existing work stays
 
 
 def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -221,10 +238,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if phase in gr.FINAL_PHASES and not rejudged:
             final[key] = phase
             continue
-        created = gr.parse_time(meta.get("creationTimestamp"))
-        g = GPR(name=key, workspace=key.split("/", 1)[0], submitted_at=created if created is not None else now,
-                **fields)
-        gr.restore_status(g, status)
+        g = cache.gpr(uid, obj, key, fields, now)
         uid_of[key] = uid
         objects[key] = obj
         if g.phase in ALLOCATED:
@@ -236,9 +250,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
             continue
         reason = g.reason if g.phase is Phase.QUEUED and not rejudged else ""
-        g.history = []
-        sched.submit(g, now, g.not_before if g.not_before > now else None)
+        sched.submit(g, now, g.not_before if g.not_before > now else None, validated=True)
         g.reason = reason
+        if status.get("phase") == Phase.QUEUED.value:
+            g.history = []  # nothing new: an empty history marks a GPR whose status needs no write
 
     _hold_outside_reservations(sched, snap, pods_of)
     for name, node in snap.nodes.items():
@@ -267,6 +282,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         obj = objects[key]
         uid = uid_of[key]
         refusal = snap.refusals.get(uid)
+        if not refresh and _unchanged(g, obj, key in extra or bool(refusal)):
+            if g.phase in (Phase.ADMITTED, Phase.RUNNING):
+                plan.ungate[uid] = [inv.names[a.node] for a in g.placement.assignments] if g.placement else []
+            continue
         if refusal and g.phase is Phase.EVICTING:
             reason = "PodDisruptionBudget" if " 429 " in f" {refusal} " else "EvictionRefused"
             extra.setdefault(key, []).append({"type": "EvictionBlocked", "status": "True", "reason": reason,
@@ -437,6 +456,23 @@ def _orphans(snap: Snapshot, pods_of: dict[str, list[PodView]], now: float,
             continue
         out.append((str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid))
     return out
+
+
+_EXTRA_CONDITIONS = ("Idle", "EvictionBlocked")
+
+
+def _unchanged(g: GPR, obj: dict[str, Any], extra: bool) -> bool:
+    """Cheap test that the status ``g`` would render is the one stored: nothing happened to it in this pass."""
+    if g.history or extra:
+        return False
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return False
+    if (status.get("phase") != g.phase.value or status.get("reason") != g.reason
+            or status.get("failures", 0) != g.failures or status.get("evictions", 0) != g.evictions
+            or status.get("observedGeneration") != (obj.get("metadata") or {}).get("generation")):
+        return False
+    return not any(isinstance(c, dict) and c.get("type") in _EXTRA_CONDITIONS for c in status.get("conditions") or ())
 
 
 def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool) -> bool:

@@ -111,10 +111,11 @@ class Scheduler:
         self._ever: dict[Request, bool] = {}
 
     # ------------------------------------------------------------------ events in
-    def submit(self, g: GPR, now: float, not_before: float | None = None) -> list[Event]:
+    def submit(self, g: GPR, now: float, not_before: float | None = None, validated: bool = False) -> list[Event]:
         """Queue ``g``; with ``not_before`` later than ``now`` it waits out that backoff first (a driver restoring
-        a requeued GPR whose retry time is recorded)."""
-        g.validate()
+        a requeued GPR whose retry time is recorded). ``validated``: the driver already checked the spec."""
+        if not validated:
+            g.validate()
         old = self.gprs.get(g.name)
         if old is not None and old.phase not in (Phase.COMPLETE, Phase.CANCELLED, Phase.FAILED):
             raise ValueError(f"{g.name} already exists ({old.phase.value})")
@@ -165,7 +166,7 @@ class Scheduler:
         n = self.inv.index.get(node)
         if n is None or count <= 0 or owner in self.inv.allocations:
             return 0
-        free = [d for d in range(int(self.inv.ndev[n])) if self.inv.free[n, d] == 1000][:count]
+        free = self.inv.whole_free(n, count, healthy_only=False)
         if not free:
             return 0
         placement = Placement((NodeAssignment(n, tuple(free), 1000),))

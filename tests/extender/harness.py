@@ -86,7 +86,7 @@ async def stack(peer: APIServerPeer | None = None, **kwargs: Any) -> AsyncIterat
             await peer.stop()
 
 
-async def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
     import asyncio
 
     deadline = asyncio.get_running_loop().time() + timeout
