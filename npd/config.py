@@ -30,6 +30,7 @@ from device_plugin.config import (
     parse_str,
 )
 from device_plugin.config import Option as BaseOption
+from npd.plugin import DEFAULT_MAX_OUTPUT
 
 ENV_PREFIX = "ACCELSTACK_NPD_"
 
@@ -94,7 +95,7 @@ OPTIONS: tuple[BaseOption, ...] = (
     # the NPD plugin runner
     Option("plugin.deadline", parse_duration, 4.0,
            "a check that has not finished by then reports Unknown; keep it under the NPD rule's timeout"),
-    Option("plugin.maxOutputLength", parse_int(1), 80,
+    Option("plugin.maxOutputLength", parse_int(1), DEFAULT_MAX_OUTPUT,
            "the message is cut to this many bytes (NPD's max_output_length)"),
     Option("plugin.stateDir", parse_str, "/var/lib/accelstack-npd",
            "where checks keep what they saw last run (kernel-log position, recent XIDs); must survive restarts"),
