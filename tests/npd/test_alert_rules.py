@@ -185,7 +185,16 @@ def test_npd_daemonsets_mount_what_the_monitors_reference() -> None:
             config_file = next(a.split("=", 1)[1] for a in rule["args"] if a.startswith("--config-file="))
             assert npd_mounts[str(Path(config_file).parent)] == "config"
         volumes = {v["name"]: v for v in pod["volumes"]}
-        assert volumes["kmsg"]["hostPath"]["path"] == "/dev/kmsg"
-        assert volumes["state"]["hostPath"]["path"] == "/var/lib/accelstack-npd"
+        # the state directory survives the pod (the NR1 check's memory of the modules seen) and is created
+        assert volumes["state"]["hostPath"] == {"path": "/var/lib/accelstack-npd", "type": "DirectoryOrCreate"}
+        assert npd_mounts["/var/lib/accelstack-npd"] == "state"
+        (cm,) = docs(MANIFESTS / "npd/configmap.yaml")
+        assert yaml.safe_load(cm["data"]["npd.yaml"])["plugin"]["stateDir"] == "/var/lib/accelstack-npd"
+        if short == "gpu":  # the kernel log: privileged, as upstream NPD's own DaemonSet
+            assert volumes["kmsg"]["hostPath"]["path"] == "/dev/kmsg"
+        else:  # sysfs and the state directory only: no privilege, no capability
+            assert "kmsg" not in volumes and not npd["securityContext"].get("privileged")
+            assert npd["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert npd["securityContext"]["allowPrivilegeEscalation"] is False
         assert any(t["key"] == "accelstack.io/unhealthy" for t in pod["tolerations"])
         assert npd["image"].startswith("registry.k8s.io/node-problem-detector/node-problem-detector:")
