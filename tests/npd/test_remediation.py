@@ -384,19 +384,31 @@ async def test_controller_recovers_from_watch_history_compaction(api) -> None:
 
 @given(st.lists(st.tuples(st.sampled_from(["GPUUnhealthy", "NR1Unhealthy", "Ready"]),
                           st.sampled_from(["True", "False", "Unknown"]), st.integers(0, 1000)), max_size=4),
-       st.booleans(), st.integers(0, 600), st.integers(0, 2000))
-def test_decide_invariants(conditions, tainted: bool, hold: int, now: int) -> None:
+       st.booleans(), st.integers(0, 600), st.integers(0, 2000), st.none() | st.integers(0, 2000),
+       st.none() | st.sets(st.sampled_from(["nvidia.com/gpu", "neureality.com/nr1", "cpu"])))
+def test_decide_invariants(conditions, tainted: bool, hold: int, now: int, healthy_since: int | None,
+                           resources: set[str] | None) -> None:
     watched = ["GPUUnhealthy", "NR1Unhealthy"]
+    about = {"GPUUnhealthy": "nvidia.com/gpu", "NR1Unhealthy": "neureality.com/nr1"}
     latest = {}
     for ctype, status, at in conditions:  # one condition per type, as on a Node
         latest[ctype] = SimpleNamespace(type=ctype, status=status, last_transition_time=iso(at))
-    decision = decide(list(latest.values()), tainted, watched, hold, now)
+    decision = decide(list(latest.values()), tainted, watched, hold, now, healthy_since=healthy_since,
+                      resources=resources, about=about)
     present = [c for c in latest.values() if c.type in watched]
     if any(c.status == "True" for c in present):
         assert decision.taint is True
-    if decision.taint is False:  # lifted only when all watched are False for at least the hold
-        assert tainted and present and all(c.status == "False" for c in present)
-        assert all(now - int(dt.datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00")).timestamp())
-                   >= hold for c in present)
+    if decision.taint is True:  # only True taints; Unknown never does
+        assert any(c.status == "True" for c in present)
+    if decision.taint is False:  # lifted only when every counted condition is False for at least the hold
+        assert tainted and present
+        for c in present:
+            has = resources is None or about[c.type] in resources
+            assert c.status == "False" or (c.status == "Unknown" and not has)
+        if healthy_since is not None:
+            assert now - healthy_since >= hold
+        else:
+            assert all(now - int(dt.datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00"))
+                                 .timestamp()) >= hold for c in present if c.status == "False")
     if not tainted:
         assert decision.taint is not False
