@@ -44,9 +44,20 @@ def _short(address: str) -> str:
     return address[5:] if address.startswith("0000:") else address
 
 
+def most_seen(memory: dict[str, Any]) -> int:
+    """The count in ``memory``; a memory that does not make sense (edited, another version) is forgotten, as a
+    corrupt state file is: a first run, never a failure."""
+    count, modules = memory.get("max", 0), memory.get("modules", [])
+    if not (isinstance(count, int) and count >= 0 and isinstance(modules, list)
+            and all(isinstance(m, str) for m in modules)):
+        memory.clear()
+        return 0
+    return count
+
+
 def remember(memory: dict[str, Any], addresses: list[str], now: float) -> None:
     """Keep the largest set of modules seen (count and addresses) in ``memory``, in place."""
-    if len(addresses) > int(memory.get("max", 0)):
+    if len(addresses) > most_seen(memory):
         memory.update(max=len(addresses), modules=sorted(addresses), at=now)
 
 
@@ -77,8 +88,8 @@ def check_nr1(values: Mapping[str, Any], state: dict[str, Any], progress: Progre
     expected, source, doubt = expected_count(values, state, "nr1", None, "")
     if doubt:
         found.doubts.append(doubt)
-    if expected is None and int(memory.get("max", 0)) > 0:
-        expected, source = int(memory["max"]), "most seen"
+    if expected is None and most_seen(memory) > 0:
+        expected, source = most_seen(memory), "most seen"
     if expected is None and not modules:
         found.problem("no NR1 modules found")
     elif expected is not None and len(modules) < expected:

@@ -211,6 +211,10 @@ def test_nr1_plugin_remembers_the_most_modules_seen_and_reports_a_drop(tmp_path:
     assert npd_exec("npd.nr1_check", *args, "--report=problems").status == "NonOK"
     # an explicit count wins over the memory (modules removed on purpose)
     assert npd_exec("npd.nr1_check", *args, "--nr1-expected-count", "3").status == "OK"
+    # a memory that makes no sense is forgotten, never a failure
+    (state / "nr1-modules.json").write_text('{"max": "lots", "modules": 3}')
+    run = npd_exec("npd.nr1_check", *args)
+    assert (run.status, run.message) == ("OK", "3 NR1 modules healthy")
 
 
 def test_nr1_plugin_with_an_unreadable_label_is_unknown_not_ok(tmp_path: Path) -> None:
