@@ -30,6 +30,7 @@ from device_plugin.config import (
     parse_str,
 )
 from device_plugin.config import Option as BaseOption
+from npd.plugin import DEFAULT_MAX_OUTPUT
 
 ENV_PREFIX = "ACCELSTACK_NPD_"
 
@@ -67,6 +68,17 @@ def parse_signed_int(value: Any) -> int:
     return number
 
 
+def parse_condition_resource(value: Any) -> str:
+    """``Condition=vendor.com/resource``: a node condition and the extended resource it is about (normalised)."""
+    from device_plugin.config import parse_resource_name
+
+    text = str(value).strip()
+    condition, sep, resource = text.partition("=")
+    if not sep or not condition.strip():
+        raise ValueError(f"must be Condition=vendor.com/resource, got {value!r}")
+    return f"{condition.strip()}={parse_resource_name(resource.strip())}"
+
+
 def Option(key: str, parse: Callable[[Any], Any], default: Any, help: str) -> BaseOption:
     """An option of the node-health processes: the device plugin's Option with their environment prefix."""
     return BaseOption(key, parse, default, help, env_prefix=ENV_PREFIX)
@@ -83,7 +95,7 @@ OPTIONS: tuple[BaseOption, ...] = (
     # the NPD plugin runner
     Option("plugin.deadline", parse_duration, 4.0,
            "a check that has not finished by then reports Unknown; keep it under the NPD rule's timeout"),
-    Option("plugin.maxOutputLength", parse_int(1), 80,
+    Option("plugin.maxOutputLength", parse_int(1), DEFAULT_MAX_OUTPUT,
            "the message is cut to this many bytes (NPD's max_output_length)"),
     Option("plugin.stateDir", parse_str, "/var/lib/accelstack-npd",
            "where checks keep what they saw last run (kernel-log position, recent XIDs); must survive restarts"),
@@ -141,6 +153,10 @@ OPTIONS: tuple[BaseOption, ...] = (
     # remediation controller
     Option("remediation.conditions", parse_list(parse_str), ["GPUUnhealthy", "NR1Unhealthy"],
            "node condition types that taint the node while True"),
+    Option("remediation.conditionResources", parse_list(parse_condition_resource),
+           ["GPUUnhealthy=nvidia.com/gpu", "NR1Unhealthy=neureality.com/nr1"],
+           "the resource each condition is about: Unknown on a node without that resource (not in its capacity) "
+           "neither taints nor keeps the taint; conditions not listed count on every node"),
     Option("remediation.taintKey", parse_str, "accelstack.io/unhealthy", "taint key (effect NoSchedule)"),
     Option("remediation.holdTime", parse_duration, 600.0,
            "a condition must have been False this long before the taint is lifted (hysteresis)"),

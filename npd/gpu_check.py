@@ -13,7 +13,9 @@ Checks, chosen with ``--checks`` (default ``count,xid,ecc,pages``; NPD rules pic
 - ``power``: draw over ``gpu.maxPowerRatio`` of the enforced power limit.
 
 NVML failing (no driver, library missing, an error other than "GPU lost") makes the verdict Unknown with the
-reason, unless something else already proves a problem. Discovery is the device plugin's (``NvmlBackend``).
+reason, unless something else already proves a problem; so does an expected-count label that cannot be read
+or is not a number. ``--report`` (``npd.plugin``) fits the verdict to the NPD rule: the temperature and power
+rules run with ``--report=problems``, so with nothing to measure they exit 0 and NPD emits no threshold event. Discovery is the device plugin's (``NvmlBackend``).
 The check logic takes the ``nvml`` module as a parameter: production passes ``pynvml``, tests a stand-in at
 the same function boundary.
 """
@@ -28,7 +30,19 @@ from typing import Any
 
 from npd import kmsg
 from npd import state as state_store
-from npd.plugin import UNKNOWN, Findings, Progress, Result, emit, finish, run_plugin, run_with_deadline
+from npd.plugin import (
+    DEFAULT_MAX_OUTPUT,
+    UNKNOWN,
+    Findings,
+    Progress,
+    Result,
+    add_report_argument,
+    apply_report,
+    emit,
+    finish,
+    run_plugin,
+    run_with_deadline,
+)
 
 CHECKS = ("count", "xid", "ecc", "pages", "temperature", "power")
 DEFAULT_CHECKS = ("count", "xid", "ecc", "pages")
@@ -77,7 +91,7 @@ def check_gpus(nvml: Any, values: Mapping[str, Any], checks: Collection[str], st
     from device_plugin.nvml_backend import BackendInitError, NvmlBackend, pci_gpu_functions
 
     now = time.time() if now is None else now
-    found = Findings()
+    found = Findings(noun="GPU problems")
     sysfs_root = values["node.sysfsRoot"]
     backend = NvmlBackend({"resourceName": "nvidia.com/gpu"}, sysfs_root=sysfs_root, nvml=nvml)
     devices: list[Any] = []
@@ -102,7 +116,7 @@ def check_gpus(nvml: Any, values: Mapping[str, Any], checks: Collection[str], st
             expected, source, doubt = expected_count(values, state, "gpu", len(on_bus) if on_bus else None,
                                                      "PCI bus")
             if doubt:
-                found.notes.append(doubt)
+                found.doubts.append(doubt)
             if nvml_ok and expected is not None and len(devices) < expected:
                 seen = {d.attrs["bus_id"] for d in devices}
                 missing = [_short(a) for a in on_bus if a not in seen]
@@ -169,7 +183,7 @@ def _check_xids(values: Mapping[str, Any], state: dict[str, Any], devices: list[
     state["recent_xids"] = recent if hold > 0 else []
     # newest first: the message has room for little
     for entry in sorted(recent, key=lambda e: -float(e["at"])):
-        found.problems.append(_xid_text(entry))
+        found.problem(_xid_text(entry), f"{entry['gpu']} XID {entry['xid']}")
 
 
 def _xid_text(entry: Mapping[str, Any]) -> str:
@@ -177,17 +191,22 @@ def _xid_text(entry: Mapping[str, Any]) -> str:
     return f"{entry['gpu']} XID {entry['xid']}{detail}"
 
 
+def _problem(found: Findings, name: str, what: str) -> None:
+    """A GPU's problem; in a list of several the GPU is named by index only ("GPU3 ...", not "GPU3 3b:00.0")."""
+    found.problem(f"{name} {what}", f"{name.split()[0]} {what}")
+
+
 def _ecc(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], found: Findings) -> None:
     count = int(nvml.nvmlDeviceGetTotalEccErrors(handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                                   nvml.NVML_VOLATILE_ECC))
     if count > int(values["gpu.maxUncorrectedEcc"]):
-        found.problems.append(f"{name} {count} uncorrected ECC errors")
+        _problem(found, name, f"{count} uncorrected ECC errors")
 
 
 def _pages(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], found: Findings) -> None:
     try:
         if int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)) == nvml.NVML_FEATURE_ENABLED:
-            found.problems.append(f"{name} retired pages pending (reset the GPU)")
+            _problem(found, name, "retired pages pending (reset the GPU)")
     except Exception as exc:
         if not _not_supported(nvml, exc):
             raise
@@ -198,9 +217,9 @@ def _pages(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], found: 
             raise
         return
     if failed:
-        found.problems.append(f"{name} row remapping failed")
+        _problem(found, name, "row remapping failed")
     elif pending:
-        found.problems.append(f"{name} row remapping pending (reset the GPU)")
+        _problem(found, name, "row remapping pending (reset the GPU)")
 
 
 def _temperature(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], found: Findings) -> None:
@@ -210,7 +229,7 @@ def _temperature(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], f
         slowdown = float(nvml.nvmlDeviceGetTemperatureThreshold(handle, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))
         limit = slowdown - float(values["gpu.temperatureMargin"])
     if temperature > limit:
-        found.problems.append(f"{name} {temperature:.0f}C over {limit:.0f}C")
+        _problem(found, name, f"{temperature:.0f}C over {limit:.0f}C")
 
 
 def _power(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], found: Findings) -> None:
@@ -218,7 +237,7 @@ def _power(nvml: Any, handle: Any, name: str, values: Mapping[str, Any], found: 
     limit = int(nvml.nvmlDeviceGetEnforcedPowerLimit(handle)) / 1000.0
     allowed = limit * float(values["gpu.maxPowerRatio"])
     if limit > 0 and draw > allowed:
-        found.problems.append(f"{name} {draw:.0f}W over {allowed:.0f}W")
+        _problem(found, name, f"{draw:.0f}W over {allowed:.0f}W")
 
 
 _DEVICE_CHECKS = {"ecc": _ecc, "pages": _pages, "temperature": _temperature, "power": _power}
@@ -232,8 +251,11 @@ def parse_checks(text: str) -> list[str]:
     return names
 
 
-def state_path(values: Mapping[str, Any], kind: str, checks: Collection[str]) -> Path:
-    return Path(values["plugin.stateDir"]) / f"{kind}-{'-'.join(sorted(checks))}.json"
+def state_path(values: Mapping[str, Any], kind: str, checks: Collection[str], report: str = "all") -> Path:
+    """One state file per check set, and one more for the ``--report=unknown`` rule, which runs the permanent
+    rule's checks: two rules reading the kernel log must not move each other's position."""
+    suffix = ".unknown" if report == "unknown" else ""
+    return Path(values["plugin.stateDir"]) / f"{kind}-{'-'.join(sorted(checks))}{suffix}.json"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -248,6 +270,7 @@ def _main(argv: list[str] | None) -> None:
     def extra(parser: Any) -> None:
         parser.add_argument("--checks", default=",".join(DEFAULT_CHECKS),
                             help=f"comma-separated subset of {', '.join(CHECKS)}")
+        add_report_argument(parser)
 
     try:
         config, args = load(argv, prog="accelstack-npd-gpu", extra=extra,
@@ -255,14 +278,14 @@ def _main(argv: list[str] | None) -> None:
                                         "1 NonOK, 2 Unknown; stdout is the message).")
         checks = parse_checks(args.checks)
     except (ConfigError, ValueError) as exc:
-        finish(emit(Result(UNKNOWN, f"config: {exc}"), 200))
+        finish(emit(Result(UNKNOWN, f"config: {exc}"), DEFAULT_MAX_OUTPUT))
         return
     if args.print_config:
         print(SCHEMA.print_tree(config), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     values = config.values
-    path = state_path(values, "gpu", checks)
+    path = state_path(values, "gpu", checks, args.report)
 
     def run(progress: Progress) -> Result:
         progress("import pynvml")
@@ -274,7 +297,7 @@ def _main(argv: list[str] | None) -> None:
         state_store.save(path, state)
         return result
 
-    result = run_with_deadline(run, values["plugin.deadline"])
+    result = apply_report(run_with_deadline(run, values["plugin.deadline"]), args.report)
     finish(emit(result, values["plugin.maxOutputLength"]))
 
 

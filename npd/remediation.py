@@ -2,10 +2,24 @@
 
 NPD sets node conditions (``GPUUnhealthy``, ``NR1Unhealthy``) but does not act on them. This controller watches
 Nodes and keeps the taint ``accelstack.io/unhealthy:NoSchedule`` on a node while any watched condition is True.
-The taint is lifted only when every watched condition present on the node has been False for
-``remediation.holdTime`` (hysteresis: a device that flaps does not bounce pods on and off the node). The time is
-taken from the condition's ``lastTransitionTime``, so a controller restart does not reset the clock. A condition
-that is Unknown (NPD cannot tell) or a node without any watched condition keeps whatever state the node has.
+The taint is lifted only when every watched condition that counts on the node has been False, without a break,
+for ``remediation.holdTime`` (hysteresis: a device that flaps does not bounce pods on and off the node).
+
+The hold is judged from the annotation ``accelstack.io/healthy-since``, which the controller writes on a tainted
+node the first time it sees every counted condition False (taking the latest ``lastTransitionTime`` then, so a
+controller restart does not reset the clock either), and removes when it sees one True or Unknown again. The
+conditions' own transition times are not enough: node-problem-detector sets every condition to False with a
+fresh ``lastTransitionTime`` when it starts (``initialConditions``), so a rollout of the NPD DaemonSet would
+otherwise restart the hold on every node. A flap that starts and ends while the controller is not watching
+(down, or the API unreachable for longer than NPD's check interval) is not seen; the hold then runs from the
+earlier recovery.
+
+Unknown (NPD cannot tell) never adds a taint: a cluster-wide cause (a driver upgrade, the API server) would
+otherwise taint every node at once. On a node that has the condition's resource (``remediation.conditionResources``:
+the resource is in the node's capacity, even at 0) Unknown keeps an existing taint and breaks the hold, since the
+device's recovery cannot be confirmed. On a node without that resource (an NR1-only node whose GPU check runs
+without NVML) an Unknown condition is ignored: it neither taints nor keeps a taint. True taints whatever the
+resources. A node without any watched condition keeps whatever state it has.
 
 Optional, off by default: ``remediation.cordon`` also marks the node unschedulable (and undoes only a cordon it
 made itself, remembered in an annotation); ``remediation.drain`` evicts, through the Eviction API (so
@@ -34,6 +48,7 @@ log = logging.getLogger("accelstack.npd.remediation")
 
 CORDON_ANNOTATION = "accelstack.io/cordoned-by-remediation"
 SINCE_ANNOTATION = "accelstack.io/unhealthy-since"
+HEALTHY_SINCE_ANNOTATION = "accelstack.io/healthy-since"
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,7 @@ class Decision:
     value: str = ""  # taint value: the True conditions
     wake_in: float | None = None  # seconds until the decision may change without an event (hold timer)
     why: str = ""
+    healthy_since: float | None = None  # what HEALTHY_SINCE_ANNOTATION must say on a node that stays tainted
 
 
 def _epoch(value: Any) -> float | None:
@@ -55,9 +71,32 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def decide(conditions: list[Any], tainted: bool, watched: list[str], hold: float, now: float) -> Decision:
-    """What the node's taint should be; ``conditions`` are V1NodeCondition-like (type, status,
-    last_transition_time)."""
+def _stamp(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition_resources(pairs: list[str]) -> dict[str, str]:
+    """``["GPUUnhealthy=nvidia.com/gpu", ...]`` (config) -> {condition: resource}."""
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def node_resources(node: Any) -> set[str] | None:
+    """The resources in the node's capacity or allocatable (a resource a device plugin ever registered stays there,
+    at 0 when its devices are gone); None when the node reports none at all (then every condition counts)."""
+    status = getattr(node, "status", None)
+    found = set(getattr(status, "capacity", None) or {}) | set(getattr(status, "allocatable", None) or {})
+    return found or None
+
+
+def decide(conditions: list[Any], tainted: bool, watched: list[str], hold: float, now: float,
+           healthy_since: float | None = None, resources: set[str] | None = None,
+           about: Mapping[str, str] | None = None) -> Decision:
+    """What the node's taint should be.
+
+    ``conditions`` are V1NodeCondition-like (type, status, last_transition_time); ``healthy_since`` is the
+    node's HEALTHY_SINCE_ANNOTATION (None: absent); ``resources`` the node's resources (None: unknown, every
+    condition counts) and ``about`` the resource each condition is about."""
+    about = about or {}
     present = {c.type: c for c in conditions if c.type in watched}
     true = sorted(t for t, c in present.items() if c.status == "True")
     if true:
@@ -66,17 +105,26 @@ def decide(conditions: list[Any], tainted: bool, watched: list[str], hold: float
         return Decision(None, why="healthy")
     if not present:
         return Decision(None, why="no watched condition on the node; keeping the taint")
-    unknown = sorted(t for t, c in present.items() if c.status != "False")
+
+    def counts(ctype: str) -> bool:
+        resource = about.get(ctype)
+        return resources is None or resource is None or resource in resources
+
+    # Unknown about a resource the node does not have is ignored; everything else counts
+    counted = {t: c for t, c in present.items() if c.status == "False" or counts(t)}
+    unknown = sorted(t for t, c in counted.items() if c.status != "False")
     if unknown:
         return Decision(None, why=f"{', '.join(unknown)} Unknown; keeping the taint")
-    times = [_epoch(c.last_transition_time) for c in present.values()]
-    if any(t is None for t in times):
-        return Decision(False, why="conditions False (no transition time)")
-    false_since = max(t for t in times if t is not None)
-    left = false_since + hold - now
+    if healthy_since is None:
+        times = [_epoch(c.last_transition_time) for c in counted.values()]
+        if any(t is None for t in times):
+            return Decision(False, why="conditions False (no transition time)")
+        healthy_since = max((t for t in times if t is not None), default=now)
+    left = healthy_since + hold - now
     if left > 0:
-        return Decision(None, wake_in=left, why=f"False for {now - false_since:.0f}s of the {hold:.0f}s hold")
-    return Decision(False, why=f"False for {now - false_since:.0f}s (hold {hold:.0f}s)")
+        return Decision(None, wake_in=left, healthy_since=healthy_since,
+                        why=f"False for {now - healthy_since:.0f}s of the {hold:.0f}s hold")
+    return Decision(False, why=f"False for {now - healthy_since:.0f}s (hold {hold:.0f}s)")
 
 
 def _taint_dict(taint: Any) -> dict[str, Any]:
@@ -100,6 +148,7 @@ class TaintController:
         self.cordon = bool(values["remediation.cordon"])
         self.drain = bool(values["remediation.drain"])
         self.resources = set(values["remediation.resources"])
+        self.about = condition_resources(values["remediation.conditionResources"])
         self.clock = clock
         self.metrics = metrics
         self.wake: dict[str, float] = {}  # node -> clock time when its hold timer runs out
@@ -111,8 +160,11 @@ class TaintController:
         for _attempt in range(attempts):
             taints = list(node.spec.taints or []) if node.spec else []
             mine = [t for t in taints if t.key == self.key]
+            annotations = (node.metadata.annotations or {}) if node.metadata else {}
             decision = decide(list((node.status.conditions if node.status else None) or []), bool(mine),
-                              self.watched, self.hold, self.clock())
+                              self.watched, self.hold, self.clock(),
+                              healthy_since=_epoch(annotations.get(HEALTHY_SINCE_ANNOTATION)),
+                              resources=node_resources(node), about=self.about)
             if decision.wake_in is not None:
                 self.wake[name] = self.clock() + decision.wake_in
             else:
@@ -129,6 +181,9 @@ class TaintController:
                 log.info("node changed under us; reading again", extra={"node": name})
                 node = await self.api.read_node(name)
                 continue
+            if "spec" not in patch:  # only the healthy-since annotation changed
+                self._count_state(name, bool(mine))
+                return decision
             action = "taint" if decision.taint else "untaint"
             log.warning("node %s", "tainted" if decision.taint else "untainted",
                         extra={"node": name, "why": decision.why, "taint": self.key})
@@ -145,7 +200,7 @@ class TaintController:
 
     async def _event(self, node: Any, reason: str, message: str, kind: str) -> None:
         """A core/v1 Event on the Node (``kubectl describe node`` shows it); failures only logged."""
-        stamp = dt.datetime.fromtimestamp(self.clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = _stamp(self.clock())
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{node.metadata.name}.", "namespace": "default"},
                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name,
@@ -164,30 +219,45 @@ class TaintController:
             self.metrics.tainted.set(len(self.tainted))
 
     def _patch(self, node: Any, taints: list[Any], mine: list[Any], decision: Decision) -> dict[str, Any] | None:
+        """The merge patch that makes the node match ``decision``; one without ``spec`` only keeps the
+        healthy-since annotation, None when nothing is to change."""
         annotations = dict(node.metadata.annotations or {})
         rv = node.metadata.resource_version
         others = [_taint_dict(t) for t in taints if t.key != self.key]
+        recorded = annotations.get(HEALTHY_SINCE_ANNOTATION)
         if decision.taint:
             wanted = {"key": self.key, "value": decision.value, "effect": "NoSchedule"}
             current = [_taint_dict(t) for t in mine]
             cordon_needed = self.cordon and not (node.spec and node.spec.unschedulable)
             if current == [wanted] and not cordon_needed:
-                return None
+                if recorded is None:
+                    return None
+                return {"metadata": {"resourceVersion": rv, "annotations": {HEALTHY_SINCE_ANNOTATION: None}}}
             patch: dict[str, Any] = {"metadata": {"resourceVersion": rv}, "spec": {"taints": [*others, wanted]}}
+            notes: dict[str, Any] = {}
             if not mine:
-                stamp = dt.datetime.fromtimestamp(self.clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                patch["metadata"]["annotations"] = {SINCE_ANNOTATION: stamp}
+                notes[SINCE_ANNOTATION] = _stamp(self.clock())
+            if recorded is not None:
+                notes[HEALTHY_SINCE_ANNOTATION] = None
             if cordon_needed:
                 patch["spec"]["unschedulable"] = True
-                patch["metadata"].setdefault("annotations", {})[CORDON_ANNOTATION] = "true"
+                notes[CORDON_ANNOTATION] = "true"
+            if notes:
+                patch["metadata"]["annotations"] = notes
             return patch
         if decision.taint is False and mine:
             patch = {"metadata": {"resourceVersion": rv, "annotations": {SINCE_ANNOTATION: None}},
                      "spec": {"taints": others or None}}
+            if recorded is not None:
+                patch["metadata"]["annotations"][HEALTHY_SINCE_ANNOTATION] = None
             if annotations.get(CORDON_ANNOTATION) == "true":
                 patch["spec"]["unschedulable"] = None
                 patch["metadata"]["annotations"][CORDON_ANNOTATION] = None
             return patch
+        if decision.taint is None and mine:
+            stamp = None if decision.healthy_since is None else _stamp(decision.healthy_since)
+            if stamp != recorded:
+                return {"metadata": {"resourceVersion": rv, "annotations": {HEALTHY_SINCE_ANNOTATION: stamp}}}
         return None
 
     async def _drain(self, name: str) -> None:

@@ -60,6 +60,7 @@ def describe_type(parse: Callable[..., Any]) -> str:
         "parse_hex_id": "PCI ID (hex)",
         "parse_argv": "command",
         "parse_signed_int": "integer ≥ -1",
+        "parse_condition_resource": "Condition=resource",
     }.get(outer, outer)
 
 

@@ -15,7 +15,7 @@ import yaml
 from npd.config import load
 from tests.npd.helpers import kmsg_line
 from tests.npd.promtools import MANIFESTS, need, write_rules
-from tests.npd.test_plugin_process import npd_exec
+from tests.npd.test_plugin_process import npd_exec, nvml_loadable
 from tests.sysfs_fixture import NR1_VENDOR, nr1_node
 
 HERE = Path(__file__).resolve().parent
@@ -116,7 +116,19 @@ def test_npd_monitor_configs_follow_the_custom_plugin_rules(tmp_path: Path) -> N
             assert rule["path"].startswith("/opt/accelstack/bin/accelstack-npd-")
             if rule["type"] == "permanent":
                 assert rule["condition"] in defaults
+                assert not any(a.startswith("--report") for a in rule["args"])  # all: NonOK and Unknown
                 permanent.add(rule["condition"])
+            else:  # NPD makes an event of Unknown too: only the Unknown rule may report it
+                report = [a for a in rule["args"] if a.startswith("--report=")]
+                expected = "--report=unknown" if rule["reason"].endswith("CheckUnknown") else "--report=problems"
+                assert report == [expected], (name, rule["reason"])
+        # NPD gives an Unknown condition the default reason: it must not claim health
+        for condition in monitor["conditions"]:
+            assert "Healthy" not in condition["reason"] and "healthy" not in condition["message"], condition
+        # the permanent rule's Unknown is reported under its own reason, running the same checks
+        unknown_rules = [r for r in monitor["rules"] if r["reason"].endswith("CheckUnknown")]
+        (permanent_rule,) = [r for r in monitor["rules"] if r["type"] == "permanent"]
+        assert [r["args"][:-1] for r in unknown_rules] == [permanent_rule["args"]], name
         assert monitor["pluginConfig"]["max_output_length"] == plugin_config["plugin.maxOutputLength"]
     assert permanent == {"GPUUnhealthy", "NR1Unhealthy"}
 
@@ -133,6 +145,7 @@ def test_every_npd_rule_runs_as_npd_would(tmp_path: Path) -> None:
     (tmp_path / "kmsg").write_text(kmsg_line(1, "boot"))
     nr1_node(tmp_path / "sys", 2)
     modules = {"accelstack-npd-gpu": "npd.gpu_check", "accelstack-npd-nr1": "npd.nr1_check"}
+    answers: dict[str, str] = {}
     for name, monitor in monitors().items():
         limit = monitor["pluginConfig"]["max_output_length"]
         for rule in monitor["rules"]:
@@ -142,10 +155,12 @@ def test_every_npd_rule_runs_as_npd_would(tmp_path: Path) -> None:
                            max_output=limit)
             assert run.code in (0, 1, 2), (name, rule["reason"], run)
             assert run.message, (name, rule["reason"])
-            if name == "nr1-monitor.json":
-                assert (run.status, run.message) == ("OK", "2 NR1 modules healthy")
-            elif rule["args"][1] == "--checks=xid":
-                assert run.status == "OK"  # the kernel log alone; no NVML needed
+            answers[rule["reason"]] = run.status
+    assert answers["NR1Unhealthy"] == answers["NR1Problem"] == answers["NR1CheckUnknown"] == "OK"
+    assert answers["GPUXidError"] == "OK"  # the kernel log alone; no NVML needed
+    if not nvml_loadable():  # NVML is absent here: the condition and the Unknown rule say so, no threshold event
+        assert answers["GPUUnhealthy"] == answers["GPUCheckUnknown"] == "Unknown"
+        assert answers["GPUTemperatureHigh"] == answers["GPUPowerHigh"] == "OK"
 
 
 def test_npd_daemonsets_mount_what_the_monitors_reference() -> None:
@@ -170,7 +185,16 @@ def test_npd_daemonsets_mount_what_the_monitors_reference() -> None:
             config_file = next(a.split("=", 1)[1] for a in rule["args"] if a.startswith("--config-file="))
             assert npd_mounts[str(Path(config_file).parent)] == "config"
         volumes = {v["name"]: v for v in pod["volumes"]}
-        assert volumes["kmsg"]["hostPath"]["path"] == "/dev/kmsg"
-        assert volumes["state"]["hostPath"]["path"] == "/var/lib/accelstack-npd"
+        # the state directory survives the pod (the NR1 check's memory of the modules seen) and is created
+        assert volumes["state"]["hostPath"] == {"path": "/var/lib/accelstack-npd", "type": "DirectoryOrCreate"}
+        assert npd_mounts["/var/lib/accelstack-npd"] == "state"
+        (cm,) = docs(MANIFESTS / "npd/configmap.yaml")
+        assert yaml.safe_load(cm["data"]["npd.yaml"])["plugin"]["stateDir"] == "/var/lib/accelstack-npd"
+        if short == "gpu":  # the kernel log: privileged, as upstream NPD's own DaemonSet
+            assert volumes["kmsg"]["hostPath"]["path"] == "/dev/kmsg"
+        else:  # sysfs and the state directory only: no privilege, no capability
+            assert "kmsg" not in volumes and not npd["securityContext"].get("privileged")
+            assert npd["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert npd["securityContext"]["allowPrivilegeEscalation"] is False
         assert any(t["key"] == "accelstack.io/unhealthy" for t in pod["tolerations"])
         assert npd["image"].startswith("registry.k8s.io/node-problem-detector/node-problem-detector:")

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from npd.gpu_check import check_gpus, parse_checks
-from npd.plugin import NONOK, OK, UNKNOWN, Progress, Result, run_with_deadline, truncate
+from npd.plugin import NONOK, OK, UNKNOWN, Progress, Result, fit, run_with_deadline, truncate, word_cut
 from tests.apiserver_peer import APIServerPeer
 from tests.fake_nvml import FakeNVML, dgx_like
 from tests.npd.helpers import kmsg_line, nvidia_functions, values, xid_line
@@ -79,11 +79,15 @@ async def _in_thread(fn):  # the check uses blocking urllib; the peer needs the 
     return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
-def test_unreadable_label_falls_back_to_the_bus_and_says_so(node) -> None:
+def test_unreadable_label_is_unknown_unless_the_bus_proves_a_problem(node) -> None:
     tmp, fake = node
-    result = run(tmp, fake, flags=("--node-name", "n1", "--node-api-server", "http://127.0.0.1:9"))
-    assert result.status == OK
-    assert "label accelstack.io/gpu.expected-count unreadable" in result.message
+    flags = ("--node-name", "n1", "--node-api-server", "http://127.0.0.1:9")
+    result = run(tmp, fake, flags=flags)
+    assert result.status == UNKNOWN  # the count the label holds cannot be checked: not OK
+    assert result.message.startswith("label accelstack.io/gpu.expected-count unreadable")
+    del fake.gpus[5]
+    result = run(tmp, fake, flags=flags)
+    assert result.status == NONOK and result.message.startswith("7/8 GPUs visible (missing 15:00.0); label")
 
 
 def test_critical_xid_is_reported_and_held(node) -> None:
@@ -247,3 +251,37 @@ def test_truncate_properties(message: str, limit: int) -> None:
     assert len(data) <= limit
     assert "\n" not in cut
     assert " ".join(message.split()).startswith(cut)
+
+
+def test_word_cut_and_fit_examples() -> None:
+    assert word_cut("3/4 NR1 modules present (config)", 80) == "3/4 NR1 modules present (config)"
+    assert word_cut("label accelstack.io/nr1.expected-count unreadable: refused", 45) == \
+        "label accelstack.io/nr1.expected-count…"
+    items = ["41:00.0 link down", "42:00.0 health 'fault'", "43:00.0 link down"]
+    assert fit("3 NR1 problems: ", items, 60) == "3 NR1 problems: 41:00.0 link down; +2 more"
+    assert fit("3 NR1 problems: ", items, 80) == \
+        "3 NR1 problems: 41:00.0 link down; 42:00.0 health 'fault'; 43:00.0 link down"
+
+
+@given(st.lists(st.text(alphabet="abcé :,'", min_size=1, max_size=40), min_size=1, max_size=8),
+       st.integers(min_value=30, max_value=120))
+def test_fit_properties(items: list[str], limit: int) -> None:
+    """Within the limit, on one line; what is shown is the start of the whole message, cut only between words
+    (or marked "…" when one word is longer than the room), and "+N more" counts the items left out."""
+    items = [" ".join(i.split()) or "x" for i in items]
+    head = f"{len(items)} problems: "
+    whole = head + "; ".join(items)
+    text = fit(head, items, limit)
+    assert len(text.encode()) <= limit and "\n" not in text
+    body, more = text, 0
+    if text.endswith(" more") and text != whole:
+        body, _, count = text[:-len(" more")].rpartition("; +")
+        more = int(count)
+    cut = body.endswith("…")
+    body = body.removesuffix("…")
+    assert whole.startswith(body)
+    rest = whole[len(body):]
+    assert not rest or rest[0] in " ;,:(" or body[-1:] in (" ", ";", ",", ":", "(") or cut
+    if more:
+        shown = body[len(head):].count("; ") + 1
+        assert more == len(items) - shown

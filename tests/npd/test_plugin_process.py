@@ -83,9 +83,30 @@ def test_gpu_plugin_reports_xids_from_the_kernel_log(tmp_path: Path) -> None:
 
 def test_stdout_is_cut_to_max_output_length(tmp_path: Path) -> None:
     (tmp_path / "kmsg").write_text("".join(xid_line(i, f"0000:{0x10 + i:02x}:00", 79) for i in range(1, 9)))
-    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid", "--plugin-max-output-length", "40")
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "xid", "--plugin-max-output-length", "60")
     assert run.status == "NonOK"
-    assert len(run.message.encode()) <= 40 and run.message.startswith("GPU 0000:")
+    # whole items and how many were left out, within NPD's cut (the same 60 bytes here)
+    assert run.message == "8 GPU problems: GPU 0000:11:00 XID 79; +7 more"
+
+
+def test_several_nr1_failures_are_summarised_within_the_limit_never_mid_word(tmp_path: Path) -> None:
+    """Today's NPD limit (80 bytes) with three failing modules: counted, whole items, the rest counted."""
+    sysfs = tmp_path / "sys"
+    addresses = nr1_node(sysfs, 4)
+    base = sysfs / "bus/pci/devices"
+    (base / addresses[0] / "net/nr1p0/operstate").write_text("down\n")
+    (base / addresses[1] / "health").write_text("fault\n")
+    (base / addresses[3] / "net/nr1p3/operstate").write_text("lowerlayerdown\n")
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path))
+    assert run.status == "NonOK"
+    assert run.message == "3 NR1 problems: 3b:00.0 nr1p0 link down; +2 more"
+    wide = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--plugin-max-output-length", "200"), max_output=200)
+    assert wide.message == ("3 NR1 problems: 3b:00.0 nr1p0 link down; 3c:00.0 health attribute health='fault'; "
+                            "3e:00.0 nr1p3 link lowerlayerdown")
+    # one long finding is cut at a word, marked
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--nr1-expected-count", "5",
+                                              "--plugin-max-output-length", "40"), max_output=40)
+    assert run.message == "4 NR1 problems: 4/5 NR1…; +3 more"
 
 
 def test_hung_sysfs_read_still_answers_unknown_in_time(tmp_path: Path) -> None:
@@ -112,8 +133,8 @@ def test_bad_configuration_is_unknown_naming_the_key(tmp_path: Path) -> None:
     run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "fans")
     assert run.status == "Unknown" and "unknown ['fans']" in run.message
     run = npd_exec("npd.nr1_check", *common(tmp_path), "--log-level", "verbose")
-    assert run.code == 2  # NPD's cut (80 bytes) of the message that names the key and the value
-    assert run.message == "config: log.level: must be one of debug, info, warning, error; got 'verbose' (fl"
+    assert run.code == 2  # within NPD's default 80 bytes, cut at a word: the key and the value are there
+    assert run.message == "config: log.level: must be one of debug, info, warning, error; got 'verbose'…"
     run = npd_exec("npd.gpu_check", *common(tmp_path), "--no-such-flag")
     assert (run.code, run.message) == (2, "bad arguments (usage on stderr)")
 
@@ -149,7 +170,7 @@ def test_nr1_plugin_healthy_then_each_failure(tmp_path: Path) -> None:
 
     shutil.rmtree(base / addresses[3])  # a module vanished from the bus
     run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--nr1-expected-count", "4"))
-    assert (run.status, run.message) == ("NonOK", "3/4 NR1 modules present (config)")
+    assert (run.status, run.message) == ("NonOK", "3/4 NR1 modules present (config; missing 3e:00.0)")
 
 
 def test_nr1_plugin_without_modules_or_vendor(tmp_path: Path) -> None:
@@ -168,3 +189,59 @@ def test_nr1_plugin_hung_sysfs_read_is_unknown_in_time(tmp_path: Path) -> None:
     assert run.status == "Unknown"
     assert run.message.startswith("no answer within 0.8s (stuck in health NR1 3b:00.0")
     assert run.seconds < 3
+
+
+def test_nr1_plugin_remembers_the_most_modules_seen_and_reports_a_drop(tmp_path: Path) -> None:
+    """No nr1.expectedCount, no label: four modules becoming three is NonOK, across runs (NPD starts the plugin
+    afresh every interval) in a state directory the plugin creates."""
+    import shutil
+
+    sysfs = tmp_path / "sys"
+    addresses = nr1_node(sysfs, 4)
+    state = tmp_path / "var/lib/accelstack-npd"  # does not exist yet
+    args = [*nr1_args(tmp_path), "--plugin-state-dir", str(state)]
+    run = npd_exec("npd.nr1_check", *args)
+    assert (run.status, run.message) == ("OK", "4 NR1 modules healthy")
+    assert (state / "nr1-modules.json").is_file()
+    shutil.rmtree(sysfs / "bus/pci/devices" / addresses[2])
+    for _ in range(2):  # and stays so: the memory is not lowered by the drop it reports
+        run = npd_exec("npd.nr1_check", *args)
+        assert (run.status, run.message) == ("NonOK", "3/4 NR1 modules present (most seen; missing 3d:00.0)")
+    # every NR1 rule shares the memory: the temporary rule that names problems sees the drop too
+    assert npd_exec("npd.nr1_check", *args, "--report=problems").status == "NonOK"
+    # an explicit count wins over the memory (modules removed on purpose)
+    assert npd_exec("npd.nr1_check", *args, "--nr1-expected-count", "3").status == "OK"
+    # a memory that makes no sense is forgotten, never a failure
+    (state / "nr1-modules.json").write_text('{"max": "lots", "modules": 3}')
+    run = npd_exec("npd.nr1_check", *args)
+    assert (run.status, run.message) == ("OK", "3 NR1 modules healthy")
+
+
+def test_nr1_plugin_with_an_unreadable_label_is_unknown_not_ok(tmp_path: Path) -> None:
+    nr1_node(tmp_path / "sys", 2)
+    args = nr1_args(tmp_path, "--node-name", "nr1-a", "--node-api-server", "http://127.0.0.1:9")
+    run = npd_exec("npd.nr1_check", *args)
+    assert run.status == "Unknown" and run.code == 2
+    assert run.message.startswith("label accelstack.io/nr1.expected-count unreadable: ")
+    assert len(run.message.encode()) <= MAX_OUTPUT and not run.message.endswith("(fl")
+    # the temporary rule naming problems stays quiet (no event); the Unknown rule reports it
+    assert npd_exec("npd.nr1_check", *args, "--report=problems").status == "OK"
+    assert npd_exec("npd.nr1_check", *args, "--report=unknown").status == "Unknown"
+
+
+@pytest.mark.skipif(nvml_loadable(), reason="a real NVML is present; this tests its absence")
+def test_threshold_rules_without_nvml_exit_ok_so_npd_emits_no_event(tmp_path: Path) -> None:
+    """NPD emits a temporary rule's event for Unknown as well as NonOK: with nothing to measure, the temperature
+    and power rules exit 0. The Unknown has its own rule (--report=unknown) and reason."""
+    (tmp_path / "kmsg").write_text(kmsg_line(1, "boot"))
+    for check in ("temperature", "power"):
+        run = npd_exec("npd.gpu_check", *common(tmp_path), f"--checks={check}", "--report=problems")
+        assert (run.status, run.code) == ("OK", 0), run
+        assert run.message.startswith("nothing to judge: NVML unavailable")
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks=count,xid,ecc,pages", "--report=unknown")
+    assert (run.status, run.code) == ("Unknown", 2) and run.message.startswith("NVML unavailable")
+    # the Unknown rule keeps its own kernel-log position: it does not take XIDs from the permanent rule
+    (tmp_path / "kmsg").write_text(kmsg_line(1, "boot") + xid_line(2, "0000:3b:00", 79))
+    npd_exec("npd.gpu_check", *common(tmp_path), "--checks=count,xid,ecc,pages", "--report=unknown")
+    run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks=count,xid,ecc,pages")
+    assert run.status == "NonOK" and run.message.startswith("GPU 0000:3b:00 XID 79")

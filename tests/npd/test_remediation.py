@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
 from npd.config import load
-from npd.remediation import CORDON_ANNOTATION, SINCE_ANNOTATION, TaintController, decide
+from npd.remediation import (
+    CORDON_ANNOTATION,
+    HEALTHY_SINCE_ANNOTATION,
+    SINCE_ANNOTATION,
+    TaintController,
+    decide,
+)
 from tests.apiserver_peer import APIServerPeer
 
 NODES = "api/v1/nodes"
@@ -26,10 +32,11 @@ def iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def node(name: str, conditions: dict[str, tuple[str, float]], taints: list[dict[str, Any]] | None = None) -> dict:
+def node(name: str, conditions: dict[str, tuple[str, float]], taints: list[dict[str, Any]] | None = None,
+         capacity: dict[str, str] | None = None) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
             "spec": {"taints": taints} if taints else {},
-            "status": {"conditions": [
+            "status": {**({"capacity": capacity, "allocatable": capacity} if capacity else {}), "conditions": [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": iso(0)},
                 *({"type": t, "status": s, "reason": "r", "lastTransitionTime": iso(at)}
                   for t, (s, at) in conditions.items())]}}
@@ -109,6 +116,114 @@ async def test_unknown_keeps_the_taint_and_healthy_nodes_are_left_alone(api) -> 
     assert (await controller.reconcile(await core.read_node("fine"))).taint is None
     assert [m for m, _ in peer.requests[before:]] == ["GET", "GET"]  # no writes
     assert taints_of(peer, "nr1-1")
+
+
+async def npd_restart(peer: APIServerPeer, name: str, at: float) -> None:
+    """What node-problem-detector does when it starts (initialConditions): every condition of its monitors False,
+    reason and message back to the defaults, lastTransitionTime now, whatever the status was."""
+    obj = peer.get(NODES, "", name)
+    assert obj is not None
+    for c in obj["status"]["conditions"]:
+        if c["type"] in ("GPUUnhealthy", "NR1Unhealthy"):
+            c.update(status="False", reason="default", message="default", lastTransitionTime=iso(at))
+    await peer.put_object(NODES, obj, "MODIFIED")
+
+
+def annotations_of(peer: APIServerPeer, name: str) -> dict[str, str]:
+    return (peer.get(NODES, "", name) or {}).get("metadata", {}).get("annotations") or {}
+
+
+async def test_npd_restart_in_the_middle_of_a_hold_does_not_restart_it(api) -> None:
+    peer, core = api
+    now = [1_800_000_000.0]
+    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    gpus = {"nvidia.com/gpu": "8"}
+    await peer.put_object(NODES, node("gpu-r", {"GPUUnhealthy": ("True", now[0])}, capacity=gpus))
+    await controller.reconcile(await core.read_node("gpu-r"))
+    assert taints_of(peer, "gpu-r")
+    recovered = now[0] + 60
+    await set_condition(peer, "gpu-r", "GPUUnhealthy", "False", recovered)
+    now[0] = recovered + 5
+    decision = await controller.reconcile(await core.read_node("gpu-r"))
+    assert decision.wake_in == pytest.approx(595)
+    assert annotations_of(peer, "gpu-r")[HEALTHY_SINCE_ANNOTATION] == iso(recovered)
+    # 4 minutes into the hold NPD restarts (a DaemonSet rollout): still False, but a new transition time
+    now[0] = recovered + 240
+    await npd_restart(peer, "gpu-r", now[0])
+    decision = await controller.reconcile(await core.read_node("gpu-r"))
+    assert decision.taint is None and decision.wake_in == pytest.approx(360)  # not 600: the hold goes on
+    # a controller restart meanwhile changes nothing either: the annotation is on the node
+    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    now[0] = recovered + 599
+    assert (await controller.reconcile(await core.read_node("gpu-r"))).taint is None
+    assert taints_of(peer, "gpu-r")
+    now[0] = recovered + 601
+    assert (await controller.reconcile(await core.read_node("gpu-r"))).taint is False
+    assert not taints_of(peer, "gpu-r")
+    assert not {SINCE_ANNOTATION, HEALTHY_SINCE_ANNOTATION} & set(annotations_of(peer, "gpu-r"))
+
+
+async def test_a_real_flap_or_unknown_during_the_hold_restarts_it(api) -> None:
+    peer, core = api
+    now = [1_800_000_000.0]
+    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    gpus = {"nvidia.com/gpu": "8"}
+    await peer.put_object(NODES, node("gpu-f", {"GPUUnhealthy": ("True", now[0])}, capacity=gpus))
+    await controller.reconcile(await core.read_node("gpu-f"))
+    await set_condition(peer, "gpu-f", "GPUUnhealthy", "False", now[0] + 10)
+    now[0] += 20
+    await controller.reconcile(await core.read_node("gpu-f"))
+    for status in ("True", "Unknown"):  # the controller sees the break: the annotation goes
+        now[0] += 100
+        await set_condition(peer, "gpu-f", "GPUUnhealthy", status, now[0])
+        await controller.reconcile(await core.read_node("gpu-f"))
+        assert HEALTHY_SINCE_ANNOTATION not in annotations_of(peer, "gpu-f")
+        assert taints_of(peer, "gpu-f")
+        await set_condition(peer, "gpu-f", "GPUUnhealthy", "False", now[0] + 1)
+        decision = await controller.reconcile(await core.read_node("gpu-f"))
+        assert decision.wake_in == pytest.approx(601)
+    events = [o["reason"] for (r, _, _), o in peer.objects.items() if r == "api/v1/events"]
+    assert events == ["AccelstackTainted"]  # tainted once, never untainted
+
+
+async def test_unknown_for_a_resource_the_node_lacks_neither_taints_nor_keeps_the_taint(api) -> None:
+    """An NR1-only node whose GPU check runs without NVML: GPUUnhealthy Unknown for ever. The taint NR1 caused
+    goes when NR1 has been healthy for the hold time."""
+    peer, core = api
+    now = [1_800_000_000.0]
+    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    nr1_only = {"cpu": "64", "memory": "512Gi", "neureality.com/nr1": "4"}
+    await peer.put_object(NODES, node("nr1-only", {"GPUUnhealthy": ("Unknown", now[0]),
+                                                   "NR1Unhealthy": ("False", now[0])}, capacity=nr1_only))
+    assert (await controller.reconcile(await core.read_node("nr1-only"))).taint is None
+    assert not taints_of(peer, "nr1-only")  # Unknown does not taint
+    await set_condition(peer, "nr1-only", "NR1Unhealthy", "True", now[0])
+    assert (await controller.reconcile(await core.read_node("nr1-only"))).taint is True
+    assert [t["value"] for t in taints_of(peer, "nr1-only")] == ["NR1Unhealthy"]
+    await set_condition(peer, "nr1-only", "NR1Unhealthy", "False", now[0] + 30)
+    now[0] += 31
+    assert (await controller.reconcile(await core.read_node("nr1-only"))).wake_in == pytest.approx(599)
+    now[0] += 600
+    assert (await controller.reconcile(await core.read_node("nr1-only"))).taint is False
+    assert not taints_of(peer, "nr1-only")
+
+
+async def test_unknown_for_a_resource_the_node_has_keeps_the_taint_but_never_adds_one(api) -> None:
+    peer, core = api
+    now = [1_800_000_000.0]
+    controller = TaintController(core, settings("--remediation-hold-time", "1m"), clock=lambda: now[0])
+    both = {"nvidia.com/gpu": "0", "neureality.com/nr1": "4"}  # GPUs gone from the device plugin: still a GPU node
+    await peer.put_object(NODES, node("mixed", {"GPUUnhealthy": ("Unknown", now[0]),
+                                                "NR1Unhealthy": ("False", now[0])}, capacity=both))
+    assert (await controller.reconcile(await core.read_node("mixed"))).taint is None
+    assert not taints_of(peer, "mixed")
+    await set_condition(peer, "mixed", "NR1Unhealthy", "True", now[0])
+    await controller.reconcile(await core.read_node("mixed"))
+    await set_condition(peer, "mixed", "NR1Unhealthy", "False", now[0] + 1)
+    now[0] += 3600
+    decision = await controller.reconcile(await core.read_node("mixed"))
+    assert decision.taint is None and "GPUUnhealthy Unknown" in decision.why
+    assert taints_of(peer, "mixed")
 
 
 async def test_conflicting_write_is_retried_on_a_fresh_read(api) -> None:
@@ -202,6 +317,32 @@ async def test_controller_loop_end_to_end(api) -> None:
             await task
 
 
+async def test_controller_loop_npd_restart_during_the_hold(api) -> None:
+    """Watch-driven, real time: NPD restarts 1.5 s into a 3 s hold; the taint still goes 3 s after the recovery,
+    not 3 s after the restart."""
+    peer, core = api
+    await peer.put_object(NODES, node("gpu-9", {"GPUUnhealthy": ("True", time.time())},
+                                      capacity={"nvidia.com/gpu": "8"}))
+    controller = TaintController(core, settings("--remediation-hold-time", "3s", "--remediation-resync", "30s"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        await wait_for(lambda: bool(taints_of(peer, "gpu-9")), 3)
+        off_at = float(int(time.time()))  # lastTransitionTime has whole seconds
+        await set_condition(peer, "gpu-9", "GPUUnhealthy", "False", off_at)
+        await wait_for(lambda: HEALTHY_SINCE_ANNOTATION in annotations_of(peer, "gpu-9"), 3)
+        while time.time() < off_at + 1.5:
+            await asyncio.sleep(0.05)
+        await npd_restart(peer, "gpu-9", time.time())
+        await wait_for(lambda: not taints_of(peer, "gpu-9"), 4)
+        assert off_at + 3 <= time.time() < off_at + 4.4
+    finally:
+        stop.set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def wait_for(predicate, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -243,19 +384,31 @@ async def test_controller_recovers_from_watch_history_compaction(api) -> None:
 
 @given(st.lists(st.tuples(st.sampled_from(["GPUUnhealthy", "NR1Unhealthy", "Ready"]),
                           st.sampled_from(["True", "False", "Unknown"]), st.integers(0, 1000)), max_size=4),
-       st.booleans(), st.integers(0, 600), st.integers(0, 2000))
-def test_decide_invariants(conditions, tainted: bool, hold: int, now: int) -> None:
+       st.booleans(), st.integers(0, 600), st.integers(0, 2000), st.none() | st.integers(0, 2000),
+       st.none() | st.sets(st.sampled_from(["nvidia.com/gpu", "neureality.com/nr1", "cpu"])))
+def test_decide_invariants(conditions, tainted: bool, hold: int, now: int, healthy_since: int | None,
+                           resources: set[str] | None) -> None:
     watched = ["GPUUnhealthy", "NR1Unhealthy"]
+    about = {"GPUUnhealthy": "nvidia.com/gpu", "NR1Unhealthy": "neureality.com/nr1"}
     latest = {}
     for ctype, status, at in conditions:  # one condition per type, as on a Node
         latest[ctype] = SimpleNamespace(type=ctype, status=status, last_transition_time=iso(at))
-    decision = decide(list(latest.values()), tainted, watched, hold, now)
+    decision = decide(list(latest.values()), tainted, watched, hold, now, healthy_since=healthy_since,
+                      resources=resources, about=about)
     present = [c for c in latest.values() if c.type in watched]
     if any(c.status == "True" for c in present):
         assert decision.taint is True
-    if decision.taint is False:  # lifted only when all watched are False for at least the hold
-        assert tainted and present and all(c.status == "False" for c in present)
-        assert all(now - int(dt.datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00")).timestamp())
-                   >= hold for c in present)
+    if decision.taint is True:  # only True taints; Unknown never does
+        assert any(c.status == "True" for c in present)
+    if decision.taint is False:  # lifted only when every counted condition is False for at least the hold
+        assert tainted and present
+        for c in present:
+            has = resources is None or about[c.type] in resources
+            assert c.status == "False" or (c.status == "Unknown" and not has)
+        if healthy_since is not None:
+            assert now - healthy_since >= hold
+        else:
+            assert all(now - int(dt.datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00"))
+                                 .timestamp()) >= hold for c in present if c.status == "False")
     if not tainted:
         assert decision.taint is not False
