@@ -529,7 +529,7 @@ class APIServerPeer:
                     raise Refused(409, f'Operation cannot be fulfilled on {qualified(resource)} "{name}": the '
                                   "object has been modified; please apply your changes to the latest version and "
                                   "try again", "Conflict", {"name": name, "kind": plural_of(resource)})
-                new = merge_patch(current, patch)
+                new = merge_patch(copy.deepcopy(current), patch)  # no part shared with the stored object
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise Refused(422, f"patch failed: {exc}", "Invalid") from exc
         operation = "Apply" if ctype == "application/apply-patch+yaml" else "Update"
