@@ -467,7 +467,8 @@ class APIServerPeer:
                       sub: str, operation: str, sent: Any, dry: bool) -> web.Response:
         """The rules every write of an existing object goes through: the URL's name, status only through
         /status, generation on spec changes, finalizers while deleting, managedFields, dry runs."""
-        meta = new.setdefault("metadata", {})
+        new = {**new, "metadata": dict(new.get("metadata") or {})}  # a patch shares unpatched parts: copy what
+        meta = new["metadata"]                                       # is written here, not the stored object's
         cur_meta = current["metadata"]
         self._check_name(new, cur_meta["name"], cur_meta.get("namespace", ""))
         for field in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
@@ -529,7 +530,7 @@ class APIServerPeer:
                     raise Refused(409, f'Operation cannot be fulfilled on {qualified(resource)} "{name}": the '
                                   "object has been modified; please apply your changes to the latest version and "
                                   "try again", "Conflict", {"name": name, "kind": plural_of(resource)})
-                new = merge_patch(copy.deepcopy(current), patch)  # no part shared with the stored object
+                new = merge_patch(current, patch)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise Refused(422, f"patch failed: {exc}", "Invalid") from exc
         operation = "Apply" if ctype == "application/apply-patch+yaml" else "Update"
@@ -576,9 +577,10 @@ class APIServerPeer:
             negate = "!=" in term
             path, want = term.split("!=" if negate else "=", 1) if ("=" in term) else (term, "")
             value: Any = obj
-            for part in path.lstrip("=").split("."):
+            for part in path.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
-            if ((value if value is not None else "") == want.lstrip("=")) == negate:
+            text = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            if (text == want.lstrip("=")) == negate:
                 return False
         return True
 
