@@ -498,3 +498,25 @@ async def test_request_log_counts_and_rates(peer: APIServerPeer, http: aiohttp.C
     assert (record.namespace, record.plural, record.fault is not None) == ("ml", "gpuprovisioningrequests", True)
     assert record.finished is not None and record.finished >= record.started
     assert len(peer.requests) == 21  # the older (method, path) log still has every request
+
+
+async def test_kubernetes_asyncio_watch_gets_bookmarks_and_http_errors(peer: APIServerPeer,
+                                                                       api: client.ApiClient) -> None:
+    peer.bookmark_interval = 0.1
+    await peer.put_object("api/v1/nodes", node("a"))
+    w = watch.Watch()
+    seen: list[tuple[str, str]] = []
+    async for event in w.stream(client.CoreV1Api(api).list_node, resource_version=str(peer.revision),
+                                allow_watch_bookmarks=True, timeout_seconds=1):
+        seen.append((event["type"], event["object"]["metadata"]["resourceVersion"]))  # bookmarks stay dicts
+        if len(seen) == 2:
+            break
+    await w.close()
+    assert seen == [("BOOKMARK", "1"), ("BOOKMARK", "1")]
+    peer.inject("GET", "nodes", watch=True, status=403)
+    w = watch.Watch()
+    with pytest.raises(ApiException) as exc:
+        async for _ in w.stream(client.CoreV1Api(api).list_node, resource_version="1", timeout_seconds=1):
+            pass
+    await w.close()
+    assert exc.value.status == 403
