@@ -520,3 +520,19 @@ async def test_kubernetes_asyncio_watch_gets_bookmarks_and_http_errors(peer: API
             pass
     await w.close()
     assert exc.value.status == 403
+
+
+async def test_selective_watch_shows_objects_entering_and_leaving(peer: APIServerPeer,
+                                                                  http: aiohttp.ClientSession) -> None:
+    await peer.put_object("api/v1/pods", {"metadata": {"name": "p", "namespace": "ml", "labels": {"gpr": "a"}}})
+    rv = peer.revision
+    url = f"{peer.url}/api/v1/pods?watch=true&labelSelector=gpr%3Da&timeoutSeconds=1&resourceVersion={rv}"
+    async with http.get(url) as r:
+        for labels in ({"gpr": "b"}, {"gpr": "a"}, {"gpr": "a", "x": "y"}):
+            obj = peer.get("api/v1/pods", "ml", "p")
+            assert obj is not None
+            await peer.put_object("api/v1/pods", {**obj, "metadata": {**obj["metadata"], "labels": labels}},
+                                  "MODIFIED")
+        await peer.delete_object("api/v1/pods", "ml", "p")
+        events = await read_events(r, 3)
+    assert [e["type"] for e in events] == ["DELETED", "ADDED", "MODIFIED", "DELETED"]

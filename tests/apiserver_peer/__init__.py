@@ -99,8 +99,16 @@ since=peer.mark())`` -> the highest requests/s in any sliding window (a retry st
 """
 
 from tests.apiserver_peer.faults import Fault, RequestInfo, RequestRecord
-from tests.apiserver_peer.server import CLUSTER_SCOPED, STATUS_SUBRESOURCES, APIServerPeer, Refused
-from tests.apiserver_peer.wire import PROXY_502_HTML, REASONS, json_patch, merge_patch, status, status_body
+from tests.apiserver_peer.server import CLUSTER_SCOPED, STATUS_SUBRESOURCES, APIServerPeer
+from tests.apiserver_peer.wire import (
+           PROXY_502_HTML,
+           REASONS,
+           Refused,
+           json_patch,
+           merge_patch,
+           status,
+           status_body,
+)
 
 __all__ = ["CLUSTER_SCOPED", "PROXY_502_HTML", "REASONS", "STATUS_SUBRESOURCES", "APIServerPeer", "Fault",
            "Refused", "RequestInfo", "RequestRecord", "json_patch", "merge_patch", "status", "status_body"]

@@ -25,6 +25,18 @@ PROXY_502_HTML = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<bod
 TRUE = ("true", "1", "t")
 
 
+class Refused(Exception):
+    """A request the API server answers with an error Status."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason, self.details = code, message, reason, details
+
+    def response(self) -> web.Response:
+        return status(self.code, self.reason, self.message, self.details)
+
+
 def status_body(code: int, reason: str | None = None, message: str = "",
                 details: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
