@@ -21,10 +21,11 @@ Protocol
   the changes after N (older than the history: an ERROR event 410 ``Expired``; ``peer.compact()`` ends open
   watches the same way); ``timeoutSeconds`` ends the stream (default ``peer.watch_timeout`` = 30 s);
   ``allowWatchBookmarks=true``: a ``BOOKMARK`` event every ``peer.bookmark_interval`` s (default 2) whose
-  object has only ``kind``, ``apiVersion`` and ``metadata.resourceVersion``; none unless asked for;
+  object has only ``kind``, ``apiVersion`` and ``metadata.resourceVersion``; none unless asked for; with a
+  label/field selector an object entering it comes as ADDED and one leaving it as DELETED;
 - POST (create): ``generateName``; 409 ``AlreadyExists``; 422 ``Invalid`` without a name; a body whose
   namespace differs from the URL's: 400 ``BadRequest`` (the real checkName answer; so is PUT's name mismatch);
-  custom resources get ``metadata.generation`` 1 and their ``status`` dropped;
+  custom resources get ``metadata.generation`` 1 (and, with a status subresource, their ``status`` dropped);
 - PUT: a stale ``metadata.resourceVersion`` or a different ``metadata.uid``: 409 ``Conflict``;
 - PATCH: ``json-patch+json``, ``merge-patch+json``, ``strategic-merge-patch+json`` (as a merge patch),
   ``apply-patch+yaml`` (server-side apply as a merge, creates when missing; needs ``fieldManager``, else 422);
