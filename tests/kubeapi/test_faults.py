@@ -1,0 +1,305 @@
+"""The client layer against an API server that misbehaves (issue #10, points 4 and 5): error answers are never
+data, a storm of retries never happens, a half-open watch ends, 410 relists, bookmarks move the resourceVersion,
+lists are paginated, every call has a timeout, writes carry the field manager; leader election with client-go's
+semantics (renew deadline, local observation of expiry, a hung or failing renewal ends leadership cleanly)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kubeapi import ApiError, NotFound, TransportError
+from kubeapi.client import KubeClient, connected
+from kubeapi.informer import Informer
+from kubeapi.leader import LeaderElector
+from kubeapi.resources import GPRS, LEASES, NODES
+from kubeapi.tasks import supervise, while_leading
+from tests.apiserver_peer import PROXY_502_HTML, APIServerPeer
+from tests.extender.harness import gpr, node, wait_until
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[APIServerPeer]:
+    p = APIServerPeer(bookmark_interval=0.2)
+    await p.start()
+    yield p
+    await p.stop()
+
+
+@pytest.fixture
+async def kube(peer: APIServerPeer) -> AsyncIterator[KubeClient]:
+    async with connected(peer.url, field_manager="accelstack-test", timeout=1.0, backoff_base=0.05,
+                         backoff_cap=0.2) as client:
+        yield client
+
+
+class Store:
+    """What an informer's callbacks built."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.syncs = 0
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.items.pop(name, None)
+        else:
+            self.items[name] = obj
+
+    def on_sync(self, items: list[dict[str, Any]]) -> None:
+        self.syncs += 1
+        self.items = {o["metadata"]["name"]: o for o in items}
+
+
+async def run_informer(informer: Informer) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    stop = asyncio.Event()
+    return stop, asyncio.create_task(informer.run(stop))
+
+
+async def finish(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    stop.set()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("code", [403, 404, 429, 500, 503])
+async def test_a_list_error_is_never_data_and_is_retried_with_backoff(peer: APIServerPeer, kube: KubeClient,
+                                                                      code: int) -> None:
+    await peer.put_object("api/v1/nodes", node("a"))
+    fault = peer.inject("GET", "nodes", verb="list", status=code)
+    store = Store()
+    informer = Informer(kube, NODES, store.on_event, store.on_sync, backoff=(0.05, 0.5))
+    mark = peer.mark()
+    stop, task = await run_informer(informer)
+    try:
+        await asyncio.sleep(1.5)
+        assert not informer.synced.is_set() and not informer.healthy and store.syncs == 0
+        assert str(code) in informer.last_error
+        # retried, but with backoff: no storm (the old informer made ~590 requests/s here)
+        # (each informer attempt is a client call that itself retries transient answers a few times)
+        assert 2 <= peer.count(method="GET", resource="nodes", verb="list") <= 40
+        assert peer.max_rate(resource="nodes", verb="list", window=1.0, since=mark) < 30
+        fault.remove()
+        await wait_until(lambda: informer.healthy and set(store.items) == {"a"}, timeout=5)
+    finally:
+        await finish(stop, task)
+
+
+async def test_a_failing_relist_keeps_what_the_view_has(peer: APIServerPeer, kube: KubeClient) -> None:
+    await peer.put_object("api/v1/nodes", node("a"))
+    store = Store()
+    informer = Informer(kube, NODES, store.on_event, store.on_sync, backoff=(0.05, 0.2), watch_timeout=(30, 30))
+    stop, task = await run_informer(informer)
+    try:
+        await wait_until(lambda: informer.healthy and set(store.items) == {"a"})
+        fault = peer.inject("GET", "nodes", verb="list", status=500)
+        peer.compact()  # the watch ends with 410: the informer must relist, and the relist fails
+        await wait_until(lambda: not informer.healthy)
+        await asyncio.sleep(0.3)
+        assert set(store.items) == {"a"}  # an error body did not wipe the view
+        fault.remove()
+        await peer.put_object("api/v1/nodes", node("b"))
+        await wait_until(lambda: informer.healthy and set(store.items) == {"a", "b"})
+    finally:
+        await finish(stop, task)
+
+
+async def test_watch_errors_are_not_events_and_do_not_spin(peer: APIServerPeer, kube: KubeClient) -> None:
+    await peer.put_object(GPRS.path("default").lstrip("/").rsplit("/namespaces", 1)[0] + "/gpuprovisioningrequests",
+                          gpr("g", phase=None))
+    peer.inject("GET", "gpuprovisioningrequests", watch=True, status=500)
+    store = Store()
+    events: list[str] = []
+    informer = Informer(kube, GPRS, lambda k, o: events.append(k), store.on_sync, backoff=(0.05, 0.5))
+    stop, task = await run_informer(informer)
+    try:
+        await wait_until(lambda: informer.synced.is_set())
+        await asyncio.sleep(1.5)
+        assert events == []  # the error answers were not taken for events
+        watches = peer.count(method="GET", resource="gpuprovisioningrequests", watch=True)
+        assert 2 <= watches <= 20
+        assert informer.healthy  # the list works: the view is current as of the last list
+    finally:
+        await finish(stop, task)
+
+
+async def test_a_half_open_watch_ends_by_read_timeout(peer: APIServerPeer, kube: KubeClient) -> None:
+    await peer.put_object("api/v1/nodes", node("a"))
+    peer.inject("GET", "nodes", watch=True, half_open=True, times=1)
+    store = Store()
+    informer = Informer(kube, NODES, store.on_event, store.on_sync, watch_timeout=(1, 1), read_margin=0.5,
+                        backoff=(0.05, 0.2))
+    stop, task = await run_informer(informer)
+    try:
+        await wait_until(lambda: informer.synced.is_set())
+        await peer.put_object("api/v1/nodes", node("b"))  # sent while the first watch is silent
+        await wait_until(lambda: "b" in store.items, timeout=6)
+        assert peer.count(method="GET", resource="nodes", watch=True) >= 2
+        assert informer.relists == 1  # resumed from its resourceVersion: nothing lost, no relist needed
+    finally:
+        await finish(stop, task)
+
+
+async def test_410_relists_and_bookmarks_move_the_resource_version(peer: APIServerPeer, kube: KubeClient) -> None:
+    await peer.put_object("api/v1/nodes", node("a"))
+    store = Store()
+    informer = Informer(kube, NODES, store.on_event, store.on_sync, watch_timeout=(30, 30), backoff=(0.05, 0.2))
+    stop, task = await run_informer(informer)
+    try:
+        await wait_until(lambda: informer.synced.is_set())
+        seen = informer.resource_version
+        await peer.put_object("api/v1/pods", {"metadata": {"name": "x", "namespace": "default"}, "spec": {}})
+        # a change to another kind moves the server's revision; a bookmark brings it to this watch
+        await wait_until(lambda: int(informer.resource_version) > int(seen), timeout=3)
+        assert informer.relists == 1
+        peer.inject("GET", "nodes", watch=True, watch_error=410, times=1)
+        peer.compact()
+        await peer.put_object("api/v1/nodes", node("c"))
+        await wait_until(lambda: informer.relists >= 2 and "c" in store.items, timeout=5)
+    finally:
+        await finish(stop, task)
+
+
+async def test_lists_are_paginated(peer: APIServerPeer, kube: KubeClient) -> None:
+    for i in range(1_201):
+        await peer.put_object("api/v1/nodes", node(f"n{i:04d}"))
+    items, rv = await kube.list(NODES, page_size=500)
+    assert len(items) == 1_201 and rv
+    lists = peer.calls(method="GET", resource="nodes", verb="list")
+    assert len(lists) == 3 and all(r.query.get("limit") == "500" for r in lists)
+
+
+async def test_calls_time_out_retry_reads_and_never_retry_writes_blindly(peer: APIServerPeer,
+                                                                          kube: KubeClient) -> None:
+    await peer.put_object("api/v1/nodes", node("a"))
+    with peer.inject("GET", "nodes", name="a", hang=True):
+        started = time.monotonic()
+        with pytest.raises(TransportError):
+            await kube.get(NODES, "a", timeout=0.3)
+        assert time.monotonic() - started < 3  # bounded: 0.3 s per attempt, a few attempts, short backoff
+    peer.inject("GET", "nodes", name="a", status=503, retry_after=0, times=2)
+    assert (await kube.get(NODES, "a"))["metadata"]["name"] == "a"  # retried past two 503s
+    peer.inject("GET", "nodes", name="a", body=PROXY_502_HTML, status=502, times=10)
+    with pytest.raises(ApiError) as err:
+        await kube.get(NODES, "a")
+    assert err.value.status == 502 and "html" in err.value.message.lower()
+    before = peer.count(method="PATCH", resource="nodes")
+    with peer.inject("PATCH", "nodes", status=500):
+        with pytest.raises(ApiError):
+            await kube.patch(NODES, "a", {"metadata": {"labels": {"x": "y"}}})
+    assert peer.count(method="PATCH", resource="nodes") == before + 1  # a write's outcome is the caller's call
+    with pytest.raises(NotFound):
+        await kube.get(NODES, "nope")
+    written = await kube.patch(NODES, "a", {"metadata": {"labels": {"x": "y"}}})
+    assert "accelstack-test" in {m["manager"] for m in written["metadata"]["managedFields"]}
+
+
+def elector(kube: KubeClient, identity: str, **kw: Any) -> LeaderElector:
+    return LeaderElector(kube, "ns", "lease", identity, lease_duration=kw.get("lease", 1.5),
+                         renew_deadline=kw.get("deadline", 1.0), retry_period=kw.get("retry", 0.2))
+
+
+@pytest.mark.parametrize("fault", [{"status": 500}, {"hang": True}, {"status": 409}])
+async def test_a_renewal_that_fails_or_hangs_ends_leadership_within_the_renew_deadline(
+        peer: APIServerPeer, kube: KubeClient, fault: dict[str, Any]) -> None:
+    e = elector(kube, "me")
+    stop = asyncio.Event()
+    task = asyncio.create_task(e.run(stop))
+    try:
+        await wait_until(lambda: e.leading.is_set())
+        broken = peer.inject("PUT", "leases", **fault)
+        lost_at = time.monotonic()
+        await wait_until(lambda: not e.leading.is_set(), timeout=3)
+        assert time.monotonic() - lost_at < e.lease_duration  # before anyone else may take it
+        assert not task.done()  # the election loop survived the errors
+        broken.remove()
+        await wait_until(lambda: e.leading.is_set(), timeout=5)  # and leads again once the server answers
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_expiry_is_judged_by_the_local_clock_not_the_holders(peer: APIServerPeer, kube: KubeClient) -> None:
+    # a holder whose clock runs an hour ahead stopped renewing: it still expires after the lease duration
+    await peer.put_lease("ns", "lease", "other", skew=3600, duration=1)
+    e = elector(kube, "me", lease=1.5, deadline=1.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(e.run(stop))
+    try:
+        started = time.monotonic()
+        await wait_until(lambda: e.leading.is_set(), timeout=5)
+        assert time.monotonic() - started >= 0.9  # not before its lease duration of silence had passed
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+    # a holder whose clock runs an hour behind but keeps renewing is never taken over
+    await peer.put_lease("ns", "lease", "other", skew=-3600, duration=1)
+    e2 = elector(kube, "me2", lease=1.5, deadline=1.0)
+    stop2 = asyncio.Event()
+    task2 = asyncio.create_task(e2.run(stop2))
+    try:
+        for _ in range(10):
+            await peer.put_lease("ns", "lease", "other", skew=-3600, duration=1)  # it renews (behind)
+            await asyncio.sleep(0.2)
+            assert not e2.leading.is_set()
+    finally:
+        stop2.set()
+        await asyncio.gather(task2, return_exceptions=True)
+
+
+async def test_one_leader_at_a_time_and_leader_work_stops_with_the_term(peer: APIServerPeer,
+                                                                        kube: KubeClient) -> None:
+    a, b = elector(kube, "a"), elector(kube, "b")
+    stop = asyncio.Event()
+    working: dict[str, int] = {"a": 0, "b": 0}
+
+    def work(name: str) -> Any:
+        async def run(term: asyncio.Event) -> None:
+            working[name] += 1
+            try:
+                await term.wait()
+            finally:
+                working[name] -= 1
+        return run
+
+    tasks = [asyncio.create_task(a.run(stop)), asyncio.create_task(b.run(stop)),
+             asyncio.create_task(while_leading(a, stop, {"w": work("a")})),
+             asyncio.create_task(while_leading(b, stop, {"w": work("b")}))]
+    try:
+        await wait_until(lambda: a.leading.is_set() or b.leading.is_set())
+        leader, name = (a, "a") if a.leading.is_set() else (b, "b")
+        other = "b" if name == "a" else "a"
+        await wait_until(lambda: working[name] == 1)
+        with peer.inject("PUT", "leases", when=lambda r: True, status=500):
+            await wait_until(lambda: not leader.leading.is_set(), timeout=3)
+            await wait_until(lambda: working[name] == 0, timeout=1)  # its leader work was cancelled
+        await wait_until(lambda: a.leading.is_set() or b.leading.is_set(), timeout=5)
+        for _ in range(20):
+            assert not (a.leading.is_set() and b.leading.is_set())
+            assert working["a"] + working["b"] <= 1
+            await asyncio.sleep(0.05)
+        assert working[other] + working[name] == 1
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_crashed_background_task_is_restarted() -> None:
+    runs: list[int] = []
+    stop = asyncio.Event()
+
+    async def flaky(_: asyncio.Event) -> None:
+        runs.append(1)
+        if len(runs) < 3:
+            raise RuntimeError("boom")
+        await stop.wait()
+
+    task = asyncio.create_task(supervise("flaky", flaky, stop, backoff=(0.01, 0.02)))
+    await wait_until(lambda: len(runs) == 3)
+    stop.set()
+    await asyncio.wait_for(task, 2)
