@@ -12,12 +12,12 @@ Life cycle of a ``PluginRunner`` (one per resource):
 
 While the kubelet is away, registration does not sleep the whole ``registerRetry``: with no ``kubelet.sock`` it
 waits for the file to appear, and after a failed attempt it retries as soon as ``kubelet.sock`` is re-created
-(a new kubelet), else after ``registerRetry``. So a kubelet restart is followed by registration within one poll
-interval of the new socket, whatever ``registerRetry`` says.
+(a new kubelet), else after ``registerRetry``. So a kubelet restart is followed by registration within
+milliseconds of the new socket, whatever ``registerRetry`` says.
 
-The watches poll ``stat`` every ``poll_interval`` seconds rather than using inotify: they keep working when the
-whole directory is replaced, need no inotify instance (a per-user limit on busy nodes), and cost nothing
-measurable.
+Both waits wake on inotify events of the plugin directory (``dirwatch.DirWatch``) and then ``stat`` the two
+sockets; a safety poll every second re-adds the watch when the directory itself was replaced. Without inotify
+(no instance left for the user) they poll every ``poll_interval`` seconds instead.
 
 A socket path the plugin cannot serve on (directory not creatable or read-only, a path through a regular file,
 a path longer than the 107 bytes of ``sun_path``) is a ``SocketPathError`` naming the path and the reason: the
@@ -27,8 +27,8 @@ process exits with one log line instead of a traceback.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -39,12 +39,13 @@ import grpc
 
 from device_plugin.allocation import AllocationError
 from device_plugin.devices import HEALTHY, Backend, DeviceTable, describe_ids
+from device_plugin.dirwatch import DirWatch
 from device_plugin.observability import PluginMetrics
 from protos.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-POLL_INTERVAL = 0.05  # seconds between the stat calls of the kubelet.sock watches
+POLL_INTERVAL = 0.05  # seconds between the stat calls of the kubelet.sock watches when inotify is unavailable
 SUN_PATH_MAX = 107  # bytes of a unix socket path, without the terminating NUL (sizeof(sun_path) - 1 on Linux)
 log = logging.getLogger("accelstack.device_plugin.server")
 
@@ -201,6 +202,7 @@ class PluginRunner:
         self.registrations = 0
         self.on_registered: Callable[[], None] | None = None
         self._server: grpc.aio.Server | None = None
+        self.dirwatch = DirWatch(plugin_dir, poll_interval)
 
     async def _serve(self) -> None:
         prepare_socket(self.socket_path)
@@ -268,15 +270,17 @@ class PluginRunner:
                 return
             if deadline is not None and loop.time() >= deadline:
                 return
-            timeout = self.poll_interval if deadline is None else min(self.poll_interval, deadline - loop.time())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(timeout, 0.0))
+            await self.dirwatch.wait(math.inf if deadline is None else max(deadline - loop.time(), 0.0))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and stay registered until ``stop`` is set; then remove the socket."""
+        stopping = asyncio.create_task(stop.wait())
+        stopping.add_done_callback(lambda _: self.dirwatch.poke())
         try:
             while not stop.is_set():
                 await self._serve()
+                if not self.dirwatch.started:
+                    self.dirwatch.start()  # the directory exists now
                 if not await self._register(stop):
                     break
                 kubelet_inode = _inode(self.kubelet_socket)
@@ -294,14 +298,17 @@ class PluginRunner:
                     log.warning("re-registering", extra={"resource": self.backend.resource_name, "reason": reason})
                 await self._stop_server()
         finally:
+            stopping.cancel()
+            self.dirwatch.close()
             self.registered = False
             await self._stop_server()
 
     async def _watch(self, stop: asyncio.Event, kubelet_inode: tuple[int, int, int] | None) -> str:
         """Wait until stop (returns '') or a reason to re-register."""
         while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_interval)
+            await self.dirwatch.wait(math.inf)
+            if stop.is_set():
+                break
             current = _inode(self.kubelet_socket)
             if current is not None and current != kubelet_inode:
                 return "kubelet.sock was re-created (kubelet restarted)"

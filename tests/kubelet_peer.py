@@ -50,6 +50,7 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         self.registrations: list[tuple[float, api_pb2.RegisterRequest]] = []
         self.created_at: list[float] = []  # monotonic time just before each kubelet.sock was bound
         self.received: list[tuple[float, str]] = []  # (monotonic time, resource) of each Register call
+        self.failed_connects: list[tuple[str, str]] = []  # (resource, status) when its endpoint did not answer
         self._changed = asyncio.Condition()
 
     # -- Registration service ------------------------------------------------------------------------------
@@ -71,7 +72,12 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
             await self._close(old)
         channel = grpc.aio.insecure_channel(f"unix://{os.path.join(self.plugin_dir, request.endpoint)}")
         stub = api_pb2_grpc.DevicePluginStub(channel)
-        options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        try:
+            options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        except grpc.aio.AioRpcError as exc:  # like the kubelet: the registration is dropped
+            self.failed_connects.append((request.resource_name, exc.code().name))
+            await channel.close(None)
+            return
         plugin = PluginEndpoint(request.resource_name, request.endpoint, options, channel, stub)
         self.plugins[request.resource_name] = plugin
         plugin.stream_task = asyncio.get_running_loop().create_task(self._watch(plugin))

@@ -20,6 +20,7 @@ import grpc
 import pynvml
 import pytest
 
+from device_plugin import dirwatch
 from device_plugin.config import ConfigError, load
 from device_plugin.main import DevicePluginProcess, build_backends
 from device_plugin.server import socket_name
@@ -44,7 +45,11 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
 
 
 # 1. ---------------------------------------------------------------------------------------------------------
-async def test_kubelet_restart_reregisters_within_100ms_of_socket_return_with_default_retry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wake", ["inotify", "polling"])
+async def test_kubelet_restart_reregisters_within_100ms_of_socket_return_with_default_retry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wake: str) -> None:
+    if wake == "polling":  # a user out of inotify instances: the fallback polls
+        monkeypatch.setattr(dirwatch, "_libc", lambda: None)
     plugin_dir, sysfs = tmp_path / "dp", tmp_path / "sys"
     nr1_node(sysfs)
     config, _ = load(["--device-plugin-path", str(plugin_dir), "--sysfs-root", str(sysfs), "--metrics-address", "",
@@ -59,6 +64,7 @@ async def test_kubelet_restart_reregisters_within_100ms_of_socket_return_with_de
     latencies = []
     try:
         await peer.wait_registered(NR1)
+        assert process.runners[0].dirwatch.active == (wake == "inotify")
         for restart in range(3):
             # the kubelet goes away and a new one wipes the directory ...
             await peer.stop()
@@ -75,6 +81,19 @@ async def test_kubelet_restart_reregisters_within_100ms_of_socket_return_with_de
         await peer.stop()
     assert statistics.median(latencies) < REREGISTER_BOUND, latencies
     assert max(latencies) < REREGISTER_WORST, latencies
+
+
+async def test_plugin_directory_replaced_then_registers_again(tmp_path: Path) -> None:
+    async with running(tmp_path) as (process, peer):
+        await peer.wait_registered(NR1)
+        await peer.stop()
+        shutil.rmtree(peer.plugin_dir)  # the inotify watch goes with it
+        os.makedirs(peer.plugin_dir, exist_ok=True)  # the plugin may have re-created it first
+        await peer.start()
+        await peer.wait_registered(NR1, count=2, timeout=5)
+        await peer.restart()  # and the watch is back on the new directory
+        await peer.wait_registered(NR1, count=3, timeout=5)
+        assert process.runners[0].dirwatch.active
 
 
 async def test_stale_kubelet_socket_then_new_kubelet_registers_without_waiting_the_retry(tmp_path: Path) -> None:
