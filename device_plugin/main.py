@@ -18,7 +18,7 @@ from device_plugin.nr1_backend import NR1Backend
 from device_plugin.nr1_sysfs import check_sysfs_root
 from device_plugin.nvml_backend import BackendInitError, NvmlBackend
 from device_plugin.observability import PluginMetrics, setup_logging, start_http
-from device_plugin.server import PluginRunner, RegistrationError, SocketPathError
+from device_plugin.server import POLL_INTERVAL, PluginRunner, RegistrationError, SocketPathError
 
 log = logging.getLogger("accelstack.device_plugin")
 
@@ -55,7 +55,7 @@ class DevicePluginProcess:
     """All runners of this process plus their health threads; ``run`` returns on ``stop``."""
 
     def __init__(self, config: Config, backends: list[Backend], metrics: PluginMetrics | None = None,
-                 poll_interval: float = 0.1, core_api: Any = None) -> None:
+                 poll_interval: float = POLL_INTERVAL, core_api: Any = None) -> None:
         self.config = config
         self.core_api = core_api  # kubernetes_asyncio CoreV1Api for the labeller; in-cluster when None
         self.backends = backends
