@@ -237,7 +237,7 @@ class PluginRunner:
     async def _register(self, stop: asyncio.Event) -> bool:
         """Register, retrying while the kubelet is away. False when stopped first.
 
-        No ``kubelet.sock``: wait for it to appear (polled). A failed attempt: wait ``register_retry``, or less
+        No ``kubelet.sock``: wait for it to appear (watched). A failed attempt: wait ``register_retry``, or less
         when ``kubelet.sock`` is re-created meanwhile (a new kubelet)."""
         while not stop.is_set():
             tried = _inode(self.kubelet_socket)
