@@ -8,7 +8,7 @@ served on a unix socket, answering from a table of pods the test sets up.
 
 ``set_pod_level`` adds what a kubelet with pod-level resource managers reports beside the containers (the pod's
 ``cpu_ids`` and ``memory``), and ``set_claims`` a container's DRA claims (``dynamic_resources``, with
-``share_id`` for a shared device): the fields of the Kubernetes 1.36 API that the clients must read past.
+``share_id`` for a shared device): the newest fields of the API, which the clients must read past.
 
 ``get_mode`` shapes ``Get``: "ok" (answers), "unimplemented" (an older kubelet: UNIMPLEMENTED) or "disabled"
 (the ``KubeletPodResourcesGet`` gate off: the kubelet answers with an UNKNOWN error). ``delay`` makes every

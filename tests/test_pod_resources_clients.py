@@ -1,5 +1,6 @@
-"""The CNI's and the exporter's pod-resources clients against a kubelet that fills the Kubernetes 1.36 fields:
-pod-level ``cpu_ids`` and ``memory`` (pod-level resource managers) and DRA claims with a ``share_id``.
+"""The CNI's and the exporter's pod-resources clients against a kubelet that fills the API's newest fields:
+pod-level ``cpu_ids`` and ``memory`` (pod-level resource managers, Kubernetes 1.37) and DRA claims with a
+``share_id``.
 
 Both clients need the device-plugin devices a pod's containers hold (``ContainerResources.devices``); the new
 fields carry CPUs, memory and DRA devices, which they read past. The peer is the real gRPC service generated
@@ -27,14 +28,14 @@ GIB = 1 << 30
 
 @pytest.fixture
 def socket_path() -> Iterator[str]:
-    short = Path(tempfile.mkdtemp(prefix="pr136-"))  # unix socket paths must stay under 108 bytes
+    short = Path(tempfile.mkdtemp(prefix="prnew-"))  # unix socket paths must stay under 108 bytes
     try:
         yield str(short / "kubelet.sock")
     finally:
         shutil.rmtree(short, ignore_errors=True)
 
 
-def kubelet_136(socket_path: str, get_mode: str = "ok") -> PodResourcesPeer:
+def kubelet_newest(socket_path: str, get_mode: str = "ok") -> PodResourcesPeer:
     peer = PodResourcesPeer(socket_path, get_mode=get_mode)
     peer.set_pod("team-a", "infer-0", {NR1: [PCI_B], GPU: ["GPU-1"]})
     peer.set_pod("team-a", "infer-0", {}, container="sidecar")
@@ -48,8 +49,8 @@ def kubelet_136(socket_path: str, get_mode: str = "ok") -> PodResourcesPeer:
     return peer
 
 
-def test_peer_serves_the_136_fields(socket_path: str) -> None:
-    with kubelet_136(socket_path), grpc.insecure_channel("unix:" + socket_path) as channel:
+def test_peer_serves_the_newest_fields(socket_path: str) -> None:
+    with kubelet_newest(socket_path), grpc.insecure_channel("unix:" + socket_path) as channel:
         pod = api_pb2_grpc.PodResourcesListerStub(channel).Get(
             api_pb2.GetPodResourcesRequest(pod_name="infer-0", pod_namespace="team-a"), timeout=5).pod_resources
     assert list(pod.cpu_ids) == [2, 3, 4, 5]
@@ -61,7 +62,7 @@ def test_peer_serves_the_136_fields(socket_path: str) -> None:
 
 @pytest.mark.parametrize("get_mode", ["ok", "unimplemented"])
 def test_cni_client_finds_the_module_beside_pod_level_resources_and_claims(socket_path: str, get_mode: str) -> None:
-    with kubelet_136(socket_path, get_mode) as peer:
+    with kubelet_newest(socket_path, get_mode) as peer:
         assert allocated_devices(socket_path, "infer-0", "team-a", NR1, timeout=5) == [PCI_B]
         assert peer.calls == (["Get"] if get_mode == "ok" else ["Get", "List"])
 
@@ -69,7 +70,7 @@ def test_cni_client_finds_the_module_beside_pod_level_resources_and_claims(socke
 def test_exporter_client_attributes_devices_beside_pod_level_resources_and_claims(socket_path: str) -> None:
     allocation = Allocation(socket_path, [GPU, NR1], timeout=5)
     try:
-        with kubelet_136(socket_path):
+        with kubelet_newest(socket_path):
             allocatable, allocated = allocation.read()
     finally:
         allocation.close()

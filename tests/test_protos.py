@@ -69,7 +69,7 @@ def test_pod_resources_wire_names() -> None:
     assert _fields(pr.CDIDevice) == {"name": 1}
 
 
-def test_pod_resources_types_of_kubernetes_1_36() -> None:
+def test_pod_resources_pod_level_fields_and_share_id() -> None:
     # pod-level resources (KEP-5526): the pod's CPUs and memory beside its containers'
     pod = {f.name: f for f in pr.PodResources.DESCRIPTOR.fields}
     assert pod["cpu_ids"].type == pod["cpu_ids"].TYPE_INT64 and pod["cpu_ids"].is_repeated
