@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import logging
 import os
 import struct
@@ -31,8 +30,9 @@ SAFETY_POLL = 1.0  # seconds between wake-ups while inotify works
 
 
 def _libc() -> ctypes.CDLL | None:
+    """The C library the interpreter is linked with (no ``find_library``: it may run ``ldconfig``)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.inotify_init1  # noqa: B018 - a libc without inotify raises AttributeError here
     except (OSError, AttributeError):
         return None
