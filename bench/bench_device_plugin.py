@@ -6,10 +6,15 @@ Measures, with a baseline from the same run for each:
 - health change -> ``ListAndWatch`` update latency: NVML XID event path (event-driven) and NR1 sysfs path
   (polled, at the configured interval), beside that interval;
 - RSS of the plugin process after registration, beside a bare Python interpreter;
-- process start -> registered with the kubelet, beside a bare ``python -c pass`` start.
+- process start -> registered with the kubelet, beside a bare ``python -c pass`` start;
+- idle CPU of the registered plugin with its inotify watch, beside the same process polling every 50 ms;
+- kubelet restart: new ``kubelet.sock`` -> ``Register`` received, with ``registerRetry`` at its default (5 s),
+  both while the plugin waits for the socket (the kubelet was away) and while it watches (the kubelet came
+  back at once), beside a client that dials the new socket and registers at once (the floor).
 
-Targets (issue 2): Allocate p99 <= 1 ms, update <= 100 ms, RSS <= 50 MiB.
-Usage: python bench/bench_device_plugin.py [--allocs 2000] [--health 30] [--starts 5]
+Targets (issue 2): Allocate p99 <= 1 ms, update <= 100 ms, RSS <= 50 MiB; (issue 11) re-registration within
+~100 ms of the socket's return.
+Usage: python bench/bench_device_plugin.py [--allocs 2000] [--health 30] [--starts 5] [--restarts 30] [--idle 10]
 """
 
 from __future__ import annotations
@@ -18,18 +23,24 @@ import argparse
 import asyncio
 import functools
 import logging
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from device_plugin import dirwatch
 from device_plugin.config import load
 from device_plugin.main import DevicePluginProcess, build_backends
-from protos.deviceplugin.v1beta1 import api_pb2
+from device_plugin.server import API_VERSION, socket_name
+from protos.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.fake_nvml import dgx_like
 from tests.kubelet_peer import KubeletPeer, PluginEndpoint
 from tests.sysfs_fixture import NR1_VENDOR, nr1_node
@@ -155,16 +166,106 @@ async def subprocess_figures(args: argparse.Namespace, root: Path) -> dict[str, 
             "rss_mib": statistics.median(rss), "bare_python_rss_mib": statistics.median(bare_rss)}
 
 
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.002)
+
+
+async def reregistration(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """kubelet.sock re-created -> Register received, default registerRetry and poll interval."""
+    nr1_node(root / "sys3", 4)
+    plugin_dir = root / "dp-restart"
+    config, _ = load(["--device-plugin-path", str(plugin_dir), "--sysfs-root", str(root / "sys3"),
+                      "--metrics-address", "", "--nvidia-enabled", "false", "--nr1-enabled", "true",
+                      "--nr1-vendor-ids", NR1_VENDOR, "--labeller-enabled", "false"], environ={})
+    assert config["flags.registerRetry"] == 5.0
+    peer = KubeletPeer(str(plugin_dir))
+    await peer.start()
+    process = DevicePluginProcess(config, build_backends(config))  # default poll interval
+    task = asyncio.create_task(process.run())
+    own_socket = plugin_dir / socket_name(NR1)
+    rng = random.Random(11)
+    count = 1
+    await peer.wait_registered(NR1, count)
+    waiting, watching, floor = [], [], []
+    for _ in range(args.restarts):  # the kubelet is away: the plugin serves again and waits for kubelet.sock
+        await peer.stop()
+        peer.wipe()
+        await until(own_socket.exists)
+        await asyncio.sleep(rng.uniform(0, 0.1))  # the new kubelet's start-up: a random phase against the poll
+        await peer.start()
+        count += 1
+        await peer.wait_registered(NR1, count)
+        waiting.append(peer.received[-1][0] - peer.created_at[-1])
+    for _ in range(args.restarts):  # the kubelet comes back at once: the plugin's watch notices
+        await asyncio.sleep(rng.uniform(0, 0.1))
+        await peer.restart()
+        count += 1
+        await peer.wait_registered(NR1, count)
+        watching.append(peer.received[-1][0] - peer.created_at[-1])
+    process.stop.set()
+    await task
+    request = api_pb2.RegisterRequest(version=API_VERSION, endpoint=socket_name(NR1), resource_name=NR1)
+    for _ in range(args.restarts):  # the floor: a client that knows the new socket is there dials and registers
+        await peer.stop()
+        await peer.start()
+        async with grpc.aio.insecure_channel(f"unix://{peer.socket}") as channel:
+            await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=5)
+        floor.append(peer.received[-1][0] - peer.created_at[-1])
+    await peer.stop()
+    return {"rereg_wait_p50_ms": 1000 * statistics.median(waiting), "rereg_wait_p99_ms": 1000 * pct(waiting, 99),
+            "rereg_watch_p50_ms": 1000 * statistics.median(watching), "rereg_watch_p99_ms": 1000 * pct(watching, 99),
+            "rereg_floor_p50_ms": 1000 * statistics.median(floor), "rereg_floor_p99_ms": 1000 * pct(floor, 99)}
+
+
+async def idle_cpu(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """CPU of the registered, idle plugin (one NR1 resource, health every 10 s): the inotify watch, beside the
+    same process polling every 50 ms (no inotify), each for ``--idle`` seconds."""
+    nr1_node(root / "sys4", 4)
+    out = {}
+    for wake in ("inotify", "polling"):
+        plugin_dir = root / f"dp-idle-{wake}"
+        config, _ = load(["--device-plugin-path", str(plugin_dir), "--sysfs-root", str(root / "sys4"),
+                          "--metrics-address", "", "--nvidia-enabled", "false", "--nr1-enabled", "true",
+                          "--nr1-vendor-ids", NR1_VENDOR, "--labeller-enabled", "false",
+                          "--nr1-health-interval", "10s"], environ={})
+        libc = dirwatch._libc
+        if wake == "polling":
+            dirwatch._libc = lambda: None  # type: ignore[assignment]  # as if no inotify instance were left
+        try:
+            peer = KubeletPeer(str(plugin_dir))
+            await peer.start()
+            process = DevicePluginProcess(config, build_backends(config))
+            task = asyncio.create_task(process.run())
+            await peer.wait_registered(NR1)
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            await asyncio.sleep(args.idle)
+            out[f"idle_cpu_{wake}_pct"] = 100 * (time.process_time() - cpu0) / (time.monotonic() - wall0)
+            process.stop.set()
+            await task
+            await peer.stop()
+        finally:
+            dirwatch._libc = libc
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--allocs", type=int, default=2000)
     parser.add_argument("--health", type=int, default=30)
     parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--restarts", type=int, default=30)
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement per case")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
         figures = asyncio.run(in_process(args, Path(tmp)))
         figures.update(asyncio.run(subprocess_figures(args, Path(tmp))))
+        figures.update(asyncio.run(reregistration(args, Path(tmp))))
+        figures.update(asyncio.run(idle_cpu(args, Path(tmp))))
     f = figures
     rows = [
         ("Allocate p50 / p99, 2 GPUs (ms)", f"{f['gpu_alloc_p50_ms']:.3f} / {f['gpu_alloc_p99_ms']:.3f}",
@@ -174,18 +275,31 @@ def main() -> None:
          f"no-op RPC {f['nr1_noop_p50_ms']:.3f} / {f['nr1_noop_p99_ms']:.3f}",
          f"{f['nr1_alloc_p50_ms'] / f['nr1_noop_p50_ms']:.2f}x", "p99 <= 1 ms"),
         ("XID event -> ListAndWatch p50 / p99 (ms)", f"{f['gpu_update_p50_ms']:.1f} / {f['gpu_update_p99_ms']:.1f}",
-         "target 100 ms", f"{f['gpu_update_p99_ms'] / 100:.2f}x", "<= 100 ms"),
+         "100 ms (target, not measured)", f"{f['gpu_update_p99_ms'] / 100:.2f}x", "<= 100 ms"),
         ("NR1 sysfs -> ListAndWatch p50 / p99 (ms)", f"{f['nr1_update_p50_ms']:.1f} / {f['nr1_update_p99_ms']:.1f}",
-         "poll interval 50 ms", f"{f['nr1_update_p99_ms'] / 50:.2f}x", "<= 100 ms"),
+         "poll interval 50 ms (configured)", f"{f['nr1_update_p99_ms'] / 50:.2f}x", "<= 100 ms"),
         ("RSS after registration (MiB)", f"{f['rss_mib']:.1f}", f"bare python {f['bare_python_rss_mib']:.1f}",
          f"{f['rss_mib'] / f['bare_python_rss_mib']:.2f}x", "<= 50 MiB"),
         ("start -> registered (ms)", f"{f['start_to_registered_ms']:.0f}",
          f"bare python start {f['bare_python_start_ms']:.0f}",
          f"{f['start_to_registered_ms'] / f['bare_python_start_ms']:.1f}x", "-"),
+        ("kubelet away: socket back -> Register p50 / p99 (ms)",
+         f"{f['rereg_wait_p50_ms']:.1f} / {f['rereg_wait_p99_ms']:.1f}",
+         f"dial + Register {f['rereg_floor_p50_ms']:.1f} / {f['rereg_floor_p99_ms']:.1f}",
+         f"{f['rereg_wait_p50_ms'] / f['rereg_floor_p50_ms']:.2f}x", "<= 100 ms"),
+        ("kubelet back at once: socket -> Register p50 / p99 (ms)",
+         f"{f['rereg_watch_p50_ms']:.1f} / {f['rereg_watch_p99_ms']:.1f}",
+         f"dial + Register {f['rereg_floor_p50_ms']:.1f} / {f['rereg_floor_p99_ms']:.1f}",
+         f"{f['rereg_watch_p50_ms'] / f['rereg_floor_p50_ms']:.2f}x", "<= 100 ms"),
+        ("idle CPU while registered, 1 NR1 resource (% of a core)", f"{f['idle_cpu_inotify_pct']:.2f}",
+         f"50 ms polling {f['idle_cpu_polling_pct']:.2f}",
+         f"{f['idle_cpu_inotify_pct'] / f['idle_cpu_polling_pct']:.2f}x", "-"),
     ]
-    print(f"{'measure':<42} {'value':<18} {'baseline (same run)':<30} {'ratio':<8} target")
-    for row in rows:
-        print(f"{row[0]:<42} {row[1]:<18} {row[2]:<30} {row[3]:<8} {row[4]}")
+    header = ("measure", "value", "baseline", "ratio", "target")
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(4)]
+    for row in (header, *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
+    print("Baselines are measured in this run, except those marked (target) or (configured).")
 
 
 if __name__ == "__main__":

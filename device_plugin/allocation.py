@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
-from device_plugin.devices import physical_of
+from device_plugin.devices import describe_ids, physical_of
 
 PairScore = Callable[[str, str], int]
 EXHAUSTIVE_LIMIT = 5000  # candidate sets; beyond this, greedy
@@ -29,9 +29,9 @@ class AllocationError(ValueError):
 def validate_request(available: Sequence[str], must_include: Sequence[str], size: int) -> None:
     if size < 0:
         raise AllocationError(f"allocation_size must not be negative, got {size}")
-    missing = sorted(set(must_include) - set(available))
+    missing = set(must_include) - set(available)
     if missing:
-        raise AllocationError(f"must_include devices not in available: {', '.join(missing)}")
+        raise AllocationError(f"must_include devices not in available {describe_ids(missing)}")
     if len(set(must_include)) > size:
         raise AllocationError(f"must_include has {len(set(must_include))} devices, more than allocation_size {size}")
     if size > len(set(available)):

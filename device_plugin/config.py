@@ -183,15 +183,18 @@ OPTIONS: tuple[Option, ...] = (
     # process-wide
     Option("flags.devicePluginPath", parse_str, "/var/lib/kubelet/device-plugins/",
            "kubelet device-plugin directory (holds kubelet.sock and the plugins' sockets)"),
-    Option("flags.sysfsRoot", parse_str, "/sys", "root of sysfs (NUMA nodes, NR1 PCI functions)"),
+    Option("flags.sysfsRoot", parse_str, "/sys",
+           "root of sysfs (NUMA nodes, NR1 PCI functions); must exist, and hold bus/pci/devices when nr1.enabled"),
     Option("flags.devRoot", parse_str, "/dev", "root of the host's device nodes as the plugin sees them"),
     Option("flags.failOnInitError", parse_bool, True,
-           "exit when a backend cannot start (no NVML, no driver); false: advertise zero devices and log why"),
+           "exit when a backend cannot start (no NVML, no driver); false: advertise zero devices with a warning"),
     Option("flags.metricsAddress", parse_address, ":9401",
            "listen address of /metrics, /healthz and /readyz; empty disables"),
     Option("flags.logLevel", parse_choice("debug", "info", "warning", "error"), "info", "log level"),
     Option("flags.logFormat", parse_choice("json", "text"), "json", "log format"),
-    Option("flags.registerRetry", parse_duration, 5.0, "wait between registration attempts while the kubelet is away"),
+    Option("flags.registerRetry", parse_duration, 5.0,
+           "wait between registration attempts at a kubelet.sock that does not answer (a new kubelet.sock is tried "
+           "at once)"),
     # NVIDIA backend
     Option("nvidia.enabled", parse_bool, True, "advertise NVIDIA GPUs (NVML through pynvml)"),
     Option("nvidia.resourceName", parse_resource_name, "nvidia.com/gpu", "extended resource for GPUs"),

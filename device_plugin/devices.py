@@ -9,6 +9,7 @@ the kubelet's checkpointed allocations stay valid when the plugin or the kubelet
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 REPLICA_SEPARATOR = "::"
 MAX_ID_LENGTH = 63  # the kubelet's limit on Device.ID
+MAX_LISTED_IDS = 10  # device IDs an error message names before it only counts the rest
 
 
 @dataclass
@@ -56,6 +58,17 @@ class Backend(Protocol):
     def labels(self) -> dict[str, str]: ...
 
     def close(self) -> None: ...
+
+
+def describe_ids(ids: Iterable[str], limit: int = MAX_LISTED_IDS) -> str:
+    """Device IDs for an error message, bounded whatever the request held: the distinct IDs counted, the first
+    ``limit`` (sorted) quoted as JSON strings, so that an empty ID reads ``""``, and each cut to
+    ``MAX_ID_LENGTH`` characters (no advertised ID is longer). ``3: "a", "b", ""`` or ``10000: "a", ... and 9990
+    more``. A gRPC status message travels in a header, which clients cap at 8 or 16 KiB."""
+    distinct = sorted(set(ids))
+    shown = [json.dumps(i if len(i) <= MAX_ID_LENGTH else i[:MAX_ID_LENGTH] + "...") for i in distinct[:limit]]
+    more = f" and {len(distinct) - limit} more" if len(distinct) > limit else ""
+    return f"{len(distinct)}: {', '.join(shown)}{more}"
 
 
 def replica_id(physical_id: str, k: int) -> str:

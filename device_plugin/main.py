@@ -15,16 +15,23 @@ from device_plugin.config import SCHEMA, Config, ConfigError, load
 from device_plugin.devices import Backend, DeviceTable
 from device_plugin.labeller import NodeLabeller, in_cluster_core_api
 from device_plugin.nr1_backend import NR1Backend
+from device_plugin.nr1_sysfs import check_sysfs_root
 from device_plugin.nvml_backend import BackendInitError, NvmlBackend
 from device_plugin.observability import PluginMetrics, setup_logging, start_http
-from device_plugin.server import PluginRunner, RegistrationError
+from device_plugin.server import POLL_INTERVAL, PluginRunner, RegistrationError, SocketPathError
 
 log = logging.getLogger("accelstack.device_plugin")
 
 
 def build_backends(config: Config, nvml: Any = None) -> list[Backend]:
     """The enabled backends, discovered. A backend that cannot start either stops the process
-    (``failOnInitError``) or is advertised with zero devices and a log line that says why."""
+    (``failOnInitError``) or is advertised with zero devices and a warning that says why: a documented state,
+    not an error. A sysfs root that is not there is a configuration error (ConfigError naming
+    ``flags.sysfsRoot``), whatever ``failOnInitError`` says: a node whose modules cannot be seen must not pass
+    for a node without modules."""
+    problem = check_sysfs_root(config["flags.sysfsRoot"], need_pci=config["nr1.enabled"])
+    if problem:
+        raise ConfigError(f"flags.sysfsRoot: {problem}")
     backends: list[Backend] = []
     if config["nvidia.enabled"]:
         nvidia = NvmlBackend(config.section("nvidia"), config["flags.sysfsRoot"], config["flags.devRoot"], nvml=nvml)
@@ -33,7 +40,8 @@ def build_backends(config: Config, nvml: Any = None) -> list[Backend]:
         except BackendInitError as exc:
             if config["flags.failOnInitError"]:
                 raise
-            log.error("nvidia backend disabled: advertising zero GPUs", extra={"reason": str(exc)})
+            log.warning("nvidia backend disabled (failOnInitError=false): advertising zero GPUs",
+                        extra={"reason": str(exc)})
             nvidia.devices = []
         backends.append(nvidia)
     if config["nr1.enabled"]:
@@ -47,7 +55,7 @@ class DevicePluginProcess:
     """All runners of this process plus their health threads; ``run`` returns on ``stop``."""
 
     def __init__(self, config: Config, backends: list[Backend], metrics: PluginMetrics | None = None,
-                 poll_interval: float = 0.1, core_api: Any = None) -> None:
+                 poll_interval: float = POLL_INTERVAL, core_api: Any = None) -> None:
         self.config = config
         self.core_api = core_api  # kubernetes_asyncio CoreV1Api for the labeller; in-cluster when None
         self.backends = backends
@@ -158,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(config["flags.logLevel"], config["flags.logFormat"])
     try:
         backends = build_backends(config)
+    except ConfigError as exc:
+        print(f"accelstack-device-plugin: configuration error: {exc}", file=sys.stderr)
+        return 2
     except BackendInitError as exc:
         log.error("cannot start (set failOnInitError=false to run with zero devices)", extra={"reason": str(exc)})
         return 1
@@ -173,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(run())
     except RegistrationError as exc:
         log.error("registration refused; exiting", extra={"reason": str(exc)})
+        return 1
+    except SocketPathError as exc:
+        log.error("cannot serve the device-plugin socket; exiting", extra={"reason": str(exc)})
         return 1
     log.info("stopped")
     return 0

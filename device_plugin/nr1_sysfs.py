@@ -146,6 +146,18 @@ def discover(
     return found
 
 
+def check_sysfs_root(sysfs_root: str | os.PathLike[str], need_pci: bool = True) -> str:
+    """Why ``sysfs_root`` cannot be the host's sysfs ('' when it can): it must be a directory and, when PCI
+    functions are looked up (``need_pci``), hold ``bus/pci/devices``. An empty ``bus/pci/devices`` is fine (a
+    node without modules); a missing one means a wrong path or a missing hostPath mount."""
+    root = os.fspath(sysfs_root)
+    if not os.path.isdir(root):
+        return f"{root} is not a directory" if os.path.exists(root) else f"{root} does not exist"
+    if need_pci and not os.path.isdir(os.path.join(root, PCI_DEVICES)):
+        return f"{root} has no {PCI_DEVICES} (is it the host's sysfs, mounted into the container?)"
+    return ""
+
+
 def find_module(sysfs_root: str | os.PathLike[str], pci_address: str) -> bool:
     """Whether the PCI function still exists (a module that vanished is unhealthy)."""
     return os.path.isdir(_pci(sysfs_root, pci_address))

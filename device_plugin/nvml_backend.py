@@ -227,6 +227,11 @@ class NvmlBackend:
         """Event loop of the health thread: NVML events in, health reports out, recovery by re-check."""
         if not self.settings.get("health.enabled", True):
             return
+        if not self._initialised or not self.devices:
+            # NVML absent (failOnInitError=false) or no GPU: zero GPUs is a state, with nothing to watch; NVML
+            # calls would only fail (nvmlEventSetCreate raises Uninitialized without nvmlInit).
+            log.info("nvml health watch idle: no GPUs", extra={"initialised": self._initialised})
+            return
         nvml = self.nvml
         ignored = set(self.settings.get("health.ignoredXids", ()))
         recovery = float(self.settings.get("health.recoveryPeriod", 300.0))

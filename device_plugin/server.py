@@ -10,16 +10,27 @@ Life cycle of a ``PluginRunner`` (one per resource):
 3. watch: when ``kubelet.sock`` is re-created (a new kubelet) or our own socket disappears (a new kubelet
    wipes the directory), stop, then serve and register again with the same device IDs.
 
-The watch polls two ``stat`` calls every ``poll_interval`` seconds rather than using inotify: it keeps working
-when the whole directory is replaced, and costs nothing measurable.
+While the kubelet is away, registration does not sleep the whole ``registerRetry``: with no ``kubelet.sock`` it
+waits for the file to appear, and after a failed attempt it retries as soon as ``kubelet.sock`` is re-created
+(a new kubelet), else after ``registerRetry``. So a kubelet restart is followed by registration within
+milliseconds of the new socket, whatever ``registerRetry`` says.
+
+Both waits wake on inotify events of the plugin directory (``dirwatch.DirWatch``) and then ``stat`` the two
+sockets; a safety poll every second re-adds the watch when the directory itself was replaced. Without inotify
+(no instance left for the user) they poll every ``poll_interval`` seconds instead.
+
+A socket path the plugin cannot serve on (directory not creatable or read-only, a path through a regular file,
+a path longer than the 107 bytes of ``sun_path``) is a ``SocketPathError`` naming the path and the reason: the
+process exits with one log line instead of a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -27,17 +38,65 @@ from typing import Any
 import grpc
 
 from device_plugin.allocation import AllocationError
-from device_plugin.devices import HEALTHY, Backend, DeviceTable
+from device_plugin.devices import HEALTHY, Backend, DeviceTable, describe_ids
+from device_plugin.dirwatch import DirWatch
 from device_plugin.observability import PluginMetrics
 from protos.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
+POLL_INTERVAL = 0.05  # seconds between the stat calls of the kubelet.sock watches when inotify is unavailable
+SUN_PATH_MAX = 107  # bytes of a unix socket path, without the terminating NUL (sizeof(sun_path) - 1 on Linux)
 log = logging.getLogger("accelstack.device_plugin.server")
 
 
 class RegistrationError(RuntimeError):
     """The kubelet refused the registration for a reason retrying cannot fix."""
+
+
+class SocketPathError(RuntimeError):
+    """The plugin cannot serve on its socket path; the message names the path and the reason."""
+
+
+def check_socket_path(path: str) -> None:
+    """Raise SocketPathError when ``path`` is too long for a unix socket."""
+    length = len(os.fsencode(path))
+    if length > SUN_PATH_MAX:
+        raise SocketPathError(f"socket path {path} is {length} bytes, over the {SUN_PATH_MAX}-byte limit of a "
+                              "unix socket path (sun_path): use a shorter devicePluginPath")
+
+
+def prepare_socket(path: str) -> None:
+    """Make ``path`` ready to be served: its directory exists and a unix socket can be bound there (probed with a
+    plain socket, so the reason is the kernel's), and no stale file is left on it. Raises SocketPathError."""
+    check_socket_path(path)
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError:
+        raise SocketPathError(f"device-plugin directory {directory} exists and is not a directory") from None
+    except OSError as exc:
+        raise SocketPathError(f"device-plugin directory {directory} cannot be created: "
+                              f"{exc.strerror or exc}") from None
+    remove_socket(path)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.bind(path)
+    except OSError as exc:
+        raise SocketPathError(f"cannot create socket {path}: {exc.strerror or exc}") from None
+    finally:
+        probe.close()
+    remove_socket(path)
+
+
+def remove_socket(path: str) -> None:
+    """Remove a socket file if it is there; a path that cannot exist (a parent is a file) is fine too."""
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        log.warning("cannot remove socket", extra={"socket": path, "error": exc.strerror or str(exc)})
 
 
 def socket_name(resource_name: str) -> str:
@@ -80,7 +139,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             unknown = self.table.unknown(available + must)
             if unknown:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"unknown {self.resource} device IDs: {', '.join(sorted(set(unknown)))}")
+                                    f"unknown {self.resource} device IDs {describe_ids(unknown)}")
             try:
                 chosen = self.backend.preferred(available, must, int(creq.allocation_size))
             except AllocationError as exc:
@@ -98,15 +157,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     raise ValueError("a container request names no device IDs")
                 unknown = self.table.unknown(ids)
                 if unknown:
-                    raise LookupError(f"unknown {self.resource} device IDs: {', '.join(sorted(set(unknown)))}")
+                    raise ValueError(f"unknown {self.resource} device IDs {describe_ids(unknown)}")
                 physical = [self.table.advertised[i] for i in ids]
                 sick = sorted({p for p in physical if self.table.health[p] != HEALTHY})
                 if sick:
                     log.warning("allocating unhealthy devices", extra={"devices": sick, "resource": self.resource})
                 response.container_responses.append(self.backend.allocate(physical, ids))
-        except (ValueError, LookupError) as exc:
+        except ValueError as exc:
             self.metrics.allocations.labels(self.resource, "invalid").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc).strip("'\""))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self.metrics.allocations.labels(self.resource, "ok").inc()
         self.metrics.allocate_seconds.labels(self.resource).observe(time.perf_counter() - started)
         return response
@@ -129,7 +188,7 @@ class PluginRunner:
     """Serve, register and re-register one resource; see the module docstring."""
 
     def __init__(self, backend: Backend, table: DeviceTable, plugin_dir: str, metrics: PluginMetrics,
-                 register_retry: float = 5.0, poll_interval: float = 0.1) -> None:
+                 register_retry: float = 5.0, poll_interval: float = POLL_INTERVAL) -> None:
         self.backend = backend
         self.table = table
         self.plugin_dir = plugin_dir
@@ -143,15 +202,18 @@ class PluginRunner:
         self.registrations = 0
         self.on_registered: Callable[[], None] | None = None
         self._server: grpc.aio.Server | None = None
+        self.dirwatch = DirWatch(plugin_dir, poll_interval)
 
     async def _serve(self) -> None:
-        os.makedirs(self.plugin_dir, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        prepare_socket(self.socket_path)
+        check_socket_path(self.kubelet_socket)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(
             DevicePluginService(self.backend, self.table, self.metrics), server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError as exc:  # grpc's "Failed to bind": the directory changed since the probe
+            raise SocketPathError(f"cannot serve on socket {self.socket_path}: {exc}") from None
         await server.start()
         self._server = server
         # Serve before register: check our own socket answers before telling the kubelet about it.
@@ -163,8 +225,7 @@ class PluginRunner:
         if self._server is not None:
             await self._server.stop(grace=0.2)
             self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        remove_socket(self.socket_path)
 
     async def _register_once(self) -> None:
         request = api_pb2.RegisterRequest(
@@ -174,9 +235,13 @@ class PluginRunner:
             await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=5)
 
     async def _register(self, stop: asyncio.Event) -> bool:
-        """Register, retrying while the kubelet is away. False when stopped first."""
+        """Register, retrying while the kubelet is away. False when stopped first.
+
+        No ``kubelet.sock``: wait for it to appear (watched). A failed attempt: wait ``register_retry``, or less
+        when ``kubelet.sock`` is re-created meanwhile (a new kubelet)."""
         while not stop.is_set():
-            if _inode(self.kubelet_socket) is not None:
+            tried = _inode(self.kubelet_socket)
+            if tried is not None:
                 try:
                     await self._register_once()
                 except grpc.aio.AioRpcError as exc:
@@ -191,15 +256,31 @@ class PluginRunner:
                 else:
                     self.metrics.registrations.labels(self.backend.resource_name, "ok").inc()
                     return True
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.register_retry)
+            await self._wait_kubelet_socket(stop, tried)
         return False
+
+    async def _wait_kubelet_socket(self, stop: asyncio.Event, tried: tuple[int, int, int] | None) -> None:
+        """Return on stop, when ``kubelet.sock`` is there and is not the one ``tried`` (None: none was), or,
+        when one was tried, after ``register_retry`` at the latest."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.register_retry if tried is not None else None
+        while not stop.is_set():
+            current = _inode(self.kubelet_socket)
+            if current is not None and current != tried:
+                return
+            if deadline is not None and loop.time() >= deadline:
+                return
+            await self.dirwatch.wait(math.inf if deadline is None else max(deadline - loop.time(), 0.0))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and stay registered until ``stop`` is set; then remove the socket."""
+        stopping = asyncio.create_task(stop.wait())
+        stopping.add_done_callback(lambda _: self.dirwatch.poke())
         try:
             while not stop.is_set():
                 await self._serve()
+                if not self.dirwatch.started:
+                    self.dirwatch.start()  # the directory exists now
                 if not await self._register(stop):
                     break
                 kubelet_inode = _inode(self.kubelet_socket)
@@ -217,14 +298,17 @@ class PluginRunner:
                     log.warning("re-registering", extra={"resource": self.backend.resource_name, "reason": reason})
                 await self._stop_server()
         finally:
+            stopping.cancel()
+            self.dirwatch.close()
             self.registered = False
             await self._stop_server()
 
     async def _watch(self, stop: asyncio.Event, kubelet_inode: tuple[int, int, int] | None) -> str:
         """Wait until stop (returns '') or a reason to re-register."""
         while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_interval)
+            await self.dirwatch.wait(math.inf)
+            if stop.is_set():
+                break
             current = _inode(self.kubelet_socket)
             if current is not None and current != kubelet_inode:
                 return "kubelet.sock was re-created (kubelet restarted)"

@@ -61,6 +61,7 @@ class FakeNVML:
         self.lock = threading.Lock()
         self.calls: list[str] = []
         self.hang: dict[str, threading.Event] = {}  # function name -> the call blocks until the event is set
+        self.initialised = False  # like pynvml: event sets need a successful nvmlInit
 
     def _maybe_hang(self, name: str) -> None:
         event = self.hang.get(name)
@@ -83,9 +84,11 @@ class FakeNVML:
         self._maybe_hang("nvmlInit")
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
+        self.initialised = True
 
     def nvmlShutdown(self) -> None:
         self.calls.append("shutdown")
+        self.initialised = False
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver
@@ -188,6 +191,8 @@ class FakeNVML:
 
     # events
     def nvmlEventSetCreate(self) -> str:
+        if not self.initialised:  # pynvml without a loaded library or before nvmlInit
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         return "event-set"
 
     def nvmlEventSetFree(self, event_set: Any) -> None:

@@ -5,7 +5,9 @@ dials the plugin's endpoint and drives it through the real ``v1beta1.DevicePlugi
 kubelet's device manager does: ``GetDevicePluginOptions`` first, then a long-lived ``ListAndWatch`` stream
 whose updates it records (with arrival times), and ``GetPreferredAllocation``/``Allocate`` on request.
 ``restart()`` behaves like a new kubelet: it deletes every socket in the directory and serves a new
-``kubelet.sock``. Nothing here is imported by product code.
+``kubelet.sock``; ``stop()`` + ``wipe()`` then ``start()`` is a restart with the kubelet away in between.
+``created_at`` (just before each ``kubelet.sock`` was bound: the earliest it can appear) and ``received``
+(when each ``Register`` arrived) time re-registration. Nothing here is imported by product code.
 """
 
 from __future__ import annotations
@@ -46,10 +48,14 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         self.server: grpc.aio.Server | None = None
         self.plugins: dict[str, PluginEndpoint] = {}
         self.registrations: list[tuple[float, api_pb2.RegisterRequest]] = []
+        self.created_at: list[float] = []  # monotonic time just before each kubelet.sock was bound
+        self.received: list[tuple[float, str]] = []  # (monotonic time, resource) of each Register call
+        self.failed_connects: list[tuple[str, str]] = []  # (resource, status) when its endpoint did not answer
         self._changed = asyncio.Condition()
 
     # -- Registration service ------------------------------------------------------------------------------
     async def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
+        self.received.append((time.monotonic(), request.resource_name))
         if request.version not in SUPPORTED_VERSIONS:
             await context.abort(grpc.StatusCode.UNKNOWN,
                                 f"Unsupported version {request.version!r}: supported {SUPPORTED_VERSIONS}")
@@ -66,7 +72,12 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
             await self._close(old)
         channel = grpc.aio.insecure_channel(f"unix://{os.path.join(self.plugin_dir, request.endpoint)}")
         stub = api_pb2_grpc.DevicePluginStub(channel)
-        options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        try:
+            options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        except grpc.aio.AioRpcError as exc:  # like the kubelet: the registration is dropped
+            self.failed_connects.append((request.resource_name, exc.code().name))
+            await channel.close(None)
+            return
         plugin = PluginEndpoint(request.resource_name, request.endpoint, options, channel, stub)
         self.plugins[request.resource_name] = plugin
         plugin.stream_task = asyncio.get_running_loop().create_task(self._watch(plugin))
@@ -103,6 +114,7 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
             os.unlink(self.socket)
         self.server = grpc.aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.created_at.append(time.monotonic())
         self.server.add_insecure_port(f"unix://{self.socket}")
         await self.server.start()
 
@@ -116,14 +128,18 @@ class KubeletPeer(api_pb2_grpc.RegistrationServicer):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket)
 
-    async def restart(self) -> None:
-        """Like a kubelet restart: stop, delete every socket in the directory, serve a new kubelet.sock."""
-        await self.stop()
+    def wipe(self) -> None:
+        """What a starting kubelet does to the directory: delete every socket in it."""
         for name in os.listdir(self.plugin_dir):
             path = os.path.join(self.plugin_dir, name)
             if name.endswith(".sock") or not os.path.isfile(path):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+
+    async def restart(self) -> None:
+        """Like a kubelet restart: stop, delete every socket in the directory, serve a new kubelet.sock."""
+        await self.stop()
+        self.wipe()
         await self.start()
 
     # -- what tests ask ------------------------------------------------------------------------------------

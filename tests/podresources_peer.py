@@ -6,6 +6,10 @@ served on a unix socket, answering from a table of pods the test sets up.
         ...   # the code under test dials unix:<socket_path>
         assert peer.calls == ["Get"]
 
+``set_pod_level`` adds what a kubelet with pod-level resource managers reports beside the containers (the pod's
+``cpu_ids`` and ``memory``), and ``set_claims`` a container's DRA claims (``dynamic_resources``, with
+``share_id`` for a shared device): the newest fields of the API, which the clients must read past.
+
 ``get_mode`` shapes ``Get``: "ok" (answers), "unimplemented" (an older kubelet: UNIMPLEMENTED) or "disabled"
 (the ``KubeletPodResourcesGet`` gate off: the kubelet answers with an UNKNOWN error). ``delay`` makes every
 call wait first (for deadline tests).
@@ -29,6 +33,7 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
     def _pod(
         self, namespace: str, name: str, containers: dict[str, dict[str, list[str]]]
     ) -> api_pb2.PodResources:
+        cpu_ids, memory = self.peer.pod_level.get((namespace, name), ([], {}))
         return api_pb2.PodResources(
             name=name,
             namespace=namespace,
@@ -39,9 +44,12 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
                         api_pb2.ContainerDevices(resource_name=res, device_ids=ids)
                         for res, ids in resources.items()
                     ],
+                    dynamic_resources=self.peer.claims.get((namespace, name, cname), []),
                 )
                 for cname, resources in containers.items()
             ],
+            cpu_ids=cpu_ids,
+            memory=[api_pb2.ContainerMemory(memory_type=t, size=size) for t, size in sorted(memory.items())],
         )
 
     def List(self, request, context):  # type: ignore[no-untyped-def]
@@ -91,6 +99,8 @@ class PodResourcesPeer:
         self.get_mode = get_mode
         self.delay = delay
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        self.pod_level: dict[tuple[str, str], tuple[list[int], dict[str, int]]] = {}
+        self.claims: dict[tuple[str, str, str], list[api_pb2.DynamicResource]] = {}
         self.calls: list[str] = []
         self.lock = threading.Lock()
         self.server: grpc.Server | None = None
@@ -106,6 +116,16 @@ class PodResourcesPeer:
     ) -> None:
         with self.lock:
             self.pods.setdefault((namespace, name), {})[container] = resources
+
+    def set_pod_level(self, namespace: str, name: str, cpu_ids: list[int], memory: dict[str, int]) -> None:
+        """The pod's own CPUs and memory (memory type -> bytes), as pod-level resource managers report them."""
+        with self.lock:
+            self.pod_level[(namespace, name)] = (list(cpu_ids), dict(memory))
+
+    def set_claims(self, namespace: str, name: str, container: str, claims: list[api_pb2.DynamicResource]) -> None:
+        """A container's DRA claims (``dynamic_resources``)."""
+        with self.lock:
+            self.claims[(namespace, name, container)] = list(claims)
 
     def start(self) -> PodResourcesPeer:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))

@@ -55,10 +55,34 @@ def test_pod_resources_wire_names() -> None:
     assert pr.DESCRIPTOR.package == "v1"
     service = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
-    assert _fields(pr.PodResources) == {"name": 1, "namespace": 2, "containers": 3}
+    assert _fields(pr.PodResources) == {"name": 1, "namespace": 2, "containers": 3, "cpu_ids": 4, "memory": 5}
     assert _fields(pr.ContainerResources) == {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4,
                                               "dynamic_resources": 5}
     assert _fields(pr.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
     assert _fields(pr.GetPodResourcesRequest) == {"pod_name": 1, "pod_namespace": 2}
     assert _fields(pr.GetPodResourcesResponse) == {"pod_resources": 1}
     assert _fields(pr.AllocatableResourcesResponse) == {"devices": 1, "cpu_ids": 2, "memory": 3}
+    assert _fields(pr.ContainerMemory) == {"memory_type": 1, "size": 2, "topology": 3}
+    assert _fields(pr.DynamicResource) == {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}
+    assert _fields(pr.ClaimResource) == {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4,
+                                         "share_id": 5}
+    assert _fields(pr.CDIDevice) == {"name": 1}
+
+
+def test_pod_resources_pod_level_fields_and_share_id() -> None:
+    # pod-level resources (KEP-5526): the pod's CPUs and memory beside its containers'
+    pod = {f.name: f for f in pr.PodResources.DESCRIPTOR.fields}
+    assert pod["cpu_ids"].type == pod["cpu_ids"].TYPE_INT64 and pod["cpu_ids"].is_repeated
+    assert pod["memory"].message_type is pr.ContainerMemory.DESCRIPTOR and pod["memory"].is_repeated
+    # a DRA device shared by claims (consumable capacity): share_id is optional, so unset differs from ""
+    share_id = pr.ClaimResource.DESCRIPTOR.fields_by_name["share_id"]
+    assert share_id.type == share_id.TYPE_STRING and share_id.has_presence
+    assert not pr.ClaimResource().HasField("share_id") and pr.ClaimResource(share_id="").HasField("share_id")
+
+
+def test_pod_resources_bytes_are_stable() -> None:
+    pod = pr.PodResources(name="p", namespace="n", cpu_ids=[2, 3],
+                          memory=[pr.ContainerMemory(memory_type="memory", size=1024)])
+    assert pod.SerializeToString() == b"\n\x01p\x12\x01n\"\x02\x02\x03*\x0b\n\x06memory\x10\x80\x08"
+    claim = pr.ClaimResource(device_name="gpu-0", share_id="")
+    assert claim.SerializeToString() == b"\"\x05gpu-0*\x00"

@@ -12,7 +12,7 @@ from device_plugin.allocation import AllocationError, best_connected, pick_repli
 
 
 def test_validation_messages() -> None:
-    with pytest.raises(AllocationError, match="must_include devices not in available: c"):
+    with pytest.raises(AllocationError, match=r"must_include devices not in available 1: \"c\""):
         validate_request(["a", "b"], ["c"], 1)
     with pytest.raises(AllocationError, match="more than allocation_size 1"):
         validate_request(["a", "b"], ["a", "b"], 1)

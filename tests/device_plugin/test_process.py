@@ -91,3 +91,33 @@ async def test_process_without_nvml_exits_1_with_reason(tmp_path: Path) -> None:
     _, stderr = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 1
     assert "NVML could not be initialised" in stderr.decode() and "Traceback" not in stderr.decode()
+
+
+async def test_process_without_nvml_and_fail_on_init_error_false_runs_without_error_logs(tmp_path: Path) -> None:
+    if nvml_available():
+        pytest.skip("this machine has a working NVIDIA driver")
+    # Zero GPUs is the documented state with failOnInitError=false: no error-level line, no health-loop crash.
+    plugin_dir, sysfs = tmp_path / "dp", tmp_path / "sys"
+    nr1_node(sysfs)
+    peer = KubeletPeer(str(plugin_dir))
+    await peer.start()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "device_plugin.main", "--device-plugin-path", str(plugin_dir), "--sysfs-root",
+        str(sysfs), "--fail-on-init-error", "false", "--nr1-enabled", "true", "--nr1-vendor-ids", NR1_VENDOR,
+        "--metrics-address", "", "--labeller-enabled", "false",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        gpu = await peer.wait_registered("nvidia.com/gpu", timeout=20)
+        await peer.wait_registered(NR1, timeout=20)
+        assert gpu.devices == {}
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 10)
+        stderr = (await proc.stderr.read()).decode() if proc.stderr else ""
+        assert rc == 0, stderr
+        assert '"level": "error"' not in stderr and "Traceback" not in stderr, stderr
+        assert "advertising zero GPUs" in stderr
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await peer.stop()
