@@ -16,7 +16,7 @@ from kubeapi import ApiError, NotFound, TransportError
 from kubeapi.client import KubeClient, connected
 from kubeapi.informer import Informer
 from kubeapi.leader import LeaderElector
-from kubeapi.resources import GPRS, LEASES, NODES
+from kubeapi.resources import GPRS, NODES
 from kubeapi.tasks import supervise, while_leading
 from tests.apiserver_peer import PROXY_502_HTML, APIServerPeer
 from tests.extender.harness import gpr, node, wait_until
@@ -189,9 +189,8 @@ async def test_calls_time_out_retry_reads_and_never_retry_writes_blindly(peer: A
         await kube.get(NODES, "a")
     assert err.value.status == 502 and "html" in err.value.message.lower()
     before = peer.count(method="PATCH", resource="nodes")
-    with peer.inject("PATCH", "nodes", status=500):
-        with pytest.raises(ApiError):
-            await kube.patch(NODES, "a", {"metadata": {"labels": {"x": "y"}}})
+    with peer.inject("PATCH", "nodes", status=500), pytest.raises(ApiError):
+        await kube.patch(NODES, "a", {"metadata": {"labels": {"x": "y"}}})
     assert peer.count(method="PATCH", resource="nodes") == before + 1  # a write's outcome is the caller's call
     with pytest.raises(NotFound):
         await kube.get(NODES, "nope")
