@@ -56,6 +56,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("controller", "true", "run the leader-elected GPR controller inside this process (its passes run in a worker "
         "thread); false when it runs as its own process, accelstack-controller, as the manifests ship it")
     add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
+    add("waittime-qps", "10", "REST API: wait-time estimates per second per caller (bursts of twice that); 429 above")
     add("webhook", "true", "serve the admission webhook (POST /mutate-pods, /validate-gprs)")
     add("auto-gpr", "false", "webhook: create a GPR from the namespace's default template for unlabelled pods")
     add("log-level", "info", "debug, info, warning or error")
@@ -117,6 +118,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "webhook": _bool("webhook", args.webhook), "auto_gpr": _bool("auto-gpr", args.auto_gpr),
         "log_level": args.log_level, "log_format": args.log_format,
         "api_timeout": _number("api-timeout", args.api_timeout, float, 0.1),
+        "waittime_qps": _number("waittime-qps", args.waittime_qps, float, 0.1),
     }
 
 
@@ -133,7 +135,8 @@ async def serve(opts: dict[str, Any]) -> None:
     server = ExtenderServer(kube, opts["resources"], opts["prefix"], opts["require_gpr"], opts["max_body"], extra,
                             run_controller=opts["controller"], lease_namespace=opts["lease_namespace"],
                             lease_name=opts["lease_name"], identity=opts["identity"], policy=opts["policy"],
-                            resync=opts["resync"], lease_seconds=opts["lease_seconds"])
+                            resync=opts["resync"], lease_seconds=opts["lease_seconds"],
+                            waittime_qps=opts["waittime_qps"])
     context = None
     if opts["cert"]:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -35,7 +35,7 @@ from scheduler_extender.cluster import ClusterView, PodView
 from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import Extender, ExtenderMetrics
 from scheduler_extender.kube import Kube
-from scheduler_extender.rest_api import RestAPI
+from scheduler_extender.rest_api import RateLimiter, RestAPI
 
 log = logging.getLogger("accelstack.extender.server")
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
@@ -172,7 +172,7 @@ class ExtenderServer:
                  lease_namespace: str = "accelstack-system", lease_name: str = "accelstack-gpr-controller",
                  identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: float = 15.0,
                  sweep_every: float = 60.0, rest_auth: bool = True, watch_timeout: tuple[int, int] = (300, 600),
-                 **controller: Any) -> None:
+                 waittime_qps: float = 10.0, **controller: Any) -> None:
         self.kube = kube
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
@@ -187,7 +187,8 @@ class ExtenderServer:
                                         watch_timeout)
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
                                  registries=(REGISTRY,))
-        self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None)
+        self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,
+                            limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))))
         self.app = web.Application(client_max_size=max_body)
         self.app.add_routes(self.extender.routes(prefix))
         self.app.add_routes(self.rest.routes())

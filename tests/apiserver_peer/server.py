@@ -594,12 +594,12 @@ class APIServerPeer(Reads):
                                   "code": 201}, status=201)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)  # open watches end at stop
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", port, backlog=1024)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,553 @@
+"""The GPR control plane at scale, each figure beside a baseline measured in the same run.
+
+Every component is a real process talking real HTTP: the API-server peer (``tests/apiserver_peer``), the
+extender (``accelstack-extender --controller=false``: verbs, webhook, REST API) and the controller
+(``accelstack-controller``); this process drives them as kube-scheduler and the API server would.
+
+Part ``load`` — 5,000 nodes (8 GPUs each), 4,800 Running GPRs with their pods, 10,000 queued GPRs that cannot
+start (they ask for a GPU model only the busy nodes have), 200 idle nodes of another model:
+- one controller pass and the wait estimates, planned on that very state in this process (same code, same data
+  as the controller's snapshot), p50/p99 (targets: a pass <= 200 ms);
+- over HTTP: ``filter`` (500 node names, the scheduler's sampling at 5,000 nodes) and ``bind`` (ledger patch +
+  Binding) p50/p99 while the controller process is stopped (SIGSTOP: idle) and while it runs passes back to
+  back (``--resync 0.05``), in the same run (targets: filter p99 <= 2 ms while passes run; bind p99 <= 1.2x
+  idle); ``POST /api/v1/waittime`` p99 (target <= 20 ms).
+
+Part ``e2e`` — 5,000 nodes, N one-GPU pods created at once, each going webhook -> GPR admission -> ungate ->
+filter -> prioritize -> bind, scheduled one pod at a time as kube-scheduler does; once with one GPR per pod
+(auto-GPR from the namespace's default template), once with 20 GPRs x N/20 pods, beside the same pods through an
+extender that answers trivially (no gate, every node passes, bind creates the Binding). Reported: pods/s from
+first create to last bind, create -> bound p50/p99, webhook timeouts (> 5 s, the webhook's timeoutSeconds) and
+over-allocated nodes (target: >= 0.9x the trivial path, zero timeouts, zero over-allocation).
+
+Usage: python bench/bench_control_plane.py [--part load|e2e|all] [--pods 2000] [--samples 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+NODES, GPUS, BUSY_MODEL, FREE_MODEL = 5000, 8, "H200", "A100"
+GPRS = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
+TOKEN = "bench-token"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ms(values: list[float]) -> str:
+    return f"{1000 * statistics.median(values):7.2f} / {1000 * pct(values, 99):7.2f}"
+
+
+# ---------------------------------------------------------------------------------------------- the cluster
+def node_obj(i: int, busy: bool) -> dict[str, Any]:
+    from tests.extender.harness import node
+
+    return node(f"node-{i:04d}", gpus=GPUS, labels={"nvidia.com/gpu.product": BUSY_MODEL if busy else FREE_MODEL})
+
+
+def load_state(queued: int, busy_nodes: int) -> list[tuple[str, dict[str, Any]]]:
+    """(resource path, object) to seed: nodes, Running GPRs with their bound pods and ledgers, queued GPRs."""
+    from scheduler_extender import ledger
+    from tests.extender.harness import gpr, pod
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    admitted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
+    rng = random.Random(7)
+    for i in range(NODES):
+        n = node_obj(i, i < busy_nodes)
+        if i < busy_nodes:
+            uid = f"run-{i}-0"
+            n["metadata"]["annotations"] = {ledger.LEDGER_ANNOTATION: ledger.render({uid: ledger.Entry(
+                uid, f"default/run-{i}-0", {"nvidia.com/gpu": GPUS}, f"default/run-{i}", time.time())})}
+            g = gpr(f"run-{i}", phase="Running", reservation={n["metadata"]["name"]: GPUS}, devices=GPUS,
+                    exitDuration="8h", models=[BUSY_MODEL])
+            g["status"].update(admittedAt=admitted, startedAt=admitted)
+            out.append((GPRS, g))
+            out.append(("api/v1/pods", pod(f"run-{i}-0", GPUS, gpr=f"run-{i}", uid=uid, node_name=n["metadata"]["name"],
+                                           phase="Running")))
+        out.append(("api/v1/nodes", n))
+    for i in range(queued):
+        g = gpr(f"wait-{i}", phase=None, devices=GPUS, nodes=rng.choice([1, 1, 2, 4]), priority=rng.choice([50, 100, 200]),
+                exitDuration="4h", models=[BUSY_MODEL])
+        g["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - queued + i))
+        out.append((GPRS, g))
+    return out
+
+
+def run_peer(port: int, seed: str, ready: Any) -> None:
+    """The API-server peer in a process of its own, seeded from a JSON file."""
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+
+    async def main() -> None:
+        from tests.apiserver_peer import APIServerPeer
+
+        peer = APIServerPeer(history=200_000)
+        peer.tokens[TOKEN] = {"username": "bench", "groups": []}
+        for verb in ("list", "get", "create"):
+            peer.grants.add(("bench", verb, "accelstack.io", "gpuprovisioningrequests", ""))
+        for path, obj in json.loads(Path(seed).read_text()):
+            await peer.put_object(path, obj)
+        await peer.start(port=port)
+        ready.send(peer.url)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def kubeconfig(folder: Path, url: str) -> Path:
+    path = folder / "kubeconfig"
+    path.write_text(f"apiVersion: v1\nkind: Config\nclusters: [{{name: p, cluster: {{server: \"{url}\"}}}}]\n"
+                    "users: [{name: u, user: {}}]\ncontexts: [{name: p, context: {cluster: p, user: u}}]\n"
+                    "current-context: p\n")
+    return path
+
+
+class Cluster:
+    """Peer + extender + controller processes."""
+
+    def __init__(self, seed: list[tuple[str, dict[str, Any]]], folder: Path, controller_args: list[str],
+                 extender_args: list[str]) -> None:
+        self.folder = folder
+        seed_file = folder / "seed.json"
+        seed_file.write_text(json.dumps(seed))
+        self.peer_port = free_port()
+        parent, child = mp.Pipe()
+        self.peer = mp.get_context("spawn").Process(target=run_peer, args=(self.peer_port, str(seed_file), child),
+                                                    daemon=True)
+        self.peer.start()
+        self.url = parent.recv()
+        config = kubeconfig(folder, self.url)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "ACCELSTACK_EXT_LEASE_NAMESPACE": "default",
+               "ACCELSTACK_CTL_LEASE_NAMESPACE": "default"}
+        self.ext_port, self.ctl_port = free_port(), free_port()
+        self.extender = subprocess.Popen(
+            [sys.executable, "-m", "scheduler_extender.main", "--kubeconfig", str(config), "--listen",
+             f"127.0.0.1:{self.ext_port}", "--controller=false", "--log-level", "error", "--waittime-qps", "100000",
+             *extender_args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.controller = subprocess.Popen(
+            [sys.executable, "-m", "scheduler_extender.controller_main", "--kubeconfig", str(config), "--listen",
+             f"127.0.0.1:{self.ctl_port}", "--log-level", "error", *controller_args], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def ready(self, timeout: float = 300) -> None:
+        import aiohttp
+
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as http:
+            for port in (self.ext_port, self.ctl_port):
+                while True:
+                    try:
+                        async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"port {port} never became ready")
+                    await asyncio.sleep(0.5)
+
+    def stop(self) -> None:
+        for proc in (self.extender, self.controller):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        self.peer.terminate()
+
+
+# ------------------------------------------------------------------------------------------------ part load
+def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[list[float], list[float]]:
+    """Plan passes on the seeded state (as the controller would), applying each pass's writes like the API
+    server would, so later passes see a steady state. (pass seconds, estimate seconds)."""
+    from scheduler_extender.cluster import GPU, node_view, pod_view
+    from scheduler_extender.reconcile import PassCache, PassConfig, Snapshot, plan_pass
+
+    nodes, pods, gprs = {}, {}, {}
+    for i, (path, obj) in enumerate(seed):
+        obj = json.loads(json.dumps(obj))
+        meta = obj["metadata"]
+        meta.setdefault("uid", f"u{i}")
+        meta.setdefault("creationTimestamp", "2026-11-30T00:00:00Z")
+        meta["resourceVersion"] = str(i + 1)
+        if path == "api/v1/nodes":
+            nodes[meta["name"]] = node_view(obj, (GPU,))
+        elif path == "api/v1/pods":
+            view = pod_view(obj, (GPU,))
+            if view is not None:
+                pods[view.uid] = view
+        else:
+            gprs[meta["uid"]] = obj
+    cache, version = PassCache(), 10_000_000
+    seconds: list[float] = []
+    estimates: list[float] = []
+    for i in range(passes + 1):
+        plan = plan_pass(Snapshot(time.time(), nodes, pods, gprs), PassConfig(refresh_queue=i % 3 == 0), cache)
+        for write in plan.writes:
+            version += 1
+            obj = gprs[write.uid]
+            gprs[write.uid] = {**obj, "status": write.status,
+                               "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+        if i:  # the first pass writes every new GPR's status once
+            seconds.append(plan.seconds - plan.estimate_seconds)
+            if plan.estimate_seconds:
+                estimates.append(plan.estimate_seconds)
+    return seconds, estimates
+
+
+async def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]]) -> dict[str, list[float]]:
+    import aiohttp
+
+    from tests.extender.harness import filter_body
+
+    base = f"http://127.0.0.1:{cluster.ext_port}"
+    names = [f"node-{i:04d}" for i in random.Random(3).sample(range(NODES), 500)]
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": "default", "uid": "probe"},
+             "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    body = filter_body(probe, names)
+    out: dict[str, list[float]] = {"filter": [], "bind": [], "waittime": []}
+    free = [f"node-{i:04d}" for i in range(NODES - 200, NODES)]
+    async with aiohttp.ClientSession() as http:
+        for i in range(samples):
+            t = time.perf_counter()
+            async with http.post(f"{base}/scheduler/filter", data=body) as r:
+                await r.read()
+            out["filter"].append(time.perf_counter() - t)
+            if i < len(pods):
+                p = pods[i]
+                bind = {"PodName": p["metadata"]["name"], "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
+                        "Node": free[i % len(free)]}
+                t = time.perf_counter()
+                async with http.post(f"{base}/scheduler/bind", json=bind) as r:
+                    answer = await r.json()
+                out["bind"].append(time.perf_counter() - t)
+                assert not answer.get("Error"), answer
+            t = time.perf_counter()
+            async with http.post(f"{base}/api/v1/waittime", json={"namespace": "default", "spec": {"devicesPerNode": 8}},
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+                await r.read()
+                assert r.status == 200, r.status
+            out["waittime"].append(time.perf_counter() - t)
+    return out
+
+
+async def part_load(samples: int) -> list[str]:
+    from tests.extender.harness import pod
+
+    seed = load_state(10_000, NODES - 200)
+    t = time.perf_counter()
+    passes, estimates = pass_times(seed, 6)
+    print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
+    bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(2 * samples)]
+    seed += [("api/v1/pods", p) for p in bindable]
+    with tempfile.TemporaryDirectory() as folder:
+        cluster = Cluster(seed, Path(folder), ["--resync", "0.05", "--estimate-every", "5"], [])
+        try:
+            await cluster.ready()
+            await asyncio.sleep(5)  # the controller's first passes write every queued GPR's status
+            os.kill(cluster.controller.pid, signal.SIGSTOP)
+            idle = await http_latencies(cluster, samples, bindable[:samples])
+            os.kill(cluster.controller.pid, signal.SIGCONT)
+            await asyncio.sleep(1)
+            busy = await http_latencies(cluster, samples, bindable[samples:])
+        finally:
+            cluster.stop()
+    lines = [f"controller pass at {NODES:,} nodes, 10,000 queued + 4,800 running GPRs (p50 / p99): "
+             f"{ms(passes)} ms; wait estimates {ms(estimates)} ms",
+             f"{'over HTTP, p50 / p99 ms':<26} {'controller idle':>17} {'passes running':>17} {'ratio p99':>9}"]
+    for verb in ("filter", "bind", "waittime"):
+        lines.append(f"{verb:<26} {ms(idle[verb]):>17} {ms(busy[verb]):>17} "
+                     f"{pct(busy[verb], 99) / pct(idle[verb], 99):8.2f}x")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------- part e2e
+def run_trivial(port: int, peer_url: str, ready: Any) -> None:
+    """An extender that answers every verb trivially: all nodes pass, equal scores, bind creates the Binding."""
+
+    async def main() -> None:
+        import aiohttp
+        from aiohttp import web
+
+        session = aiohttp.ClientSession()
+
+        async def filter_(request: web.Request) -> web.Response:
+            body = await request.json()
+            return web.json_response({"NodeNames": body.get("NodeNames"), "FailedNodes": {}, "Error": ""})
+
+        async def prioritize(request: web.Request) -> web.Response:
+            body = await request.json()
+            return web.json_response([{"Host": n, "Score": 0} for n in body.get("NodeNames") or []])
+
+        async def bind(request: web.Request) -> web.Response:
+            b = await request.json()
+            binding = {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": b["PodName"], "namespace": b["PodNamespace"], "uid": b["PodUID"]},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": b["Node"]}}
+            async with session.post(f"{peer_url}/api/v1/namespaces/{b['PodNamespace']}/pods/{b['PodName']}/binding",
+                                    json=binding) as r:
+                await r.read()
+                return web.json_response({"Error": "" if r.status < 300 else f"{r.status}"})
+
+        app = web.Application()
+        app.add_routes([web.post("/scheduler/filter", filter_), web.post("/scheduler/prioritize", prioritize),
+                        web.post("/scheduler/bind", bind)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        ready.send(True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class Scheduler:
+    """kube-scheduler's loop as the extender sees it: one pod at a time from the active queue (ungated, unbound
+    pods), its own NodeAffinity filter (matchFields metadata.name) and node sampling (500 of 5,000 feasible
+    nodes), then filter -> prioritize -> bind through the extender; a refused pod goes back with backoff."""
+
+    def __init__(self, peer_url: str, ext_url: str, nodes: list[str]) -> None:
+        self.peer_url, self.ext_url, self.nodes = peer_url, ext_url, nodes
+        self.bound: dict[str, float] = {}
+        self.created: dict[str, float] = {}
+        self.refusals = 0
+
+    def feasible(self, pod: dict[str, Any], start: int) -> list[str]:
+        terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+        allowed: set[str] | None = None
+        for term in terms:
+            for field in term.get("matchFields") or []:
+                if field.get("key") == "metadata.name":
+                    allowed = set(field.get("values") or []) if allowed is None else allowed | set(field["values"])
+        if allowed is not None:
+            return [n for n in self.nodes if n in allowed][:500]
+        return [self.nodes[(start + k) % len(self.nodes)] for k in range(500)]
+
+    async def run(self, expected: int, deadline: float) -> None:
+        import aiohttp
+
+        from tests.extender.harness import filter_body
+
+        async with aiohttp.ClientSession() as http:
+            start = 0
+            while len(self.bound) < expected and time.monotonic() < deadline:
+                async with http.get(f"{self.peer_url}/api/v1/namespaces/default/pods") as r:
+                    items = (await r.json()).get("items") or []
+                ready = [p for p in items if not p["spec"].get("schedulingGates") and not p["spec"].get("nodeName")
+                         and p["metadata"]["name"] not in self.bound]
+                if not ready:
+                    await asyncio.sleep(0.05)
+                    continue
+                for p in ready:
+                    start += 500
+                    names = self.feasible(p, start)
+                    async with http.post(f"{self.ext_url}/scheduler/filter", data=filter_body(p, names)) as r:
+                        result = await r.json()
+                    passed = result.get("NodeNames") or []
+                    if not passed:
+                        self.refusals += 1
+                        continue
+                    async with http.post(f"{self.ext_url}/scheduler/prioritize", data=filter_body(p, passed)) as r:
+                        scores = await r.json()
+                    best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passed[0]
+                    bind = {"PodName": p["metadata"]["name"], "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
+                            "Node": best}
+                    async with http.post(f"{self.ext_url}/scheduler/bind", json=bind) as r:
+                        answer = await r.json()
+                    if answer.get("Error"):
+                        self.refusals += 1
+                        continue
+                    self.bound[p["metadata"]["name"]] = time.monotonic()
+
+
+async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, Any]], created: dict[str, float],
+                      timeouts: list[str]) -> None:
+    """As the API server does on CREATE: call the mutating webhook (5 s timeout), apply its patch, store."""
+    import base64
+
+    import aiohttp
+
+    from tests.apiserver_peer import json_patch
+
+    sem = asyncio.Semaphore(32)
+    async with aiohttp.ClientSession() as http:
+        async def one(p: dict[str, Any]) -> None:
+            async with sem:
+                name = p["metadata"]["name"]
+                created[name] = time.monotonic()
+                if webhook:
+                    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+                        "uid": name, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "default",
+                        "operation": "CREATE", "userInfo": {"username": "bench"}, "object": p, "dryRun": False}}
+                    try:
+                        async with http.post(webhook, json=review, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                            answer = (await r.json())["response"]
+                    except TimeoutError:
+                        timeouts.append(name)
+                        return
+                    if not answer.get("allowed"):
+                        timeouts.append(f"{name}: refused {answer.get('status')}")
+                        return
+                    if answer.get("patch"):
+                        p = json_patch(p, json.loads(base64.b64decode(answer["patch"])))
+                async with http.post(f"{peer_url}/api/v1/namespaces/default/pods", json=p) as r:
+                    await r.read()
+
+        await asyncio.gather(*(one(p) for p in pods))
+
+
+def e2e_state(mode: str) -> list[tuple[str, dict[str, Any]]]:
+    seed: list[tuple[str, dict[str, Any]]] = [("api/v1/nodes", node_obj(i, True)) for i in range(NODES)]
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "annotations": {
+        "accelstack.io/default-template": "one-gpu"}}}
+    template = {"apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate",
+                "metadata": {"name": "one-gpu", "namespace": "default"},
+                "spec": {"devicesPerNode": 1, "priority": 100, "exitDuration": "4h"}}
+    seed += [("api/v1/namespaces", ns), ("apis/accelstack.io/v1alpha1/gprtemplates", template)]
+    return seed
+
+
+def e2e_pods(mode: str, count: int) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
+    from tests.extender.harness import gpr
+
+    pods, gprs = [], []
+    for i in range(count):
+        labels: dict[str, str] = {}
+        if mode == "shared":
+            labels["accelstack.io/gpr"] = f"team-{i % 20}"
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{i:05d}", "namespace": "default",
+                                                                      "labels": labels},
+                     "spec": {"containers": [{"name": "c", "image": "x",
+                                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    if mode == "shared":
+        gprs = [(GPRS, gpr(f"team-{k}", phase=None, devices=1, nodes=count // 20)) for k in range(20)]
+    return pods, gprs
+
+
+async def e2e_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
+    pods, gprs = e2e_pods(mode, count)
+    seed = e2e_state(mode) + gprs
+    nodes = [f"node-{i:04d}" for i in range(NODES)]
+    created: dict[str, float] = {}
+    timeouts: list[str] = []
+    if mode == "trivial":
+        (folder / "seed.json").write_text(json.dumps(seed))
+        parent, child = mp.Pipe()
+        peer = mp.get_context("spawn").Process(target=run_peer, args=(free_port(), str(folder / "seed.json"), child),
+                                               daemon=True)
+        peer.start()
+        url = parent.recv()
+        port = free_port()
+        p2, c2 = mp.Pipe()
+        ext = mp.get_context("spawn").Process(target=run_trivial, args=(port, url, c2), daemon=True)
+        ext.start()
+        p2.recv()
+        sched = Scheduler(url, f"http://127.0.0.1:{port}", nodes)
+        started = time.monotonic()
+        runner = asyncio.create_task(sched.run(count, started + 600))
+        await create_pods(url, None, pods, created, timeouts)
+        await runner
+        ext.terminate()
+        peer.terminate()
+    else:
+        extra = ["--auto-gpr=true"] if mode == "per-pod" else []
+        cluster = Cluster(seed, folder, ["--resync", "1"], extra)
+        try:
+            await cluster.ready()
+            sched = Scheduler(cluster.url, f"http://127.0.0.1:{cluster.ext_port}", nodes)
+            started = time.monotonic()
+            runner = asyncio.create_task(sched.run(count, started + 600))
+            await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts)
+            await runner
+            over = await overallocated(cluster.url)
+        finally:
+            cluster.stop()
+    done = [sched.bound[n] - created[n] for n in sched.bound if n in created]
+    elapsed = (max(sched.bound.values()) - started) if sched.bound else float("inf")
+    return {"bound": len(sched.bound), "pods_per_s": len(sched.bound) / elapsed, "lat": done, "timeouts": len(timeouts),
+            "over": over if mode != "trivial" else 0, "refusals": sched.refusals}
+
+
+async def overallocated(url: str) -> int:
+    import aiohttp
+
+    from scheduler_extender import ledger
+
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/api/v1/nodes") as r:
+        items = (await r.json())["items"]
+    bad = 0
+    for n in items:
+        entries = ledger.parse((n["metadata"].get("annotations") or {}).get(ledger.LEDGER_ANNOTATION))
+        if sum(e.requests.get("nvidia.com/gpu", 0) for e in entries.values()) > GPUS:
+            bad += 1
+    return bad
+
+
+async def part_e2e(count: int) -> list[str]:
+    lines = [f"end to end, {count} one-GPU pods at once on {NODES:,} nodes, scheduled one at a time:",
+             f"{'path':<34} {'bound':>6} {'pods/s':>7} {'create->bound p50 / p99 s':>26} {'ratio':>6} "
+             f"{'timeouts':>8} {'over':>5}"]
+    results = {}
+    for mode in ("trivial", "per-pod", "shared"):
+        with tempfile.TemporaryDirectory() as folder:
+            results[mode] = await e2e_run(mode, count, Path(folder))
+        print(f"({mode} done)", flush=True)
+    base = results["trivial"]["pods_per_s"]
+    label = {"trivial": "trivial extender (same run)", "per-pod": "accelstack, one GPR per pod (auto)",
+             "shared": "accelstack, 20 GPRs x pods/20"}
+    for mode, r in results.items():
+        lat = r["lat"] or [float("nan")]
+        lines.append(f"{label[mode]:<34} {r['bound']:>6} {r['pods_per_s']:7.1f} "
+                     f"{statistics.median(lat):11.2f} / {pct(lat, 99):6.2f} {r['pods_per_s'] / base:5.2f}x "
+                     f"{r['timeouts']:>8} {r['over']:>5}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("load", "e2e", "all"), default="all")
+    parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=300)
+    args = parser.parse_args()
+    lines: list[str] = []
+    if args.part in ("load", "all"):
+        lines += asyncio.run(part_load(args.samples))
+    if args.part in ("e2e", "all"):
+        lines += asyncio.run(part_e2e(args.pods))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
