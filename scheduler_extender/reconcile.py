@@ -98,31 +98,79 @@ class Plan:
     estimate_seconds: float = 0.0
 
 
+@dataclass
+class Decoded:
+    """What a pass reads of one GPR object version, decoded once (the object is immutable per resourceVersion)."""
+
+    version: str
+    uid: str
+    key: str
+    order: tuple[str, str, str, str]
+    deleting: bool
+    phase: str
+    status: dict[str, Any]
+    generation: Any
+    fields: dict[str, Any] | str
+    proto: GPR | None
+    reservation: dict[str, int]
+    quick: tuple[Any, ...]  # (phase, reason, failures, evictions, observedGeneration, has Idle/EvictionBlocked)
+
+
 class PassCache:
-    """Parsed specs by (UID, generation): pure, so a restart rebuilds it identically."""
+    """Pure functions of immutable inputs, cached so a pass does not redo them: decoded objects by (UID,
+    resourceVersion), specs by (UID, generation), node specs by node view, and the inventory with every
+    allocated GPR adopted, by (node specs, their object versions). A restart rebuilds all of it identically."""
 
     def __init__(self) -> None:
         self.specs: dict[str, tuple[Any, dict[str, Any] | str]] = {}
-        self.protos: dict[str, tuple[str, GPR]] = {}  # UID -> (resourceVersion, GPR as its object says)
+        self.decoded: dict[str, Decoded] = {}
+        self.nodes: dict[str, tuple[NodeView, NodeSpec | None]] = {}
+        self.base: tuple[Any, Inventory, dict[str, Placement]] | None = None
 
-    def gpr(self, uid: str, obj: dict[str, Any], key: str, fields: dict[str, Any], now: float) -> GPR:
-        """A fresh core GPR for the object (spec and status restored), from a prototype cached by
-        resourceVersion: building ten thousand of them from JSON every pass would dominate the pass."""
+    def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         meta = obj.get("metadata") or {}
         version = str(meta.get("resourceVersion") or "")
-        hit = self.protos.get(uid)
-        if hit is None or hit[0] != version or not version:
+        hit = self.decoded.get(uid)
+        if hit is not None and hit.version == version and version:
+            return hit
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        key = gr.gpr_key(namespace, name)
+        status: dict[str, Any] = obj["status"] if isinstance(obj.get("status"), dict) else {}
+        fields = self.spec(uid, obj)
+        proto = None
+        if not isinstance(fields, str):
             created = gr.parse_time(meta.get("creationTimestamp"))
-            proto = GPR(name=key, workspace=key.split("/", 1)[0],
-                        submitted_at=created if created is not None else now, **fields)
-            status = obj.get("status")
-            if isinstance(status, dict):
-                gr.restore_status(proto, status)
-            hit = self.protos[uid] = (version, proto)
+            proto = GPR(name=key, workspace=namespace, submitted_at=created if created is not None else now, **fields)
+            gr.restore_status(proto, status)
+        extra = any(isinstance(c, dict) and c.get("type") in _EXTRA_CONDITIONS for c in status.get("conditions") or ())
+        d = Decoded(version, uid, key, _created(obj), bool(meta.get("deletionTimestamp")), gr.phase_of(obj), status,
+                    meta.get("generation"), fields, proto, gr.reservation_of(obj),
+                    (status.get("phase"), status.get("reason"), status.get("failures", 0), status.get("evictions", 0),
+                     status.get("observedGeneration"), extra))
+        self.decoded[uid] = d
+        return d
+
+    def gpr(self, d: Decoded) -> GPR:
+        """A fresh core GPR (spec and status restored) copied from the decoded prototype."""
+        assert d.proto is not None
         g = object.__new__(GPR)
-        g.__dict__.update(hit[1].__dict__)
+        g.__dict__.update(d.proto.__dict__)
         g.history = []
         return g
+
+    def node_specs(self, nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
+        out = []
+        for name in sorted(nodes):
+            view = nodes[name]
+            hit = self.nodes.get(name)
+            if hit is None or hit[0] is not view:
+                hit = self.nodes[name] = (view, node_spec(view))
+            if hit[1] is not None:
+                out.append(hit[1])
+        if len(self.nodes) > len(nodes):
+            for gone in [n for n in self.nodes if n not in nodes]:
+                del self.nodes[gone]
+        return out
 
     def spec(self, uid: str, obj: dict[str, Any]) -> dict[str, Any] | str:
         meta = obj.get("metadata") or {}
@@ -145,9 +193,10 @@ class PassCache:
         return value
 
     def prune(self, live: set[str]) -> None:
-        for table in (self.specs, self.protos):
-            for uid in [u for u in table if u not in live]:
-                del table[uid]
+        for table in (self.specs, self.decoded):
+            if len(table) > len(live):
+                for uid in [u for u in table if u not in live]:
+                    del table[uid]
 
 
 def live_cluster_limitation() -> str:
@@ -155,22 +204,21 @@ def live_cluster_limitation() -> str:
             "them); share GPUs with time-slicing replicas and ask for whole replicas instead")
 
 
+def node_spec(node: NodeView) -> NodeSpec | None:
+    """The core's node for a cluster node with managed devices (GPUs first when a node has both)."""
+    for resource in (GPU, NR1):
+        count = node.allocatable.get(resource, 0)
+        if count > 0:
+            try:
+                memory = int(node.labels.get(MEMORY_LABEL, "0")) if resource == GPU else 0
+            except ValueError:
+                memory = 0
+            return NodeSpec(node.name, count, node.labels.get(MODEL_LABEL[resource], ""), resource, memory)
+    return None
+
+
 def node_specs(nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
-    """The core's nodes: one per cluster node with managed devices (GPUs first when a node has both)."""
-    specs = []
-    for name in sorted(nodes):
-        node = nodes[name]
-        for resource in (GPU, NR1):
-            count = node.allocatable.get(resource, 0)
-            if count > 0:
-                try:
-                    memory = int(node.labels.get(MEMORY_LABEL, "0")) if resource == GPU else 0
-                except ValueError:
-                    memory = 0
-                specs.append(NodeSpec(node.name, count, node.labels.get(MODEL_LABEL[resource], ""), resource,
-                                      memory))
-                break
-    return specs
+    return [spec for spec in (node_spec(nodes[name]) for name in sorted(nodes)) if spec is not None]
 
 
 def _restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
@@ -202,7 +250,12 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     started = time.perf_counter()
     now = snap.now
     plan = Plan()
-    sched = Scheduler(Inventory(node_specs(snap.nodes)), make_policy(cfg.policy), cfg.core)
+    specs = cache.node_specs(snap.nodes)
+    decoded = sorted((cache.decode(uid, obj, now) for uid, obj in snap.gprs.items()), key=lambda d: d.order)
+    allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
+    base_key = (tuple(specs), tuple((d.uid, d.version) for d in allocated))
+    base = cache.base if cache.base is not None and cache.base[0] == base_key else None
+    sched = Scheduler(base[1].copy() if base else Inventory(specs), make_policy(cfg.policy), cfg.core)
     inv = sched.inv
 
     pods_of: dict[str, list[PodView]] = {}
@@ -211,25 +264,20 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             pods_of.setdefault(p.gpr, []).append(p)
 
     uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
-    objects: dict[str, dict[str, Any]] = {}
+    objects: dict[str, Decoded] = {}
     final: dict[str, str] = {}  # key -> phase, for GPRs that hold nothing any more (their bound pods must go)
     deleting: set[str] = set()
-    for obj in sorted(snap.gprs.values(), key=_created):
-        meta = obj.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
-        key = gr.gpr_key(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
-        if meta.get("deletionTimestamp"):
+    adopted: dict[str, Placement] = {}
+    for d in decoded:
+        uid, key, status, phase = d.uid, d.key, d.status, d.phase
+        if d.deleting:
             deleting.add(key)
             continue
-        status: dict[str, Any] = obj["status"] if isinstance(obj.get("status"), dict) else {}
-        phase = gr.phase_of(obj)
-        fields = cache.spec(uid, obj)
-        generation = meta.get("generation")
-        if isinstance(fields, str):
+        if isinstance(d.fields, str):
             if not (phase == Phase.FAILED.value and status.get("reason") == "InvalidSpec"
-                    and status.get("message") == fields and status.get("observedGeneration") == generation):
+                    and status.get("message") == d.fields and status.get("observedGeneration") == d.generation):
                 plan.writes.append(StatusWrite(uid, key, {"phase": Phase.FAILED.value, "reason": "InvalidSpec",
-                                                          "message": fields, "observedGeneration": generation,
+                                                          "message": d.fields, "observedGeneration": d.generation,
                                                           "failures": status.get("failures", 0) or 0,
                                                           "evictions": status.get("evictions", 0) or 0}))
             final[key] = Phase.FAILED.value
@@ -238,14 +286,20 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if phase in gr.FINAL_PHASES and not rejudged:
             final[key] = phase
             continue
-        g = cache.gpr(uid, obj, key, fields, now)
+        g = cache.gpr(d)
         uid_of[key] = uid
-        objects[key] = obj
+        objects[key] = d
         if g.phase in ALLOCATED:
             if g.admitted_at is None:
                 g.admitted_at = now
             g.last_active_at = _last_active(g, pods_of.get(key, ()), now)
-            if _restore(sched, g, gr.reservation_of(obj), now):
+            placement = base[2].get(key) if base else None
+            if placement is not None:
+                sched.adopt(g, placement, now, allocated=True)
+                adopted[key] = placement
+                continue
+            if base is None and _restore(sched, g, d.reservation, now):
+                adopted[key] = g.placement  # type: ignore[assignment]
                 continue
             plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
             continue
@@ -254,6 +308,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         g.reason = reason
         if status.get("phase") == Phase.QUEUED.value:
             g.history = []  # nothing new: an empty history marks a GPR whose status needs no write
+    if base is None:
+        cache.base = (base_key, inv.copy(), adopted)
 
     _hold_outside_reservations(sched, snap, pods_of)
     for name, node in snap.nodes.items():
@@ -279,10 +335,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         plan.estimate_seconds = time.perf_counter() - t0
     positions = {g.name: i + 1 for i, g in enumerate(queued)}
     for key, g in sched.gprs.items():
-        obj = objects[key]
+        d = objects[key]
         uid = uid_of[key]
         refusal = snap.refusals.get(uid)
-        if not refresh and _unchanged(g, obj, key in extra or bool(refusal)):
+        if not refresh and _unchanged(g, d, key in extra or bool(refusal)):
             if g.phase in (Phase.ADMITTED, Phase.RUNNING):
                 plan.ungate[uid] = [inv.names[a.node] for a in g.placement.assignments] if g.placement else []
             continue
@@ -290,10 +346,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             reason = "PodDisruptionBudget" if " 429 " in f" {refusal} " else "EvictionRefused"
             extra.setdefault(key, []).append({"type": "EvictionBlocked", "status": "True", "reason": reason,
                                               "message": refusal[:1000]})
-        current: dict[str, Any] = obj["status"] if isinstance(obj.get("status"), dict) else {}
-        placement = g.placement.assignments if g.placement is not None and g.phase in ALLOCATED else ()
-        reserved = [inv.names[a.node] for a in placement]
-        reservation: list[dict[str, Any]] = [{"node": inv.names[a.node], "devices": len(a.devices)} for a in placement]
+        current = d.status
+        parts = g.placement.assignments if g.placement is not None and g.phase in ALLOCATED else ()
+        reserved = [inv.names[a.node] for a in parts]
+        reservation: list[dict[str, Any]] = [{"node": inv.names[a.node], "devices": len(a.devices)} for a in parts]
         holding = g.phase in (Phase.ADMITTED, Phase.RUNNING)
         if holding:
             plan.ungate[uid] = reserved
@@ -301,7 +357,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         body = gr.status_body(g, queue_position=positions.get(key),
                               estimated_start=estimate if estimate is not None and math.isfinite(estimate) else None,
                               reservation=reservation, now=now,
-                              observed_generation=(obj.get("metadata") or {}).get("generation"),
+                              observed_generation=d.generation,
                               conditions=extra.get(key), previous_conditions=current.get("conditions"))["status"]
         if _differs(current, body, refresh):
             if not refresh:  # keep the stored position and estimate until the next refresh
@@ -461,18 +517,13 @@ def _orphans(snap: Snapshot, pods_of: dict[str, list[PodView]], now: float,
 _EXTRA_CONDITIONS = ("Idle", "EvictionBlocked")
 
 
-def _unchanged(g: GPR, obj: dict[str, Any], extra: bool) -> bool:
+def _unchanged(g: GPR, d: Decoded, extra: bool) -> bool:
     """Cheap test that the status ``g`` would render is the one stored: nothing happened to it in this pass."""
-    if g.history or extra:
+    if g.history or extra or not d.status:
         return False
-    status = obj.get("status")
-    if not isinstance(status, dict):
-        return False
-    if (status.get("phase") != g.phase.value or status.get("reason") != g.reason
-            or status.get("failures", 0) != g.failures or status.get("evictions", 0) != g.evictions
-            or status.get("observedGeneration") != (obj.get("metadata") or {}).get("generation")):
-        return False
-    return not any(isinstance(c, dict) and c.get("type") in _EXTRA_CONDITIONS for c in status.get("conditions") or ())
+    phase, reason, failures, evictions, observed, has_extra = d.quick
+    return (phase == g.phase.value and reason == g.reason and failures == g.failures and evictions == g.evictions
+            and observed == d.generation and not has_extra)
 
 
 def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool) -> bool:

@@ -105,9 +105,7 @@ class Scheduler:
         self._backoff: list[tuple[float, int, str]] = []
         self._expiry: list[tuple[float, str, float]] = []  # (end bound, name, admitted_at)
         self._idle: list[tuple[float, str, float]] = []  # (deadline, name, last_active_at)
-        self._empty = inventory.copy()  # same nodes and health, nothing allocated: "could it ever fit?"
-        for owner in list(self._empty.allocations):
-            self._empty.release(owner)
+        self._empty = inventory.empty_copy()  # same nodes and health, nothing allocated: "could it ever fit?"
         self._ever: dict[Request, bool] = {}
 
     # ------------------------------------------------------------------ events in
@@ -130,16 +128,20 @@ class Scheduler:
             self.queue.push(g)
         return [Event(now, "submitted", g.name)]
 
-    def adopt(self, g: GPR, placement: Placement, now: float) -> bool:
+    def adopt(self, g: GPR, placement: Placement, now: float, allocated: bool = False) -> bool:
         """Take over a GPR that already holds ``placement`` (Admitted or Running, e.g. after a controller
         restart). False, changing nothing, when the placement no longer fits the inventory; the caller then
-        queues the GPR again with :meth:`submit`."""
+        queues the GPR again with :meth:`submit`. ``allocated``: the inventory already records it."""
         if not g.holding and g.phase is not Phase.EVICTING:
             raise ValueError(f"{g.name}: only Admitted, Running or Evicting GPRs can be adopted ({g.phase.value})")
-        try:
-            self.inv.allocate(g.name, placement)
-        except AllocationError:
-            return False
+        if allocated:  # the inventory was built with this very allocation recorded (a driver's cache)
+            if self.inv.allocations.get(g.name) != placement:
+                raise ValueError(f"{g.name}: the inventory does not hold that placement")
+        else:
+            try:
+                self.inv.allocate(g.name, placement)
+            except AllocationError:
+                return False
         self._seq += 1
         g.seq = self._seq
         g.placement = placement
@@ -267,9 +269,7 @@ class Scheduler:
         """The node set changed (nodes joined, left, or changed devices): rebuild the inventory, keeping
         allocations that still fit; GPRs that lost theirs fail with reason ``NodeLost`` (and requeue)."""
         self.inv, lost = self.inv.rebuild(nodes)
-        self._empty, _ = self.inv.rebuild(nodes)
-        for owner in list(self._empty.allocations):
-            self._empty.release(owner)
+        self._empty = self.inv.empty_copy()
         self._ever.clear()
         events: list[Event] = []
         for name in lost:

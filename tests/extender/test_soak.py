@@ -107,4 +107,4 @@ def test_memory_stays_flat_over_100000_events() -> None:
     # bounded by what exists (<= 300 GPRs and their pods), not by the 100,000 events that happened
     assert max(samples) < 8_000_000, samples
     assert len(controller.objects) <= 300 and len(controller.cache.specs) <= 300
-    assert len(controller.cache.protos) <= 300 and len(view.pods) <= 300
+    assert len(controller.cache.decoded) <= 300 and len(view.pods) <= 300

@@ -98,7 +98,8 @@ async def test_a_failing_relist_keeps_what_the_view_has(peer: APIServerPeer, kub
     try:
         await wait_until(lambda: informer.healthy and set(store.items) == {"a"})
         fault = peer.inject("GET", "nodes", verb="list", status=500)
-        peer.compact()  # the watch ends with 410: the informer must relist, and the relist fails
+        peer.inject("GET", "nodes", watch=True, watch_error=410, times=1)  # the next watch expires, and
+        peer.compact()  # the open one ends with 410: the informer must relist, and the relist fails
         await wait_until(lambda: not informer.healthy)
         await asyncio.sleep(0.3)
         assert set(store.items) == {"a"}  # an error body did not wipe the view
