@@ -12,8 +12,9 @@ and the namespace's annotations may narrow it: ``accelstack.io/priority-range: "
 ``accelstack.io/max-gprs: "10"`` (unfinished GPRs in the namespace) and ``accelstack.io/max-exit-duration: "24h"``.
 
 Both answer ``admission.k8s.io/v1`` ``AdmissionReview`` objects, echoing the request's ``uid``. A body that is not
-an AdmissionReview (bad JSON, wrong types, missing fields) is answered with HTTP 400 and a ``Status`` saying what
-is wrong; a body over the size limit with 413.
+an AdmissionReview (bad JSON, JSON nested deeper than an API object can be, wrong types, missing fields) is
+answered with HTTP 400 and a ``Status`` saying what is wrong; a body over the size limit with 413; a body that
+does not arrive within the body-read timeout with 408 (and the connection is closed).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from .gpr_resource import (
     parse_duration,
     template_spec,
 )
+from .http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
+from .http_body import loads as json_loads
 from .kube import Kube
 from .resources import pod_requests
 
@@ -116,7 +119,7 @@ class KubeLookup(Lookup):
 
 # ---- AdmissionReview in and out -----------------------------------------------------------------------------
 def _bad(message: str, code: int = 400) -> web.Response:
-    reason = {400: "BadRequest", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
+    reason = {400: "BadRequest", 408: "Timeout", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
     return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                               "message": message, "reason": reason, "code": code}, status=code)
 
@@ -125,9 +128,9 @@ def parse_review(raw: bytes, resource: str) -> dict[str, Any]:
     """The ``request`` of an AdmissionReview for ``resource`` (``pods`` or ``gpuprovisioningrequests``);
     :class:`BadReview` saying what is wrong."""
     try:
-        review = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
+        review = json_loads(raw)
+    except BodyError as exc:
+        raise BadReview(exc.message) from None
     if not isinstance(review, dict):
         raise BadReview(f"body must be an AdmissionReview object, got {type(review).__name__}")
     if review.get("apiVersion") != ADMISSION_VERSION or review.get("kind") != "AdmissionReview":
@@ -202,37 +205,32 @@ class Webhook:
 
     ``resources``: the managed resources; ``auto_gpr``: make a GPR from the namespace's default template for a
     pod without the GPR label (when the namespace names one) instead of refusing the pod; ``max_body``: the
-    request-size limit in bytes; ``clock``: epoch seconds (tests pass their own)."""
+    request-size limit in bytes; ``body_timeout``: seconds a request body may take to arrive; ``clock``: epoch
+    seconds (tests pass their own)."""
 
     def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
-                 max_body: int = DEFAULT_MAX_BODY, clock: Callable[[], float] = time.time) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                 clock: Callable[[], float] = time.time) -> None:
         self.lookup = lookup
         self.resources = tuple(resources)
         self.auto_gpr = auto_gpr
         self.max_body = max_body
+        self.body_timeout = body_timeout
         self.clock = clock
         self.counts: dict[str, int] = {}  # "<endpoint> <outcome>" -> requests (for tests and metrics)
 
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    async def _read(self, request: web.Request) -> bytes | web.Response:
-        if request.content_length is not None and request.content_length > self.max_body:
-            return _bad(f"body of {request.content_length} bytes is over the limit of {self.max_body}", 413)
-        chunks, size = [], 0
-        async for chunk in request.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > self.max_body:
-                return _bad(f"body is over the limit of {self.max_body} bytes", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     async def _serve(self, request: web.Request, resource: str, endpoint: str,
                      decide: Callable[[dict[str, Any]], Any]) -> web.Response:
-        raw = await self._read(request)
-        if isinstance(raw, web.Response):
-            self._count(f"{endpoint} too-large")
-            return raw
+        try:
+            raw = await read_body(request, self.body_timeout, self.max_body)
+        except BodyError as exc:  # the body never arrived whole: one line, no traceback
+            self._count(f"{endpoint} {'too-large' if exc.status == 413 else 'bad-body'}")
+            log.warning("request refused", extra={"endpoint": endpoint, "status": exc.status, "error": exc.message,
+                                                  "remote": request.remote or ""})
+            return await closing(request, _bad(exc.message, exc.status))
         try:
             review = parse_review(raw, resource)
         except BadReview as exc:

@@ -479,7 +479,7 @@ async def test_body_over_the_limit_is_413(lookup: MemoryLookup) -> None:
     try:
         p = pod(labels={"accelstack.io/gpr": "x"})
         p["metadata"]["annotations"] = {"big": "x" * 4096}
-        assert "over the limit of 2048" in await bad(small, review(p), status=413)
+        assert "over the size limit of 2048" in await bad(small, review(p), status=413)
         # chunked, without a Content-Length: the limit holds while streaming
         async def chunks() -> AsyncIterator[bytes]:
             for _ in range(4):
