@@ -47,7 +47,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add("require-gpr", "false", "refuse managed pods without the accelstack.io/gpr label in filter")
     add("max-body-bytes", str(4 * 1024 * 1024), "largest request body accepted (413 above)")
-    add("body-timeout", f"{DEFAULT_BODY_TIMEOUT:g}", "seconds a request body may take to arrive (408 and the connection closed after)")
+    add("body-timeout", f"{DEFAULT_BODY_TIMEOUT:g}", "seconds a request body may take to arrive; a slower or "
+        "truncated body (less than its Content-Length) is answered 408 and the connection closed")
     add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
     add("lease-namespace", environ.get("POD_NAMESPACE", "accelstack-system"), "namespace of the leader Lease")
     add("lease-name", "accelstack-gpr-controller", "name of the leader Lease")
