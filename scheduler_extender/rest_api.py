@@ -32,6 +32,7 @@ from scheduler_extender.auth import Authorizer
 from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, loads, read_body
 from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound
+from scheduler_extender.webhook import cluster_refusal
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -159,7 +160,9 @@ class RestAPI:
                 raise ValueError("namespace and name: required strings")
             obj = {"apiVersion": gr.API_VERSION, "kind": gr.GPR_KIND,
                    "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-            gr.from_object(obj, self.clock())  # validate before the API server sees it
+            unsupported = cluster_refusal(gr.from_object(obj, self.clock()))  # before the API server sees it
+            if unsupported:
+                raise ValueError(unsupported)
         except BodyError as exc:
             return await closing(request, _error(exc.status, exc.message))
         except (ValueError, gr.SpecError) as exc:

@@ -7,8 +7,9 @@ containers, requests or limits) gets the scheduling gate ``accelstack.io/gpr`` a
 (namespace annotation ``accelstack.io/default-template``) when auto-GPR is enabled, named after the pod's owner
 (or the pod); otherwise it is refused with a message saying what to do.
 
-``POST /validate-gprs`` (validating, GPRs CREATE and UPDATE): the spec must pass :func:`gpr_resource.from_object`,
-and the namespace's annotations may narrow it: ``accelstack.io/priority-range: "1-200"``,
+``POST /validate-gprs`` (validating, GPRs CREATE and UPDATE): the spec must pass :func:`gpr_resource.from_object`
+and be one a cluster can serve (:func:`cluster_refusal`: no fraction of a device), and the
+namespace's annotations may narrow it: ``accelstack.io/priority-range: "1-200"``,
 ``accelstack.io/max-gprs: "10"`` (unfinished GPRs in the namespace) and ``accelstack.io/max-exit-duration: "24h"``.
 
 Both answer ``admission.k8s.io/v1`` ``AdmissionReview`` objects, echoing the request's ``uid``. A body that is not
@@ -34,7 +35,8 @@ from kubeapi import AlreadyExists as KubeAlreadyExists
 from kubeapi import ApiError, NotFound
 from kubeapi.resources import NAMESPACES
 
-from .core.inventory import GPU, NR1
+from .core.gpr import GPR
+from .core.inventory import GPU, MILLI_PER_DEVICE, NR1
 from .gpr_resource import (
     GPR_LABEL,
     GPR_PLURAL,
@@ -52,6 +54,7 @@ from .gpr_resource import (
 from .http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
 from .http_body import loads as json_loads
 from .kube import Kube
+from .reconcile import live_cluster_limitation
 from .resources import pod_requests
 
 log = logging.getLogger("accelstack.extender.webhook")
@@ -65,6 +68,12 @@ AUTO_LABEL = "accelstack.io/auto-gpr"  # on GPRs the webhook created: "true"
 CREATED_FOR_ANNOTATION = "accelstack.io/created-for"  # on those GPRs: "<kind>/<name>" of the pod or its owner
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # an AdmissionReview carries the object (and oldObject): etcd keeps <= 1.5 MiB
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (length checked apart)
+
+
+def cluster_refusal(g: GPR) -> str:
+    """Why a cluster cannot serve a GPR the core accepts ('' when it can): a fraction of a device (the kubelet
+    hands out whole devices; the controller fails such a GPR with the same reason)."""
+    return live_cluster_limitation() if g.milli_per_device < MILLI_PER_DEVICE else ""
 
 
 class BadReview(ValueError):
@@ -377,8 +386,12 @@ class Webhook:
                 f"create it, or {how}"))
         try:
             spec = template_spec(template)
+            unsupported = cluster_refusal(GPR(name=f"{namespace}/{template_name}", **check_spec(spec)))
         except SpecError as exc:
             return review_response(uid, False, code=403, message=f"default template is not a valid GPR spec: {exc}")
+        if unsupported:
+            return review_response(uid, False, code=403, message=(
+                f"default template {template_name!r} cannot make a GPR on a cluster: {unsupported}"))
         name, made_for, owner_ref = _owner_name(meta)
         if len(name) > MAX_NAME:  # keep it a valid label value: shorten, with a hash of the whole name
             digest = hashlib.sha256(name.encode()).hexdigest()[:6]
@@ -386,15 +399,9 @@ class Webhook:
         if not name or not _NAME.match(name):
             return review_response(uid, False, code=403, message=(
                 f"cannot name a GPR for this pod (owner or pod name {name!r}): {how}"))
-        # the template gives the shape; the pod's request gives the resource and (for whole devices) the count
+        # the template gives the shape; the pod's request gives the resource and the count
         spec["resource"] = resource
-        if int(spec.get("milliPerDevice", 1000)) < 1000:
-            if count != 1:
-                return review_response(uid, False, code=403, message=(
-                    f"default template {template_name!r} asks for a fraction of one device, but the pod requests "
-                    f"{count} {resource}: {how}"))
-        else:
-            spec["devicesPerNode"] = max(count, int(spec.get("devicesPerNode", 1)))
+        spec["devicesPerNode"] = max(count, int(spec.get("devicesPerNode", 1)))
         try:
             check_spec(spec)
         except SpecError as exc:
@@ -444,6 +451,9 @@ class Webhook:
             g = from_object(obj, self.clock())
         except SpecError as exc:
             return review_response(uid, False, code=422, reason="Invalid", message=str(exc))
+        unsupported = cluster_refusal(g)  # accepted by the core (the simulator), not on a cluster
+        if unsupported:
+            return review_response(uid, False, code=422, reason="Invalid", message=unsupported)
         ns = await self.lookup.get_namespace(namespace)
         annotations = ((ns or {}).get("metadata", {}).get("annotations") or {})
         where = f"namespace {namespace}"

@@ -366,3 +366,12 @@ async def test_rest_api_authenticates_before_it_reads_the_body(path: str) -> Non
                                                           "spec": {"devicesPerNode": 1}}) as r:
                 assert r.status == 403 and "bob may not" in (await r.json())["error"]
 
+
+
+async def test_rest_api_refuses_a_fraction_before_the_api_server_sees_it() -> None:
+    async with process() as (peer, server), aiohttp.ClientSession(headers=ADMIN) as http:
+        async with http.post(f"http://127.0.0.1:{server.port}/api/v1/gprs",
+                             json={"namespace": "team-a", "name": "slice", "spec": {"milliPerDevice": 250}}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"].startswith("spec.milliPerDevice: fractions of a device are not supported")
+        assert peer.get("apis/accelstack.io/v1alpha1/gpuprovisioningrequests", "team-a", "slice") is None
