@@ -1,8 +1,10 @@
 """The HTTP extender kube-scheduler calls: ``POST <prefix>/filter``, ``/prioritize``, ``/preempt``, ``/bind`` with
 the exact upstream JSON, in both ``nodeCacheCapable`` modes, plus ``/healthz``, ``/readyz`` and ``/metrics``.
 
-Malformed JSON or wrong types answer HTTP 400 with the ``Error`` field set; a body over the size limit answers
-413. Pods that request no managed resource pass straight through.
+Malformed JSON (JSON nested too deeply included) or wrong types answer HTTP 400 with the ``Error`` field set;
+a body over the size limit answers 413, a body that does not arrive within the body-read timeout 408 (and the
+connection is closed); a refused body is logged as one line (``request refused``) and counted in
+``accelstack_extender_bad_requests_total``. Pods that request no managed resource pass straight through.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from scheduler_extender import wire
 from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import ClusterView
+from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
 from scheduler_extender.verbs import ask_of, filter_nodes, preempt, prioritize
 
 log = logging.getLogger("accelstack.extender")
@@ -59,8 +62,10 @@ def _node_names(args: wire.ExtenderArgs) -> tuple[list[str], list[msgspec.Raw] |
 class Extender:
     def __init__(self, view: ClusterView, binder: Binder, metrics: ExtenderMetrics | None = None,
                  require_gpr: bool = False, ready: Callable[[], bool] = lambda: True,
-                 registries: tuple[CollectorRegistry, ...] = ()) -> None:
+                 registries: tuple[CollectorRegistry, ...] = (),
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
         self.view = view
+        self.body_timeout = body_timeout
         self.binder = binder
         self.metrics = metrics or ExtenderMetrics()
         self.require_gpr = require_gpr
@@ -79,11 +84,13 @@ class Extender:
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
             try:
-                body = await request.read()
+                body = await read_body(request, self.body_timeout)
                 response = await handler(body)
-            except web.HTTPRequestEntityTooLarge:
+            except BodyError as exc:  # the body never arrived whole: one line, no traceback
                 self.metrics.bad_requests.labels(verb).inc()
-                return _error(413, f"{verb}: request body over the size limit")
+                log.warning("request refused", extra={"verb": verb, "status": exc.status, "error": exc.message,
+                                                      "remote": request.remote or ""})
+                return await closing(request, _error(exc.status, f"{verb}: {exc.message}"))
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 self.metrics.bad_requests.labels(verb).inc()
                 return _error(400, f"{verb}: malformed request: {exc}")

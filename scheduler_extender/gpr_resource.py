@@ -60,6 +60,11 @@ _TERM = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 # What a spec field accepts (the CRD's ``pattern``, ASCII units as CEL's duration() everywhere parses them); the
 # value must then also be positive (the CRD's CEL rule).
 SPEC_DURATION_PATTERN = r"^(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h))+$"
+# The longest duration accepted, as the CRD's CEL rule ``duration(self) <= duration('2562047h')`` states it: Go's
+# time.Duration (which the API server's CEL duration() parses into) ends at 2562047h47m16.854775807s; a longer
+# value would pass a Python parser but never the CRD.
+MAX_DURATION = "2562047h"
+MAX_DURATION_S = 2562047 * 3600.0
 
 
 def parse_duration(value: Any) -> float:
@@ -68,8 +73,8 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise SpecError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise SpecError(f"not a duration: {value!r}")
+        if not math.isfinite(value) or abs(value) > MAX_DURATION_S:
+            raise SpecError(f"not a duration: {value!r} (at most {MAX_DURATION_S:g} seconds, {MAX_DURATION})")
         return float(value)
     if not isinstance(value, str):
         raise SpecError(f"not a duration: {value!r} (want a string such as \"90s\", \"30m\", \"2h\", \"1h30m\")")
@@ -87,7 +92,15 @@ def parse_duration(value: Any) -> float:
         pos = m.end()
     if not body or pos != len(body):
         raise SpecError(f"not a duration: {value!r} (want Go syntax such as \"90s\", \"30m\", \"2h\", \"1h30m\")")
+    if total > MAX_DURATION_S:
+        raise SpecError(f"not a duration: {_clip(value)} is longer than {MAX_DURATION} (about 292 years, the "
+                        "longest duration Kubernetes parses)")
     return sign * total
+
+
+def _clip(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def format_duration(seconds: float) -> str:

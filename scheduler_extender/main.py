@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from device_plugin.observability import setup_logging
+from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 
 log = logging.getLogger("accelstack.extender")
 ENV = "ACCELSTACK_EXT_"
@@ -46,6 +47,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add("require-gpr", "false", "refuse managed pods without the accelstack.io/gpr label in filter")
     add("max-body-bytes", str(4 * 1024 * 1024), "largest request body accepted (413 above)")
+    add("body-timeout", f"{DEFAULT_BODY_TIMEOUT:g}", "seconds a request body may take to arrive; a slower or "
+        "truncated body (less than its Content-Length) is answered 408 and the connection closed")
     add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
     add("lease-namespace", environ.get("POD_NAMESPACE", "accelstack-system"), "namespace of the leader Lease")
     add("lease-name", "accelstack-gpr-controller", "name of the leader Lease")
@@ -112,6 +115,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "host": host or "0.0.0.0", "port": int(port), "cert": args.tls_cert_file, "key": args.tls_key_file,
         "prefix": args.url_prefix, "resources": resources, "require_gpr": _bool("require-gpr", args.require_gpr),
         "max_body": _number("max-body-bytes", args.max_body_bytes, int, 1024), "kubeconfig": args.kubeconfig,
+        "body_timeout": _number("body-timeout", args.body_timeout, float, 0.01),
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
         "lease_seconds": _number("lease-seconds", args.lease_seconds, int, 2), "policy": args.policy,
         "resync": _number("resync", args.resync, float, 0.05), "controller": _bool("controller", args.controller),
@@ -136,7 +140,7 @@ async def serve(opts: dict[str, Any]) -> None:
                             run_controller=opts["controller"], lease_namespace=opts["lease_namespace"],
                             lease_name=opts["lease_name"], identity=opts["identity"], policy=opts["policy"],
                             resync=opts["resync"], lease_seconds=opts["lease_seconds"],
-                            waittime_qps=opts["waittime_qps"])
+                            waittime_qps=opts["waittime_qps"], body_timeout=opts["body_timeout"])
     context = None
     if opts["cert"]:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -165,7 +169,7 @@ def webhook_routes(kube: Any, opts: dict[str, Any]) -> Any:
 
     def add(app: Any) -> None:
         handler = webhook.Webhook(webhook.KubeLookup(kube), resources=opts["resources"],
-                                  auto_gpr=opts["auto_gpr"])
+                                  auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"])
         webhook.add_webhook_routes(app, handler)
 
     return add

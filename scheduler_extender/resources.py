@@ -8,7 +8,7 @@ server defaults it for extended resources. Extended resources are whole numbers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 _SUFFIX = {
@@ -33,16 +33,28 @@ def parse_quantity(value: Any) -> Decimal:
     else:
         suffix, number = "", text
     try:
-        return Decimal(number) * _SUFFIX[suffix]
-    except InvalidOperation:
-        raise ValueError(f"not a quantity: {value!r}") from None
+        q = Decimal(number) * _SUFFIX[suffix]
+    except ArithmeticError:  # decimal's InvalidOperation, Overflow, ...
+        raise ValueError(f"not a quantity: {_short(value)}") from None
+    if not q.is_finite():
+        raise ValueError(f"not a quantity: {_short(value)}")
+    return q
+
+
+MAX_WHOLE = 2**63 - 1  # a Kubernetes quantity's integer value is an int64
 
 
 def whole(value: Any, what: str) -> int:
     q = parse_quantity(value)
-    if q != q.to_integral_value() or q < 0:
-        raise ValueError(f"{what}: extended resources must be whole, non-negative numbers, got {value!r}")
+    if q < 0 or q > MAX_WHOLE or q != q.to_integral_value():
+        raise ValueError(f"{what}: extended resources must be whole numbers from 0 to {MAX_WHOLE}, "
+                         f"got {_short(value)}")
     return int(q)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else text[:61] + "..."
 
 
 def _container_requests(container: Any, resources: Iterable[str]) -> dict[str, int]:

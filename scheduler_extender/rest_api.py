@@ -8,8 +8,11 @@ wait-time estimate for a hypothetical GPR.
 - ``POST /api/v1/waittime``                      ``{"namespace", "spec"}`` -> estimated start, wait, queue position
 
 Every call needs ``Authorization: Bearer <token>``: the token is checked with a TokenReview and the action with
-a SubjectAccessReview (``auth.Authorizer``), so the API allows exactly what the caller's RBAC allows. Errors are
-JSON ``{"error": ...}`` with the HTTP status of the cause (400 bad input, 401/403, 404, 409, 502 when the API
+a SubjectAccessReview (``auth.Authorizer``), so the API allows exactly what the caller's RBAC allows. The caller
+is authenticated before its request body is read (a request without a valid token is a 401 whatever its body),
+and authorised as soon as the body names the namespace. Errors are JSON ``{"error": ...}`` with the HTTP status
+of the cause (400 bad input, JSON nested too deeply included; 401/403; 404; 408 when the body does not arrive
+within the body-read timeout, and the connection is closed; 409; 413 over the size limit; 502 when the API
 server fails).
 """
 
@@ -27,7 +30,9 @@ from aiohttp import web
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.auth import Authorizer
 from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
+from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, loads, read_body
 from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound
+from scheduler_extender.webhook import cluster_refusal
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -73,12 +78,14 @@ class RestAPI:
     Kubernetes action; without one (tests of the routes alone) the API is open."""
 
     def __init__(self, kube: Kube, view: ClusterView, clock: Callable[[], float] = time.time,
-                 authorizer: Authorizer | None = None, limiter: RateLimiter | None = None) -> None:
+                 authorizer: Authorizer | None = None, limiter: RateLimiter | None = None,
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
         self.kube = kube
         self.view = view
         self.clock = clock
         self.authorizer = authorizer
         self.limiter = limiter or RateLimiter()
+        self.body_timeout = body_timeout
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/inventory", self.get_inventory), web.get("/api/v1/gprs", self.list_gprs),
@@ -92,6 +99,12 @@ class RestAPI:
             return None
         attributes = {"verb": verb, **(attrs or GPR_ATTRS), **({"namespace": namespace} if namespace else {})}
         status, reason = await self.authorizer.check(request.headers.get("Authorization"), attributes)
+        return _error(status, reason) if status else None
+
+    async def _unauthenticated(self, request: web.Request) -> web.Response | None:
+        if self.authorizer is None:
+            return None
+        status, reason = await self.authorizer.authenticate(request.headers.get("Authorization"))
         return _error(status, reason) if status else None
 
     async def get_inventory(self, request: web.Request) -> web.Response:
@@ -130,15 +143,16 @@ class RestAPI:
         return denied or await self._call(self.kube.delete_gpr(namespace, name))
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            raise ValueError(f"body is not JSON: {exc}") from None
+        """The JSON object the request carries; :class:`BodyError` (400, 408, 413) otherwise."""
+        body = loads(await read_body(request, self.body_timeout))
         if not isinstance(body, dict):
-            raise ValueError("body must be a JSON object")
+            raise BodyError(400, "body must be a JSON object")
         return body
 
     async def create_gpr(self, request: web.Request) -> web.Response:
+        unauthenticated = await self._unauthenticated(request)
+        if unauthenticated:
+            return unauthenticated
         try:
             body = await self._body(request)
             namespace, name, spec = body.get("namespace"), body.get("name"), body.get("spec", {})
@@ -146,7 +160,11 @@ class RestAPI:
                 raise ValueError("namespace and name: required strings")
             obj = {"apiVersion": gr.API_VERSION, "kind": gr.GPR_KIND,
                    "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-            gr.from_object(obj, self.clock())  # validate before the API server sees it
+            unsupported = cluster_refusal(gr.from_object(obj, self.clock()))  # before the API server sees it
+            if unsupported:
+                raise ValueError(unsupported)
+        except BodyError as exc:
+            return await closing(request, _error(exc.status, exc.message))
         except (ValueError, gr.SpecError) as exc:
             return _error(400, str(exc))
         denied = await self._denied(request, "create", namespace)
@@ -159,11 +177,16 @@ class RestAPI:
         if limited:
             return web.Response(status=429, body=orjson.dumps({"error": "too many wait-time requests"}),
                                 content_type="application/json", headers={"Retry-After": str(limited)})
+        unauthenticated = await self._unauthenticated(request)
+        if unauthenticated:
+            return unauthenticated
         try:
             body = await self._body(request)
             namespace = body.get("namespace") or "default"
             if not isinstance(namespace, str):
                 raise gr.SpecError("namespace: must be a string")
+        except BodyError as exc:
+            return await closing(request, _error(exc.status, exc.message))
         except (ValueError, gr.SpecError) as exc:
             return _error(400, str(exc))
         denied = await self._denied(request, "list", namespace)  # the estimate reveals the namespace's queue

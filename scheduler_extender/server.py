@@ -34,6 +34,7 @@ from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import ClusterView, PodView
 from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import Extender, ExtenderMetrics
+from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 from scheduler_extender.kube import Kube
 from scheduler_extender.rest_api import RateLimiter, RestAPI
 
@@ -172,7 +173,8 @@ class ExtenderServer:
                  lease_namespace: str = "accelstack-system", lease_name: str = "accelstack-gpr-controller",
                  identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: float = 15.0,
                  sweep_every: float = 60.0, rest_auth: bool = True, watch_timeout: tuple[int, int] = (300, 600),
-                 waittime_qps: float = 10.0, **controller: Any) -> None:
+                 waittime_qps: float = 10.0, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                 **controller: Any) -> None:
         self.kube = kube
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
@@ -186,9 +188,9 @@ class ExtenderServer:
         self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs,
                                         watch_timeout)
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
-                                 registries=(REGISTRY,))
+                                 registries=(REGISTRY,), body_timeout=body_timeout)
         self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,
-                            limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))))
+                            limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))), body_timeout=body_timeout)
         self.app = web.Application(client_max_size=max_body)
         self.app.add_routes(self.extender.routes(prefix))
         self.app.add_routes(self.rest.routes())

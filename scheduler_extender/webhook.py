@@ -7,13 +7,15 @@ containers, requests or limits) gets the scheduling gate ``accelstack.io/gpr`` a
 (namespace annotation ``accelstack.io/default-template``) when auto-GPR is enabled, named after the pod's owner
 (or the pod); otherwise it is refused with a message saying what to do.
 
-``POST /validate-gprs`` (validating, GPRs CREATE and UPDATE): the spec must pass :func:`gpr_resource.from_object`,
-and the namespace's annotations may narrow it: ``accelstack.io/priority-range: "1-200"``,
+``POST /validate-gprs`` (validating, GPRs CREATE and UPDATE): the spec must pass :func:`gpr_resource.from_object`
+and be one a cluster can serve (:func:`cluster_refusal`: no fraction of a device), and the
+namespace's annotations may narrow it: ``accelstack.io/priority-range: "1-200"``,
 ``accelstack.io/max-gprs: "10"`` (unfinished GPRs in the namespace) and ``accelstack.io/max-exit-duration: "24h"``.
 
 Both answer ``admission.k8s.io/v1`` ``AdmissionReview`` objects, echoing the request's ``uid``. A body that is not
-an AdmissionReview (bad JSON, wrong types, missing fields) is answered with HTTP 400 and a ``Status`` saying what
-is wrong; a body over the size limit with 413.
+an AdmissionReview (bad JSON, JSON nested deeper than an API object can be, wrong types, missing fields) is
+answered with HTTP 400 and a ``Status`` saying what is wrong; a body over the size limit with 413; a body that
+does not arrive within the body-read timeout with 408 (and the connection is closed).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from kubeapi import AlreadyExists as KubeAlreadyExists
 from kubeapi import ApiError, NotFound
 from kubeapi.resources import NAMESPACES
 
-from .core.inventory import GPU, NR1
+from .core.gpr import GPR
+from .core.inventory import GPU, MILLI_PER_DEVICE, NR1
 from .gpr_resource import (
     GPR_LABEL,
     GPR_PLURAL,
@@ -48,7 +51,10 @@ from .gpr_resource import (
     parse_duration,
     template_spec,
 )
+from .http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
+from .http_body import loads as json_loads
 from .kube import Kube
+from .reconcile import live_cluster_limitation
 from .resources import pod_requests
 
 log = logging.getLogger("accelstack.extender.webhook")
@@ -62,6 +68,12 @@ AUTO_LABEL = "accelstack.io/auto-gpr"  # on GPRs the webhook created: "true"
 CREATED_FOR_ANNOTATION = "accelstack.io/created-for"  # on those GPRs: "<kind>/<name>" of the pod or its owner
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # an AdmissionReview carries the object (and oldObject): etcd keeps <= 1.5 MiB
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (length checked apart)
+
+
+def cluster_refusal(g: GPR) -> str:
+    """Why a cluster cannot serve a GPR the core accepts ('' when it can): a fraction of a device (the kubelet
+    hands out whole devices; the controller fails such a GPR with the same reason)."""
+    return live_cluster_limitation() if g.milli_per_device < MILLI_PER_DEVICE else ""
 
 
 class BadReview(ValueError):
@@ -116,7 +128,7 @@ class KubeLookup(Lookup):
 
 # ---- AdmissionReview in and out -----------------------------------------------------------------------------
 def _bad(message: str, code: int = 400) -> web.Response:
-    reason = {400: "BadRequest", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
+    reason = {400: "BadRequest", 408: "Timeout", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
     return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                               "message": message, "reason": reason, "code": code}, status=code)
 
@@ -125,9 +137,9 @@ def parse_review(raw: bytes, resource: str) -> dict[str, Any]:
     """The ``request`` of an AdmissionReview for ``resource`` (``pods`` or ``gpuprovisioningrequests``);
     :class:`BadReview` saying what is wrong."""
     try:
-        review = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
+        review = json_loads(raw)
+    except BodyError as exc:
+        raise BadReview(exc.message) from None
     if not isinstance(review, dict):
         raise BadReview(f"body must be an AdmissionReview object, got {type(review).__name__}")
     if review.get("apiVersion") != ADMISSION_VERSION or review.get("kind") != "AdmissionReview":
@@ -202,37 +214,32 @@ class Webhook:
 
     ``resources``: the managed resources; ``auto_gpr``: make a GPR from the namespace's default template for a
     pod without the GPR label (when the namespace names one) instead of refusing the pod; ``max_body``: the
-    request-size limit in bytes; ``clock``: epoch seconds (tests pass their own)."""
+    request-size limit in bytes; ``body_timeout``: seconds a request body may take to arrive; ``clock``: epoch
+    seconds (tests pass their own)."""
 
     def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
-                 max_body: int = DEFAULT_MAX_BODY, clock: Callable[[], float] = time.time) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+                 clock: Callable[[], float] = time.time) -> None:
         self.lookup = lookup
         self.resources = tuple(resources)
         self.auto_gpr = auto_gpr
         self.max_body = max_body
+        self.body_timeout = body_timeout
         self.clock = clock
         self.counts: dict[str, int] = {}  # "<endpoint> <outcome>" -> requests (for tests and metrics)
 
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    async def _read(self, request: web.Request) -> bytes | web.Response:
-        if request.content_length is not None and request.content_length > self.max_body:
-            return _bad(f"body of {request.content_length} bytes is over the limit of {self.max_body}", 413)
-        chunks, size = [], 0
-        async for chunk in request.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > self.max_body:
-                return _bad(f"body is over the limit of {self.max_body} bytes", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     async def _serve(self, request: web.Request, resource: str, endpoint: str,
                      decide: Callable[[dict[str, Any]], Any]) -> web.Response:
-        raw = await self._read(request)
-        if isinstance(raw, web.Response):
-            self._count(f"{endpoint} too-large")
-            return raw
+        try:
+            raw = await read_body(request, self.body_timeout, self.max_body)
+        except BodyError as exc:  # the body never arrived whole: one line, no traceback
+            self._count(f"{endpoint} {'too-large' if exc.status == 413 else 'bad-body'}")
+            log.warning("request refused", extra={"endpoint": endpoint, "status": exc.status, "error": exc.message,
+                                                  "remote": request.remote or ""})
+            return await closing(request, _bad(exc.message, exc.status))
         try:
             review = parse_review(raw, resource)
         except BadReview as exc:
@@ -379,8 +386,12 @@ class Webhook:
                 f"create it, or {how}"))
         try:
             spec = template_spec(template)
+            unsupported = cluster_refusal(GPR(name=f"{namespace}/{template_name}", **check_spec(spec)))
         except SpecError as exc:
             return review_response(uid, False, code=403, message=f"default template is not a valid GPR spec: {exc}")
+        if unsupported:
+            return review_response(uid, False, code=403, message=(
+                f"default template {template_name!r} cannot make a GPR on a cluster: {unsupported}"))
         name, made_for, owner_ref = _owner_name(meta)
         if len(name) > MAX_NAME:  # keep it a valid label value: shorten, with a hash of the whole name
             digest = hashlib.sha256(name.encode()).hexdigest()[:6]
@@ -388,15 +399,9 @@ class Webhook:
         if not name or not _NAME.match(name):
             return review_response(uid, False, code=403, message=(
                 f"cannot name a GPR for this pod (owner or pod name {name!r}): {how}"))
-        # the template gives the shape; the pod's request gives the resource and (for whole devices) the count
+        # the template gives the shape; the pod's request gives the resource and the count
         spec["resource"] = resource
-        if int(spec.get("milliPerDevice", 1000)) < 1000:
-            if count != 1:
-                return review_response(uid, False, code=403, message=(
-                    f"default template {template_name!r} asks for a fraction of one device, but the pod requests "
-                    f"{count} {resource}: {how}"))
-        else:
-            spec["devicesPerNode"] = max(count, int(spec.get("devicesPerNode", 1)))
+        spec["devicesPerNode"] = max(count, int(spec.get("devicesPerNode", 1)))
         try:
             check_spec(spec)
         except SpecError as exc:
@@ -446,6 +451,9 @@ class Webhook:
             g = from_object(obj, self.clock())
         except SpecError as exc:
             return review_response(uid, False, code=422, reason="Invalid", message=str(exc))
+        unsupported = cluster_refusal(g)  # accepted by the core (the simulator), not on a cluster
+        if unsupported:
+            return review_response(uid, False, code=422, reason="Invalid", message=unsupported)
         ns = await self.lookup.get_namespace(namespace)
         annotations = ((ns or {}).get("metadata", {}).get("annotations") or {})
         where = f"namespace {namespace}"

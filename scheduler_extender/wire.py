@@ -5,11 +5,18 @@ The Go types carry no JSON tags, so the keys are the Go field names (``Pod``, ``
 nodes are decoded into lean structs holding only what the extender reads; unknown fields are ignored. With
 ``nodeCacheCapable: false`` the scheduler sends whole ``Nodes`` and expects the passing node objects back, so
 node items are kept raw and echoed unchanged.
+
+The decoders answer JSON nested deeper than msgspec can follow (it skips unknown fields recursively) with a
+``msgspec.DecodeError``, like any other malformed body, instead of a ``RecursionError``.
 """
 
 from __future__ import annotations
 
+from typing import Any, Generic, TypeVar
+
 import msgspec
+
+T = TypeVar("T")
 
 
 class ObjectMeta(msgspec.Struct, omit_defaults=True):
@@ -105,8 +112,21 @@ class ExtenderPreemptionResult(msgspec.Struct):
     NodeNameToMetaVictims: dict[str, MetaVictims] = {}
 
 
+class Decoder(Generic[T]):
+    """A typed msgspec JSON decoder whose only errors are ``msgspec.DecodeError`` and ``ValidationError``."""
+
+    def __init__(self, type_: type[T]) -> None:
+        self._decoder: Any = msgspec.json.Decoder(type_)
+
+    def decode(self, body: bytes | str | msgspec.Raw) -> T:
+        try:
+            return self._decoder.decode(body)  # type: ignore[no-any-return]
+        except RecursionError:
+            raise msgspec.DecodeError("JSON nested too deeply to decode") from None
+
+
 encoder = msgspec.json.Encoder()
-filter_args = msgspec.json.Decoder(ExtenderArgs)
-binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
-preemption_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
-node_item = msgspec.json.Decoder(NodeItem)
+filter_args = Decoder(ExtenderArgs)
+binding_args = Decoder(ExtenderBindingArgs)
+preemption_args = Decoder(ExtenderPreemptionArgs)
+node_item = Decoder(NodeItem)

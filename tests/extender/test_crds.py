@@ -21,6 +21,7 @@ from scheduler_extender.gpr_resource import (
     GPR_KIND,
     GPR_PLURAL,
     GROUP,
+    MAX_DURATION,
     SPEC_DURATION_PATTERN,
     SPEC_FIELDS,
     TEMPLATE_KIND,
@@ -31,6 +32,7 @@ from scheduler_extender.gpr_resource import (
     status_body,
     template_spec,
 )
+from scheduler_extender.webhook import cluster_refusal
 
 ROOT = Path(__file__).resolve().parents[2] / "manifests"
 NOW = 1_796_018_400.0
@@ -201,6 +203,8 @@ def test_crd_names_and_structure(plural: str, kind: str, short: str) -> None:
     assert set(spec_props) - {"description"} == set(SPEC_FIELDS)
     for rule_holder in ("exitDuration", "idleTimeout"):
         assert spec_props[rule_holder]["pattern"] == SPEC_DURATION_PATTERN
+        rules = [r["rule"] for r in spec_props[rule_holder]["x-kubernetes-validations"]]
+        assert f"duration(self) <= duration('{MAX_DURATION}')" in rules  # the bound parse_duration applies
 
 
 def test_gpr_crd_status_subresource_and_printer_columns() -> None:
@@ -309,6 +313,9 @@ BROKEN = [
     ({"exitDuration": "0s"}, "exitDuration must be positive", "spec.exitDuration"),
     ({"exitDuration": 3600}, "exitDuration", "spec.exitDuration"),
     ({"idleTimeout": "0h0m"}, "idleTimeout must be positive", "spec.idleTimeout"),
+    ({"exitDuration": "999999999h"}, "exitDuration", "spec.exitDuration"),  # past any CEL duration
+    ({"exitDuration": "2562047h1s"}, "exitDuration must be at most 2562047h", "spec.exitDuration"),
+    ({"idleTimeout": "2562048h"}, "idleTimeout must be at most 2562047h", "spec.idleTimeout"),
     ({"enforceIdleTimeout": True}, "enforceIdleTimeout requires idleTimeout", "spec.enforceIdleTimeout"),
     ({"enableEviction": "yes"}, "enableEviction", "spec.enableEviction"),
     ({"preemptible": 1}, "preemptible", "spec.preemptible"),
@@ -338,15 +345,33 @@ def test_broken_templates_are_refused(spec: dict[str, Any], crd_says: str) -> No
 
 
 @pytest.mark.parametrize("spec", [
-    {"milliPerDevice": 250}, {"milliPerDevice": 1000, "devicesPerNode": 8}, {"exitDuration": "1h30m"},
+    {"milliPerDevice": 1000, "devicesPerNode": 8}, {"exitDuration": "1h30m"},
     {"exitDuration": "1.5h", "idleTimeout": ".5h"}, {"idleTimeout": "90s", "enforceIdleTimeout": True},
-    {"exitDuration": "250ms"}, {"models": ["A", "B"]}, {"priority": 1}, {"priority": 300}, {"retryLimit": 0},
+    {"exitDuration": "250ms"}, {"exitDuration": "2562047h"}, {"idleTimeout": "2562046h59m59.5s"},
+    {"models": ["A", "B"]}, {"priority": 1}, {"priority": 300}, {"retryLimit": 0},
     {"resource": "neureality.com/nr1", "nodeCount": 16}, {"memoryPerDeviceMiB": 0},
 ])
 def test_valid_specs_are_accepted_by_both(spec: dict[str, Any]) -> None:
     stored, errors = admit(GPR_PLURAL, gpr(spec))
     assert errors == []
     from_object(stored, NOW)
+
+
+@pytest.mark.parametrize("milli", [1, 250, 500, 999])
+def test_fractions_are_refused_on_a_cluster_and_kept_by_the_core(milli: int) -> None:
+    """The kubelet hands out whole devices, so a fraction GPR could only fail after it was stored: the CRD (and
+    the validating webhook, tests/extender/test_webhook.py) refuse it with the reason; the conversion to the
+    core keeps accepting it (the core and the simulator place fractions) and the controller names the same
+    reason for an object stored before the rule."""
+    _, errors = admit(GPR_PLURAL, gpr({"milliPerDevice": milli}))
+    assert len(errors) == 1 and errors[0].startswith(".spec.milliPerDevice: fractions of a device"), errors
+    assert "time-slicing replicas" in errors[0]
+    template = {"apiVersion": f"{GROUP}/{VERSION}", "kind": TEMPLATE_KIND,
+                "metadata": {"name": "t", "namespace": "team-a"}, "spec": {"milliPerDevice": milli}}
+    assert admit(TEMPLATE_PLURAL, template)[1] == errors
+    g = from_object(gpr({"milliPerDevice": milli}), NOW)
+    assert g.milli_per_device == milli
+    assert cluster_refusal(g).startswith("spec.milliPerDevice: fractions of a device are not supported")
 
 
 def test_duplicate_models_are_refused_by_the_crd_as_a_set() -> None:

@@ -108,6 +108,7 @@ current-context: peer
     (["--require-gpr", "perhaps"], "--require-gpr: not a boolean"),
     (["--resync", "-1"], "--resync: must be >= 0.05"),
     (["--max-body-bytes", "many"], "--max-body-bytes: not a number"),
+    (["--body-timeout", "0"], "--body-timeout: must be >= 0.01"),
     (["--url-prefix", "scheduler"], "--url-prefix: must start with '/'"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], message: str) -> None:

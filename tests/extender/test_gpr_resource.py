@@ -51,6 +51,16 @@ def test_parse_duration_refuses_other_forms(bad: Any) -> None:
         parse_duration(bad)
 
 
+def test_parse_duration_ends_where_the_crd_does() -> None:
+    """The CRD's CEL duration() (Go's time.Duration) cannot go past 2562047h47m16.85s; the CRD says at most
+    2562047h, and so does the parser (tests/extender/test_crds.py checks the CRD side)."""
+    assert parse_duration("2562047h") == 2562047 * 3600
+    assert parse_duration(-2562047 * 3600) == -2562047 * 3600
+    for too_long in ("999999999h", "2562047h0.5s", "2562048h", "9" * 60 + "h", 1e10, -1e10):
+        with pytest.raises(SpecError, match="not a duration"):
+            parse_duration(too_long)
+
+
 @pytest.mark.parametrize(("seconds", "text"), [
     (0, "0s"), (90, "1m30s"), (3600, "1h0m0s"), (5400, "1h30m0s"), (1.5, "1.5s"), (0.5, "500ms"),
     (0.0015, "1.5ms"), (2e-6, "2µs"), (86400, "24h0m0s"), (-90, "-1m30s"),

@@ -317,11 +317,26 @@ async def test_unlabelled_pod_refused_when_the_template_is_invalid(http: TestCli
     assert response["allowed"] is False and "spec.priority" in response["status"]["message"]
 
 
-async def test_fraction_template_refuses_a_multi_device_pod(http: TestClient[Any, Any], lookup: MemoryLookup) -> None:
+async def test_fraction_template_makes_no_gpr_on_a_cluster(http: TestClient[Any, Any], lookup: MemoryLookup) -> None:
     lookup.namespace("team-a", **{"accelstack.io/default-template": "quarter"})
     lookup.template("team-a", "quarter", {"milliPerDevice": 250})
-    response = await call(http, "/mutate-pods", review(pod(gpus=2)))
-    assert response["allowed"] is False and "fraction of one device" in response["status"]["message"]
+    for gpus in (1, 2):
+        response = await call(http, "/mutate-pods", review(pod(gpus=gpus)))
+        assert response["allowed"] is False
+        assert "fractions of a device are not supported on a cluster" in response["status"]["message"]
+        assert "time-slicing replicas" in response["status"]["message"]
+    assert lookup.created == []
+
+
+async def test_fractional_gpr_is_refused_at_admission_with_the_reason(http: TestClient[Any, Any]) -> None:
+    """The controller could never serve it (InvalidSpec after it was stored): refused before it is stored."""
+    response = await call(http, "/validate-gprs", review(gpr_obj({"milliPerDevice": 250}),
+                                                         resource="gpuprovisioningrequests"))
+    assert response["allowed"] is False and response["status"]["code"] == 422
+    assert response["status"]["message"].startswith("spec.milliPerDevice: fractions of a device are not supported")
+    response = await call(http, "/validate-gprs", review(gpr_obj({"milliPerDevice": 1000, "devicesPerNode": 2}),
+                                                         resource="gpuprovisioningrequests"))
+    assert response["allowed"] is True
 
 
 async def test_pod_refused_when_its_gpr_has_another_resource(http: TestClient[Any, Any], lookup: MemoryLookup) -> None:
@@ -479,7 +494,7 @@ async def test_body_over_the_limit_is_413(lookup: MemoryLookup) -> None:
     try:
         p = pod(labels={"accelstack.io/gpr": "x"})
         p["metadata"]["annotations"] = {"big": "x" * 4096}
-        assert "over the limit of 2048" in await bad(small, review(p), status=413)
+        assert "over the size limit of 2048" in await bad(small, review(p), status=413)
         # chunked, without a Content-Length: the limit holds while streaming
         async def chunks() -> AsyncIterator[bytes]:
             for _ in range(4):
