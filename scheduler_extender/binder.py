@@ -23,11 +23,11 @@ import orjson
 
 from scheduler_extender import ledger
 from scheduler_extender.cluster import ClusterView, NodeView, PodView, node_view, pod_view
+from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION
 from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound, TransportError
 from scheduler_extender.verbs import PodAsk, node_verdict, resolve
 
 log = logging.getLogger("accelstack.extender.bind")
-ALLOCATION_ANNOTATION = "accelstack.io/allocation"
 
 
 class Binder:

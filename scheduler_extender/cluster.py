@@ -14,8 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from scheduler_extender import ledger
-from scheduler_extender.gpr_resource import parse_duration
+from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION, parse_duration
 from scheduler_extender.resources import pod_requests, whole
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
@@ -93,6 +95,7 @@ class PodView:
     gates: tuple[str, ...] = ()  # spec.schedulingGates names
     terminating: bool = False  # metadata.deletionTimestamp is set
     ended_at: float = 0.0  # latest container finishedAt (epoch seconds) once a container ended, else 0
+    bound_at: float = 0.0  # when accelstack's bind recorded it (the allocation annotation), else 0
     affinity: dict[str, Any] | None = None  # spec.affinity as sent, for narrowing before the gate is lifted
 
     @property
@@ -196,7 +199,19 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    status.get("phase", "Pending"), f"{namespace}/{gpr}" if gpr else "",
                    requests, int(spec.get("priority") or 0), labels, gates,
                    terminating=bool(meta.get("deletionTimestamp")), ended_at=_ended_at(status),
+                   bound_at=_bound_at(meta.get("annotations") or {}),
                    affinity=affinity if isinstance(affinity, dict) else None)
+
+
+def _bound_at(annotations: dict[str, Any]) -> float:
+    text = annotations.get(ALLOCATION_ANNOTATION)
+    if not isinstance(text, str):
+        return 0.0
+    try:
+        value = orjson.loads(text).get("boundAt", 0)
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0.0
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _ended_at(status: dict[str, Any]) -> float:

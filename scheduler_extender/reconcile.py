@@ -456,7 +456,9 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) 
     events: list[Event] = []
     for key, g in list(sched.holders.items()):
         since = g.admitted_at or 0.0
-        pods = [p for p in pods_of.get(key, ()) if p.live or not p.ended_at or p.ended_at >= since]
+        # pods of an earlier admission of this GPR (bound or ended before this one) say nothing about this one
+        pods = [p for p in pods_of.get(key, ()) if not (p.bound_at and p.bound_at < since)
+                and (p.live or not p.ended_at or p.ended_at >= since)]
         if not pods:
             continue
         phases = [p.phase for p in pods]

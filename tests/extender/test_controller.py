@@ -4,6 +4,7 @@ through the Eviction API with a PodDisruptionBudget refusal, leader election, th
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -20,10 +21,15 @@ def status(peer: APIServerPeer, name: str) -> dict[str, Any]:
     return (obj or {}).get("status") or {}
 
 
-async def set_phase(peer: APIServerPeer, name: str, phase: str, node_name: str = "") -> None:
+async def set_phase(peer: APIServerPeer, name: str, phase: str, node_name: str = "", at: float | None = None) -> None:
     obj = peer.get("api/v1/pods", "default", name)
     assert obj is not None
-    obj = dict(obj, status={"phase": phase})
+    status: dict[str, Any] = {"phase": phase}
+    if phase in ("Succeeded", "Failed"):  # as the kubelet reports it: when the container ended
+        status["containerStatuses"] = [{"name": "main", "state": {"terminated": {
+            "exitCode": 0 if phase == "Succeeded" else 1,
+            "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))}}}]
+    obj = dict(obj, status=status)
     if node_name:
         obj["spec"] = dict(obj["spec"], nodeName=node_name)
     await peer.put_object("api/v1/pods", obj, "MODIFIED")
