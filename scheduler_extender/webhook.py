@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import ClientError, web
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from kubeapi import AlreadyExists as KubeAlreadyExists
 from kubeapi import ApiError, NotFound
@@ -219,8 +220,9 @@ class Webhook:
 
     def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
                  max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> None:
         self.lookup = lookup
+        self.latency = webhook_latency(registry)
         self.resources = tuple(resources)
         self.auto_gpr = auto_gpr
         self.max_body = max_body
@@ -232,24 +234,30 @@ class Webhook:
         self.counts[key] = self.counts.get(key, 0) + 1
 
     async def _serve(self, request: web.Request, resource: str, endpoint: str,
-                     decide: Callable[[dict[str, Any]], Any]) -> web.Response:
+                     decide: Callable[[dict[str, Any]], Any]) -> web.StreamResponse:
+        started = time.perf_counter()
+        response, outcome = await self._answer(request, resource, endpoint, decide)
+        self._count(f"{endpoint} {outcome}")
+        self.latency.labels(endpoint, outcome).observe(time.perf_counter() - started)
+        return response
+
+    async def _answer(self, request: web.Request, resource: str, endpoint: str,
+                      decide: Callable[[dict[str, Any]], Any]) -> tuple[web.StreamResponse, str]:
         try:
             raw = await read_body(request, self.body_timeout, self.max_body)
         except BodyError as exc:  # the body never arrived whole: one line, no traceback
-            self._count(f"{endpoint} {'too-large' if exc.status == 413 else 'bad-body'}")
             log.warning("request refused", extra={"endpoint": endpoint, "status": exc.status, "error": exc.message,
                                                   "remote": request.remote or ""})
-            return await closing(request, _bad(exc.message, exc.status))
+            return await closing(request, _bad(exc.message, exc.status)), (
+                "too-large" if exc.status == 413 else "bad-body")
         try:
             review = parse_review(raw, resource)
         except BadReview as exc:
-            self._count(f"{endpoint} bad-request")
-            return _bad(str(exc))
+            return _bad(str(exc)), "bad-request"
         try:
             answer = await decide(review)
         except BadReview as exc:
-            self._count(f"{endpoint} bad-request")
-            return _bad(str(exc))
+            return _bad(str(exc)), "bad-request"
         except (TimeoutError, ApiError, ClientError, OSError) as exc:  # a lookup failed: fail closed
             log.warning("admission lookup failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
             answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable",
@@ -258,13 +266,12 @@ class Webhook:
             log.exception("admission failed", extra={"endpoint": endpoint})
             answer = review_response(review["uid"], False, code=500, reason="InternalError",
                                      message=f"accelstack admission failed: {type(exc).__name__}: {str(exc)[:300]}")
-        self._count(f"{endpoint} {'allowed' if answer['response']['allowed'] else 'denied'}")
-        return web.json_response(answer)
+        return web.json_response(answer), "allowed" if answer["response"]["allowed"] else "denied"
 
-    async def mutate_pods(self, request: web.Request) -> web.Response:
+    async def mutate_pods(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "pods", "mutate-pods", self._mutate_pod)
 
-    async def validate_gprs(self, request: web.Request) -> web.Response:
+    async def validate_gprs(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, GPR_PLURAL, "validate-gprs", self._validate_gpr)
 
     # ---- pods ------------------------------------------------------------------------------------------------
@@ -500,6 +507,23 @@ class Webhook:
                     f"{where} already has {len(live)} unfinished GPRs, the most it allows is {limit_n} "
                     f"({MAX_GPRS_ANNOTATION}); delete finished or unneeded GPRs first"))
         return review_response(uid, True)
+
+
+_LATENCY: dict[int, tuple[CollectorRegistry, Histogram]] = {}
+
+
+def webhook_latency(registry: CollectorRegistry | None = None) -> Histogram:
+    """``accelstack_webhook_request_seconds{endpoint, outcome}``, one per registry."""
+    registry = registry or REGISTRY
+    known = _LATENCY.get(id(registry))
+    if known is not None and known[0] is registry:
+        return known[1]
+    histogram = Histogram("accelstack_webhook_request_seconds", "Admission webhook answer time (the API server "
+                          "gives up after the webhook's timeoutSeconds)", ["endpoint", "outcome"],
+                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+                          registry=registry)
+    _LATENCY[id(registry)] = (registry, histogram)
+    return histogram
 
 
 def add_webhook_routes(app: web.Application, handler: Webhook) -> None:

@@ -84,6 +84,10 @@ current-context: peer
             answer = await r.json()
         assert answer["response"]["uid"] == "u-1" and answer["response"]["allowed"] is False
         assert "GPR" in answer["response"]["status"]["message"]
+        async with aiohttp.ClientSession() as http, http.get(f"https://127.0.0.1:{port}/metrics", ssl=context) as r:
+            metrics = await r.text()
+        assert 'accelstack_webhook_request_seconds_count{endpoint="mutate-pods",outcome="denied"} 1.0' in metrics
+        assert "accelstack_kube_request_seconds_bucket" in metrics  # every API call is timed
         for _ in range(50):  # the controller took the Lease
             if peer.get("apis/coordination.k8s.io/v1/leases", "accelstack-system", "accelstack-gpr-controller"):
                 break
