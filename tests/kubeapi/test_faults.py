@@ -207,14 +207,14 @@ def elector(kube: KubeClient, identity: str, **kw: Any) -> LeaderElector:
 @pytest.mark.parametrize("fault", [{"status": 500}, {"hang": True}, {"status": 409}])
 async def test_a_renewal_that_fails_or_hangs_ends_leadership_within_the_renew_deadline(
         peer: APIServerPeer, kube: KubeClient, fault: dict[str, Any]) -> None:
-    e = elector(kube, "me")
+    e = elector(kube, "me", lease=4.0, deadline=2.0, retry=0.3)
     stop = asyncio.Event()
     task = asyncio.create_task(e.run(stop))
     try:
         await wait_until(lambda: e.leading.is_set())
         broken = peer.inject("PUT", "leases", **fault)
         lost_at = time.monotonic()
-        await wait_until(lambda: not e.leading.is_set(), timeout=3)
+        await wait_until(lambda: not e.leading.is_set(), timeout=6)
         assert time.monotonic() - lost_at < e.lease_duration  # before anyone else may take it
         assert not task.done()  # the election loop survived the errors
         broken.remove()
