@@ -334,13 +334,15 @@ def run_trivial(port: int, peer_url: str, ready: Any) -> None:
 class Scheduler:
     """kube-scheduler's loop as the extender sees it: one pod at a time from the active queue (ungated, unbound
     pods), its own NodeAffinity filter (matchFields metadata.name) and node sampling (500 of 5,000 feasible
-    nodes), then filter -> prioritize -> bind through the extender; a refused pod goes back with backoff."""
+    nodes), then filter -> prioritize in the scheduling cycle, and bind in a binding cycle that runs
+    asynchronously (as kube-scheduler's does, in a goroutine per pod); a refused pod goes back to the queue."""
 
     def __init__(self, peer_url: str, ext_url: str, nodes: list[str]) -> None:
         self.peer_url, self.ext_url, self.nodes = peer_url, ext_url, nodes
         self.bound: dict[str, float] = {}
         self.ready: dict[str, float] = {}  # when the scheduler first saw the pod schedulable (ungated)
         self.refusals = 0
+        self.binding: set[str] = set()
 
     def feasible(self, pod: dict[str, Any], start: int) -> list[str]:
         terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
@@ -359,13 +361,15 @@ class Scheduler:
 
         from tests.extender.harness import filter_body
 
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.inflight = asyncio.Semaphore(16)
         async with aiohttp.ClientSession() as http:
             start = 0
             while len(self.bound) < expected and time.monotonic() < deadline:
                 async with http.get(f"{self.peer_url}/api/v1/namespaces/default/pods") as r:
                     items = (await r.json()).get("items") or []
                 ready = [p for p in items if not p["spec"].get("schedulingGates") and not p["spec"].get("nodeName")
-                         and p["metadata"]["name"] not in self.bound]
+                         and p["metadata"]["name"] not in self.bound and p["metadata"]["name"] not in self.binding]
                 if not ready:
                     await asyncio.sleep(0.05)
                     continue
@@ -386,12 +390,20 @@ class Scheduler:
                     best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passed[0]
                     bind = {"PodName": p["metadata"]["name"], "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
                             "Node": best}
-                    async with http.post(f"{self.ext_url}/scheduler/bind", json=bind) as r:
-                        answer = await r.json()
-                    if answer.get("Error"):
-                        self.refusals += 1
-                        continue
-                    self.bound[p["metadata"]["name"]] = time.monotonic()
+                    self.binding.add(p["metadata"]["name"])
+                    task = asyncio.create_task(self._bind(http, bind))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+            await asyncio.gather(*self.tasks)
+
+    async def _bind(self, http: Any, bind: dict[str, str]) -> None:
+        async with self.inflight, http.post(f"{self.ext_url}/scheduler/bind", json=bind) as r:
+            answer = await r.json()
+        self.binding.discard(bind["PodName"])
+        if answer.get("Error"):
+            self.refusals += 1
+            return
+        self.bound[bind["PodName"]] = time.monotonic()
 
 
 async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, Any]], created: dict[str, float],
@@ -495,6 +507,14 @@ async def e2e_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
             await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts)
             await runner
             over = await overallocated(cluster.url)
+            if os.environ.get("BENCH_DEBUG"):
+                import aiohttp
+                async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{cluster.ctl_port}/metrics") as r:
+                    text = await r.text()
+                print("\n".join(line for line in text.splitlines() if line.startswith(
+                    ("accelstack_controller_pass_seconds_sum", "accelstack_controller_pass_seconds_count",
+                     "accelstack_controller_act_seconds_sum", "accelstack_controller_act_seconds_count",
+                     "accelstack_controller_actions_total", 'accelstack_kube_request_seconds_sum{resource="pods"'))))
         finally:
             cluster.stop()
     done = [sched.bound[n] - created[n] for n in sched.bound if n in created]

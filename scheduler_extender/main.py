@@ -133,14 +133,15 @@ async def serve(opts: dict[str, Any]) -> None:
 
     kube = Kube(await from_config(opts["kubeconfig"], field_manager="accelstack-extender",
                                   timeout=opts["api_timeout"]))
-    extra = None
-    if opts["webhook"]:
-        extra = webhook_routes(kube, opts)
-    server = ExtenderServer(kube, opts["resources"], opts["prefix"], opts["require_gpr"], opts["max_body"], extra,
+    server = ExtenderServer(kube, opts["resources"], opts["prefix"], opts["require_gpr"], opts["max_body"], None,
                             run_controller=opts["controller"], lease_namespace=opts["lease_namespace"],
                             lease_name=opts["lease_name"], identity=opts["identity"], policy=opts["policy"],
                             resync=opts["resync"], lease_seconds=opts["lease_seconds"],
                             waittime_qps=opts["waittime_qps"], body_timeout=opts["body_timeout"])
+    if opts["webhook"]:
+        add_webhook = webhook_routes(kube, opts, server.view)
+        if add_webhook is not None:
+            add_webhook(server.app)
     context = None
     if opts["cert"]:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -159,7 +160,7 @@ async def serve(opts: dict[str, Any]) -> None:
         await kube.close()
 
 
-def webhook_routes(kube: Any, opts: dict[str, Any]) -> Any:
+def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None) -> Any:
     """The admission webhook's routes, when this build has the webhook module."""
     try:
         webhook: Any = importlib.import_module("scheduler_extender.webhook")
@@ -169,7 +170,7 @@ def webhook_routes(kube: Any, opts: dict[str, Any]) -> Any:
 
     def add(app: Any) -> None:
         handler = webhook.Webhook(webhook.KubeLookup(kube), resources=opts["resources"],
-                                  auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"])
+                                  auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"], view=view)
         webhook.add_webhook_routes(app, handler)
 
     return add

@@ -495,7 +495,10 @@ def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[
             why = f"GPR {key} was deleted"
         else:
             continue  # no such GPR (yet): its pods wait at the gate; never delete a user's pods on a guess
-        out.extend(Eviction(p, why, uid_of.get(key, "")) for p in pods if p.node and p.live and not p.terminating)
+        # bound pods hold devices; an ungated, unbound pod narrowed to an old reservation could never be placed
+        # again (a node affinity cannot be widened): it goes too, and its owner makes a new one, gated
+        out.extend(Eviction(p, why, uid_of.get(key, "")) for p in pods if p.live and not p.terminating
+                   and (p.node or (gr.SCHEDULING_GATE not in p.gates and narrowed(p))))
     return out
 
 
@@ -544,41 +547,53 @@ def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool
 NODE_NAME_FIELD = "metadata.name"
 
 
+def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], base: str = "/spec/affinity"
+                    ) -> list[dict[str, Any]]:
+    """JSON-patch ops that narrow a pod's required node affinity to ``nodes`` (``matchFields metadata.name In``
+    added to every term, or a term of its own): Kubernetes lets a gated pod's, or a new pod's, node affinity
+    be narrowed this way. Nothing when it is narrowed already."""
+    need = {"key": NODE_NAME_FIELD, "operator": "In", "values": sorted(nodes)}
+    fresh = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [need]}]}}
+    if affinity is None:
+        return [{"op": "add", "path": base, "value": {"nodeAffinity": fresh}}]
+    node_affinity = affinity.get("nodeAffinity")
+    required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if node_affinity is None:
+        return [{"op": "add", "path": f"{base}/nodeAffinity", "value": fresh}]
+    if not terms:
+        return [{"op": "add", "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+                 "value": fresh["requiredDuringSchedulingIgnoredDuringExecution"]}]
+    narrowed = []
+    for term in terms:
+        fields = list(term.get("matchFields") or [])
+        if need not in fields:
+            fields.append(need)
+        narrowed.append({**term, "matchFields": fields})
+    if narrowed == terms:
+        return []
+    return [{"op": "replace", "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/"
+             "nodeSelectorTerms", "value": narrowed}]
+
+
+def narrowed(pod: PodView) -> bool:
+    """Whether accelstack narrowed this pod to a reservation (a required term names nodes by metadata.name)."""
+    terms = ((((pod.affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+              or {}).get("nodeSelectorTerms") or [])
+    return any(f.get("key") == NODE_NAME_FIELD for t in terms for f in t.get("matchFields") or [])
+
+
 def ungate_patch(pod: PodView, nodes: list[str], gate: str) -> list[dict[str, Any]] | None:
     """A JSON patch that narrows the pod's required node affinity to ``nodes`` and lifts ``gate``, in one
     request (Kubernetes lets a gated pod's node affinity be narrowed, never widened). Tests guard against a
     concurrent change. None when the pod does not carry the gate."""
     if gate not in pod.gates or not nodes:
         return None
-    need = {"key": NODE_NAME_FIELD, "operator": "In", "values": sorted(nodes)}
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/schedulingGates",
                                   "value": [{"name": g} for g in pod.gates]}]
-    base = "/spec/affinity"
-    affinity = pod.affinity
-    fresh = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [need]}]}}
-    if affinity is None:
-        ops.append({"op": "add", "path": base, "value": {"nodeAffinity": fresh}})
-    else:
-        ops.append({"op": "test", "path": base, "value": affinity})
-        node_affinity = affinity.get("nodeAffinity")
-        required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-        terms = required.get("nodeSelectorTerms") or []
-        if node_affinity is None:
-            ops.append({"op": "add", "path": f"{base}/nodeAffinity", "value": fresh})
-        elif not terms:
-            ops.append({"op": "add", "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
-                        "value": fresh["requiredDuringSchedulingIgnoredDuringExecution"]})
-        else:
-            narrowed = []
-            for term in terms:
-                fields = list(term.get("matchFields") or [])
-                if need not in fields:
-                    fields.append(need)
-                narrowed.append({**term, "matchFields": fields})
-            if narrowed != terms:
-                ops.append({"op": "replace",
-                            "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
-                            "value": narrowed})
+    if pod.affinity is not None:
+        ops.append({"op": "test", "path": "/spec/affinity", "value": pod.affinity})
+    ops += narrow_affinity(pod.affinity, nodes)
     ops.append({"op": "replace", "path": "/spec/schedulingGates",
                 "value": [{"name": g} for g in pod.gates if g != gate]})
     return ops

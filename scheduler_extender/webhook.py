@@ -36,6 +36,7 @@ from kubeapi import AlreadyExists as KubeAlreadyExists
 from kubeapi import ApiError, NotFound
 from kubeapi.resources import NAMESPACES
 
+from .cluster import ClusterView
 from .core.gpr import GPR
 from .core.inventory import GPU, MILLI_PER_DEVICE, NR1
 from .gpr_resource import (
@@ -55,7 +56,7 @@ from .gpr_resource import (
 from .http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
 from .http_body import loads as json_loads
 from .kube import Kube
-from .reconcile import live_cluster_limitation
+from .reconcile import live_cluster_limitation, narrow_affinity
 from .resources import pod_requests
 
 log = logging.getLogger("accelstack.extender.webhook")
@@ -94,6 +95,8 @@ class Lookup(Protocol):
 
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]: ...
 
+    async def get_gpr(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create and return the stored object; raise :class:`AlreadyExists` on a name clash."""
         ...
@@ -119,6 +122,12 @@ class KubeLookup(Lookup):
 
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]:
         return await self.kube.list_gprs(namespace)
+
+    async def get_gpr(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.kube.get_gpr(namespace, name)
+        except NotFound:
+            return None
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -220,8 +229,10 @@ class Webhook:
 
     def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
                  max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-                 clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> None:
+                 clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
+                 view: ClusterView | None = None) -> None:
         self.lookup = lookup
+        self.view = view  # the extender's informer view: GPRs looked up without an API call
         self.latency = webhook_latency(registry)
         self.resources = tuple(resources)
         self.auto_gpr = auto_gpr
@@ -333,24 +344,49 @@ class Webhook:
         gates = spec.get("schedulingGates")
         if gates is not None and not isinstance(gates, list):
             raise BadReview("request.object.spec.schedulingGates: must be a list")
+        held = self._reserved(namespace, gpr_name, resource)
+        already_gated = isinstance(gates, list) and any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE
+                                                        for g in gates)
         if spec.get("nodeName"):
             warnings.append(f"the pod names its node ({spec['nodeName']}), so it cannot be held by the scheduling "
                             f"gate {SCHEDULING_GATE}; its devices are not reserved through GPR {gpr_name}")
+        elif held and not already_gated:
+            # its GPR is admitted already (a Job's pods, a restart): no gate, straight to the reserved nodes
+            affinity = spec.get("affinity")
+            patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, held)
         elif gates is None:
             patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]})
         elif not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
             patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}})
         return review_response(uid, True, patch=patch, warnings=warnings)
 
+    def _reserved(self, namespace: str, gpr_name: str, resource: str) -> list[str]:
+        """The nodes reserved for the GPR when the informer says it is Admitted or Running, else []."""
+        seen = self.view.gprs.get(f"{namespace}/{gpr_name}") if self.view is not None else None
+        if seen is None or seen.phase not in ("Admitted", "Running") or seen.resource != resource:
+            return []
+        return sorted(seen.reservation)
+
     async def _check_link(self, uid: str, namespace: str, gpr_name: str, resource: str, count: int,
                           warnings: list[str]) -> dict[str, Any] | None:
         """A labelled pod: refuse it when its GPR can never hold it; warn when the GPR is missing or finished."""
+        seen = self.view.gprs.get(f"{namespace}/{gpr_name}") if self.view is not None else None
+        if seen is not None:  # what the informer holds: no API call on the admission path
+            if seen.resource != resource:
+                return review_response(uid, False, code=403, message=(
+                    f"the pod requests {resource} but GPR {namespace}/{gpr_name} reserves {seen.resource}"))
+            if count > seen.devices:
+                return review_response(uid, False, code=403, message=(
+                    f"the pod requests {count} {resource} but GPR {namespace}/{gpr_name} reserves "
+                    f"{seen.devices} per node; raise spec.devicesPerNode or lower the pod's request"))
+            if seen.phase in ("Complete", "Cancelled", "Failed"):
+                warnings.append(f"GPR {namespace}/{gpr_name} has finished; the pod stays gated")
+            return None
         try:
-            gprs = {g.get("metadata", {}).get("name"): g for g in await self.lookup.list_gprs(namespace)}
+            gpr = await self.lookup.get_gpr(namespace, gpr_name)
         except Exception as exc:  # only a check: the controller holds the pod until its GPR is admitted anyway
             warnings.append(f"could not check GPR {namespace}/{gpr_name}: {str(exc)[:200]}")
             return None
-        gpr = gprs.get(gpr_name)
         if gpr is None:
             warnings.append(f"GPR {namespace}/{gpr_name} does not exist (yet); the pod stays gated until it is "
                             "created and admitted")

@@ -251,3 +251,24 @@ async def test_auto_gprs_whose_pod_never_came_are_deleted() -> None:
         await _stays(lambda: peer.get(GPRS, "default", "used") is not None
                      and peer.get(GPRS, "default", "mine") is not None, 0.5)
     await peer.stop()
+
+
+async def test_an_ungated_pod_narrowed_to_a_reservation_its_gpr_lost_is_evicted() -> None:
+    """Node affinity can only be narrowed: a pod that was ungated for a reservation its GPR no longer holds
+    (requeued, failed) could never be placed; it is evicted so its owner makes a new, gated one."""
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    await peer.put_object(GPRS, gpr("big", phase=None, devices=4, priority=200))  # takes the only node
+    await peer.put_object(GPRS, gpr("late", phase="Queued", devices=4))
+    stranded = pod("late-0", 4, gpr="late")
+    stranded["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gone"]}]}]}}}
+    waiting = pod("late-1", 4, gpr="late", gated=True)  # still at the gate: it waits, untouched
+    mine = pod("other", 4)  # not ours: never touched
+    for p in (stranded, waiting, mine):
+        await peer.put_object(PODS, p)
+    async with stack(peer, **FAST):
+        await wait_until(lambda: "default/late-0" in peer.evicted)
+        await _stays(lambda: "default/late-1" not in peer.evicted and "default/other" not in peer.evicted, 0.5)
+    await peer.stop()

@@ -51,6 +51,11 @@ class MemoryLookup:
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.templates.get((namespace, name))
 
+    async def get_gpr(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.fail:
+            raise ConnectionError("API server unreachable")
+        return self.gprs.get((namespace, name))
+
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]:
         if self.fail:
             raise ConnectionError("API server unreachable")
@@ -160,7 +165,7 @@ async def call(http: TestClient[Any, Any], path: str, body: Any) -> dict[str, An
 def patched(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     assert response["allowed"] is True and response["patchType"] == "JSONPatch"
     ops = json.loads(base64.b64decode(response["patch"]))
-    assert isinstance(ops, list) and all(op["op"] == "add" for op in ops)
+    assert isinstance(ops, list) and all(op["op"] in ("add", "replace") for op in ops)
     return json_patch(obj, ops)
 
 
@@ -714,5 +719,39 @@ async def test_a_bug_in_a_lookup_is_a_refusal_not_a_500(lookup: MemoryLookup) ->
         response = await call(http, "/validate-gprs", review(gpr_obj({}), resource="gpuprovisioningrequests"))
         assert response["allowed"] is False and response["status"]["code"] == 500
         assert "KeyError" in response["status"]["message"]
+    finally:
+        await http.close()
+
+
+# ---- pods of an admitted GPR: straight to the reserved nodes, no gate, no API call ---------------------------
+async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gated(lookup: MemoryLookup) -> None:
+    from scheduler_extender.cluster import ClusterView
+
+    view = ClusterView()
+    view.sync_gprs([
+        {"metadata": {"name": "t", "namespace": "team-a", "uid": "u-t"}, "spec": {"devicesPerNode": 2},
+         "status": {"phase": "Running", "reservation": [{"node": "n2", "devices": 2}, {"node": "n1", "devices": 2}]}},
+        {"metadata": {"name": "q", "namespace": "team-a", "uid": "u-q"}, "spec": {"devicesPerNode": 2},
+         "status": {"phase": "Queued"}}])
+    http = await serve(Webhook(lookup, clock=lambda: NOW, view=view))
+    lookup.fail = True  # the informer view answers: the API server is not asked
+    try:
+        own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
+        p = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a")
+        p["spec"]["affinity"] = own
+        response = await call(http, "/mutate-pods", review(p))
+        out = patched(p, response)
+        assert response["allowed"] and not out["spec"].get("schedulingGates")
+        assert out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"] == [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+                                      "matchFields": [{"key": "metadata.name", "operator": "In",
+                                                       "values": ["n1", "n2"]}]}]
+        queued = pod(labels={"accelstack.io/gpr": "q"}, namespace="team-a")
+        response = await call(http, "/mutate-pods", review(queued))
+        assert gates(patched(queued, response)) == ["accelstack.io/gpr"]  # not admitted: held at the gate
+        too_big = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a", gpus=4)
+        response = await call(http, "/mutate-pods", review(too_big))
+        assert response["allowed"] is False and "reserves 2 per node" in response["status"]["message"]
     finally:
         await http.close()
