@@ -105,20 +105,31 @@ class Lookup(Protocol):
 class KubeLookup(Lookup):
     """:class:`Lookup` on the API server through the shared client layer (timeouts, status checks, retries)."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
+        self.ttl = ttl  # namespaces and templates change rarely: a burst of pod creations reads them once
+        self.clock = clock
+        self._cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
+
+    async def _cached(self, key: tuple[str, str, str], read: Callable[[], Any]) -> dict[str, Any] | None:
+        now = self.clock()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        try:
+            value = await read()
+        except NotFound:
+            value = None
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = (now, value)
+        return value
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.kube.client.get(NAMESPACES, name)
-        except NotFound:
-            return None
+        return await self._cached(("ns", "", name), lambda: self.kube.client.get(NAMESPACES, name))
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.kube.get_template(namespace, name)
-        except NotFound:
-            return None
+        return await self._cached(("tpl", namespace, name), lambda: self.kube.get_template(namespace, name))
 
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]:
         return await self.kube.list_gprs(namespace)

@@ -653,6 +653,14 @@ async def test_kube_lookup_reads_and_writes_through_the_api(peer: APIServerPeer,
     assert [g["metadata"]["name"] for g in await kube_lookup.list_gprs("team-a")] == ["g"]
     assert await kube_lookup.list_gprs("other") == []
     assert ("GET", "/api/v1/namespaces/team-a") in peer.requests
+    assert (await kube_lookup.get_gpr("team-a", "g") or {})["spec"]["priority"] == 5
+    assert await kube_lookup.get_gpr("team-a", "nope") is None
+    # a burst of pod creations reads the namespace and the template once per TTL, not once per pod
+    before = peer.requests.count(("GET", "/api/v1/namespaces/team-a"))
+    for _ in range(5):
+        await kube_lookup.get_namespace("team-a")
+        await kube_lookup.get_template("team-a", "default")
+    assert peer.requests.count(("GET", "/api/v1/namespaces/team-a")) == before
 
 
 async def test_kube_lookup_errors_surface(peer: APIServerPeer, kube_lookup: KubeLookup) -> None:
