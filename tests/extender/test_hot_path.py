@@ -1,0 +1,101 @@
+"""The hot path (issue #10, points 7 and 9): bind takes two API round trips and gives devices back at once when the
+Binding fails; gates are lifted only after the status says Admitted (a failing status write keeps them); passes
+are triggered only by changes that matter; the core's idle timers stay bounded."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kubeapi.client import connected
+from scheduler_extender import ledger
+from scheduler_extender.cluster import ClusterView, node_view, pod_view
+from scheduler_extender.core.gpr import GPR
+from scheduler_extender.core.inventory import Inventory, NodeSpec
+from scheduler_extender.core.placement import BestFit
+from scheduler_extender.core.scheduler import Scheduler
+from scheduler_extender.kube import Kube
+from scheduler_extender.server import ControllerService
+from tests.apiserver_peer import APIServerPeer
+from tests.extender.harness import gpr, node, pod, stack, wait_until
+from tests.extender.test_controller import FAST, GPRS, seed_nodes, status
+from tests.extender.test_extender_http import post, seed
+
+
+async def test_bind_is_two_round_trips_and_a_failed_binding_gives_the_devices_back() -> None:
+    async with stack() as (peer, server):
+        await seed(peer, node("gpu-node-1", gpus=2), pod("a", 2, uid="uid-a"), pod("b", 2, uid="uid-b"))
+        await wait_until(lambda: len(server.view.pods) == 2 and len(server.view.nodes) == 1)
+        mark = peer.mark()
+        body = json.dumps({"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "gpu-node-1"})
+        assert await post(server, "bind", body.encode()) == (200, {"Error": ""})
+        writes = [(r.method, r.verb, r.subresource) for r in peer.calls(since=mark) if r.method != "GET"]
+        assert sorted(writes) == [("PATCH", "patch", ""), ("POST", "create", "binding")]
+        annotations = peer.get("api/v1/pods", "default", "a")["metadata"]["annotations"]  # type: ignore[index]
+        assert json.loads(annotations["accelstack.io/allocation"])["node"] == "gpu-node-1"  # rode on the Binding
+        # the API server refuses the next Binding: the ledger entry goes back at once, not after 10 minutes
+        await peer.delete_object("api/v1/pods", "default", "a")
+        await server.sweep(unseen_grace=0)
+        with peer.inject("POST", "pods", subresource="binding", status=500):
+            body = json.dumps({"PodName": "b", "PodNamespace": "default", "PodUID": "uid-b", "Node": "gpu-node-1"})
+            code, answer = await post(server, "bind", body.encode())
+        assert code == 200 and "500" in answer["Error"]  # type: ignore[index]
+        entries = ledger.parse(peer.get("api/v1/nodes", "", "gpu-node-1")["metadata"]["annotations"][  # type: ignore[index]
+            ledger.LEDGER_ANNOTATION])
+        assert "uid-b" not in entries
+
+
+async def test_gates_stay_while_the_status_cannot_be_written() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    broken = peer.inject("PUT", "gpuprovisioningrequests", subresource="status", status=500)
+    await peer.put_object(GPRS, gpr("g", phase=None, devices=1))
+    await peer.put_object("api/v1/pods", pod("g-0", 1, gpr="g", gated=True))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: broken.hits >= 3)  # passes keep trying to write Admitted
+        assert peer.get("api/v1/pods", "default", "g-0")["spec"]["schedulingGates"]  # type: ignore[index]
+        assert status(peer, "g").get("phase") is None
+        broken.remove()
+        await wait_until(lambda: status(peer, "g").get("phase") == "Admitted")
+        await wait_until(lambda: not peer.get("api/v1/pods", "default", "g-0")["spec"].get("schedulingGates"))  # type: ignore[index]
+    await peer.stop()
+
+
+async def test_only_changes_that_matter_trigger_a_pass() -> None:
+    view = ClusterView()
+    async with connected("http://127.0.0.1:9", field_manager="test") as client:  # never called here
+        service = ControllerService(Kube(client), view)
+    poke = service.controller.poke
+    a = node_view(node("n0", gpus=4), view.resources)
+    heartbeat = node("n0", gpus=4)
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-30T10:00:00Z"
+    service.node_changed(a, node_view(heartbeat, view.resources))
+    assert not poke.is_set()  # a kubelet heartbeat changes nothing we decide on
+    service.node_changed(a, node_view(node("n0", gpus=2), view.resources))
+    assert poke.is_set()  # capacity did
+    poke.clear()
+    no_gpu = pod_view(pod("web", gpus=0), view.resources)
+    assert no_gpu is None  # the view keeps no pods that ask for no managed resource ...
+    service.pod_changed(None, no_gpu)
+    assert not poke.is_set()  # ... and they trigger nothing
+    p = pod_view(pod("p", 1, gpr="g", gated=True), view.resources)
+    service.pod_changed(None, p)
+    assert poke.is_set()
+    poke.clear()
+    service.pod_changed(p, pod_view(pod("p", 1, gpr="g", gated=True), view.resources))
+    assert not poke.is_set()  # the same pod again (a resync, a label nobody reads): nothing
+
+
+def test_idle_timers_stay_bounded_under_constant_activity() -> None:
+    sched = Scheduler(Inventory([NodeSpec("n", 8)]), BestFit())
+    for i in range(2):
+        sched.submit(GPR(f"g{i}", idle_timeout_s=3600.0), 0.0)
+    sched.tick(0.0)
+    for name in list(sched.holders):
+        sched.start(name, 1.0)
+    for t in range(20_000):
+        for name in list(sched.holders):
+            sched.activity(name, 2.0 + t)
+    assert len(sched._idle) <= 2 * len(sched.holders) + 64
+    assert time.time() > 0
