@@ -94,6 +94,8 @@ class GPR:
     retry_limit: int = 3
     backoff_base_s: float = 60.0
     backoff_cap_s: float = 3600.0
+    template: str = ""  # the GPR template it was made from, if any (a key of the duration predictor)
+    workload: str = ""  # its owner/workload name, e.g. the Job or notebook (a key of the duration predictor)
     submitted_at: float = 0.0
     # ---- status
     phase: Phase = Phase.QUEUED

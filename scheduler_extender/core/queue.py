@@ -1,14 +1,16 @@
-"""The queue: priority first (higher first), then submission time, then arrival sequence.
+"""The queue: by default priority first (higher first), then submission time, then arrival sequence.
 
-Held as one sorted list per workspace so a pass can walk the global order and drop a whole workspace (for
-example one at its quota) without stepping over its entries.
+The order is a key per GPR (:data:`Key`), computed once when it joins the queue; the scheduler may supply its
+own key function (:mod:`.scheduler` orders by priority level, then predicted size with ageing). Held as one
+sorted list per workspace so a pass can walk the global order and drop a whole workspace (for example one at
+its quota) without stepping over its entries.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .gpr import GPR
 
@@ -16,12 +18,14 @@ Key = tuple[int, float, int, str]
 
 
 def queue_key(g: GPR, use_priority: bool = True) -> Key:
+    """Priority (higher first; ignored for FIFO), then submission time, then arrival sequence."""
     return (-g.priority if use_priority else 0, g.submitted_at, g.seq, g.name)
 
 
 class GPRQueue:
-    def __init__(self, use_priority: bool = True) -> None:
+    def __init__(self, use_priority: bool = True, key: Callable[[GPR], Key] | None = None) -> None:
         self.use_priority = use_priority
+        self.key_of: Callable[[GPR], Key] = key or (lambda g: queue_key(g, use_priority))
         self._by_ws: dict[str, list[Key]] = {}
         self._items: dict[str, tuple[str, Key, GPR]] = {}
 
@@ -34,7 +38,7 @@ class GPRQueue:
     def push(self, g: GPR) -> None:
         if g.name in self._items:
             raise ValueError(f"{g.name} is already queued")
-        key = queue_key(g, self.use_priority)
+        key = self.key_of(g)
         bisect.insort(self._by_ws.setdefault(g.workspace, []), key)
         self._items[g.name] = (g.workspace, key, g)
 
@@ -46,6 +50,11 @@ class GPRQueue:
         lst = self._by_ws[ws]
         del lst[bisect.bisect_left(lst, key)]
         return g
+
+    def key(self, name: str) -> Key | None:
+        """The key ``name`` was queued with (None if not queued)."""
+        item = self._items.get(name)
+        return item[1] if item else None
 
     def get(self, name: str) -> GPR | None:
         item = self._items.get(name)

@@ -38,14 +38,23 @@ from typing import Any
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay
 from .inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
-from .placement import BestFit, PlacementPolicy, Request, fits
-from .queue import GPRQueue, queue_key
-from .waittime import Holder, Waiting, earliest_fit, estimate_starts, holder_order
+from .placement import PlacementPolicy, Request, fits
+from .predictor import DurationPredictor, JobKey, shape_of
+from .queue import GPRQueue, Key, queue_key
+from .waittime import Calibrator, Holder, Interval, Job, Release, earliest_fit, holder_order, project
+
+ORDERS = ("priority", "size")
+LEVEL = {"low": 1, "medium": 2, "high": 3}  # priority levels: strict between them
+SIZE_UNIT_GPU_S = 60.0  # predicted GPU-seconds below this count as "tiny" in the size order
 
 
 @dataclass
 class SchedulerConfig:
-    use_priority: bool = True  # False: FIFO by submission time
+    use_priority: bool = True  # False: FIFO by submission time (``order`` is then ignored)
+    # "priority": numeric priority, then submission (FIFO within a priority);
+    # "size": priority level (low/medium/high) strictly, then predicted size with ageing (see _order_key)
+    order: str = "priority"
+    ageing_s: float = 3600.0  # "size": queue position moves this much later per doubling of predicted GPU-time
     backfill: bool = True
     eviction: bool = True
     max_reservations: int = 8
@@ -80,19 +89,35 @@ class _Pass:
     masked: Inventory | None = None
     admitted: list[str] = field(default_factory=list)
     requeue: list[GPR] = field(default_factory=list)
-    qcache: dict[str, tuple[list[float], list[int]]] = field(default_factory=dict)
     bounds: list[Holder] | None = None  # holders sorted by end bound, kept up to date within the pass
 
 
 class Scheduler:
     def __init__(
-        self, inventory: Inventory, policy: PlacementPolicy, config: SchedulerConfig | None = None
+        self,
+        inventory: Inventory,
+        policy: PlacementPolicy,
+        config: SchedulerConfig | None = None,
+        predictor: DurationPredictor | None = None,
+        calibrator: Calibrator | None = None,
     ) -> None:
         self.inv = inventory
         self.policy = policy
         self.cfg = config or SchedulerConfig()
+        if self.cfg.order not in ORDERS:
+            raise ValueError(f"order: {self.cfg.order!r} is not one of {', '.join(ORDERS)}")
+        if not self.cfg.ageing_s > 0:
+            raise ValueError("ageing_s: must be positive")
+        self.predictor = predictor or DurationPredictor()
+        self.calibrator = calibrator or Calibrator()
         self.gprs: dict[str, GPR] = {}
-        self.queue = GPRQueue(self.cfg.use_priority)
+        self.queue = GPRQueue(self.cfg.use_priority, key=self._order_key)
+        self._pred: dict[str, float] = {}  # queued GPR -> predicted hold time (s), fixed when it joined the queue
+        self._releases: dict[str, Release] = {}  # holder -> when it is predicted to release (see _predicted_end)
+        self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
+        # workspace -> its holders as (end bound, name, milli), sorted; kept up to date by _hold/_unhold
+        self._ws_ends: dict[str, list[tuple[float, str, int]]] = {}
+        self._ws_entry: dict[str, tuple[float, str, int]] = {}
         self.holders: dict[str, GPR] = {}
         self.evicting: dict[str, GPR] = {}  # chosen for eviction, devices still held until their pods are gone
         self.external: dict[str, Placement] = {}  # devices held by work outside any GPR (see :meth:`hold`)
@@ -151,9 +176,11 @@ class Scheduler:
         if g.phase is Phase.EVICTING:
             self.evicting[g.name] = g
             self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+            self._hold(g, leaving_at=now)
             return True
         self.holders[g.name] = g
         self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+        self._hold(g)
         if g.exit_duration_s is not None:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, g.admitted_at))
         if g.phase is Phase.RUNNING and g.last_active_at is None:
@@ -224,6 +251,7 @@ class Scheduler:
         self._release(g)
         if ok:
             g.transition(Phase.COMPLETE, now, reason or "Succeeded")
+            self._learn(g, now)
             return [Event(now, "completed", name, g.reason)]
         g.failures += 1
         g.transition(Phase.FAILED, now, reason or "Failed")
@@ -278,6 +306,7 @@ class Scheduler:
             if g is None:
                 continue
             self.holders.pop(name, None)
+            self._unhold(g)
             if self.evicting.pop(name, None) is not None:
                 self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
                 continue
@@ -314,6 +343,7 @@ class Scheduler:
                 g = self.gprs[entry[1]]
                 self._release(g)
                 g.transition(Phase.COMPLETE, now, "ExitDurationReached")
+                self._learn(g, now)
                 events.append(Event(now, "expired", g.name, "ExitDurationReached"))
         while self._idle and self._idle[0][0] <= now:
             entry = heapq.heappop(self._idle)
@@ -322,6 +352,7 @@ class Scheduler:
                 if g.enforce_idle_timeout:
                     self._release(g)
                     g.transition(Phase.COMPLETE, now, "IdleTimeout")
+                    self._learn(g, now)
                     events.append(Event(now, "completed", g.name, "IdleTimeout"))
                 elif not g.idle_reported:
                     g.idle_reported = True
@@ -341,23 +372,71 @@ class Scheduler:
     # ---------------------------------------------------------------- queries
     def queued(self) -> list[GPR]:
         """Queued GPRs in order, including those waiting out a backoff."""
-        waiting = [self.gprs[n] for _, _, n in self._backoff if self.gprs[n].phase is Phase.QUEUED]
-        seen = {g.name for g in self.queue.ordered()}
-        extra = [g for g in waiting if g.name not in seen]
-        return sorted(self.queue.ordered() + extra, key=lambda g: queue_key(g, self.cfg.use_priority))
+        order = self.queue.ordered()
+        seen = {g.name for g in order}
+        extra = [self.gprs[n] for _, _, n in self._backoff if self.gprs[n].phase is Phase.QUEUED]
+        extra = [g for g in extra if g.name not in seen]
+        if not extra:
+            return order
+        return sorted(order + list({g.name: g for g in extra}.values()), key=self._key)
 
     def estimates(self, now: float, upto: str | None = None) -> dict[str, float]:
-        """Estimated start time per queued GPR, in queue order (all of them, or up to and including ``upto``).
-        inf: cannot be estimated (blocked by an unbounded holder, or bigger than the healthy cluster).
-        Workspace quotas are modelled per workspace (see :func:`.waittime.estimate_starts`)."""
-        holders = [Holder(g.name, g.end_bound(), g.workspace, g.milli_total()) for g in self.holders.values()]
-        holders += [Holder(g.name, now, g.workspace, g.milli_total()) for g in self.evicting.values()]
-        order = self.queued()
-        if upto is not None:
-            names = [g.name for g in order]
-            order = order[: names.index(upto) + 1] if upto in names else []
-        waiting = [Waiting(g.name, g.request(), g.exit_duration_s, g.not_before, g.workspace) for g in order]
-        return estimate_starts(self.inv, holders, waiting, now, BestFit(), self.cfg.quotas)
+        """Estimated start time per queued GPR (all of them, or up to and including ``upto`` in queue
+        order); inf: cannot be estimated. The point of :meth:`estimate_ranges`."""
+        return {name: iv.start for name, iv in self.estimate_ranges(now, upto).items()}
+
+    def estimate_ranges(self, now: float, upto: str | None = None) -> dict[str, Interval]:
+        """Estimated start per queued GPR with its P10-P90 range, in queue order (all of them, or up to and
+        including ``upto``).
+
+        A fluid projection (:func:`.waittime.project`): holders release at their *predicted* end (the
+        predictor's expected remaining time given how long they have held, never past their end bound),
+        queued GPRs start in queue order as soon as their resource's pool and their workspace's quota have
+        room and hold for their predicted duration. The :class:`.waittime.Calibrator` then scales the
+        projected wait by what past projections got wrong (median) and gives the range (10th-90th
+        percentile). Cost: O(n log n) in holders and queued GPRs, no placement calls."""
+        order: list[GPR] = []
+        for g in self.queue.walk():
+            order.append(g)
+            if g.name == upto:
+                break
+        else:
+            backing = [self.gprs[n] for _, _, n in self._backoff if self.gprs[n].phase is Phase.QUEUED]
+            backing = [g for g in {g.name: g for g in backing}.values() if g.name not in self.queue]
+            if backing:
+                order = sorted(order + backing, key=self._key)
+            if upto is not None:
+                names = [g.name for g in order]
+                order = order[: names.index(upto) + 1] if upto in names else []
+        jobs = [
+            Job(g.name, g.milli_total(), self._predicted(g), g.not_before, i, g.resource, g.workspace)
+            for i, g in enumerate(order)
+        ]
+        releases = []
+        for h in self.holders.values():
+            r = self._releases.get(h.name)
+            if r is None or r.end <= now:
+                r = self._releases[h.name] = self._predicted_end(h, now)
+            releases.append(r)
+        releases += [Release(now, g.milli_total(), g.resource, g.workspace) for g in self.evicting.values()]
+        for owner, p in self.external.items():  # work outside any GPR: no end known
+            res = self.inv.resources[int(self.inv.resource[p.assignments[0].node])] if p.assignments else ""
+            releases.append(Release(math.inf, p.milli_total(), res, ""))
+        capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
+        raw = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
+        out: dict[str, Interval] = {}
+        for g in order:
+            cls = g.priority_class
+            start = raw[g.name]
+            if g.name not in self._first_est and math.isfinite(start):
+                self._first_est[g.name] = (now, start - now, cls)
+            out[g.name] = self.calibrator.estimate(cls, now, start)
+        if upto is None:  # forget GPRs that left the queue otherwise (cancelled)
+            for memo in (self._first_est, self._pred):
+                if len(memo) > len(out):
+                    for name in [n for n in memo if n not in out]:
+                        del memo[name]
+        return out
 
     def check(self) -> None:
         """Invariants: inventory consistent; holders are exactly the allocations; quotas respected."""
@@ -367,8 +446,52 @@ class Scheduler:
         for ws, used in self.usage.items():
             q = (self.cfg.quotas or {}).get(ws)
             assert q is None or used <= q, f"workspace {ws} over quota"
+        assert set(self._ws_entry) == set(self.holders) | set(self.evicting), "the workspace index is stale"
 
     # ---------------------------------------------------------------- internals
+    def _key(self, g: GPR) -> Key:
+        k = self.queue.key(g.name)
+        return k if k is not None else self._order_key(g)
+
+    def _order_key(self, g: GPR) -> Key:
+        """Queue order. FIFO (``use_priority`` off): submission. ``order="priority"``: priority, then
+        submission. ``order="size"``: priority *level* (high, medium, low) strictly; within a level the GPR
+        queues as if submitted ``ageing_s * log2(1 + predicted GPU-seconds / 60)`` seconds later, so smaller
+        predicted work goes first, but nothing submitted more than that after it can pass it (ageing: no
+        starvation). The key is fixed when the GPR joins the queue."""
+        if not self.cfg.use_priority:
+            return queue_key(g, False)
+        if self.cfg.order == "priority":
+            return queue_key(g, True)
+        pred = self._pred[g.name] = self.predictor.predict(self._job_key(g), g.exit_duration_s).mean
+        size = pred * g.milli_total() / 1000.0
+        shift = self.cfg.ageing_s * math.log2(1.0 + size / SIZE_UNIT_GPU_S)
+        return (-LEVEL[g.priority_class], g.submitted_at + shift, g.seq, g.name)
+
+    @staticmethod
+    def _job_key(g: GPR) -> JobKey:
+        return JobKey(g.workspace, g.template, g.workload,
+                      shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
+
+    def _predicted(self, g: GPR) -> float:
+        """Predicted hold time of a queued GPR (fixed while it stays queued)."""
+        p = self._pred.get(g.name)
+        if p is None:
+            p = self._pred[g.name] = self.predictor.predict(self._job_key(g), g.exit_duration_s).mean
+        return p
+
+    def _predicted_end(self, g: GPR, now: float) -> Release:
+        """When a holder is predicted to release: now + the predicted remaining hold time given how long it
+        has held (the caller re-asks once that time has passed); never past its end bound."""
+        adm = g.admitted_at if g.admitted_at is not None else now
+        rem = self.predictor.remaining(self._job_key(g), now - adm, g.exit_duration_s).mean
+        return Release(min(now + rem, g.end_bound()), g.milli_total(), g.resource, g.workspace)
+
+    def _learn(self, g: GPR, now: float) -> None:
+        """A GPR completed (succeeded, or stopped at its exitDuration or idle timeout): one hold-time sample."""
+        if g.admitted_at is not None:
+            self.predictor.observe(self._job_key(g), max(0.0, now - g.admitted_at), g.exit_duration_s)
+
     def _live(self, heap: list[Any], entry: Any) -> bool:
         if heap is self._backoff:
             g = self.gprs.get(entry[2])
@@ -387,11 +510,28 @@ class Scheduler:
                 self._idle = [e for e in self._idle if self._live(self._idle, e)]
                 heapq.heapify(self._idle)
 
+    def _hold(self, g: GPR, leaving_at: float | None = None) -> None:
+        """``g`` holds devices: index when it releases them at the latest under its workspace (for quota
+        shadows): its end bound, or ``leaving_at`` for a GPR being evicted."""
+        self._unhold(g)
+        entry = (g.end_bound() if leaving_at is None else leaving_at, g.name, g.milli_total())
+        bisect.insort(self._ws_ends.setdefault(g.workspace, []), entry)
+        self._ws_entry[g.name] = entry
+
+    def _unhold(self, g: GPR) -> None:
+        """``g`` no longer holds anything: drop it from the indexes and predictions of holders."""
+        self._releases.pop(g.name, None)
+        entry = self._ws_entry.pop(g.name, None)
+        if entry is not None:
+            lst = self._ws_ends[g.workspace]
+            del lst[bisect.bisect_left(lst, entry)]
+
     def _release(self, g: GPR) -> None:
         self.inv.release(g.name)
         self.holders.pop(g.name, None)
         self.evicting.pop(g.name, None)
         self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
+        self._unhold(g)
 
     def _admit(self, g: GPR, p: Placement, now: float, kind: str, st: _Pass) -> Event:
         self.inv.allocate(g.name, p)
@@ -399,23 +539,27 @@ class Scheduler:
         g.transition(Phase.ADMITTED, now, kind.capitalize())
         self.holders[g.name] = g
         self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+        self._hold(g)
+        self._pred.pop(g.name, None)
+        first = self._first_est.pop(g.name, None)
+        if first is not None:  # how far off was its first projection? (calibrates the estimates)
+            self.calibrator.observe(first[2], first[1], now - first[0])
         if g.exit_duration_s is not None:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, now))
         st.admitted.append(g.name)
         if st.bounds is not None:
             bisect.insort(st.bounds, Holder(g.name, g.end_bound()), key=holder_order)
         st.masked = None
-        st.qcache.pop(g.workspace, None)
         return Event(now, kind, g.name)
 
     def _evict(self, g: GPR, now: float, st: _Pass, by: str) -> list[Event]:
         st.bounds = None
-        st.qcache.pop(g.workspace, None)
         g.evictions += 1
         events = [Event(now, "evicted", g.name, by)]
         if not self.cfg.instant_eviction:
             self.holders.pop(g.name, None)
             self.evicting[g.name] = g
+            self._hold(g, leaving_at=now)
             g.transition(Phase.EVICTING, now, f"EvictedFor:{by}")
             return events
         self._release(g)
@@ -447,17 +591,12 @@ class Scheduler:
         need = self.usage.get(g.workspace, 0) + g.milli_total() - quota
         if need <= 0:
             return now
-        cached = st.qcache.get(g.workspace)
-        if cached is None:
-            hs = sorted((h.end_bound(), h.milli_total()) for h in self.holders.values() if h.workspace == g.workspace)
-            cum, acc = [], 0
-            for _, m in hs:
-                acc += m
-                cum.append(acc)
-            cached = st.qcache[g.workspace] = ([e for e, _ in hs], cum)
-        ends, cum = cached
-        k = bisect.bisect_left(cum, need)
-        return math.inf if k >= len(cum) else max(now, ends[k])
+        acc = 0
+        for end, _, milli in self._ws_ends.get(g.workspace, ()):
+            acc += milli
+            if acc >= need:
+                return max(now, end)
+        return math.inf
 
     def _holder_bounds(self, now: float) -> list[Holder]:
         return ([Holder(g.name, g.end_bound()) for g in self.holders.values()]
@@ -496,8 +635,9 @@ class Scheduler:
         return all(math.isfinite(r.start) for r in st.resv)
 
     def _audit(self, st: _Pass, now: float) -> None:
+        check = _Pass(bounds=sorted(self._holder_bounds(now), key=holder_order))  # computed afresh, not from st
         for i, r in enumerate(st.resv):
-            again = self._reserve(self.gprs[r.gpr], st.resv[:i], now)
+            again = self._reserve(self.gprs[r.gpr], st.resv[:i], now, check)
             if again.start > r.start + 1e-9:
                 self.inversions += 1
 

@@ -172,3 +172,206 @@ def estimate_starts(
         quota_hold(w, start)
         out[w.name] = start
     return out
+
+
+# ------------------------------------------------------------------------------ predicted starts (fluid)
+class Release(NamedTuple):
+    """A holder as the fluid projection sees it: when it is predicted to release, how much, where."""
+
+    end: float
+    milli: int
+    resource: str
+    workspace: str
+
+
+class Job(NamedTuple):
+    """A queued request as the fluid projection sees it: device milli, predicted hold time (inf: holds for
+    ever), the earliest time it may start, its rank in queue order (lower first), resource and workspace."""
+
+    name: str
+    milli: int
+    duration: float
+    ready: float
+    order: int
+    resource: str
+    workspace: str
+
+
+def _serve(
+    capacity: int, releases: list[tuple[float, int]], jobs: list[tuple[float, int, int, float, str]], now: float
+) -> dict[str, float]:
+    """One pool of ``capacity`` milli: ``releases`` (end, milli) of what holds it now; ``jobs`` (ready, order,
+    milli, duration, name). At every moment the first job in queue order among those ready starts as soon as
+    the pool has room for it (nobody passes it); returns the start per job (inf: never)."""
+    rel = list(releases)
+    heapq.heapify(rel)
+    used = sum(m for _, m in rel)
+    pending = sorted(jobs)
+    eligible: list[tuple[int, int, float, str]] = []
+    out: dict[str, float] = {}
+    t, i, n = now, 0, len(pending)
+    while i < n or eligible:
+        if not eligible:
+            t = max(t, pending[i][0])
+        while i < n and pending[i][0] <= t:
+            _, order, milli, dur, name = pending[i]
+            heapq.heappush(eligible, (order, milli, dur, name))
+            i += 1
+        while rel and rel[0][0] <= t:
+            used -= heapq.heappop(rel)[1]
+        order, milli, dur, name = eligible[0]
+        if milli > capacity:
+            heapq.heappop(eligible)
+            out[name] = math.inf
+            continue
+        if used + milli <= capacity:
+            heapq.heappop(eligible)
+            out[name] = t
+            used += milli
+            heapq.heappush(rel, (t + dur, milli))
+            continue
+        # the head waits: for the next release or the next arrival that may come before it
+        nxt = min(rel[0][0] if rel else math.inf, pending[i][0] if i < n else math.inf)
+        if math.isinf(nxt):  # only unbounded holders left: nobody after this point ever starts
+            for _, _, _, nm in eligible:
+                out[nm] = math.inf
+            for p in pending[i:]:
+                out[p[4]] = math.inf
+            break
+        t = nxt
+    return out
+
+
+def project(
+    capacity: dict[str, int],
+    quotas: dict[str, int],
+    holders: Sequence[Release],
+    jobs: Sequence[Job],
+    now: float,
+) -> dict[str, float]:
+    """Predicted start of each queued job with devices counted as one pool per resource (placement
+    constraints and fragmentation are left to the calibration), holders releasing at their *predicted* ends
+    and every job holding for its predicted duration.
+
+    First each workspace with a quota is served on its own (its quota as the pool, its holders, its jobs in
+    queue order): that gives the earliest start the quota allows. Then each resource's pool serves every job
+    from that time on, in queue order among those ready. Cost: O(n log n) for n holders and jobs."""
+    ready: dict[str, float] = {}
+    by_ws: dict[str, list[tuple[float, int, int, float, str]]] = {}
+    for j in jobs:
+        if j.workspace in quotas:
+            by_ws.setdefault(j.workspace, []).append((max(j.ready, now), j.order, j.milli, j.duration, j.name))
+        else:
+            ready[j.name] = max(j.ready, now)
+    if by_ws:
+        ws_rel: dict[str, list[tuple[float, int]]] = {}
+        for h in holders:
+            if h.workspace in by_ws:
+                ws_rel.setdefault(h.workspace, []).append((h.end, h.milli))
+        for ws, wjobs in by_ws.items():
+            ready.update(_serve(quotas[ws], ws_rel.get(ws, []), wjobs, now))
+    by_res: dict[str, list[tuple[float, int, int, float, str]]] = {}
+    out: dict[str, float] = {}
+    for j in jobs:
+        r = ready[j.name]
+        if math.isinf(r):
+            out[j.name] = r
+        else:
+            by_res.setdefault(j.resource, []).append((r, j.order, j.milli, j.duration, j.name))
+    res_rel: dict[str, list[tuple[float, int]]] = {}
+    for h in holders:
+        res_rel.setdefault(h.resource, []).append((h.end, h.milli))
+    for res, rjobs in by_res.items():
+        out.update(_serve(capacity.get(res, 0), res_rel.get(res, []), rjobs, now))
+    return out
+
+
+# ------------------------------------------------------------------------------ calibration
+CAL_STEP = 0.1  # natural-log bins of the ratio actual / projected wait
+CAL_BINS = 161  # ln ratio -8 .. +8
+CAL_SLACK_S = 60.0  # waits are compared as (wait + slack): a projected 0 s against an actual 30 s is no big miss
+
+
+class Interval(NamedTuple):
+    """An estimated start: point, and the P10-P90 range (absolute times)."""
+
+    start: float
+    low: float
+    high: float
+
+
+class Calibrator:
+    """Turns a projected wait into a calibrated estimate with a P10-P90 range, learned online.
+
+    Each time a GPR starts, the ratio ``(actual wait + slack) / (projected wait + slack)`` of its *first*
+    projection is recorded, per bucket (priority class x decade of the projected wait), in a bounded
+    histogram of its logarithm. An estimate scales the projection by the bucket's median ratio (point) and its
+    10th and 90th percentiles (range): about 80% of starts fall in the range once history is representative,
+    whatever the projection gets wrong systematically (later arrivals overtaking, placement, the pool model).
+    Fallback: class, then everything, then the projection itself with no range to speak of.
+    """
+
+    def __init__(self, min_samples: int = 30, max_count: float = 2000.0) -> None:
+        self.min_samples = min_samples
+        self.max_count = max_count
+        self._hist: dict[tuple[str, ...], list[float]] = {}  # bucket -> counts (CAL_BINS) + [total]
+        self._q: dict[tuple[str, ...], tuple[float, float, float]] = {}
+
+    @staticmethod
+    def _decade(wait: float) -> str:
+        return str(min(6, max(0, int(math.log10(max(wait, 1.0))))))
+
+    def _buckets(self, cls: str, wait: float) -> list[tuple[str, ...]]:
+        return [(cls, self._decade(wait)), (cls,), ()]
+
+    def observe(self, cls: str, projected_wait: float, actual_wait: float) -> None:
+        if not (math.isfinite(projected_wait) and math.isfinite(actual_wait)):
+            return
+        lr = math.log((max(actual_wait, 0.0) + CAL_SLACK_S) / (max(projected_wait, 0.0) + CAL_SLACK_S))
+        b = min(CAL_BINS - 1, max(0, int(round(lr / CAL_STEP)) + CAL_BINS // 2))
+        for key in self._buckets(cls, projected_wait):
+            h = self._hist.get(key)
+            if h is None:
+                h = self._hist[key] = [0.0] * (CAL_BINS + 1)
+            h[b] += 1.0
+            h[-1] += 1.0
+            if h[-1] > self.max_count:
+                for k in range(CAL_BINS + 1):
+                    h[k] *= 0.5
+            self._q.pop(key, None)
+
+    def ratios(self, cls: str, projected_wait: float) -> tuple[float, float, float] | None:
+        """(P10, P50, P90) of the log ratio for this bucket, or None when nothing is known."""
+        for key in self._buckets(cls, projected_wait):
+            q = self._q.get(key)
+            if q is not None:
+                return q
+            h = self._hist.get(key)
+            if h is None or h[-1] < self.min_samples:
+                continue
+            total, acc, out = h[-1], 0.0, []
+            targets = [0.1 * total, 0.5 * total, 0.9 * total]
+            for k in range(CAL_BINS):
+                acc += h[k]
+                while targets and acc >= targets[0] - 1e-9:
+                    out.append((k - CAL_BINS // 2) * CAL_STEP)
+                    targets.pop(0)
+                if not targets:
+                    break
+            q = (out[0], out[1], out[2])
+            self._q[key] = q
+            return q
+        return None
+
+    def estimate(self, cls: str, now: float, projected_start: float) -> Interval:
+        if not math.isfinite(projected_start):
+            return Interval(math.inf, math.inf, math.inf)
+        wait = max(0.0, projected_start - now)
+        q = self.ratios(cls, wait)
+        if q is None:
+            return Interval(now + wait, now + wait / 2, now + 2 * wait)
+
+        def at(lr: float) -> float:
+            return now + max(0.0, (wait + CAL_SLACK_S) * math.exp(lr) - CAL_SLACK_S)
+
+        return Interval(at(q[1]), at(q[0]), at(q[2]))

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .fill import FillResult, fill_run
-from .replay import SCHEDULERS, Assignment, ReplayResult, replay_run, window
+from .replay import DEFAULT_SCHEDULERS, SCHEDULERS, Assignment, ReplayResult, replay_run, window
 from .report import fill_summary, fill_table, plot, replay_table, write_json
 from .traces import (
     TraceError,
@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--nodes", type=Path, metavar="FILE", help="node list (default: Philly nodes.csv)")
     r.add_argument("--quotas", type=Path, metavar="FILE", help="VC quotas (default: Helios VC config)")
     r.add_argument("--no-quotas", action="store_true", help="no workspace quotas")
-    r.add_argument("--schedulers", type=_csv, default=list(SCHEDULERS), metavar="S[,S…]",
-                   help=f"which to run (default: {','.join(SCHEDULERS)})")
+    r.add_argument("--schedulers", type=_csv, default=list(DEFAULT_SCHEDULERS), metavar="S[,S…]",
+                   help=f"which to run: {', '.join(SCHEDULERS)} (default: {','.join(DEFAULT_SCHEDULERS)})")
     r.add_argument("--placement", choices=PLACEMENTS, default="bestfit", help="placement policy (default bestfit)")
     r.add_argument("--days", type=_positive(float), metavar="D", help="only jobs submitted in the first D days")
     r.add_argument("--start-day", type=float, default=0.0, metavar="D", help="skip the first D days")
@@ -225,7 +225,7 @@ def _main(argv: Sequence[str]) -> int:
         replay_res = run_replay(args, args.schedulers, args.days, args.load, args.audit)
     else:  # demo
         fill_res, published = run_fill(args, ["default"], ["random", "bestfit", "fgd"], [42], keep_curve=True)
-        replay_res = run_replay(args, list(SCHEDULERS), days=7, load=4.0, audit=True, estimate_every=25)
+        replay_res = run_replay(args, list(DEFAULT_SCHEDULERS), days=7, load=4.0, audit=True, estimate_every=25)
     if fill_res:
         summary = fill_summary(fill_res)
         print("GPU allocation (%) and fragmentation (%), mean over seeds; 'paper' = FGD ATC'23 artifact")

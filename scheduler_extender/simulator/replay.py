@@ -30,11 +30,15 @@ from ..core.placement import make_policy
 from ..core.scheduler import Scheduler, SchedulerConfig
 from .traces import Job
 
-SCHEDULERS: dict[str, dict[str, bool]] = {
-    "accelstack": {"use_priority": True, "backfill": True, "eviction": True},
+SCHEDULERS: dict[str, dict[str, bool | str]] = {
+    "accelstack": {"use_priority": True, "order": "size", "backfill": True, "eviction": True},
     "strict-priority": {"use_priority": True, "backfill": False, "eviction": False},
     "fifo": {"use_priority": False, "backfill": False, "eviction": False},
+    # not run by default: accelstack with FIFO within each priority (the ordering before predictions)
+    "accelstack-fifo": {"use_priority": True, "order": "priority", "backfill": True, "eviction": True},
 }
+DEFAULT_SCHEDULERS = ("accelstack", "strict-priority", "fifo")
+WAITED_S = 60.0  # estimate accuracy is reported for jobs that waited longer than this
 CLASS_RANGE = {"low": (1, 100), "medium": (101, 200), "high": (201, 300)}
 
 
@@ -84,7 +88,9 @@ class JobOutcome:
     priority: int
     first_start: float | None = None
     finish: float | None = None
-    estimate: float | None = None
+    estimate: float | None = None  # estimated start, made right after arrival (sampled jobs only)
+    est_low: float | None = None  # its P10-P90 range
+    est_high: float | None = None
     evictions: int = 0
 
 
@@ -94,7 +100,8 @@ class ReplayResult:
     policy: str
     jobs: int
     finished: int
-    seconds: float
+    seconds: float  # wall
+    cpu_seconds: float  # process CPU time (what a shared machine's neighbours do not inflate)
     passes: int
     admissions: int
     evictions: int
@@ -118,7 +125,7 @@ class ReplayResult:
 
 def _stats(xs: list[float]) -> dict[str, float]:
     if not xs:
-        return {"n": 0, "mean": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan}
+        return {"n": 0, "mean": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan}
     a = np.asarray(xs, dtype=float)
     return {
         "n": len(xs),
@@ -126,6 +133,42 @@ def _stats(xs: list[float]) -> dict[str, float]:
         "p50": float(np.percentile(a, 50)),
         "p95": float(np.percentile(a, 95)),
         "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+def estimate_accuracy(outcomes: list[JobOutcome], waited_s: float = WAITED_S) -> dict[str, float]:
+    """How good the arrival estimates were, over the sampled jobs that started: for those that waited more than
+    ``waited_s``, the median relative error of the estimated wait (|estimated - actual| / actual), the share
+    within +-50%, and the share whose start fell inside the P10-P90 range ("coverage"); the same for all."""
+    rel, cover, rel_all, cover_all = [], [], [], []
+    for o in outcomes:
+        if o.first_start is None or o.estimate is None or not math.isfinite(o.estimate):
+            continue
+        wait = o.first_start - o.submit
+        est_wait = o.estimate - o.submit
+        inside = (o.est_low or 0.0) - 1e-6 <= o.first_start <= (o.est_high or 0.0) + 1e-6
+        cover_all.append(inside)
+        if wait > 0:
+            rel_all.append(abs(est_wait - wait) / wait)
+        if wait > waited_s:
+            rel.append(abs(est_wait - wait) / wait)
+            cover.append(inside)
+
+    def med(xs: list[float]) -> float:
+        return float(np.median(xs)) if xs else math.nan
+
+    def share(xs: list[bool]) -> float:
+        return 100 * float(np.mean(xs)) if xs else math.nan
+
+    return {
+        "waited_n": len(rel),
+        "waited_median_rel_err": med(rel),
+        "waited_within_50_pct": share([r <= 0.5 for r in rel]),
+        "waited_coverage_pct": share(cover),
+        "all_n": len(cover_all),
+        "all_median_rel_err": med(rel_all),
+        "all_coverage_pct": share(cover_all),
     }
 
 
@@ -147,7 +190,7 @@ def replay_run(
     ``fail_rate``: each run attempt fails with this probability at a uniform point of its run (seeded); jobs
     then requeue with the GPR backoff (60 s doubling, at most 1 h) up to ``retry_limit`` times.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     assignment = assignment or Assignment()
     drawn = assignment.draw(jobs)
     inv = Inventory(nodes, tie_seed=assignment.seed)
@@ -161,7 +204,7 @@ def replay_run(
     else:
         pol = make_policy(policy, None, assignment.seed)
     cfg = SchedulerConfig(
-        **SCHEDULERS[scheduler],
+        **SCHEDULERS[scheduler],  # type: ignore[arg-type]
         quotas={ws: q * 1000 for ws, q in quotas.items()} if quotas else None,
         audit=audit,
         max_reservations=max_reservations,
@@ -252,10 +295,13 @@ def replay_run(
                 out[ev.gpr].finish = t
         # estimates for sampled new arrivals that are still waiting after this pass
         for name in new:
+            o = out[name]
             if name in eng.queue:
-                out[name].estimate = eng.estimates(t, upto=name).get(name)
+                iv = eng.estimate_ranges(t, upto=name).get(name)
+                if iv is not None:
+                    o.estimate, o.est_low, o.est_high = iv
             else:
-                out[name].estimate = t
+                o.estimate = o.est_low = o.est_high = t
     span = max(last_t - (jobs[0].submit_s if jobs else 0), 1.0)
     window_s = float(jobs[-1].submit_s - jobs[0].submit_s) if jobs else 0.0
     cap = inv.capacity_milli()
@@ -285,12 +331,14 @@ def replay_run(
         "mean_signed_s": float(np.mean(est)) if est else math.nan,
         "late_pct": 100 * float(np.mean(np.array(est) > 1e-6)) if est else math.nan,
     }
+    est_err.update(estimate_accuracy(done))
     return ReplayResult(
         scheduler=scheduler,
         policy=policy,
         jobs=n,
         finished=len(jcts),
         seconds=time.perf_counter() - t0,
+        cpu_seconds=time.process_time() - c0,
         passes=eng.passes,
         admissions=admissions,
         evictions=evictions,
