@@ -52,14 +52,14 @@ _R_MID = np.concatenate((np.sqrt(np.maximum(_R_LO[:-1], 2.0 ** (-RATIO_BINS / PE
 def _dur_bin(seconds: float) -> int:
     if seconds < 2 ** (1 / PER_OCTAVE):
         return 0
-    return min(DUR_BINS - 1, int(math.floor(PER_OCTAVE * math.log2(seconds))))
+    return min(DUR_BINS - 1, math.floor(PER_OCTAVE * math.log2(seconds)))
 
 
 def _ratio_bin(r: float) -> int:
     """Index in ascending order (the last bin is 'used all of its exitDuration')."""
     if r >= 0.999:
         return RATIO_BINS - 1
-    k = min(RATIO_BINS - 1, int(math.floor(-PER_OCTAVE * math.log2(max(r, 1e-12)))) + 1)
+    k = min(RATIO_BINS - 1, math.floor(-PER_OCTAVE * math.log2(max(r, 1e-12))) + 1)
     return RATIO_BINS - 1 - k
 
 
@@ -94,7 +94,7 @@ class Prediction:
 
 
 class _Stats:
-    __slots__ = ("dur", "ratio", "nd", "nr", "err_d", "err_r", "med_d", "med_r", "nz_d", "nz_r")
+    __slots__ = ("dur", "err_d", "err_r", "med_d", "med_r", "nd", "nr", "nz_d", "nz_r", "ratio")
 
     def __init__(self) -> None:
         self.dur = np.zeros(DUR_BINS)

@@ -328,7 +328,7 @@ class Calibrator:
         if not (math.isfinite(projected_wait) and math.isfinite(actual_wait)):
             return
         lr = math.log((max(actual_wait, 0.0) + CAL_SLACK_S) / (max(projected_wait, 0.0) + CAL_SLACK_S))
-        b = min(CAL_BINS - 1, max(0, int(round(lr / CAL_STEP)) + CAL_BINS // 2))
+        b = min(CAL_BINS - 1, max(0, round(lr / CAL_STEP) + CAL_BINS // 2))
         for key in self._buckets(cls, projected_wait):
             h = self._hist.get(key)
             if h is None:

@@ -164,7 +164,7 @@ def run_fill(args: argparse.Namespace, workloads: list[str], policies: list[str]
     results = []
     for w in workloads:
         path = _resolve_workload(traces, w)
-        pods = read_openb_pods(path)
+        pods = read_openb_pods(path, max_gpus=max(n.devices for n in nodes))
         for pol in policies:
             for seed in seeds:
                 res = fill_run(nodes, pods, pol, seed, workload=path.stem,
@@ -179,8 +179,9 @@ def run_fill(args: argparse.Namespace, workloads: list[str], policies: list[str]
 def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | None, load: float,
                audit: bool, estimate_every: int | None = None) -> list[ReplayResult]:
     traces: Path = args.traces
-    jobs = read_philly_jobs(getattr(args, "jobs", None) or traces / "philly" / "jobs_oct_nov_11vc.csv")
     nodes = read_philly_nodes(getattr(args, "nodes", None) or traces / "philly" / "nodes.csv")
+    jobs = read_philly_jobs(getattr(args, "jobs", None) or traces / "philly" / "jobs_oct_nov_11vc.csv",
+                            max_gpus=sum(n.devices for n in nodes))
     quotas = None
     if not getattr(args, "no_quotas", False):
         quotas = read_quotas(getattr(args, "quotas", None) or traces / "philly" / "vc_config_helios_qssf.csv")

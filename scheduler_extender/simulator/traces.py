@@ -14,6 +14,12 @@ from pathlib import Path
 from ..core.inventory import GPU, NodeSpec
 
 
+MAX_INT = 2**53  # any integer field: beyond this, floats (the virtual clock) lose whole units
+MAX_DEVICES_PER_NODE = 256
+MAX_TIMESTAMP_S = 4_102_444_800  # 2100-01-01 in Unix seconds: larger values are milli-/micro-/nanoseconds
+MAX_DURATION_S = 10 * 366 * 86400  # ten years
+
+
 class TraceError(ValueError):
     def __init__(self, path: Path | str, line: int, column: int, message: str) -> None:
         super().__init__(f"{path}:{line}:{column}: {message}")
@@ -24,7 +30,23 @@ def _int(text: str) -> int:
     v = int(text)
     if v < 0:
         raise ValueError("must not be negative")
+    if v > MAX_INT:
+        raise ValueError(f"more than {MAX_INT}")
     return v
+
+
+def _int_upto(limit: int, why: str) -> Callable[[str], int]:
+    """An integer from 0 to ``limit``; above it the error says ``why`` the limit exists."""
+
+    def conv(text: str) -> int:
+        v = int(text)
+        if v < 0:
+            raise ValueError("must not be negative")
+        if v > limit:
+            raise ValueError(f"more than {limit:,}: {why}")
+        return v
+
+    return conv
 
 
 def _str(text: str) -> str:
@@ -37,7 +59,7 @@ Field = tuple[str, Callable[[str], object], bool]  # name, converter, required
 def _rows(path: Path, fields: list[Field]) -> Iterator[tuple[int, dict[str, object]]]:
     """Yield ``(line number, converted fields)`` for each data line; raise TraceError on any problem."""
     try:
-        fh = path.open(encoding="utf-8")
+        fh = path.open(encoding="utf-8-sig")  # a leading byte-order mark is not part of the first column's name
     except OSError as exc:
         raise TraceError(path, 0, 0, f"cannot read: {exc.strerror or exc}") from exc
     with fh:
@@ -110,7 +132,7 @@ def read_openb_nodes(path: Path) -> list[NodeSpec]:
         ("sn", _str, True),
         ("cpu_milli", _int, True),
         ("memory_mib", _int, True),
-        ("gpu", _int, True),
+        ("gpu", _int_upto(MAX_DEVICES_PER_NODE, "no node has that many devices"), True),
         ("model", _str, True),
     ]
     nodes: list[NodeSpec] = []
@@ -148,13 +170,14 @@ def _spec(text: str) -> frozenset[str]:
     return frozenset(s for s in text.split("|") if s)
 
 
-def read_openb_pods(path: Path) -> list[Pod]:
-    """``name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec, …]`` (extra columns ignored)."""
+def read_openb_pods(path: Path, max_gpus: int = MAX_DEVICES_PER_NODE) -> list[Pod]:
+    """``name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec, …]`` (extra columns ignored).
+    ``max_gpus``: the most GPUs any node has (a pod asking for more is refused: it could never run)."""
     fields: list[Field] = [
         ("name", _str, True),
         ("cpu_milli", _int, True),
         ("memory_mib", _int, True),
-        ("num_gpu", _int, True),
+        ("num_gpu", _int_upto(max_gpus, "no node has that many GPUs"), True),
         ("gpu_milli", _milli, True),
         ("gpu_spec", _spec, False),
     ]
@@ -208,13 +231,16 @@ class Job:
     vc: str
 
 
-def read_philly_jobs(path: Path) -> list[Job]:
-    """``job_id, submit_time_s, duration_s, num_gpu, vc`` (other columns ignored), sorted by submit time."""
+def read_philly_jobs(path: Path, max_gpus: int = MAX_INT) -> list[Job]:
+    """``job_id, submit_time_s, duration_s, num_gpu, vc`` (other columns ignored), sorted by submit time.
+    ``max_gpus``: the cluster's GPUs (a job asking for more is refused: it could never run). Times are whole
+    seconds: a submit time past 2100 in Unix seconds (a milli- or nanosecond timestamp) or a duration over
+    ten years is refused."""
     fields: list[Field] = [
         ("job_id", _str, True),
-        ("submit_time_s", _int, True),
-        ("duration_s", _int, True),
-        ("num_gpu", _int, True),
+        ("submit_time_s", _int_upto(MAX_TIMESTAMP_S, "seconds up to the year 2100 (is it in ms or ns?)"), True),
+        ("duration_s", _int_upto(MAX_DURATION_S, "ten years"), True),
+        ("num_gpu", _int_upto(max_gpus, "the cluster has fewer GPUs"), True),
         ("vc", _str, True),
     ]
     jobs = []
@@ -239,14 +265,18 @@ def read_philly_jobs(path: Path) -> list[Job]:
 def _gib(text: str) -> int:
     t = text.upper().removesuffix("GB").removesuffix("G")
     v = float(t)
-    if not math.isfinite(v) or v <= 0:
+    if not math.isfinite(v) or v <= 0 or v > 1 << 20:
         raise ValueError("expected a size such as 12GB")
     return int(v * 1024)
 
 
 def read_philly_nodes(path: Path) -> list[NodeSpec]:
     """``node_id, gpu_count, gpu_mem`` (e.g. ``12GB``); the model is named after the memory size."""
-    fields: list[Field] = [("node_id", _str, True), ("gpu_count", _int, True), ("gpu_mem", _gib, True)]
+    fields: list[Field] = [
+        ("node_id", _str, True),
+        ("gpu_count", _int_upto(MAX_DEVICES_PER_NODE, "no node has that many devices"), True),
+        ("gpu_mem", _gib, True),
+    ]
     nodes = []
     for _, r in _rows(path, fields):
         mem = int(r["gpu_mem"])  # type: ignore[call-overload]

@@ -138,3 +138,37 @@ def test_help_and_module_entry_point() -> None:
     proc = subprocess.run([sys.executable, "-m", "scheduler_extender.simulator", "replay", "--help"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "--priority-mix" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("row", "col", "words"),
+    [
+        ("j2,100000000000000000000000,10,1,a", 4, "submit_time_s"),  # 1e23 s: hung the replay once
+        ("j2,1500000000000000000,10,1,a", 4, "ms or ns"),  # a nanosecond timestamp
+        ("j2,5,100000000000000000000000,1,a", 6, "ten years"),
+        ("j2,5,10,1000000,a", 9, "fewer GPUs"),  # more than the whole cluster
+    ],
+)
+def test_out_of_range_job_values_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             row: str, col: int, words: str) -> None:
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text(f"job_id,submit_time_s,duration_s,num_gpu,vc\nj1,0,10,1,a\n{row}\n")
+    assert main(["replay", "--jobs", str(jobs), "--no-quotas"]) == 2
+    err = capsys.readouterr().err
+    assert f"{jobs}:3:{col}:" in err and words in err
+
+
+@pytest.mark.parametrize("num_gpu", ["100000000000000000000000", str(2**63), "9"])
+def test_pod_larger_than_any_node_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], num_gpu: str) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,1024,8,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text(f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,1000,10,{num_gpu},1000\n")
+    assert main(["fill", "--nodes", str(nodes), "--workloads", str(pods), "--seeds", "1", "--policies", "bestfit"]) == 2
+    assert f"{pods}:3:12:" in capsys.readouterr().err
+
+
+def test_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    f = tmp_path / "j.csv"
+    f.write_bytes("\ufeffjob_id,submit_time_s,duration_s,num_gpu,vc\nj1,0,10,1,a\n".encode())
+    assert [j.job_id for j in read_philly_jobs(f)] == ["j1"]
