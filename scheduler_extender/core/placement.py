@@ -97,8 +97,15 @@ def _best_nodes(score: np.ndarray, rank: np.ndarray, cand: np.ndarray, k: int) -
     return cand[order[:k]]
 
 
+MAX_SPEC_CPU_MILLI = 128_000  # BestFit's normalisation constants, as in the FGD paper's simulator
+MAX_SPEC_DEVICE_MILLI = 8 * MILLI_PER_DEVICE
+
+
 class BestFit:
-    """Least room left after placement wins: free device share plus free CPU share of the node."""
+    """Least room left after placement wins, scored as the FGD paper's simulator scores its BestFit baseline:
+    ``0.5 * CPU left / 128 cores + 0.5 * device milli left / 8 devices`` (absolute amounts over fixed
+    constants, not shares of each node's own size), turned into an integer ``trunc(100 * (1 - that))``, so
+    nodes within about 1% of each other tie and the tie goes to the seeded node order."""
 
     name = "bestfit"
 
@@ -107,10 +114,10 @@ class BestFit:
         cand = np.flatnonzero(ok)
         if len(cand) < req.node_count:
             return None
-        dev_cap = np.maximum(inv.ndev[cand], 1) * MILLI_PER_DEVICE
         gpu_left = np.clip(avail[cand], 0, None).sum(axis=1) - req.count * req.milli
-        cpu_cap = np.maximum(inv.cpu_cap[cand], 1)
-        score = gpu_left / dev_cap + (inv.cpu_free[cand] - req.cpu_milli) / cpu_cap
+        cpu_left = inv.cpu_free[cand] - req.cpu_milli
+        left = 0.5 * cpu_left / MAX_SPEC_CPU_MILLI + 0.5 * gpu_left / MAX_SPEC_DEVICE_MILLI
+        score = -np.trunc((1.0 - left) * 100.0)  # lower is better here
         chosen = _best_nodes(score, inv.rank, cand, req.node_count)
         return _assemble(req, chosen, [_pick_devices(avail[n], req.count, req.milli) for n in chosen])
 
