@@ -251,9 +251,11 @@ class DurationPredictor:
             for lo, hi, w in bins:
                 if hi <= elapsed_s:
                     continue
-                lo = max(lo, elapsed_s)
                 if math.isinf(hi):
-                    hi = lo * 2 ** (1 / PER_OCTAVE)
+                    hi = max(lo, elapsed_s) * 2 ** (1 / PER_OCTAVE)
+                if lo < elapsed_s:  # the bin holding the elapsed time: only its part above it (log-uniform)
+                    w *= math.log(hi / elapsed_s) / math.log(hi / lo) if lo > 0 else (hi - elapsed_s) / hi
+                    lo = elapsed_s
                 mid = math.sqrt(lo * hi) if lo > 0 else hi / 2  # log-uniform within a bin: its geometric middle
                 v = min(mid - elapsed_s, cap)
                 vals.append((v, w))

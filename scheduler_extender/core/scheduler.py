@@ -419,7 +419,7 @@ class Scheduler:
                 r = self._releases[h.name] = self._predicted_end(h, now)
             releases.append(r)
         releases += [Release(now, g.milli_total(), g.resource, g.workspace) for g in self.evicting.values()]
-        for owner, p in self.external.items():  # work outside any GPR: no end known
+        for p in self.external.values():  # work outside any GPR: no end known
             res = self.inv.resources[int(self.inv.resource[p.assignments[0].node])] if p.assignments else ""
             releases.append(Release(math.inf, p.milli_total(), res, ""))
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}

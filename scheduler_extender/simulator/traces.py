@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ..core.inventory import GPU, NodeSpec
 
-
 MAX_INT = 2**53  # any integer field: beyond this, floats (the virtual clock) lose whole units
 MAX_DEVICES_PER_NODE = 256
 MAX_TIMESTAMP_S = 4_102_444_800  # 2100-01-01 in Unix seconds: larger values are milli-/micro-/nanoseconds

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
 from scheduler_extender.core.inventory import Inventory, NodeSpec
 from scheduler_extender.core.placement import BestFit, make_policy
-from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_extender.core.scheduler import LEVEL, Scheduler, SchedulerConfig
 
 
 def _sched(*devs: int, **cfg: object) -> Scheduler:
@@ -174,13 +175,15 @@ step = st.tuples(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(step, min_size=10, max_size=50), st.sampled_from(["bestfit", "fgd", "random"]), st.booleans())
-def test_invariants_hold_under_random_event_streams(steps: list, policy_name: str, with_quota: bool) -> None:
+@given(st.lists(step, min_size=10, max_size=50), st.sampled_from(["bestfit", "fgd", "random"]), st.booleans(),
+       st.sampled_from(["priority", "size"]))
+def test_invariants_hold_under_random_event_streams(steps: list, policy_name: str, with_quota: bool,
+                                                    order: str) -> None:
     from scheduler_extender.core.placement import Shape, TypicalShapes
 
     inv = Inventory([NodeSpec(f"n{i}", d) for i, d in enumerate([1, 2, 4, 4])], tie_seed=3)
     shapes = TypicalShapes.from_requests([Shape(0, 1, 500), Shape(0, 2, 1000)], inv.models)
-    cfg = SchedulerConfig(audit=True, quotas={"w0": 4000} if with_quota else None)
+    cfg = SchedulerConfig(audit=True, quotas={"w0": 4000} if with_quota else None, order=order, ageing_s=30)
     s = Scheduler(inv, make_policy(policy_name, shapes, 1), cfg)
     now = 0.0
     fail_times: dict[str, list[float]] = {}
@@ -236,6 +239,12 @@ def test_invariants_hold_under_random_event_streams(steps: list, policy_name: st
                 assert s.policy.place(s.inv, head.request()) is None
         # no GPR ever holds past its exit bound
         assert all(g.end_bound() > now or math.isinf(g.end_bound()) for g in s.holders.values())
+        # priority levels stay strict in the queue, whatever the order within a level
+        levels = [LEVEL[g.priority_class] for g in s.queue.ordered()]
+        assert order == "priority" or levels == sorted(levels, reverse=True)
+        # every estimate has its range around it, none before now
+        for iv in s.estimate_ranges(now).values():
+            assert now <= iv.low <= iv.start <= iv.high or math.isinf(iv.start)
 
 
 def test_node_set_changes_keep_surviving_allocations() -> None:
@@ -282,3 +291,79 @@ def test_adopt_restores_a_holder_after_restart() -> None:
     ev = s.tick(60)
     assert ("expired", "a") in kinds(ev)
     s.check()
+
+
+# ----------------------------------------------------------------------------------- size order and ageing
+def _one_device_stream(ageing_s: float) -> float:
+    """One device; a long GPR arrives at 0 behind a running one, then a short one every 5 s for 3,000 s (twice
+    what the device can serve). Returns when the long GPR started (inf: never within the stream)."""
+    s = _sched(1, order="size", ageing_s=ageing_s)
+    for _ in range(20):  # history: short GPRs take 10 s, long ones 1,000 s
+        s.predictor.observe(s._job_key(GPR("x", workspace="w")), 10.0, 10.0)
+        s.predictor.observe(s._job_key(GPR("y", workspace="w", devices_per_node=1, template="long")), 1000.0, 1000.0)
+    s.submit(GPR("first", workspace="w", exit_duration_s=10), 0)
+    s.tick(0)
+    s.submit(GPR("long", workspace="w", template="long", exit_duration_s=1000, submitted_at=0), 0)
+    t, i, started = 0.0, 0, math.inf
+    running: dict[str, float] = {"first": 10.0}
+    while t < 3000:
+        t += 5
+        for name, end in list(running.items()):
+            if end <= t:
+                s.finish(name, end)
+                del running[name]
+        s.submit(GPR(f"short{i}", workspace="w", exit_duration_s=10, submitted_at=t), t)
+        i += 1
+        for e in s.tick(t):
+            if e.kind in ("admitted", "backfilled"):
+                running[e.gpr] = t + (1000 if e.gpr == "long" else 10)
+                if e.gpr == "long":
+                    started = min(started, t)
+        s.check()
+        assert s.inversions == 0
+    return started
+
+
+def test_ageing_bounds_the_wait_of_a_long_gpr_under_a_stream_of_short_ones() -> None:
+    # the long GPR queues as if submitted ageing * log2(1 + 1000/60) = 4.1 * ageing later; short ones as
+    # 0.22 * ageing later: those arriving after 3.9 * ageing = 390 s queue behind it, and the ~80 ahead of it
+    # take 10 s each
+    start = _one_device_stream(ageing_s=100)
+    assert start <= 390 + 81 * 10 + 10
+    # without ageing to speak of (pure shortest-first) the same stream starves it for the whole stream
+    assert _one_device_stream(ageing_s=1e6) == math.inf
+
+
+def test_size_order_keeps_levels_strict_and_puts_short_work_first() -> None:
+    s = _sched(1, order="size", ageing_s=3600)
+    for _ in range(10):
+        s.predictor.observe(s._job_key(GPR("x", workspace="w", template="short")), 60.0)
+        s.predictor.observe(s._job_key(GPR("x", workspace="w", template="long")), 36_000.0)
+    s.submit(GPR("run", workspace="w", exit_duration_s=100), 0)
+    s.tick(0)
+    s.submit(GPR("long-low", workspace="w", template="long", priority=50, submitted_at=1), 1)
+    s.submit(GPR("short-low", workspace="w", template="short", priority=10, submitted_at=2), 2)
+    s.submit(GPR("long-high", workspace="w", template="long", priority=250, submitted_at=3), 3)
+    assert [g.name for g in s.queued()] == ["long-high", "short-low", "long-low"]
+    fifo = _sched(1, order="priority")
+    for name, prio, t in (("long-low", 50, 1), ("short-low", 10, 2), ("long-high", 250, 3)):
+        fifo.submit(GPR(name, workspace="w", priority=prio, submitted_at=t), t)
+    assert [g.name for g in fifo.queued()] == ["long-high", "long-low", "short-low"]
+
+
+def test_estimates_use_predicted_ends_and_learn_their_error() -> None:
+    s = _sched(1)
+    for _ in range(10):  # GPRs of this workspace use a tenth of their exitDuration
+        s.predictor.observe(s._job_key(GPR("x", workspace="w")), 100.0, 1000.0)
+    s.submit(GPR("a", workspace="w", exit_duration_s=1000), 0)
+    s.tick(0)
+    s.submit(GPR("b", workspace="w", exit_duration_s=1000), 10)
+    iv = s.estimate_ranges(10)["b"]
+    assert iv.start == pytest.approx(100, rel=0.15)  # a is predicted to end near 100, not at its bound 1000
+    assert iv.low <= iv.start <= iv.high
+    # starts that come twice as late as projected, again and again: the calibrated estimate follows
+    cal = s.calibrator
+    for _ in range(100):
+        cal.observe("low", 1000.0, 2060.0)
+    later = cal.estimate("low", 0.0, 1000.0)
+    assert later.start == pytest.approx(2060, rel=0.1) and later.low <= later.start <= later.high
