@@ -36,6 +36,7 @@ PER_OCTAVE = 4
 DUR_BINS = 26 * PER_OCTAVE + 1  # 1 s .. 2**26 s (~2 years), the last bin takes anything longer
 RATIO_BINS = 12 * PER_OCTAVE + 1  # bin 0: the whole exitDuration (>= 0.999); then 2**-0.25 .. 2**-12
 STATE_VERSION = 1
+ERR_STRIDE = 4  # model errors are updated on every 4th sample of a key
 
 # bin representatives and edges (seconds, resp. fraction of exitDuration), ascending
 _D_LO = np.concatenate(([0.0], 2.0 ** (np.arange(1, DUR_BINS) / PER_OCTAVE)))
@@ -182,8 +183,10 @@ class DurationPredictor:
                     self._keys.popitem(last=False)
             else:
                 self._keys.move_to_end(lv)
-            # how good was each model's median for this sample (before learning from it)?
-            if exit_s is not None and st.nd >= self.min_samples and st.nr >= self.min_samples:
+            # how good was each model's median for this sample (before learning from it)? Judged on every
+            # ERR_STRIDE-th sample of the key: enough to choose, a quarter of the cost
+            if (exit_s is not None and st.nd >= self.min_samples and st.nr >= self.min_samples
+                    and int(st.nd) % ERR_STRIDE == 0):
                 ed = abs(math.log(max(min(st.median_d(), exit_s), 1.0)) - logh)
                 er = abs(math.log(max(st.median_r() * exit_s, 1.0)) - logh)
                 st.err_d = ed if math.isnan(st.err_d) else (1 - w) * st.err_d + w * ed

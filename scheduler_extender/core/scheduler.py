@@ -46,6 +46,10 @@ from .waittime import Calibrator, Holder, Interval, Job, Release, earliest_fit, 
 ORDERS = ("priority", "size")
 LEVEL = {"low": 1, "medium": 2, "high": 3}  # priority levels: strict between them
 SIZE_UNIT_GPU_S = 60.0  # predicted GPU-seconds below this count as "tiny" in the size order
+# Size order: a GPR queues as if submitted this much later per doubling of its predicted GPU-time (4 days: within
+# a level it is close to shortest-first, yet nothing arriving more than ~4 days x log2(its size / 60 GPU-s) after
+# a GPR can pass it). Chosen on the Philly replay (docs/simulator.md: 2 days and 8 days measured beside it).
+AGEING_S = 4 * 86400.0
 
 
 @dataclass
@@ -54,7 +58,7 @@ class SchedulerConfig:
     # "priority": numeric priority, then submission (FIFO within a priority);
     # "size": priority level (low/medium/high) strictly, then predicted size with ageing (see _order_key)
     order: str = "priority"
-    ageing_s: float = 3600.0  # "size": queue position moves this much later per doubling of predicted GPU-time
+    ageing_s: float = AGEING_S  # "size": queue position this much later per doubling of predicted GPU-time
     backfill: bool = True
     eviction: bool = True
     max_reservations: int = 8
@@ -381,13 +385,13 @@ class Scheduler:
         return sorted(order + list({g.name: g for g in extra}.values()), key=self._key)
 
     def estimates(self, now: float, upto: str | None = None) -> dict[str, float]:
-        """Estimated start time per queued GPR (all of them, or up to and including ``upto`` in queue
-        order); inf: cannot be estimated. The point of :meth:`estimate_ranges`."""
+        """Estimated start time per queued GPR (all of them, or only ``upto``); inf: cannot be estimated. The
+        point of :meth:`estimate_ranges`."""
         return {name: iv.start for name, iv in self.estimate_ranges(now, upto).items()}
 
     def estimate_ranges(self, now: float, upto: str | None = None) -> dict[str, Interval]:
-        """Estimated start per queued GPR with its P10-P90 range, in queue order (all of them, or up to and
-        including ``upto``).
+        """Estimated start per queued GPR with its P10-P90 range, in queue order (all of them, or only ``upto``,
+        projected with the GPRs ahead of it).
 
         A fluid projection (:func:`.waittime.project`): holders release at their *predicted* end (the
         predictor's expected remaining time given how long they have held, never past their end bound),
@@ -425,12 +429,13 @@ class Scheduler:
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
         raw = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
         out: dict[str, Interval] = {}
+        first = self._first_est
         for g in order:
-            cls = g.priority_class
             start = raw[g.name]
-            if g.name not in self._first_est and math.isfinite(start):
-                self._first_est[g.name] = (now, start - now, cls)
-            out[g.name] = self.calibrator.estimate(cls, now, start)
+            if g.name not in first and start < math.inf:
+                first[g.name] = (now, start - now, g.priority_class)
+            if upto is None or g.name == upto:
+                out[g.name] = self.calibrator.estimate(g.priority_class, now, start)
         if upto is None:  # forget GPRs that left the queue otherwise (cancelled)
             for memo in (self._first_est, self._pred):
                 if len(memo) > len(out):

@@ -14,9 +14,13 @@ FILE:LINE:COLUMN: message, with exit status 2.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
+import multiprocessing
+import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .fill import FillResult, fill_run
@@ -139,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fail-rate", type=float, default=0.0, metavar="P",
                    help="each run attempt fails with probability P (0-1) midway; jobs requeue with backoff")
     r.add_argument("--retry-limit", type=int, default=3, metavar="N", help="requeues after failures (default 3)")
+    r.add_argument("--workers", type=_positive(int), metavar="N",
+                   help="run up to N schedulers at once, one process each (default: the CPU count)")
     outputs(r)
 
     d = sub.add_parser("demo", help="a short run of fill and replay (< 1 minute)", description=(
@@ -192,15 +198,23 @@ def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | No
         priority_mix=getattr(args, "priority_mix", Assignment().priority_mix),
         exit_factor=getattr(args, "exit_factor", Assignment().exit_factor),
     )
-    out = []
-    for s in schedulers:
-        res = replay_run(nodes, jobs, s, getattr(args, "placement", "bestfit"), assignment, quotas,
-                         estimate_every=estimate_every if estimate_every is not None else getattr(args, "estimate_every", 10),
-                         audit=audit, fail_rate=getattr(args, "fail_rate", 0.0),
-                         retry_limit=getattr(args, "retry_limit", 3))
-        print(f"  replay {s}: {res.finished} jobs, mean wait {res.delay['all']['mean']:.0f}s "
-              f"({res.seconds:.1f}s)", file=sys.stderr)
+    run = functools.partial(
+        replay_run, nodes, jobs, policy=getattr(args, "placement", "bestfit"), assignment=assignment, quotas=quotas,
+        estimate_every=estimate_every if estimate_every is not None else getattr(args, "estimate_every", 10),
+        audit=audit, fail_rate=getattr(args, "fail_rate", 0.0), retry_limit=getattr(args, "retry_limit", 3))
+    workers = min(len(schedulers), getattr(args, "workers", None) or os.cpu_count() or 1)
+    out: list[ReplayResult] = []
+    if workers <= 1:
+        results: Iterable[ReplayResult] = (run(s) for s in schedulers)
+    else:  # the schedulers are independent runs over the same jobs: one process each (deterministic all the same)
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        results = pool.map(run, schedulers)
+    for res in results:
+        print(f"  replay {res.scheduler}: {res.finished} jobs, mean wait {res.delay['all']['mean']:.0f}s "
+              f"({res.seconds:.1f}s wall, {res.cpu_seconds:.1f}s CPU)", file=sys.stderr)
         out.append(res)
+    if workers > 1:
+        pool.shutdown()
     return out
 
 

@@ -91,24 +91,36 @@ def replay_table(results: list[ReplayResult]) -> str:
                 _fmt(r.utilisation_pct, 1),
                 r.evictions,
                 "n/a" if r.inversions is None else r.inversions,
-                _fmt(r.estimate_error["mean_abs_s"], 0),
                 _fmt(r.seconds, 1),
+                _fmt(r.cpu_seconds, 1),
             ]
         )
     main = table(
         ["scheduler", "placement", "jobs", "wait mean s", "p50", "p95", "p99", "JCT mean s", "util%*", "evictions",
-         "inversions", "est.err mean s", "sim s"],
+         "inversions", "wall s", "CPU s"],
         rows,
     )
-    keys = [k for k in results[0].delay if k.startswith("priority:")] if results else []
-    prow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) + " / " + _fmt(r.delay.get(k, {}).get("p95", math.nan), 0) for r in results] for k in keys]
-    per_prio = table(["priority (wait mean / p95 s)"] + [r.scheduler for r in results], prow)
+    erows = []
+    for r in results:
+        e = r.estimate_error
+        erows.append([r.scheduler, e.get("waited_n", 0), _fmt(e.get("waited_median_rel_err", math.nan)),
+                      _fmt(e.get("waited_within_50_pct", math.nan), 0), _fmt(e.get("waited_coverage_pct", math.nan), 0),
+                      e.get("all_n", 0), _fmt(e.get("all_coverage_pct", math.nan), 0)])
+    est = table(["wait estimate at arrival", "waited>60s", "median rel.err", "within ±50%", "P10-P90 cover %",
+                 "all sampled", "cover %"], erows)
+    keys = sorted((k for k in results[0].delay if k.startswith("priority:")),
+                  key=lambda k: ("high", "medium", "low").index(k.split(":", 1)[1])) if results else []
+    prow = [[k.split(":", 1)[1]] + [" / ".join(_fmt(r.delay.get(k, {}).get(m, math.nan), 0) for m in ("mean", "p95", "max"))
+                                     for r in results] for k in keys]
+    per_prio = table(["priority (wait mean / p95 / max s)"] + [r.scheduler for r in results], prow)
     wkeys = [k for k in results[0].delay if k.startswith("workspace:")] if results else []
     wrow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) for r in results] for k in wkeys]
     per_ws = table(["workspace (wait mean s)"] + [r.scheduler for r in results], wrow)
     note = ("* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - "
-            "submission;\n  inversions: n/a unless --audit; est.err: mean |actual start - estimate at arrival|")
-    parts = [main + "\n" + note, per_prio, per_ws]
+            "submission;\n  inversions: n/a unless --audit")
+    enote = ("rel.err = |estimated - actual wait| / actual wait, for sampled jobs that waited > 60 s; cover = share "
+             "whose start fell in the estimate's P10-P90 range")
+    parts = [main + "\n" + note, est + "\n" + enote, per_prio, per_ws]
     if any(r.failures.get("injected") for r in results):
         frow = [[r.scheduler, r.failures["injected"], r.failures["requeued"], r.failures["gave_up"]] for r in results]
         parts.append(table(["scheduler (injected failures)", "failures", "requeued", "gave up"], frow))
