@@ -33,6 +33,7 @@ from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ClusterView
 from scheduler_extender.core.scheduler import Event, SchedulerConfig
 from scheduler_extender.kube import Kube
+from scheduler_extender.predictor_store import PredictorStore
 from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass, ungate_patch
 
 log = logging.getLogger("accelstack.controller")
@@ -62,13 +63,20 @@ class GPRController:
                  config: SchedulerConfig | None = None, clock: Callable[[], float] = time.time,
                  namespace_events: bool = True, concurrency: int = 16, estimate_every: float = 30.0,
                  evict_every: float = 10.0, orphan_grace: float = 120.0,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, history: PredictorStore | None = None,
+                 history_namespace: str | None = None, history_every: float = 60.0) -> None:
         self.kube = kube
         self.view = view
         self.policy = policy
         self.resync = resync
         self.config = config or SchedulerConfig()
         self.config.instant_eviction = False
+        self.config.learn = False  # the history below learns from finished GPR objects, once each
+        # how long work runs (wait estimates), kept in a ConfigMap of history_namespace across restarts
+        self.history = history or PredictorStore()
+        self.history_namespace = history_namespace
+        self.history_every = history_every
+        self._history_saved = -math.inf
         self.clock = clock
         self.emit_events = namespace_events
         self.concurrency = concurrency
@@ -121,11 +129,14 @@ class GPRController:
     async def reconcile(self) -> Plan:
         snap = self.snapshot()
         due = snap.now - self._queue_at >= self.estimate_every
+        self.history.learn(snap.gprs)  # before the pass, which only reads the predictor and the calibration
         cfg = PassConfig(self.policy, self.config, refresh_queue=due, orphan_grace=self.orphan_grace,
-                         last_queue=self._queue, refresh_on_change=snap.now - self._queue_at >= self.min_refresh)
+                         last_queue=self._queue, refresh_on_change=snap.now - self._queue_at >= self.min_refresh,
+                         predictor=self.history.predictor, calibrator=self.history.calibrator)
         plan = await asyncio.to_thread(plan_pass, snap, cfg, self.cache)
         if plan.refreshed:
             self._queue_at, self._queue = snap.now, plan.queue
+            self.history.note_projections(plan.projections, snap.now)
             self.metrics.estimate_seconds.observe(plan.estimate_seconds)
         self.metrics.pass_seconds.observe(plan.seconds)
         self.metrics.queued.set(plan.queued)
@@ -257,12 +268,26 @@ class GPRController:
 
     # ------------------------------------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
-        """Passes until ``stop`` (a leader term's end). Errors are logged and the pass retried with backoff."""
+        """Passes until ``stop`` (a leader term's end). Errors are logged and the pass retried with backoff.
+        The duration history is read at the start of the term and written every ``history_every`` seconds
+        when it changed, and at the end."""
+        if self.history_namespace:
+            await self.history.load(self.kube, self.history_namespace)
+        try:
+            await self._run(stop)
+        finally:
+            if self.history_namespace:
+                await self.history.save(self.kube, self.history_namespace)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
             self.poke.clear()
             try:
                 plan = await self.reconcile()
+                if self.history_namespace and self.clock() - self._history_saved >= self.history_every:
+                    self._history_saved = self.clock()
+                    await self.history.save(self.kube, self.history_namespace)
                 failures = 0
                 self.metrics.passes.labels("ok").inc()
                 wake = plan.wakeup

@@ -12,6 +12,7 @@ from typing import Any
 
 from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound, TransportError
 from kubeapi.resources import (
+    CONFIGMAPS,
     EVENTS,
     GPR_TEMPLATES,
     GPRS,
@@ -96,6 +97,20 @@ class Kube:
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.client.get(GPR_TEMPLATES, name, namespace)
+
+    # the controller's duration history (scheduler_extender.predictor_store)
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.client.get(CONFIGMAPS, name, namespace)
+
+    async def put_configmap(self, namespace: str, name: str, data: dict[str, str],
+                            labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create the ConfigMap, or replace its data (the last writer wins: one leader writes it)."""
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "data": data}
+        try:
+            return await self.client.replace(CONFIGMAPS, name, body, namespace)
+        except NotFound:
+            return await self.client.create(CONFIGMAPS, body, namespace)
 
     # authentication and authorisation of REST API callers
     async def token_review(self, token: str) -> dict[str, Any]:

@@ -33,13 +33,17 @@ from scheduler_extender.cluster import GPU, NR1, NodeView, PodView
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
 from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import make_policy
+from scheduler_extender.core.predictor import DurationPredictor
 from scheduler_extender.core.scheduler import Event, Scheduler, SchedulerConfig
+from scheduler_extender.core.waittime import Calibrator, Interval
+from scheduler_extender.predictor_store import job_key as history_key
 
 MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 AUTO_LABEL = "accelstack.io/auto-gpr"
 ALLOCATED = (Phase.ADMITTED, Phase.RUNNING, Phase.EVICTING)
 # status fields a pass compares with what it would write (positions and estimates are refreshed apart)
+QUEUE_FIELDS = ("queuePosition", "estimatedStart", "estimatedStartRange")  # refreshed apart from the rest
 COMPARED = ("phase", "reason", "failures", "evictions", "reservation", "admittedAt", "startedAt", "finishedAt",
             "nextRetryTime", "observedGeneration")
 
@@ -58,7 +62,10 @@ class Snapshot:
 @dataclass
 class PassConfig:
     policy: str = "bestfit"
-    core: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(instant_eviction=False))
+    core: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(instant_eviction=False, learn=False))
+    # what the controller learned of how long work runs (scheduler_extender.predictor_store); read, not changed
+    predictor: DurationPredictor | None = None
+    calibrator: Calibrator | None = None
     refresh_queue: bool = True  # write queue positions and estimates this pass
     estimates: bool = True  # compute wait estimates when refreshing
     # refresh also when the queue differs from this (a GPR arrived, left or moved), if allowed now
@@ -96,6 +103,8 @@ class Plan:
     refreshed: bool = False
     seconds: float = 0.0
     estimate_seconds: float = 0.0
+    # GPR UID -> (projected start, predicted hold time, priority) of queued GPRs when estimates were refreshed
+    projections: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,6 +151,8 @@ class PassCache:
             created = gr.parse_time(meta.get("creationTimestamp"))
             proto = GPR(name=key, workspace=namespace, submitted_at=created if created is not None else now, **fields)
             gr.restore_status(proto, status)
+            hist = history_key(obj)  # what the duration predictor knows it by
+            proto.template, proto.workload = hist.template, hist.owner
         extra = any(isinstance(c, dict) and c.get("type") in _EXTRA_CONDITIONS for c in status.get("conditions") or ())
         d = Decoded(version, uid, key, _created(obj), bool(meta.get("deletionTimestamp")), gr.phase_of(obj), status,
                     meta.get("generation"), fields, proto, gr.reservation_of(obj),
@@ -255,7 +266,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
     base_key = (tuple(specs), tuple((d.uid, d.version) for d in allocated))
     base = cache.base if cache.base is not None and cache.base[0] == base_key else None
-    sched = Scheduler(base[1].copy() if base else Inventory(specs), make_policy(cfg.policy), cfg.core)
+    sched = Scheduler(base[1].copy() if base else Inventory(specs), make_policy(cfg.policy), cfg.core,
+                      cfg.predictor, cfg.calibrator)
     inv = sched.inv
 
     pods_of: dict[str, list[PodView]] = {}
@@ -324,15 +336,17 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             extra.setdefault(e.gpr, []).append({"type": "Idle", "status": "True", "reason": "IdleTimeout",
                                                 "message": "no pod has run for longer than spec.idleTimeout"})
 
-    estimates: dict[str, float] = {}
+    estimates: dict[str, Interval] = {}
     queued = sched.queued()
     plan.queue = tuple(g.name for g in queued)
     refresh = cfg.refresh_queue or (cfg.refresh_on_change and plan.queue != cfg.last_queue)
     plan.refreshed = refresh
     if refresh and cfg.estimates and queued:
         t0 = time.perf_counter()
-        estimates = sched.estimates(now)
+        estimates = sched.estimate_ranges(now)
         plan.estimate_seconds = time.perf_counter() - t0
+        plan.projections = {uid_of[g.name]: (sched.projection.get(g.name, math.inf), sched.predicted_hold(g), g.priority)
+                            for g in queued if g.name in uid_of}
     positions = {g.name: i + 1 for i, g in enumerate(queued)}
     for key, g in sched.gprs.items():
         d = objects[key]
@@ -354,14 +368,16 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if holding:
             plan.ungate[uid] = reserved
         estimate = estimates.get(key)
+        finite = estimate is not None and math.isfinite(estimate.start)
         body = gr.status_body(g, queue_position=positions.get(key),
-                              estimated_start=estimate if estimate is not None and math.isfinite(estimate) else None,
+                              estimated_start=estimate.start if estimate is not None and finite else None,
+                              estimated_range=(estimate.low, estimate.high) if estimate is not None and finite else None,
                               reservation=reservation, now=now,
                               observed_generation=d.generation,
                               conditions=extra.get(key), previous_conditions=current.get("conditions"))["status"]
         if _differs(current, body, refresh):
             if not refresh:  # keep the stored position and estimate until the next refresh
-                for k in ("queuePosition", "estimatedStart"):
+                for k in QUEUE_FIELDS:
                     if g.phase is Phase.QUEUED and k in current:
                         body[k] = current[k]
                     else:
@@ -534,7 +550,7 @@ def _unchanged(g: GPR, d: Decoded, extra: bool) -> bool:
 def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool) -> bool:
     if any(current.get(k) != new.get(k) for k in COMPARED):
         return True
-    if queue_too and any(current.get(k) != new.get(k) for k in ("queuePosition", "estimatedStart")):
+    if queue_too and any(current.get(k) != new.get(k) for k in QUEUE_FIELDS):
         return True
 
     def kinds(status: Mapping[str, Any]) -> set[tuple[str, str]]:

@@ -113,6 +113,7 @@ class ControllerService:
                  registry: CollectorRegistry | None = None, **controller: Any) -> None:
         self.kube = kube
         self.view = view
+        controller.setdefault("history_namespace", lease_namespace)
         self.controller = GPRController(kube, view, policy=policy, resync=resync, registry=registry, **controller)
         self.binder = Binder(kube, view)
         self.elector = LeaderElector(kube.client, lease_namespace, lease_name,

@@ -68,6 +68,9 @@ class SchedulerConfig:
     # True: an evicted GPR's devices are free at once (the simulator: pods vanish). False: it is ``Evicting`` and
     # keeps them until the driver reports its pods gone (:meth:`Scheduler.evicted`) — the live controller.
     instant_eviction: bool = True
+    # True: the engine teaches its predictor from the GPRs it sees complete (the simulator). False: the driver
+    # does it (the live controller learns from finished GPR objects, once each, across restarts)
+    learn: bool = True
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class Scheduler:
         self._pred: dict[str, float] = {}  # queued GPR -> predicted hold time (s), fixed when it joined the queue
         self._releases: dict[str, Release] = {}  # holder -> when it is predicted to release (see _predicted_end)
         self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
+        self.projection: dict[str, float] = {}  # the last estimate's projected starts, before calibration
         # workspace -> its holders as (end bound, name, milli), sorted; kept up to date by _hold/_unhold
         self._ws_ends: dict[str, list[tuple[float, str, int]]] = {}
         self._ws_entry: dict[str, tuple[float, str, int]] = {}
@@ -413,7 +417,7 @@ class Scheduler:
                 names = [g.name for g in order]
                 order = order[: names.index(upto) + 1] if upto in names else []
         jobs = [
-            Job(g.name, g.milli_total(), self._predicted(g), g.not_before, i, g.resource, g.workspace)
+            Job(g.name, g.milli_total(), self.predicted_hold(g), g.not_before, i, g.resource, g.workspace)
             for i, g in enumerate(order)
         ]
         releases = []
@@ -427,7 +431,7 @@ class Scheduler:
             res = self.inv.resources[int(self.inv.resource[p.assignments[0].node])] if p.assignments else ""
             releases.append(Release(math.inf, p.milli_total(), res, ""))
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
-        raw = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
+        raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
         out: dict[str, Interval] = {}
         first = self._first_est
         for g in order:
@@ -468,34 +472,34 @@ class Scheduler:
             return queue_key(g, False)
         if self.cfg.order == "priority":
             return queue_key(g, True)
-        pred = self._pred[g.name] = self.predictor.predict(self._job_key(g), g.exit_duration_s).mean
+        pred = self._pred[g.name] = self.predictor.predict(self.job_key(g), g.exit_duration_s).mean
         size = pred * g.milli_total() / 1000.0
         shift = self.cfg.ageing_s * math.log2(1.0 + size / SIZE_UNIT_GPU_S)
         return (-LEVEL[g.priority_class], g.submitted_at + shift, g.seq, g.name)
 
     @staticmethod
-    def _job_key(g: GPR) -> JobKey:
+    def job_key(g: GPR) -> JobKey:
         return JobKey(g.workspace, g.template, g.workload,
                       shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
 
-    def _predicted(self, g: GPR) -> float:
+    def predicted_hold(self, g: GPR) -> float:
         """Predicted hold time of a queued GPR (fixed while it stays queued)."""
         p = self._pred.get(g.name)
         if p is None:
-            p = self._pred[g.name] = self.predictor.predict(self._job_key(g), g.exit_duration_s).mean
+            p = self._pred[g.name] = self.predictor.predict(self.job_key(g), g.exit_duration_s).mean
         return p
 
     def _predicted_end(self, g: GPR, now: float) -> Release:
         """When a holder is predicted to release: now + the predicted remaining hold time given how long it
         has held (the caller re-asks once that time has passed); never past its end bound."""
         adm = g.admitted_at if g.admitted_at is not None else now
-        rem = self.predictor.remaining(self._job_key(g), now - adm, g.exit_duration_s).mean
+        rem = self.predictor.remaining(self.job_key(g), now - adm, g.exit_duration_s).mean
         return Release(min(now + rem, g.end_bound()), g.milli_total(), g.resource, g.workspace)
 
     def _learn(self, g: GPR, now: float) -> None:
         """A GPR completed (succeeded, or stopped at its exitDuration or idle timeout): one hold-time sample."""
-        if g.admitted_at is not None:
-            self.predictor.observe(self._job_key(g), max(0.0, now - g.admitted_at), g.exit_duration_s)
+        if g.admitted_at is not None and self.cfg.learn:
+            self.predictor.observe(self.job_key(g), max(0.0, now - g.admitted_at), g.exit_duration_s)
 
     def _live(self, heap: list[Any], entry: Any) -> bool:
         if heap is self._backoff:

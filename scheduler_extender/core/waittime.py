@@ -12,7 +12,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .inventory import Inventory, Placement
 from .placement import PlacementPolicy, Request, fits
@@ -362,6 +362,30 @@ class Calibrator:
             self._q[key] = q
             return q
         return None
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able: the non-empty bins of each bucket."""
+        return {"step": CAL_STEP, "bins": CAL_BINS, "buckets": [
+            {"k": list(key), "c": [[i, round(c, 4)] for i, c in enumerate(h[:-1]) if c > 0]}
+            for key, h in sorted(self._hist.items())]}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Replace what is known with ``state`` (from :meth:`to_state`); ValueError naming what is wrong."""
+        if not isinstance(state, dict) or state.get("step") != CAL_STEP or state.get("bins") != CAL_BINS:
+            raise ValueError("calibrator state: written with different bins")
+        hist: dict[tuple[str, ...], list[float]] = {}
+        try:
+            for item in state["buckets"]:
+                h = [0.0] * (CAL_BINS + 1)
+                for i, c in item["c"]:
+                    if not 0 <= int(i) < CAL_BINS or not math.isfinite(float(c)) or float(c) < 0:
+                        raise ValueError(f"bin {i}: count {c}")
+                    h[int(i)] = float(c)
+                h[-1] = sum(h[:-1])
+                hist[tuple(str(x) for x in item["k"])] = h
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"calibrator state: {exc}") from exc
+        self._hist, self._q = hist, {}
 
     def estimate(self, cls: str, now: float, projected_start: float) -> Interval:
         if not math.isfinite(projected_start):

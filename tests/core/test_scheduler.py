@@ -299,8 +299,8 @@ def _one_device_stream(ageing_s: float) -> float:
     what the device can serve). Returns when the long GPR started (inf: never within the stream)."""
     s = _sched(1, order="size", ageing_s=ageing_s)
     for _ in range(20):  # history: short GPRs take 10 s, long ones 1,000 s
-        s.predictor.observe(s._job_key(GPR("x", workspace="w")), 10.0, 10.0)
-        s.predictor.observe(s._job_key(GPR("y", workspace="w", devices_per_node=1, template="long")), 1000.0, 1000.0)
+        s.predictor.observe(s.job_key(GPR("x", workspace="w")), 10.0, 10.0)
+        s.predictor.observe(s.job_key(GPR("y", workspace="w", devices_per_node=1, template="long")), 1000.0, 1000.0)
     s.submit(GPR("first", workspace="w", exit_duration_s=10), 0)
     s.tick(0)
     s.submit(GPR("long", workspace="w", template="long", exit_duration_s=1000, submitted_at=0), 0)
@@ -337,8 +337,8 @@ def test_ageing_bounds_the_wait_of_a_long_gpr_under_a_stream_of_short_ones() -> 
 def test_size_order_keeps_levels_strict_and_puts_short_work_first() -> None:
     s = _sched(1, order="size", ageing_s=3600)
     for _ in range(10):
-        s.predictor.observe(s._job_key(GPR("x", workspace="w", template="short")), 60.0)
-        s.predictor.observe(s._job_key(GPR("x", workspace="w", template="long")), 36_000.0)
+        s.predictor.observe(s.job_key(GPR("x", workspace="w", template="short")), 60.0)
+        s.predictor.observe(s.job_key(GPR("x", workspace="w", template="long")), 36_000.0)
     s.submit(GPR("run", workspace="w", exit_duration_s=100), 0)
     s.tick(0)
     s.submit(GPR("long-low", workspace="w", template="long", priority=50, submitted_at=1), 1)
@@ -354,7 +354,7 @@ def test_size_order_keeps_levels_strict_and_puts_short_work_first() -> None:
 def test_estimates_use_predicted_ends_and_learn_their_error() -> None:
     s = _sched(1)
     for _ in range(10):  # GPRs of this workspace use a tenth of their exitDuration
-        s.predictor.observe(s._job_key(GPR("x", workspace="w")), 100.0, 1000.0)
+        s.predictor.observe(s.job_key(GPR("x", workspace="w")), 100.0, 1000.0)
     s.submit(GPR("a", workspace="w", exit_duration_s=1000), 0)
     s.tick(0)
     s.submit(GPR("b", workspace="w", exit_duration_s=1000), 10)

@@ -213,7 +213,8 @@ def test_gpr_crd_status_subresource_and_printer_columns() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {"Phase": ".status.phase", "Priority": ".spec.priority", "Devices": ".spec.devicesPerNode",
                        "Nodes": ".spec.nodeCount", "Queue": ".status.queuePosition",
-                       "Est. Start": ".status.estimatedStart", "Resource": ".spec.resource",
+                       "Est. Start": ".status.estimatedStart", "Earliest": ".status.estimatedStartRange.earliest",
+                       "Latest": ".status.estimatedStartRange.latest", "Resource": ".spec.resource",
                        "Reason": ".status.reason", "Age": ".metadata.creationTimestamp"}
     schema = version["schema"]["openAPIV3Schema"]
     for path in columns.values():  # every column points at a field the schema has (metadata is the API server's)
