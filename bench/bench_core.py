@@ -5,7 +5,9 @@
    best-fit. Reports the median latency per decision and the speed-up.
 2. Scheduling pass with 10,000 queued GPRs on those 5,000 nodes (cluster nearly full, so the queue blocks and
    reservations/backfill are evaluated): the median latency of ``Scheduler.tick`` (one whole pass), and of an
-   admission decision (one GPR submitted, then a pass), with the wait-time estimate for the whole queue.
+   admission decision (one GPR submitted, then a pass), with the wait-time estimate (point and P10-P90 range)
+   for the whole queue beside the estimate it replaced (every queued GPR placed in turn on a projected
+   inventory) measured in the same run. Queue order: the default, priority level then predicted size.
 3. Simulator throughput: one week of the Philly trace at 4x load through the engine (admissions per second,
    passes per second), beside the same run without the inversion audit.
 
@@ -30,6 +32,7 @@ from scheduler_extender.core.gpr import GPR
 from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import FGD, BestFit, Request, Shape, TypicalShapes
 from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_extender.core.waittime import Holder, Waiting, estimate_starts
 from tests.core.test_placement import _ref_frag as reference_frag
 
 MODELS = ("A100", "H100", "L4")
@@ -172,7 +175,14 @@ def bench_queue(n_nodes: int, n_queued: int, repeat: int, policy: str) -> dict[s
         eng.tick(now)
 
     admissions = timed(admission, repeat)
-    est = timed(lambda: eng.estimates(now), max(1, repeat // 10))
+    est = timed(lambda: eng.estimate_ranges(now), max(3, repeat // 5))
+
+    def placement_projection() -> None:  # the estimate before issue 12: every queued GPR placed in turn
+        holders = [Holder(g.name, g.end_bound(), g.workspace, g.milli_total()) for g in eng.holders.values()]
+        waiting = [Waiting(g.name, g.request(), g.exit_duration_s, g.not_before, g.workspace) for g in eng.queued()]
+        estimate_starts(eng.inv, holders, waiting, now, BestFit(), None)
+
+    old = timed(placement_projection, 1)
     return {
         "nodes": n_nodes,
         "queued": len(eng.queue),
@@ -182,6 +192,8 @@ def bench_queue(n_nodes: int, n_queued: int, repeat: int, policy: str) -> dict[s
         "pass_ms_median": statistics.median(passes) * 1e3,
         "admission_ms_median": statistics.median(admissions) * 1e3,
         "estimate_all_queued_s_median": statistics.median(est),
+        "estimate_placement_projection_s": statistics.median(old),
+        "estimate_speedup": statistics.median(old) / statistics.median(est),
     }
 
 
@@ -223,7 +235,9 @@ def main() -> int:
         res[f"queue_{policy}"] = q = bench_queue(args.nodes, args.queued, args.repeat, policy)
         print(f"  first pass {q['first_pass_s']:.2f} s ({q['first_pass_admitted']} admitted); pass median "
               f"{q['pass_ms_median']:.1f} ms; submit+pass median {q['admission_ms_median']:.1f} ms; "
-              f"wait estimates for all {q['queued']} queued {q['estimate_all_queued_s_median']:.2f} s")
+              f"wait estimates (with P10-P90) for all {q['queued']} queued {q['estimate_all_queued_s_median'] * 1e3:.0f} ms "
+              f"(placement projection, as before: {q['estimate_placement_projection_s']:.2f} s, "
+              f"{q['estimate_speedup']:.0f}x slower)")
     print("simulator throughput (Philly, 1 week at 4x load, accelstack) ...", flush=True)
     res["simulator"] = s = bench_sim()
     print(f"  {s['jobs']:.0f} jobs: {s['plain_admissions_per_s']:.0f} admissions/s, {s['plain_passes_per_s']:.0f} "

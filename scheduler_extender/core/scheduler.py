@@ -6,8 +6,9 @@ the :class:`Event` list of what changed. Nothing here reads a clock or does I/O.
 
 A pass over the queue (in :meth:`tick`):
 
-1. Requests are taken in queue order (priority, then submission). While nothing is blocked, each one that fits
-   is admitted. A workspace at its quota is skipped for the rest of the pass (its requests wait for its own
+1. Requests are taken in queue order: priority level (high, medium, low) strictly, then predicted size with
+   ageing (``order="size"``, see :meth:`Scheduler._order_key`), or priority then submission
+   (``order="priority"``). While nothing is blocked, each one that fits is admitted. A workspace at its quota is skipped for the rest of the pass (its requests wait for its own
    usage to drop; they reserve no capacity).
 2. The first request that does not fit may evict (``enableEviction``): the cheapest set of lower-priority,
    preemptible holders whose removal makes it fit (:mod:`.eviction`), or nobody.
@@ -22,8 +23,9 @@ A pass over the queue (in :meth:`tick`):
 A request that would not fit even on the empty healthy cluster is reported once (``unschedulable``) and skipped:
 it waits (devices may recover) without blocking anyone.
 
-So a lower-priority request never moves a higher-priority one's reservation later ("zero priority
-inversions"), as long as exitDuration is enforced, which :meth:`tick` does. With ``audit`` set the engine
+Predictions (:mod:`.predictor`) order the queue and drive the wait estimates (:meth:`Scheduler.estimate_ranges`);
+the guarantee below uses only bounds. So a later request never moves an earlier one's reservation later ("zero
+priority inversions"), as long as exitDuration is enforced, which :meth:`tick` does. With ``audit`` set the engine
 re-checks that claim after every backfill and counts violations in ``inversions``.
 """
 
@@ -55,9 +57,9 @@ AGEING_S = 4 * 86400.0
 @dataclass
 class SchedulerConfig:
     use_priority: bool = True  # False: FIFO by submission time (``order`` is then ignored)
-    # "priority": numeric priority, then submission (FIFO within a priority);
-    # "size": priority level (low/medium/high) strictly, then predicted size with ageing (see _order_key)
-    order: str = "priority"
+    # "size": priority level (low/medium/high) strictly, then predicted size with ageing (see _order_key);
+    # "priority": numeric priority, then submission (FIFO within a priority: the baseline)
+    order: str = "size"
     ageing_s: float = AGEING_S  # "size": queue position this much later per doubling of predicted GPU-time
     backfill: bool = True
     eviction: bool = True

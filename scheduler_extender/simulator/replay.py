@@ -32,7 +32,7 @@ from .traces import Job
 
 SCHEDULERS: dict[str, dict[str, bool | str]] = {
     "accelstack": {"use_priority": True, "order": "size", "backfill": True, "eviction": True},
-    "strict-priority": {"use_priority": True, "backfill": False, "eviction": False},
+    "strict-priority": {"use_priority": True, "order": "priority", "backfill": False, "eviction": False},
     "fifo": {"use_priority": False, "backfill": False, "eviction": False},
     # not run by default: accelstack with FIFO within each priority (the ordering before predictions)
     "accelstack-fifo": {"use_priority": True, "order": "priority", "backfill": True, "eviction": True},
