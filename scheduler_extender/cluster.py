@@ -79,6 +79,7 @@ class GPRView:
     nodes: int = 1  # spec.nodeCount
     end: float = float("inf")  # admittedAt + exitDuration while it holds devices (inf when unbounded)
     estimated_start: float | None = None  # status.estimatedStart while Queued
+    estimated_range: tuple[float, float] | None = None  # status.estimatedStartRange (P10, P90) while Queued
 
 
 @dataclass
@@ -168,7 +169,15 @@ def gpr_view(obj: dict[str, Any]) -> GPRView:
         nodes=number("nodeCount", 1),
         end=end,
         estimated_start=_epoch(status.get("estimatedStart")),
+        estimated_range=_range(status.get("estimatedStartRange")),
     )
+
+
+def _range(value: Any) -> tuple[float, float] | None:
+    if not isinstance(value, dict):
+        return None
+    low, high = _epoch(value.get("earliest")), _epoch(value.get("latest"))
+    return (low, high) if low is not None and high is not None else None
 
 
 def _epoch(value: Any) -> float | None:

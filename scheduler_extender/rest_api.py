@@ -241,12 +241,16 @@ def what_if(view: ClusterView, fields: dict[str, Any], now: float) -> dict[str, 
             free[node.name] = view.free_for(node, resource, "")
     start = math.inf
     basis = ""
+    span: tuple[float, float] | None = None  # P10-P90 of the start, from the ranges of the GPRs ahead
     if not same and sum(1 for f in free.values() if f >= per_node) >= count:
         start, basis = now, "fits now"
     elif same:
         known = [g.estimated_start for g in same if g.estimated_start is not None]
         if len(known) == len(same):
             start, basis = max([now, *known]), "after the GPRs ahead of it"
+            ranges = [g.estimated_range for g in same if g.estimated_range is not None]
+            if len(ranges) == len(same):  # it starts no earlier than the last of them (each calibrated)
+                span = (max([now, *(r[0] for r in ranges)]), max([now, *(r[1] for r in ranges)]))
         else:
             basis = "a GPR ahead of it has no estimate yet"
     else:
@@ -263,6 +267,12 @@ def what_if(view: ClusterView, fields: dict[str, Any], now: float) -> dict[str, 
         else:
             basis = basis or "more than the healthy cluster has"
     holding = sum(1 for v in view.gprs.values() if v.phase in HOLDING)
+    out_range = None
+    if span is not None and math.isfinite(start):
+        out_range = {"earliest": gr.rfc3339(min(span[0], start)), "latest": gr.rfc3339(max(span[1], start))}
+    elif math.isfinite(start) and basis == "fits now":
+        out_range = {"earliest": gr.rfc3339(start), "latest": gr.rfc3339(start)}
     return {"queuePosition": len(ahead) + 1, "estimatedStart": gr.rfc3339(start) if math.isfinite(start) else None,
+            "estimatedStartRange": out_range,
             "waitSeconds": round(start - now, 3) if math.isfinite(start) else None,
             "estimable": math.isfinite(start), "basis": basis, "admittedGPRs": holding}

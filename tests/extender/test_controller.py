@@ -60,6 +60,10 @@ async def test_admission_gate_status_and_life_cycle() -> None:
                                  json={"namespace": "default", "spec": {"devicesPerNode": 1}}) as r:
                 estimate = await r.json()
             assert r.status == 200 and estimate["queuePosition"] == 2 and estimate["estimable"]
+            # behind "wide": its calibrated P10-P90 range carries over (issue 12)
+            rng = estimate["estimatedStartRange"]
+            assert rng["earliest"] <= estimate["estimatedStart"] <= rng["latest"]
+            assert status(peer, "wide")["estimatedStartRange"]["latest"] == rng["latest"]
         await set_phase(peer, "train-0", "Running", st["reservedNodes"][0])
         await wait_until(lambda: status(peer, "train").get("phase") == "Running")
         await set_phase(peer, "train-0", "Succeeded")
