@@ -260,7 +260,7 @@ class DurationPredictor:
                     w *= math.log(hi / elapsed_s) / math.log(hi / lo) if lo > 0 else (hi - elapsed_s) / hi
                     lo = elapsed_s
                 mid = math.sqrt(lo * hi) if lo > 0 else hi / 2  # log-uniform within a bin: its geometric middle
-                v = min(mid - elapsed_s, cap)
+                v = max(0.0, min(mid - elapsed_s, cap))
                 vals.append((v, w))
                 total += w
                 acc += v * w

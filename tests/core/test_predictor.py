@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler_extender.core.predictor import DurationPredictor, JobKey
@@ -66,6 +66,7 @@ def test_outliving_every_sample_expects_as_long_again() -> None:
     st.floats(1, 1e7),
     st.floats(0, 2e7),
 )
+@example(history=[(0.0, 1.0)], exit_s=1.0, elapsed=5e-324)  # a remaining time of -5e-324 once
 def test_never_exceeds_exit_duration(history: list[tuple[float, float | None]], exit_s: float, elapsed: float) -> None:
     p = DurationPredictor(min_samples=1, max_count=4)
     for d, e in history:
