@@ -207,11 +207,11 @@ async def test_rest_api_inventory_and_gprs() -> None:
 async def test_exit_duration_ends_the_gpr_and_evicts_its_pods() -> None:
     async with stack(**FAST) as (peer, _):
         await seed_nodes(peer, 1)
-        await peer.put_object(GPRS, gpr("short", phase=None, devices=2, exitDuration="700ms"))
+        await peer.put_object(GPRS, gpr("short", phase=None, devices=2, exitDuration="3s"))
         await peer.put_object("api/v1/pods", pod("short-0", 2, gpr="short", gated=True))
-        await wait_until(lambda: status(peer, "short").get("phase") == "Admitted")
+        await wait_until(lambda: status(peer, "short").get("phase") in ("Admitted", "Running"))
         await set_phase(peer, "short-0", "Running", "n0")
-        await wait_until(lambda: status(peer, "short").get("phase") == "Complete", timeout=5)
+        await wait_until(lambda: status(peer, "short").get("phase") == "Complete", timeout=10)
         assert status(peer, "short")["reason"] == "ExitDurationReached"
         await wait_until(lambda: "default/short-0" in peer.evicted)
 

@@ -35,6 +35,7 @@ async def test_bind_is_two_round_trips_and_a_failed_binding_gives_the_devices_ba
         assert json.loads(annotations["accelstack.io/allocation"])["node"] == "gpu-node-1"  # rode on the Binding
         # the API server refuses the next Binding: the ledger entry goes back at once, not after 10 minutes
         await peer.delete_object("api/v1/pods", "default", "a")
+        await wait_until(lambda: "uid-a" not in server.view.pods)
         await server.sweep(unseen_grace=0)
         with peer.inject("POST", "pods", subresource="binding", status=500):
             body = json.dumps({"PodName": "b", "PodNamespace": "default", "PodUID": "uid-b", "Node": "gpu-node-1"})

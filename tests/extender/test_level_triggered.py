@@ -213,7 +213,7 @@ async def test_an_unreadable_ledger_neither_evicts_nor_receives_work() -> None:
     await seed_nodes(peer, 2)
     await peer.put_object(GPRS, gpr("busy", phase=None, devices=2))
     await peer.put_object(PODS, pod("busy-0", 2, gpr="busy", gated=True))
-    async with stack(peer, **FAST):
+    async with stack(peer, **FAST) as (_, server):
         await wait_until(lambda: status(peer, "busy").get("phase") == "Admitted")
         held = status(peer, "busy")["reservedNodes"][0]
         other = "n1" if held == "n0" else "n0"
@@ -225,9 +225,12 @@ async def test_an_unreadable_ledger_neither_evicts_nor_receives_work() -> None:
             obj["metadata"].setdefault("annotations", {})[LEDGER_ANNOTATION] = (
                 "{not json" if name == held else orjson.dumps({"v": 99, "pods": {}}).decode())
             await peer.put_object("api/v1/nodes", obj, "MODIFIED")
+        # (watches of different kinds are not ordered: let the nodes' change arrive before the GPR)
+        await wait_until(lambda: all(n.ledger_error for n in server.view.nodes.values()))
         await peer.put_object(GPRS, gpr("new", phase=None, devices=1))
         await _stays(lambda: status(peer, "busy").get("phase") == "Running"
-                     and status(peer, "new").get("phase", "Queued") == "Queued")
+                     and status(peer, "new").get("phase", "Queued") == "Queued",
+                     what=lambda: (status(peer, "busy"), status(peer, "new")))
         assert peer.evicted == []
         annotations = peer.get("api/v1/nodes", "", held)["metadata"]["annotations"]  # type: ignore[index]
         assert annotations[LEDGER_ANNOTATION] == "{not json"  # never overwritten
