@@ -1,0 +1,1 @@
+"""Inference endpoints: the ``InferenceEndpoint`` resource, the CG operator and the OpenAI-compatible gateway."""

@@ -1,0 +1,1 @@
+"""``accelstack-gateway``: the OpenAI-compatible gateway in front of the inference endpoints' replicas."""

@@ -1,0 +1,595 @@
+"""The gateway's HTTP server: the OpenAI API in front of the replicas the routing core picks.
+
+One request's way: parse the body (``model``, ``stream``), authenticate the API key, check the endpoint's access
+map and the key's rate limit, take a replica with room (or wait in the model's bounded FIFO queue, then 429 with
+``Retry-After``), forward the body, and pass the answer back: a JSON body whole, a server-sent-event stream chunk by
+chunk as the replica writes it. A connection error, a timeout or a 5xx from the replica before anything reached
+the client is retried once on another replica; after the first byte it is final. A client that disconnects
+cancels the handler (``handler_cancellation``), which closes the upstream connection, so the runtime stops
+generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from inference.access import Access, Caller, TokenBucket, admits, bearer_token, digest
+from inference.discovery import RouteSpec
+from inference.gateway.metrics import GatewayMetrics, replica_label
+from inference.names import POOLS
+from inference.routing import (
+    EjectionPolicy,
+    ModelRoute,
+    Replica,
+    bursting,
+    pick,
+    pick_round_robin,
+    record_failure,
+    record_success,
+)
+
+log = logging.getLogger("accelstack.gateway")
+
+API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+POLICIES = ("least-request", "round-robin")
+_FORWARDED_HEADERS = ("Accept", "User-Agent", "OpenAI-Organization", "OpenAI-Project")
+
+
+@dataclass(frozen=True)
+class Settings:
+    auth: bool = True
+    policy: str = "least-request"
+    request_timeout: float = 300.0  # to the whole answer (JSON) or to the first chunk (stream)
+    idle_timeout: float = 60.0  # between two chunks of a stream
+    connect_timeout: float = 2.0
+    queue_timeout: float = 30.0
+    retries: int = 1
+    max_body: int = 8 * 1024 * 1024
+    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
+    drain_seconds: float = 5.0
+    shutdown_timeout: float = 30.0
+    queue_metric: str = "vllm:num_requests_waiting"
+    load_poll_interval: float = 0.0
+
+
+class Rejected(Exception):
+    """A request the gateway answers itself with an OpenAI-shaped error."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str, reason: str,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.reason = status, message, type_, code, reason
+        self.retry_after = retry_after
+
+    def response(self, request_id: str) -> web.Response:
+        headers = {"x-request-id": request_id}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return error_response(self.status, self.message, self.type, self.code, headers)
+
+
+def error_response(status: int, message: str, type_: str, code: str | None,
+                   headers: Mapping[str, str] | None = None) -> web.Response:
+    body = orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def _sse_error(message: str, code: str) -> bytes:
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": "server_error", "param": None,
+                                               "code": code}}) + b"\n\n"
+
+
+@dataclass
+class LiveRoute:
+    """A model's routing state: the pure core's ModelRoute plus the queue and what the handlers need."""
+
+    core: ModelRoute
+    access: Access
+    max_queue: int
+    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    wakeups: int = 0  # waiters woken that have not taken their slot yet: arrivals must not overtake them
+    rr: int = 0
+    mean_latency: float = 1.0  # EWMA of request seconds, for Retry-After
+
+
+class Gateway:
+    def __init__(self, settings: Settings, metrics: GatewayMetrics | None = None,
+                 rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.metrics = metrics or GatewayMetrics()
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.routes: dict[str, LiveRoute] = {}
+        self.keys: dict[str, Caller] = {}
+        self.buckets: dict[str, TokenBucket] = {}
+        self.synced = False
+        self.draining = False
+        self.inflight = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    # ---- configuration from discovery ---------------------------------------------------------------------
+    def apply(self, table: Mapping[str, RouteSpec], keys: Mapping[str, Caller], problems: list[str]) -> None:
+        """Install a new route table and key table; live replicas keep their load and ejection state."""
+        for model in [m for m in self.routes if m not in table]:
+            route = self.routes.pop(model)
+            for waiter in route.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)  # they find no route and fail with model_not_found
+        for model, spec in table.items():
+            live = self.routes.get(model)
+            if live is None:
+                live = self.routes[model] = LiveRoute(ModelRoute(model), spec.access, spec.max_queue)
+            live.core.endpoint, live.core.max_inflight = spec.endpoint, spec.max_inflight
+            live.access, live.max_queue = spec.access, spec.max_queue
+            live.core.set_replicas(spec.replicas)
+            self._wake(live, self._free_slots(live))
+        self.keys = dict(keys)
+        self.buckets = {name: b for name, b in self.buckets.items() if any(c.name == name for c in keys.values())}
+        self.metrics.config_errors.set(len(problems))
+        for line in problems:
+            log.warning("discovery", extra={"problem": line})
+        self.synced = True
+        self._export_replicas()
+
+    def _export_replicas(self) -> None:
+        now = self.clock()
+        self.metrics.replicas.clear()
+        for model, live in self.routes.items():
+            counts = {(pool, state): 0 for pool in POOLS for state in ("ready", "ejected")}
+            for replica in live.core.replicas.values():
+                counts[(replica.pool, "ejected" if replica.ejected(now) else "ready")] += 1
+            for (pool, state), n in counts.items():
+                self.metrics.replicas.labels(model, pool, state).set(n)
+
+    # ---- the app --------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
+        for path in API_PATHS:
+            app.router.add_post(path, self.proxy)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_page)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                              timeout=aiohttp.ClientTimeout(total=None,
+                                                                            sock_connect=self.settings.connect_timeout))
+        if self.settings.load_poll_interval > 0:
+            self._poller = asyncio.create_task(self._poll_load())
+
+    async def _stop(self, _app: web.Application) -> None:
+        if self._poller:
+            self._poller.cancel()
+        if self._session:
+            await self._session.close()
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(status=503, text="draining")
+        if not self.synced:
+            return web.Response(status=503, text="discovery not synced")
+        return web.Response(text="ok")
+
+    async def metrics_page(self, _request: web.Request) -> web.Response:
+        self._export_replicas()
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ---- authentication and access ---------------------------------------------------------------------------
+    def _caller(self, request: web.Request) -> Caller | None:
+        if not self.settings.auth:
+            return None
+        token = bearer_token(request.headers.get("Authorization"))
+        caller = self.keys.get(digest(token)) if token else None
+        if caller is None:
+            raise Rejected(401, "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'; keys are "
+                           "Secrets labelled accelstack.io/api-key=true.", "invalid_request_error",
+                           "invalid_api_key", "unauthorized")
+        return caller
+
+    def _route(self, model: str, caller: Caller | None) -> LiveRoute:
+        live = self.routes.get(model)
+        if live is None:
+            raise Rejected(404, f"The model '{model}' does not exist.", "invalid_request_error", "model_not_found",
+                           "model_not_found")
+        if caller is not None:
+            ok, why = admits(live.access, caller)
+            if not ok:
+                raise Rejected(403, f"The model '{model}' is not open to {caller.name}: {why}.", "permission_error",
+                               "model_access_denied", "forbidden")
+            wait = self._bucket(caller).take(self.clock())
+            if wait > 0:
+                raise Rejected(429, f"Rate limit of {caller.rate:g} requests/s for {caller.name} reached.",
+                               "rate_limit_error", "rate_limit_exceeded", "rate_limited", retry_after=wait)
+        return live
+
+    def _bucket(self, caller: Caller) -> TokenBucket:
+        bucket = self.buckets.get(caller.name)
+        if bucket is None or bucket.rate != caller.rate or bucket.burst != caller.burst:
+            bucket = self.buckets[caller.name] = TokenBucket(caller.rate, caller.burst)
+        return bucket
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            caller = self._caller(request)
+        except Rejected as exc:
+            return exc.response("")
+        data = [self._model_object(m, live) for m, live in sorted(self.routes.items())
+                if caller is None or admits(live.access, caller)[0]]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        try:
+            caller = self._caller(request)
+            live = self.routes.get(name)
+            if live is None or (caller is not None and not admits(live.access, caller)[0]):
+                raise Rejected(404, f"The model '{name}' does not exist.", "invalid_request_error",
+                               "model_not_found", "model_not_found")
+        except Rejected as exc:
+            return exc.response("")
+        return web.Response(body=orjson.dumps(self._model_object(name, live)), content_type="application/json")
+
+    @staticmethod
+    def _model_object(model: str, live: LiveRoute) -> dict[str, Any]:
+        return {"id": model, "object": "model", "created": 0, "owned_by": live.core.endpoint.split("/", 1)[0]}
+
+    # ---- replicas and the wait queue --------------------------------------------------------------------------
+    def _pick(self, live: LiveRoute, exclude: list[str]) -> Replica | None:
+        now = self.clock()
+        if self.settings.policy == "round-robin":
+            live.rr += 1
+            replica = pick_round_robin(live.core, live.rr, now)
+            if replica is not None and replica.url in exclude:
+                replica = None
+        else:
+            replica = pick(live.core, self.rng, now, exclude)
+        if replica is not None:
+            replica.outstanding += 1
+            self.metrics.child(self.metrics.replica_inflight, live.core.model, replica.spec.namespace,
+                               replica_label(replica)).inc()
+            self.metrics.child(self.metrics.bursting, live.core.model).set(1 if bursting(live.core, now) else 0)
+        return replica
+
+    def _free_slots(self, live: LiveRoute) -> int:
+        now = self.clock()
+        return sum(max(0, live.core.max_inflight - r.outstanding) for r in live.core.replicas.values()
+                   if not r.ejected(now))
+
+    def _wake(self, live: LiveRoute, count: int) -> None:
+        while count > 0 and live.waiters:
+            waiter = live.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                live.wakeups += 1
+                count -= 1
+
+    def _release(self, live: LiveRoute, replica: Replica) -> None:
+        replica.outstanding -= 1
+        self.metrics.child(self.metrics.replica_inflight, live.core.model, replica.spec.namespace,
+                           replica_label(replica)).dec()
+        current = self.routes.get(live.core.model)
+        if current is not None:
+            self._wake(current, 1)
+
+    async def _acquire(self, live: LiveRoute, exclude: list[str]) -> Replica:
+        if not live.waiters and not live.wakeups:
+            replica = self._pick(live, exclude)
+            if replica is not None:
+                return replica
+        if not live.core.replicas:
+            raise Rejected(503, f"The model '{live.core.model}' has no ready replica.", "server_error",
+                           "no_ready_replica", "no_replica", retry_after=5)
+        if len(live.waiters) >= live.max_queue:
+            raise Rejected(429, f"The model '{live.core.model}' is at capacity and its queue is full.",
+                           "rate_limit_error", "model_overloaded", "queue_full", retry_after=self._retry_after(live))
+        loop = asyncio.get_running_loop()
+        model = live.core.model
+        start = self.clock()
+        deadline = start + self.settings.queue_timeout
+        waiter: asyncio.Future[None] = loop.create_future()
+        live.waiters.append(waiter)
+        depth = self.metrics.child(self.metrics.queue_depth, model)
+        depth.inc()
+        try:
+            while True:
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    raise Rejected(429, f"No replica of '{model}' had room within {self.settings.queue_timeout:g} s.",
+                                   "rate_limit_error", "model_overloaded", "queue_timeout",
+                                   retry_after=self._retry_after(live))
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter), remaining)
+                except TimeoutError:
+                    continue
+                live.wakeups -= 1
+                current = self.routes.get(model)
+                if current is None:
+                    raise Rejected(404, f"The model '{model}' does not exist.", "invalid_request_error",
+                                   "model_not_found", "model_not_found")
+                live = current
+                replica = self._pick(live, exclude)
+                if replica is not None:
+                    return replica
+                waiter = loop.create_future()
+                live.waiters.appendleft(waiter)  # woken but beaten to it: keep its place at the front
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                try:
+                    live.waiters.remove(waiter)
+                except ValueError:
+                    pass
+            elif waiter in live.waiters:
+                live.waiters.remove(waiter)
+            depth.dec()
+            self.metrics.child(self.metrics.queue_seconds, model).observe(self.clock() - start)
+
+    def _retry_after(self, live: LiveRoute) -> float:
+        capacity = max(1, live.core.capacity(self.clock()))
+        return min(60.0, max(1.0, (len(live.waiters) + 1) * live.mean_latency / capacity))
+
+    # ---- proxying ---------------------------------------------------------------------------------------------
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        model = "-"
+        self.inflight += 1
+        try:
+            try:
+                body = await request.read()
+                model, stream = self._parse(body)
+                caller = self._caller(request)
+                live = self._route(model, caller)
+            except Rejected as exc:
+                self.metrics.child(self.metrics.errors, model if exc.reason != "model_not_found" else "-",
+                                   exc.reason).inc()
+                return exc.response(request_id)
+            inflight = self.metrics.child(self.metrics.inflight, model)
+            inflight.inc()
+            try:
+                return await self._forward(request, live, body, stream, request_id, caller)
+            finally:
+                inflight.dec()
+        finally:
+            self.inflight -= 1
+
+    @staticmethod
+    def _parse(body: bytes) -> tuple[str, bool]:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise Rejected(400, f"The request body is not valid JSON: {exc}", "invalid_request_error",
+                           "invalid_json", "bad_request") from None
+        if not isinstance(doc, dict):
+            raise Rejected(400, "The request body must be a JSON object.", "invalid_request_error",
+                           "invalid_json", "bad_request")
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            raise Rejected(400, "'model' is required and must be a non-empty string.", "invalid_request_error",
+                           "missing_model", "bad_request")
+        stream = doc.get("stream", False)
+        if not isinstance(stream, bool):
+            raise Rejected(400, "'stream' must be a boolean.", "invalid_request_error", "invalid_type",
+                           "bad_request")
+        return model, stream
+
+    async def _forward(self, request: web.Request, live: LiveRoute, body: bytes, stream: bool, request_id: str,
+                       caller: Caller | None) -> web.StreamResponse:
+        model = live.core.model
+        start = self.clock()
+        tried: list[str] = []
+        last: Rejected | None = None
+        for attempt in range(self.settings.retries + 1):
+            if attempt:
+                others = [r for r in live.core.replicas.values() if r.url not in tried]
+                if not others:
+                    break
+                self.metrics.child(self.metrics.retries, model).inc()
+            try:
+                replica = await self._acquire(live, tried)
+            except Rejected as exc:
+                if last is not None and attempt:
+                    break
+                self.metrics.child(self.metrics.errors, model, exc.reason).inc()
+                return exc.response(request_id)
+            tried.append(replica.url)
+            try:
+                outcome = await self._attempt(request, live, replica, body, stream, request_id, start)
+            finally:
+                self._release(live, replica)
+            if isinstance(outcome, Rejected):
+                last = outcome
+                continue
+            return outcome
+        assert last is not None
+        self.metrics.child(self.metrics.errors, model, last.reason).inc()
+        log.warning("upstream failed", extra={"model": model, "request_id": request_id, "replicas": tried,
+                                              "error": last.message, "caller": caller.name if caller else ""})
+        return last.response(request_id)
+
+    async def _attempt(self, request: web.Request, live: LiveRoute, replica: Replica, body: bytes, stream: bool,
+                       request_id: str, start: float) -> web.StreamResponse | Rejected:
+        """One try at one replica: the final response, or a Rejected the caller may retry elsewhere."""
+        assert self._session is not None
+        model = live.core.model
+        label = replica_label(replica)
+        headers = {k: v for k in _FORWARDED_HEADERS if (v := request.headers.get(k))}
+        headers["Content-Type"] = "application/json"
+        headers["x-request-id"] = request_id
+        url = replica.url + request.path
+        upstream: aiohttp.ClientResponse | None = None
+        sent = False
+        try:
+            try:
+                async with asyncio.timeout(self.settings.request_timeout):
+                    upstream = await self._session.post(url, data=body, headers=headers)
+                    if upstream.status >= 500 or upstream.status == 429:
+                        await upstream.read()
+                        if upstream.status >= 500:
+                            self._failed(live, replica)
+                        return Rejected(502 if upstream.status != 429 else 429,
+                                        f"The replica {label} answered HTTP {upstream.status}.", "server_error",
+                                        "upstream_error", "upstream_error", retry_after=1)
+                    is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+                    if not (stream and is_sse):
+                        payload = await upstream.read()
+                        first = self.clock()
+                    else:
+                        first_chunk = await upstream.content.readany()
+                        first = self.clock()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                self._failed(live, replica)
+                timeout = isinstance(exc, TimeoutError)
+                return Rejected(504 if timeout else 502,
+                                f"The replica {label} did not answer in time." if timeout else
+                                f"The replica {label} could not be reached: {type(exc).__name__}.",
+                                "server_error", "upstream_timeout" if timeout else "upstream_error",
+                                "upstream_timeout" if timeout else "upstream_error", retry_after=1)
+            self.metrics.child(self.metrics.ttfb, model, label).observe(first - start)
+            if not (stream and is_sse):
+                record_success(replica)
+                if upstream.status == 200 and b'"usage"' in payload:
+                    self._count_usage(model, payload)
+                self._done(live, label, upstream.status, start)
+                return web.Response(status=upstream.status, body=payload,
+                                    headers={"Content-Type": upstream.headers.get("Content-Type",
+                                                                                 "application/json"),
+                                             "x-request-id": request_id})
+            if not first_chunk:
+                self._failed(live, replica)
+                return Rejected(502, f"The replica {label} closed the stream before sending anything.",
+                                "server_error", "upstream_error", "upstream_error", retry_after=1)
+            response = web.StreamResponse(status=upstream.status, headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": request_id})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            sent = True
+            await self._pump(response, upstream, live, replica, first_chunk)
+            self._done(live, label, upstream.status, start)
+            return response
+        except asyncio.CancelledError:
+            self.metrics.child(self.metrics.errors, model, "client_disconnected").inc()
+            raise
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            if sent:  # the client went away mid-stream
+                self.metrics.child(self.metrics.errors, model, "client_disconnected").inc()
+                return web.StreamResponse()
+            raise
+        finally:
+            if upstream is not None:
+                upstream.close()  # a no-op after a full read; otherwise aborts the runtime's generation
+
+    async def _pump(self, response: web.StreamResponse, upstream: aiohttp.ClientResponse, live: LiveRoute,
+                    replica: Replica, chunk: bytes) -> None:
+        """Pass the stream through as it comes; after an idle timeout or a broken stream, end it with an error."""
+        model = live.core.model
+        while chunk:
+            await response.write(chunk)
+            if b'"usage"' in chunk:
+                self._count_stream_usage(model, chunk)
+            try:
+                chunk = await asyncio.wait_for(upstream.content.readany(), self.settings.idle_timeout)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self._failed(live, replica)
+                timeout = isinstance(exc, TimeoutError)
+                self.metrics.child(self.metrics.errors, model, "stream_interrupted").inc()
+                log.warning("stream interrupted", extra={"model": model, "replica": replica_label(replica),
+                                                         "timeout": timeout})
+                message = (f"The replica sent nothing for {self.settings.idle_timeout:g} s." if timeout
+                           else f"The replica broke the stream: {type(exc).__name__}.")
+                await response.write(_sse_error(message, "upstream_timeout" if timeout else "upstream_error"))
+                await response.write_eof()
+                return
+        record_success(replica)
+        await response.write_eof()
+
+    def _failed(self, live: LiveRoute, replica: Replica) -> None:
+        if record_failure(live.core, replica, self.clock(), self.settings.ejection):
+            self.metrics.child(self.metrics.ejections, live.core.model, replica_label(replica)).inc()
+            log.warning("replica ejected", extra={"model": live.core.model, "replica": replica_label(replica),
+                                                  "seconds": round(replica.ejected_until - self.clock(), 1)})
+
+    def _done(self, live: LiveRoute, label: str, status: int, start: float) -> None:
+        elapsed = self.clock() - start
+        live.mean_latency += 0.1 * (elapsed - live.mean_latency)
+        model = live.core.model
+        self.metrics.child(self.metrics.latency, model, label).observe(elapsed)
+        self.metrics.child(self.metrics.requests, model, label, str(status)).inc()
+
+    def _count_usage(self, model: str, payload: bytes) -> None:
+        try:
+            usage = orjson.loads(payload).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        self._add_tokens(model, usage)
+
+    def _count_stream_usage(self, model: str, chunk: bytes) -> None:
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data: {") and b'"usage"' in line:
+                try:
+                    self._add_tokens(model, orjson.loads(line[6:]).get("usage"))
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+
+    def _add_tokens(self, model: str, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        for kind, key in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
+            value = usage.get(key)
+            if isinstance(value, int) and value > 0:
+                self.metrics.child(self.metrics.tokens, model, kind).inc(value)
+
+    # ---- the runtimes' reported queues -----------------------------------------------------------------------
+    async def _poll_load(self) -> None:
+        """Read each replica's waiting-request gauge (``queue_metric``) from its /metrics now and then."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        assert self._session is not None
+        name = self.settings.queue_metric
+        timeout = aiohttp.ClientTimeout(total=max(0.2, self.settings.load_poll_interval))
+
+        async def one(replica: Replica) -> None:
+            try:
+                async with self._session.get(replica.url + "/metrics", timeout=timeout) as resp:  # type: ignore[union-attr]
+                    if resp.status != 200:
+                        return
+                    text = await resp.text()
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return
+            total = 0.0
+            try:
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        if sample.name == name:
+                            total += sample.value
+            except ValueError:
+                return
+            replica.reported_queue = total
+
+        while True:
+            replicas = [r for live in self.routes.values() for r in live.core.replicas.values()]
+            await asyncio.gather(*(one(r) for r in replicas))
+            await asyncio.sleep(self.settings.load_poll_interval)

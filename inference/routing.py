@@ -1,0 +1,156 @@
+"""The gateway's routing core: which replica serves the next request. Pure: no I/O, no clock, no asyncio.
+
+A model's replicas come in pools (``primary``, then ``burst``). A request goes to the primary pool while one of its
+replicas has room (fewer than ``max_inflight`` outstanding requests), to the burst pool only when every primary
+replica is saturated, ejected or absent, and waits (the caller's queue) when no replica of any pool has room.
+
+Inside a pool: least outstanding requests by the power of two choices (Mitzenmacher 2001; Envoy's
+``LEAST_REQUEST``): two distinct random candidates, the one with the lower load wins. The load is the gateway's own
+outstanding count plus the queue the replica reports (a runtime's waiting requests, where it exports them), divided
+by its weight. Two choices instead of the global minimum keep many gateways from herding onto the same replica.
+
+Passive outlier ejection (Envoy's ``outlier_detection``): ``consecutive_failures`` errors or timeouts in a row eject
+a replica for ``base_seconds`` times the number of times it has been ejected (capped at ``max_seconds``); at most
+``max_fraction`` of a model's replicas are ejected at once, so a fault everywhere degrades instead of emptying
+the pool. An ejected replica comes back by itself when its time is up; one success resets its failure count.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from inference.names import POOL_BURST, POOL_PRIMARY
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """A ready replica as discovery sees it."""
+
+    url: str  # http://10.1.2.3:8000
+    pool: str = POOL_PRIMARY
+    pod: str = ""
+    namespace: str = ""
+    node: str = ""
+    weight: float = 1.0
+
+
+@dataclass
+class Replica:
+    """A replica and the gateway's load and health bookkeeping for it (mutated by the functions below)."""
+
+    spec: ReplicaSpec
+    outstanding: int = 0
+    reported_queue: float = 0.0
+    consecutive_failures: int = 0
+    ejections: int = 0
+    ejected_until: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pool(self) -> str:
+        return self.spec.pool
+
+    def load(self) -> float:
+        return (self.outstanding + self.reported_queue) / (self.spec.weight if self.spec.weight > 0 else 1.0)
+
+    def ejected(self, now: float) -> bool:
+        return now < self.ejected_until
+
+
+@dataclass(frozen=True)
+class EjectionPolicy:
+    consecutive_failures: int = 3
+    base_seconds: float = 10.0
+    max_seconds: float = 300.0
+    max_fraction: float = 0.5
+
+
+@dataclass
+class ModelRoute:
+    """One model's replicas, keyed by URL, with the per-replica concurrency limit."""
+
+    model: str
+    endpoint: str = ""  # namespace/name of the InferenceEndpoint serving it
+    max_inflight: int = 64
+    replicas: dict[str, Replica] = field(default_factory=dict)
+
+    def set_replicas(self, specs: Iterable[ReplicaSpec]) -> None:
+        """Replace the replica set; replicas that stay keep their load and ejection state."""
+        fresh: dict[str, Replica] = {}
+        for spec in specs:
+            old = self.replicas.get(spec.url)
+            if old is None:
+                fresh[spec.url] = Replica(spec)
+            else:
+                old.spec = spec
+                fresh[spec.url] = old
+        self.replicas = fresh
+
+    def outstanding(self) -> int:
+        return sum(r.outstanding for r in self.replicas.values())
+
+    def capacity(self, now: float) -> int:
+        """Requests the replicas not ejected can hold at once."""
+        return self.max_inflight * sum(1 for r in self.replicas.values() if not r.ejected(now))
+
+
+def has_room(replica: Replica, max_inflight: int, now: float) -> bool:
+    return not replica.ejected(now) and replica.outstanding < max_inflight
+
+
+def pick(route: ModelRoute, rng: random.Random, now: float, exclude: Sequence[str] = ()) -> Replica | None:
+    """The replica for the next request, or None when no replica has room (the caller queues the request).
+
+    ``exclude``: URLs already tried for this request (a retry goes elsewhere).
+    """
+    for pool in (POOL_PRIMARY, POOL_BURST):
+        candidates = [r for r in route.replicas.values()
+                      if r.pool == pool and r.url not in exclude and has_room(r, route.max_inflight, now)]
+        if candidates:
+            return two_choices(candidates, rng)
+    return None
+
+
+def two_choices(candidates: Sequence[Replica], rng: random.Random) -> Replica:
+    if len(candidates) == 1:
+        return candidates[0]
+    a, b = rng.sample(candidates, 2)
+    return b if b.load() < a.load() else a
+
+
+def pick_round_robin(route: ModelRoute, counter: int, now: float) -> Replica | None:
+    """Round robin over the replicas with room: the baseline the benchmark compares against."""
+    candidates = [r for r in route.replicas.values() if has_room(r, route.max_inflight, now)]
+    return candidates[counter % len(candidates)] if candidates else None
+
+
+def bursting(route: ModelRoute, now: float) -> bool:
+    """True when a new request would go to the burst pool: it has room and no primary replica has."""
+    primary = [r for r in route.replicas.values() if r.pool == POOL_PRIMARY]
+    burst = [r for r in route.replicas.values() if r.pool == POOL_BURST]
+    return (any(has_room(r, route.max_inflight, now) for r in burst)
+            and not any(has_room(r, route.max_inflight, now) for r in primary))
+
+
+def record_success(replica: Replica) -> None:
+    replica.consecutive_failures = 0
+
+
+def record_failure(route: ModelRoute, replica: Replica, now: float, policy: EjectionPolicy) -> bool:
+    """Count an error or timeout; True when this one ejected the replica."""
+    replica.consecutive_failures += 1
+    if replica.consecutive_failures < policy.consecutive_failures or replica.ejected(now):
+        return False
+    total = len(route.replicas)
+    ejected = sum(1 for r in route.replicas.values() if r.ejected(now))
+    if total == 0 or (ejected + 1) > policy.max_fraction * total:
+        return False
+    replica.ejections += 1
+    replica.ejected_until = now + min(policy.max_seconds, policy.base_seconds * replica.ejections)
+    replica.consecutive_failures = 0
+    return True

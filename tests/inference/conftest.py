@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tests.inference.harness import RunningGateway
+from tests.inference.runtime_peer import RuntimePeer
+
+
+@pytest.fixture
+async def make_peers() -> AsyncIterator[Callable[..., Any]]:
+    started: list[RuntimePeer] = []
+
+    async def make(count: int = 1, **kw: Any) -> list[RuntimePeer]:
+        peers = [RuntimePeer(name=f"r{len(started) + i}", **kw) for i in range(count)]
+        for peer in peers:
+            await peer.start()
+        started.extend(peers)
+        return peers
+
+    yield make
+    for peer in started:
+        await peer.stop()
+
+
+@pytest.fixture
+async def make_gateway() -> AsyncIterator[Callable[..., Any]]:
+    started: list[RunningGateway] = []
+
+    async def make(settings: Any = None) -> RunningGateway:
+        gw = RunningGateway(settings)
+        started.append(gw)
+        return gw
+
+    yield make
+    for gw in started:
+        await gw.stop()
+
