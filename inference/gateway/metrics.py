@@ -51,7 +51,7 @@ class GatewayMetrics:
                               ["model", "pool", "state"], registry=r)
         self.ejections = Counter(P + "ejections_total", "Replicas ejected after consecutive failures",
                                  ["model", "replica"], registry=r)
-        self.bursting = Gauge(P + "bursting", "1 while a model's new requests go to its burst pool", ["model"],
+        self.bursting = Gauge(P + "bursting", "1 while the latest request of a model went to its burst pool", ["model"],
                               registry=r)
         self.config_errors = Gauge(P + "config_errors", "Malformed API-key Secrets and model conflicts in the "
                                    "last discovery pass", registry=r)

@@ -30,12 +30,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from inference.access import Access, Caller, TokenBucket, admits, bearer_token, digest
 from inference.discovery import RouteSpec
 from inference.gateway.metrics import GatewayMetrics, replica_label
-from inference.names import POOLS
+from inference.names import POOL_BURST, POOLS
 from inference.routing import (
     EjectionPolicy,
     ModelRoute,
     Replica,
-    bursting,
     pick,
     pick_round_robin,
     record_failure,
@@ -271,7 +270,7 @@ class Gateway:
             replica.outstanding += 1
             self.metrics.child(self.metrics.replica_inflight, live.core.model, replica.spec.namespace,
                                replica_label(replica)).inc()
-            self.metrics.child(self.metrics.bursting, live.core.model).set(1 if bursting(live.core, now) else 0)
+            self.metrics.child(self.metrics.bursting, live.core.model).set(1 if replica.pool == POOL_BURST else 0)
         return replica
 
     def _free_slots(self, live: LiveRoute) -> int:

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from tests.inference.harness import RunningGateway
+from tests.inference.harness import CLIENTS, RunningGateway
 from tests.inference.runtime_peer import RuntimePeer
 
 
@@ -38,3 +38,10 @@ async def make_gateway() -> AsyncIterator[Callable[..., Any]]:
     for gw in started:
         await gw.stop()
 
+
+
+@pytest.fixture(autouse=True)
+async def close_clients() -> AsyncIterator[None]:
+    yield
+    while CLIENTS:
+        await CLIENTS.pop().close()

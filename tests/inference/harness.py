@@ -60,6 +60,8 @@ def key_secret(name: str, namespace: str, token: str, rate: float = 0, burst: fl
             "data": {"key": base64.b64encode(token.encode()).decode()}}
 
 
+CLIENTS: list[Any] = []  # openai clients a test made; conftest closes them
+
 DEFAULT_KEYS = [key_secret("app", "team-a", KEY_A), key_secret("app", "team-b", KEY_B)]
 
 

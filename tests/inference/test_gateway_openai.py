@@ -12,11 +12,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.inference.harness import KEY_A, KEY_B, endpoint, eventually, key_secret, slices
+from tests.inference.harness import CLIENTS, KEY_A, KEY_B, endpoint, eventually, key_secret, slices
 
 
 def client(url: str, key: str = KEY_A, **kw: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=kw.pop("timeout", 5), **kw)
+    """The official client, without its own retries; closed after the test (conftest)."""
+    made = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=kw.pop("timeout", 5), **kw)
+    CLIENTS.append(made)
+    return made
 
 
 async def metric(url: str, name: str, **labels: str) -> float:

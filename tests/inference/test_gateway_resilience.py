@@ -1,0 +1,208 @@
+"""The gateway when replicas misbehave or are busy: retries, ejection, stalls, the wait queue, bursting."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from inference.gateway.server import Settings
+from inference.names import POOL_BURST
+from inference.routing import EjectionPolicy
+from tests.inference.harness import endpoint, eventually, slices
+from tests.inference.test_gateway_openai import client, metric, serve
+
+MSG = [{"role": "user", "content": "x"}]
+
+
+async def test_failed_replica_retried_elsewhere_then_ejected(make_peers: Any, make_gateway: Any) -> None:
+    settings = Settings(ejection=EjectionPolicy(consecutive_failures=2, base_seconds=60), request_timeout=5)
+    gw, (bad, good) = await serve(make_peers, make_gateway, count=2, settings=settings)
+    bad.fail_status = 503
+    c = client(gw.url)
+    for _ in range(20):
+        await c.embeddings.create(model="m", input="x")  # every one answered: a 503 before any byte is retried
+    assert good.completed == 20
+    assert bad.received == 2  # two failures eject it; no request reaches it afterwards
+    assert gw.gateway.routes["m"].core.replicas[bad.url].ejected(gw.gateway.clock())
+    assert await metric(gw.url, "accelstack_gateway_ejections_total", model="m") == 1
+    assert await metric(gw.url, "accelstack_gateway_retries_total", model="m") == 2
+    assert await metric(gw.url, "accelstack_gateway_replicas", model="m", state="ejected") == 1
+
+
+async def test_unreachable_replica_retried(make_peers: Any, make_gateway: Any) -> None:
+    peers = await make_peers(1)
+    gw = await make_gateway()
+    gw.load([endpoint("llm")], slices("llm", [peers[0].url, "http://127.0.0.1:9"]))  # port 9: nothing listens
+    await gw.start()
+    c = client(gw.url)
+    for _ in range(6):
+        await c.embeddings.create(model="m", input="x")
+    assert peers[0].completed == 6
+
+
+async def test_all_replicas_failing_gives_openai_shaped_502(make_peers: Any, make_gateway: Any) -> None:
+    gw, peers = await serve(make_peers, make_gateway, count=2)
+    for p in peers:
+        p.fail_status = 500
+    with pytest.raises(openai.InternalServerError) as err:
+        await client(gw.url).embeddings.create(model="m", input="x")
+    assert err.value.status_code == 502 and err.value.code == "upstream_error"
+    assert sum(p.received for p in peers) == 2  # one try and one retry, each at a different replica
+
+
+async def test_stream_stalled_before_first_byte_is_retried(make_peers: Any, make_gateway: Any) -> None:
+    settings = Settings(request_timeout=0.5, idle_timeout=5)
+    gw, peers = await serve(make_peers, make_gateway, count=2, settings=settings)
+    peers[0].stall_after = 0  # headers, then silence
+    c = client(gw.url)
+    for _ in range(4):
+        stream = await c.chat.completions.create(model="m", messages=MSG, stream=True)
+        assert "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices]) == "tok " * 8
+    assert peers[1].completed == 4
+    assert peers[0].cancelled >= 1  # the stalled try was abandoned, and the runtime saw it
+
+
+async def test_stream_stalled_midway_ends_with_an_error_event_and_no_retry(make_peers: Any,
+                                                                          make_gateway: Any) -> None:
+    settings = Settings(request_timeout=5, idle_timeout=0.3)
+    gw, peers = await serve(make_peers, make_gateway, count=2, settings=settings)
+    for p in peers:
+        p.stall_after = 2
+    stream = await client(gw.url).chat.completions.create(model="m", messages=MSG, stream=True)
+    got: list[str] = []
+    with pytest.raises(openai.APIError) as err:
+        async for chunk in stream:
+            got.append(chunk.choices[0].delta.content or "")
+    assert got == ["tok ", "tok "]
+    assert "sent nothing for 0.3 s" in err.value.message
+    assert sum(p.received for p in peers) == 1  # bytes had reached the client: no retry
+    assert await metric(gw.url, "accelstack_gateway_errors_total", model="m", reason="stream_interrupted") == 1
+
+
+async def test_stream_broken_midway_ends_with_an_error_event(make_peers: Any, make_gateway: Any) -> None:
+    gw, peers = await serve(make_peers, make_gateway, count=1)
+    peers[0].break_after = 3
+    stream = await client(gw.url).chat.completions.create(model="m", messages=MSG, stream=True)
+    with pytest.raises(openai.APIError) as err:
+        async for _chunk in stream:
+            pass
+    assert "broke the stream" in err.value.message
+
+
+async def test_hung_replica_times_out_then_retry(make_peers: Any, make_gateway: Any) -> None:
+    settings = Settings(request_timeout=0.3)
+    gw, peers = await serve(make_peers, make_gateway, count=2, settings=settings)
+    peers[0].hang = True
+    c = client(gw.url)
+    for _ in range(3):
+        await c.embeddings.create(model="m", input="x")
+    assert peers[1].completed == 3
+
+
+async def test_queue_then_429_with_retry_after(make_peers: Any, make_gateway: Any) -> None:
+    gw, peers = await serve(make_peers, make_gateway, count=1, max_inflight=1, max_queue=1, latency=0.3)
+    c = client(gw.url)
+    first = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: peers[0].inflight == 1, what="first request at the replica")
+    second = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: len(gw.gateway.routes["m"].waiters) == 1, what="second request queued")
+    assert await metric(gw.url, "accelstack_gateway_queue_depth", model="m") == 1
+    with pytest.raises(openai.RateLimitError) as err:
+        await c.embeddings.create(model="m", input="x")
+    assert err.value.code == "model_overloaded"
+    assert int(err.value.response.headers["Retry-After"]) >= 1
+    await asyncio.gather(first, second)  # the queued one was served once the first finished
+    assert peers[0].max_inflight == 1 and peers[0].completed == 2
+
+
+async def test_queue_timeout_gives_429(make_peers: Any, make_gateway: Any) -> None:
+    settings = Settings(queue_timeout=0.2)
+    gw, peers = await serve(make_peers, make_gateway, settings=settings, max_inflight=1, latency=2)
+    c = client(gw.url)
+    first = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: peers[0].inflight == 1, what="first request at the replica")
+    with pytest.raises(openai.RateLimitError) as err:
+        await c.embeddings.create(model="m", input="x")
+    assert "within 0.2 s" in err.value.message
+    assert not gw.gateway.routes["m"].waiters
+    first.cancel()
+
+
+async def test_queue_is_first_in_first_out(make_peers: Any, make_gateway: Any) -> None:
+    gw, peers = await serve(make_peers, make_gateway, max_inflight=1, latency=0.05)
+    c = client(gw.url)
+    order: list[int] = []
+
+    async def one(i: int) -> None:
+        await c.embeddings.create(model="m", input=str(i))
+        order.append(i)
+
+    tasks = []
+    for i in range(6):
+        tasks.append(asyncio.create_task(one(i)))
+        await eventually(lambda i=i: peers[0].received + len(gw.gateway.routes["m"].waiters) == i + 1,
+                         what=f"request {i} in")
+    await asyncio.gather(*tasks)
+    assert order == list(range(6))
+
+
+async def test_burst_pool_used_only_while_primary_is_saturated(make_peers: Any, make_gateway: Any) -> None:
+    primary, burst = await make_peers(2, latency=0.3)
+    gw = await make_gateway()
+    gw.load([endpoint("llm", max_inflight=1)],
+            slices("llm", [primary.url]) + slices("llm", [burst.url], pool=POOL_BURST))
+    await gw.start()
+    c = client(gw.url)
+    first = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: primary.inflight == 1, what="first request at the primary")
+    second = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: burst.inflight == 1, what="second request burst")
+    assert await metric(gw.url, "accelstack_gateway_bursting", model="m") == 1
+    await asyncio.gather(first, second)
+    await c.embeddings.create(model="m", input="x")
+    assert (primary.received, burst.received) == (2, 1)
+    assert await metric(gw.url, "accelstack_gateway_bursting", model="m") == 0
+
+
+async def test_replicas_change_without_dropping_requests(make_peers: Any, make_gateway: Any) -> None:
+    old, new = await make_peers(2, latency=0.2)
+    gw = await make_gateway()
+    gw.load([endpoint("llm")], slices("llm", [old.url]))
+    await gw.start()
+    c = client(gw.url)
+    running = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: old.inflight == 1, what="request at the old replica")
+    gw.load([endpoint("llm")], slices("llm", [new.url]))
+    await c.embeddings.create(model="m", input="x")
+    await running  # the request at the replica that left still completes
+    assert (old.completed, new.completed) == (1, 1)
+    gw.load([], [])
+    with pytest.raises(openai.NotFoundError):
+        await c.embeddings.create(model="m", input="x")
+
+
+async def test_queued_requests_go_to_replicas_that_appear(make_peers: Any, make_gateway: Any) -> None:
+    busy, fresh = await make_peers(2, latency=1)
+    gw = await make_gateway()
+    gw.load([endpoint("llm", max_inflight=1)], slices("llm", [busy.url]))
+    await gw.start()
+    c = client(gw.url)
+    first = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: busy.inflight == 1, what="first request at the busy replica")
+    second = asyncio.create_task(c.embeddings.create(model="m", input="x"))
+    await eventually(lambda: len(gw.gateway.routes["m"].waiters) == 1, what="second request queued")
+    gw.load([endpoint("llm", max_inflight=1)], slices("llm", [busy.url, fresh.url]))
+    await eventually(lambda: fresh.inflight == 1, what="queued request at the new replica")
+    await asyncio.gather(first, second)
+
+
+async def test_no_ready_replica_is_503(make_peers: Any, make_gateway: Any) -> None:
+    gw = await make_gateway()
+    gw.load([endpoint("llm")], slices("llm", ["http://127.0.0.1:9"], ready=False))
+    await gw.start()
+    with pytest.raises(openai.InternalServerError) as err:
+        await client(gw.url).embeddings.create(model="m", input="x")
+    assert err.value.status_code == 503 and err.value.code == "no_ready_replica"
