@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -14,7 +15,7 @@ from inference.routing import EjectionPolicy
 from tests.inference.harness import endpoint, eventually, slices
 from tests.inference.test_gateway_openai import client, metric, serve
 
-MSG = [{"role": "user", "content": "x"}]
+MSG: Any = [{"role": "user", "content": "x"}]
 
 
 async def test_failed_replica_retried_elsewhere_then_ejected(make_peers: Any, make_gateway: Any) -> None:
@@ -140,11 +141,13 @@ async def test_queue_is_first_in_first_out(make_peers: Any, make_gateway: Any) -
         await c.embeddings.create(model="m", input=str(i))
         order.append(i)
 
+    def arrived(n: int) -> Callable[[], bool]:
+        return lambda: peers[0].received + len(gw.gateway.routes["m"].waiters) == n
+
     tasks = []
     for i in range(6):
         tasks.append(asyncio.create_task(one(i)))
-        await eventually(lambda i=i: peers[0].received + len(gw.gateway.routes["m"].waiters) == i + 1,
-                         what=f"request {i} in")
+        await eventually(arrived(i + 1), what=f"request {i} in")
     await asyncio.gather(*tasks)
     assert order == list(range(6))
 
