@@ -72,13 +72,13 @@ def load_objects(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 class FileSource:
     def __init__(self, path: Path, gateway: Gateway, interval: float = 1.0) -> None:
         self.path, self.gateway, self.interval = path, gateway, interval
-        self._mtime = 0.0
+        self.seen = 0.0  # mtime of the last version read, good or not
 
     def load(self) -> None:
         """Read and apply the file now; SourceError when it is malformed."""
         mtime = os.stat(self.path).st_mtime if self.path.exists() else 0.0
         apply_objects(self.gateway, *load_objects(self.path))
-        self._mtime = mtime
+        self.seen = mtime
 
     async def run(self) -> None:
         while True:
@@ -87,11 +87,11 @@ class FileSource:
                 mtime = os.stat(self.path).st_mtime
             except OSError:
                 continue
-            if mtime == self._mtime:
+            if mtime == self.seen:
                 continue
             try:
                 self.load()
                 log.info("objects file reloaded", extra={"path": str(self.path)})
             except SourceError as exc:
-                self._mtime = mtime
+                self.seen = mtime
                 log.error("objects file not reloaded; the routes in force stay", extra={"error": str(exc)})

@@ -209,3 +209,18 @@ async def test_no_ready_replica_is_503(make_peers: Any, make_gateway: Any) -> No
     with pytest.raises(openai.InternalServerError) as err:
         await client(gw.url).embeddings.create(model="m", input="x")
     assert err.value.status_code == 503 and err.value.code == "no_ready_replica"
+
+
+async def test_runtime_reported_queue_steers_requests_away(make_peers: Any, make_gateway: Any) -> None:
+    settings = Settings(load_poll_interval=0.05)
+    gw, (queued, idle) = await serve(make_peers, make_gateway, count=2, settings=settings)
+    queued.reported_queue = 50
+    await eventually(lambda: gw.gateway.routes["m"].core.replicas[queued.url].reported_queue == 50,
+                     what="the runtime's queue read from its /metrics")
+    c = client(gw.url)
+    for _ in range(10):
+        await c.embeddings.create(model="m", input="x")
+    assert (queued.received, idle.received) == (0, 10)
+    queued.reported_queue = 0
+    await eventually(lambda: gw.gateway.routes["m"].core.replicas[queued.url].reported_queue == 0,
+                     what="the queue drained")
