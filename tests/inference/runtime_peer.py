@@ -21,8 +21,12 @@ from aiohttp import web
 
 
 class RuntimePeer:
-    def __init__(self, name: str = "peer", latency: float = 0.0, tokens: int = 8, token_rate: float = 0.0) -> None:
+    def __init__(self, name: str = "peer", latency: float = 0.0, tokens: int = 8, token_rate: float = 0.0,
+                 batch: int = 0) -> None:
         self.name = name
+        # requests generated at once (a runtime's batch); the rest wait and show in vllm:num_requests_waiting
+        self._batch = asyncio.Semaphore(batch) if batch > 0 else None
+        self.waiting = 0
         self.latency = latency  # seconds before the answer (or the stream's first chunk)
         self.tokens = tokens  # completion tokens per answer
         self.token_rate = token_rate  # tokens per second in a stream; 0: all at once
@@ -65,7 +69,7 @@ class RuntimePeer:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         text = ("# HELP vllm:num_requests_waiting Requests waiting.\n# TYPE vllm:num_requests_waiting gauge\n"
-                f'vllm:num_requests_waiting{{model_name="m"}} {self.reported_queue}\n')
+                f'vllm:num_requests_waiting{{model_name="m"}} {self.reported_queue + self.waiting}\n')
         return web.Response(text=text, content_type="text/plain")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -75,7 +79,17 @@ class RuntimePeer:
         self.inflight += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
         try:
-            return await self._answer(request)
+            if self._batch is None:
+                return await self._answer(request)
+            self.waiting += 1
+            try:
+                await self._batch.acquire()
+            finally:
+                self.waiting -= 1
+            try:
+                return await self._answer(request)
+            finally:
+                self._batch.release()
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -145,7 +159,7 @@ class RuntimePeer:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    peer = RuntimePeer(args.name, args.latency, args.tokens, args.token_rate)
+    peer = RuntimePeer(args.name, args.latency, args.tokens, args.token_rate, args.batch)
     await peer.start(args.host, args.port)
     print(peer.url, flush=True)
     await asyncio.Event().wait()
@@ -159,6 +173,7 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.0)
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--token-rate", type=float, default=0.0)
+    p.add_argument("--batch", type=int, default=0, help="requests generated at once; 0: unlimited")
     args = p.parse_args()
     try:
         asyncio.run(_serve(args))
