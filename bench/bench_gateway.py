@@ -58,8 +58,8 @@ def free_port() -> int:
 
 class Procs:
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self.by_url: dict[str, subprocess.Popen[str]] = {}
+        self.procs: list[subprocess.Popen[Any]] = []
+        self.by_url: dict[str, subprocess.Popen[Any]] = {}
 
     def peer(self, name: str, latency: float = 0.0, batch: int = 0, tokens: int = 8) -> str:
         proc = subprocess.Popen([sys.executable, "-m", "tests.inference.runtime_peer", "--name", name,
