@@ -1,0 +1,80 @@
+"""The gateway discovering endpoints, replicas and keys from the API server (the API-server peer), end to end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+
+from inference.gateway.kube_source import FIELD_MANAGER, KubeSource
+from inference.gateway.server import Gateway, Settings
+from kubeapi.client import connected
+from tests.apiserver_peer import APIServerPeer
+from tests.inference.harness import KEY_A, KEY_B, RunningGateway, endpoint, eventually, key_secret, slices
+from tests.inference.test_gateway_openai import client
+
+IE = "apis/accelstack.io/v1alpha1/inferenceendpoints"
+EPS = "apis/discovery.k8s.io/v1/endpointslices"
+SECRETS = "api/v1/secrets"
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[APIServerPeer]:
+    peer = APIServerPeer()
+    await peer.start()
+    yield peer
+    await peer.stop()
+
+
+async def test_routes_follow_the_api_server(apiserver: APIServerPeer, make_peers: Any) -> None:
+    first, second = await make_peers(2)
+    await apiserver.put_object(IE, endpoint("llm", models=["m"]))
+    for obj in slices("llm", [first.url]):
+        await apiserver.put_object(EPS, obj)
+    await apiserver.put_object(SECRETS, key_secret("app", "team-a", KEY_A))
+    await apiserver.put_object(SECRETS, {"metadata": {"name": "unrelated", "namespace": "team-a"},
+                                         "data": {"key": "eA=="}})  # not labelled: never read as a key
+    running = RunningGateway(Settings(request_timeout=5))
+    await running.start()
+    gateway: Gateway = running.gateway
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        source = KubeSource(gateway, kube, debounce=0.01)
+        task = asyncio.create_task(source.run())
+        try:
+            await eventually(lambda: "m" in gateway.routes and gateway.synced, what="routes from the API server")
+            answer = await client(running.url).embeddings.create(model="m", input="x")
+            assert answer.data and first.completed == 1
+
+            # a rollout: the slice now lists the second replica only
+            moved = slices("llm", [second.url])[0]
+            moved["metadata"]["name"] = "llm-primary-0"
+            await apiserver.put_object(EPS, moved, "MODIFIED")
+            await eventually(lambda: list(gateway.routes["m"].core.replicas) == [second.url], what="slice update")
+            await client(running.url).embeddings.create(model="m", input="x")
+            assert second.completed == 1
+
+            # a new key appears; access widened to team-b
+            await apiserver.put_object(SECRETS, key_secret("app", "team-b", KEY_B))
+            widened = endpoint("llm", models=["m"], access={"namespaces": ["team-b"]})
+            await apiserver.put_object(IE, widened, "MODIFIED")
+            await eventually(lambda: "team-b" in gateway.routes["m"].access.namespaces, what="access update")
+            await client(running.url, KEY_B).embeddings.create(model="m", input="x")
+
+            # the endpoint is deleted: its model is gone
+            await apiserver.delete_object(IE, "team-a", "llm")
+            await eventually(lambda: "m" not in gateway.routes, what="model removed")
+            with pytest.raises(openai.NotFoundError):
+                await client(running.url).embeddings.create(model="m", input="x")
+
+            # the key's Secret is deleted: the key no longer works
+            await apiserver.delete_object(SECRETS, "team-b", "app")
+            await eventually(lambda: len(gateway.keys) == 1, what="key removed")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await running.stop()
+    selectors = [q for _m, q in apiserver.requests if "secrets" in q]
+    assert selectors and all("labelSelector=accelstack.io/api-key%3Dtrue" in q for q in selectors)
