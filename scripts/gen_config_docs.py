@@ -22,6 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from device_plugin import config as dp_config
+from inference.gateway import main as gw_main
 from npd import config as npd_config
 from scheduler_extender import controller_main as ctl_main
 from scheduler_extender import main as ext_main
@@ -121,6 +122,7 @@ def blocks() -> dict[str, str]:
         "extender": extender_table(),
         "controller": extender_table(ctl_main),
         "npd": options_table(npd_config.OPTIONS),
+        "gateway": extender_table(gw_main),
     }
 
 

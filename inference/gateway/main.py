@@ -64,7 +64,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("eject-max-seconds", "300", "longest ejection in seconds")
     add("eject-max-fraction", "0.5", "largest fraction of a model's replicas ejected at once")
     add("queue-metric", "vllm:num_requests_waiting", "the runtimes' gauge of waiting requests (from /metrics)")
-    add("load-poll-interval", "0", "seconds between reads of the runtimes' queue metric; 0: off")
+    add("load-poll-interval", "1", "seconds between reads of the runtimes' queue metric (replicas without it count 0); 0: off")
     add("drain-seconds", "5", "after SIGTERM, seconds to answer /readyz 503 while still serving")
     add("shutdown-timeout", "30", "after draining, seconds to let requests in flight finish")
     add("log-level", "info", "debug, info, warning or error")
