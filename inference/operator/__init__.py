@@ -1,0 +1,1 @@
+"""The CG operator: reconciles InferenceEndpoints into Deployments, Services, GPRs, PDBs, NetworkPolicies, HPAs."""
