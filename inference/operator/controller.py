@@ -1,0 +1,312 @@
+"""The CG operator's I/O shell: informers feed stores, a work queue of endpoint keys, and for each key the pure
+:func:`decide.plan` carried out with ``kubeapi``.
+
+Carrying out a plan: an object that is missing is created; one that exists and is owned by the endpoint is
+replaced (PUT with its resourceVersion, so a stale read retries) only when the desired fields are not already
+there; an object of the same name that the endpoint does not own is left alone and reported; objects the
+endpoint owns but no longer wants are deleted (with a UID precondition); replicas on unhealthy nodes are
+deleted; the status subresource is written when it changed; events go to the endpoint. Any change to an
+endpoint, its objects, its pods, a node or a GPR template requeues the endpoints concerned; a periodic resync
+requeues all (level-triggered: a missed event costs at most one resync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from inference.names import LABEL_ENDPOINT, POOL_BURST, POOL_PRIMARY
+from inference.operator import objects as o
+from inference.operator.decide import Observed, Plan, plan
+from inference.resources import DEPLOYMENTS, HPAS, INFERENCE_ENDPOINTS, NETWORK_POLICIES, PDBS
+from kubeapi.client import KubeClient, backoff_delay
+from kubeapi.errors import AlreadyExists, ApiError, Conflict, NotFound
+from kubeapi.informer import Informer
+from kubeapi.resources import EVENTS, GPR_TEMPLATES, GPRS, NODES, PODS, SERVICES, Resource
+
+log = logging.getLogger("accelstack.inference.operator")
+FIELD_MANAGER = o.MANAGED_BY
+OWNED: dict[str, Resource] = {"Deployment": DEPLOYMENTS, "Service": SERVICES, "GPUProvisioningRequest": GPRS,
+                              "PodDisruptionBudget": PDBS, "NetworkPolicy": NETWORK_POLICIES,
+                              "HorizontalPodAutoscaler": HPAS}
+# fields the API server allocates on a Service and refuses to see unset on update
+_SERVICE_ALLOCATED = ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy", "internalTrafficPolicy")
+Key = tuple[str, str]  # namespace, name
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def contains(existing: Any, desired: Any) -> bool:
+    """Whether ``existing`` already holds every field of ``desired`` (server defaults may add more)."""
+    if isinstance(desired, dict):
+        return isinstance(existing, dict) and all(k in existing and contains(existing[k], v)
+                                                  for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(existing, list) and len(existing) == len(desired) and all(
+            contains(e, d) for e, d in zip(existing, desired, strict=True))
+    numbers = (int, float)
+    if isinstance(desired, bool) or isinstance(existing, bool):
+        return bool(existing == desired)
+    if (isinstance(desired, numbers) and isinstance(existing, str)) or (
+            isinstance(existing, numbers) and isinstance(desired, str)):
+        return str(existing) == str(desired)  # a quantity the server wrote back as a string, or the reverse
+    return bool(existing == desired)
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in
+               (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def now_iso(wall: Callable[[], float] = time.time) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall()))
+
+
+class Store:
+    def __init__(self, on_change: Callable[[dict[str, Any]], None]) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.on_change = on_change
+
+    def sync(self, items: list[dict[str, Any]]) -> None:
+        gone = [obj for key, obj in self.objects.items() if key not in {_key(i) for i in items}]
+        self.objects = {_key(i): i for i in items}
+        for obj in [*items, *gone]:
+            self.on_change(obj)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.objects.pop(_key(obj), None)
+        else:
+            self.objects[_key(obj)] = obj
+        self.on_change(obj)
+
+
+class Operator:
+    def __init__(self, kube: KubeClient, settings: o.OperatorSettings | None = None, *, resync: float = 30.0,
+                 registry: CollectorRegistry | None = None, identity: str = "",
+                 wall: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.settings = settings or o.OperatorSettings()
+        self.resync = resync
+        self.identity = identity or f"{FIELD_MANAGER}-{uuid.uuid4().hex[:6]}"
+        self.wall = wall
+        self.registry = registry or CollectorRegistry()
+        self.reconciles = Counter("accelstack_inference_operator_reconciles_total", "Endpoint reconciles by result",
+                                  ["result"], registry=self.registry)
+        self.reconcile_seconds = Histogram("accelstack_inference_operator_reconcile_seconds",
+                                           "Time to reconcile one endpoint", registry=self.registry)
+        self.endpoints = Store(self._endpoint_changed)
+        self.owned = {kind: Store(self._child_changed) for kind in OWNED}
+        self.pods = Store(self._child_changed)
+        self.nodes = Store(self._node_changed)
+        self.templates = Store(self._template_changed)
+        managed = f"app.kubernetes.io/managed-by={o.MANAGED_BY}"
+        self.informers = [Informer(kube, INFERENCE_ENDPOINTS, self.endpoints.event, self.endpoints.sync,
+                                   name="ie-endpoints"),
+                          Informer(kube, PODS, self.pods.event, self.pods.sync, name="ie-pods",
+                                   label_selector=LABEL_ENDPOINT),
+                          Informer(kube, NODES, self.nodes.event, self.nodes.sync, name="ie-nodes"),
+                          Informer(kube, GPR_TEMPLATES, self.templates.event, self.templates.sync,
+                                   name="ie-gprtemplates")]
+        for kind, resource in OWNED.items():
+            store = self.owned[kind]
+            self.informers.append(Informer(kube, resource, store.event, store.sync, name=f"ie-{resource.plural}",
+                                           label_selector=managed))
+        self._queue: dict[Key, None] = {}
+        self._wake = asyncio.Event()
+        self._failures: dict[Key, int] = {}
+        self._rng = random.Random()
+
+    # ---- what to requeue ---------------------------------------------------------------------------------
+    def enqueue(self, key: Key) -> None:
+        self._queue[key] = None
+        self._wake.set()
+
+    def _endpoint_changed(self, obj: dict[str, Any]) -> None:
+        self.enqueue(_key(obj))
+
+    def _child_changed(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = (meta.get("labels") or {}).get(LABEL_ENDPOINT)
+        if name:
+            self.enqueue((meta.get("namespace") or "", name))
+
+    def _node_changed(self, obj: dict[str, Any]) -> None:
+        node = (obj.get("metadata") or {}).get("name")
+        for pod in list(self.pods.objects.values()):
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                self._child_changed(pod)
+
+    def _template_changed(self, obj: dict[str, Any]) -> None:
+        namespace, name = _key(obj)
+        for key, endpoint in list(self.endpoints.objects.items()):
+            if key[0] == namespace and ((endpoint.get("spec") or {}).get("gpr") or {}).get("template") == name:
+                self.enqueue(key)
+
+    # ---- observing --------------------------------------------------------------------------------------------
+    def observe(self, endpoint: dict[str, Any]) -> Observed:
+        namespace, name = _key(endpoint)
+        uid = endpoint["metadata"].get("uid", "")
+
+        def mine(kind: str, child: str) -> dict[str, Any] | None:
+            obj = self.owned[kind].objects.get((namespace, child))
+            return obj if obj is not None and owned_by(obj, uid) else None
+
+        pools = (POOL_PRIMARY, POOL_BURST)
+        deployments = {p: d for p in pools if (d := mine("Deployment", f"{name}-{p}")) is not None}
+        gprs = {p: g for p in pools if (g := mine("GPUProvisioningRequest", f"{name}-{p}")) is not None}
+        template_name = ((endpoint.get("spec") or {}).get("gpr") or {}).get("template")
+        owned = sorted((kind, key[1]) for kind, store in self.owned.items() for key, obj in store.objects.items()
+                       if key[0] == namespace and owned_by(obj, uid))
+        pods = [p for (ns, _), p in self.pods.objects.items()
+                if ns == namespace and ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ENDPOINT) == name]
+        nodes = {n: self.nodes.objects[("", n)] for n in {(p.get("spec") or {}).get("nodeName") for p in pods}
+                 if n and ("", n) in self.nodes.objects}
+        return Observed(deployments=deployments, gprs=gprs, hpa=mine("HorizontalPodAutoscaler", name), pods=pods,
+                        nodes=nodes, owned=owned,
+                        gpr_template=self.templates.objects.get((namespace, template_name)) if template_name else None)
+
+    # ---- acting -----------------------------------------------------------------------------------------------
+    async def reconcile(self, key: Key) -> Plan | None:
+        endpoint = self.endpoints.objects.get(key)
+        if endpoint is None or (endpoint.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # the garbage collector removes what it owned
+        endpoint = copy.deepcopy(endpoint)
+        result = plan(endpoint, self.observe(endpoint), self.settings, now_iso(self.wall))
+        namespace, name = key
+        for obj in result.apply:
+            await self._apply(endpoint, obj)
+        for kind, child in result.delete:
+            try:
+                await self.kube.delete(OWNED[kind], child, namespace, uid=self._uid(kind, namespace, child))
+                log.info("deleted", extra={"endpoint": f"{namespace}/{name}", "kind": kind, "name": child})
+            except (NotFound, Conflict):
+                pass
+        for pod, why in result.replace_pods:
+            try:
+                await self.kube.delete(PODS, pod, namespace)
+                log.warning("replica replaced", extra={"endpoint": f"{namespace}/{name}", "pod": pod, "why": why})
+            except NotFound:
+                pass
+        if result.status != endpoint.get("status"):
+            body = {**endpoint, "status": result.status}
+            try:
+                stored = await self.kube.replace(INFERENCE_ENDPOINTS, name, body, namespace, subresource="status")
+                self.endpoints.objects[key] = stored  # the next pass sees its own write even before the watch does
+            except Conflict:
+                self.enqueue(key)
+        for type_, reason, message in result.events:
+            await self._event(endpoint, type_, reason, message)
+        return result
+
+    def _uid(self, kind: str, namespace: str, name: str) -> str | None:
+        obj = self.owned[kind].objects.get((namespace, name))
+        return (obj or {}).get("metadata", {}).get("uid") or None
+
+    async def _apply(self, endpoint: dict[str, Any], desired: dict[str, Any]) -> None:
+        kind = desired["kind"]
+        resource = OWNED[kind]
+        namespace, name = _key(desired)
+        existing = self.owned[kind].objects.get((namespace, name))
+        if existing is None:
+            try:
+                created = await self.kube.create(resource, desired, namespace)
+                self.owned[kind].objects[(namespace, name)] = created
+                log.info("created", extra={"endpoint": _key(endpoint), "kind": kind, "name": name})
+            except AlreadyExists:
+                self.enqueue(_key(endpoint))  # made by someone else meanwhile; the informer brings it
+            return
+        if not owned_by(existing, endpoint["metadata"].get("uid", "")):
+            await self._event(endpoint, "Warning", "ObjectNotOwned",
+                              f"{kind} {namespace}/{name} exists and is not owned by this endpoint; left alone")
+            return
+        if contains(existing.get("spec"), desired.get("spec")) and \
+                contains(existing.get("metadata"), {"labels": desired["metadata"]["labels"]}):
+            return
+        body = copy.deepcopy(existing)
+        body["metadata"]["labels"] = {**(existing["metadata"].get("labels") or {}), **desired["metadata"]["labels"]}
+        body["metadata"]["ownerReferences"] = desired["metadata"]["ownerReferences"]
+        spec = copy.deepcopy(desired["spec"])
+        if kind == "Service":
+            for field in _SERVICE_ALLOCATED:
+                if field in (existing.get("spec") or {}):
+                    spec.setdefault(field, existing["spec"][field])
+        body["spec"] = spec
+        try:
+            stored = await self.kube.replace(resource, name, body, namespace)
+            self.owned[kind].objects[(namespace, name)] = stored
+            log.info("updated", extra={"endpoint": _key(endpoint), "kind": kind, "name": name})
+        except Conflict:
+            self.enqueue(_key(endpoint))
+
+    async def _event(self, endpoint: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = endpoint["metadata"]
+        stamp = now_iso(self.wall)
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                 "involvedObject": {"apiVersion": endpoint.get("apiVersion", ""), "kind": endpoint.get("kind", ""),
+                                    "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid", ""),
+                                    "resourceVersion": meta.get("resourceVersion", "")},
+                 "reason": reason, "message": message[:1024], "type": type_, "count": 1,
+                 "firstTimestamp": stamp, "lastTimestamp": stamp,
+                 "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+                 "reportingInstance": self.identity}
+        try:
+            await self.kube.create(EVENTS, event, meta["namespace"])
+        except ApiError as exc:  # an event is best effort
+            log.warning("event not recorded", extra={"reason": reason, "error": str(exc)[:200]})
+
+    # ---- running ------------------------------------------------------------------------------------------------
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    def healthy(self) -> bool:
+        return all(i.synced.is_set() and i.healthy for i in self.informers)
+
+    async def run_informers(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(*(i.run(stop) for i in self.informers))
+
+    async def run_workers(self, stop: asyncio.Event) -> None:
+        """Reconcile queued endpoints until ``stop``; every ``resync`` seconds requeue all of them."""
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        for key in self.endpoints.objects:
+            self.enqueue(key)
+        loop = asyncio.get_running_loop()
+        next_resync = loop.time() + self.resync
+        while not stop.is_set():
+            timeout = max(0.0, next_resync - loop.time())
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                for key in self.endpoints.objects:
+                    self.enqueue(key)
+                next_resync = loop.time() + self.resync
+            self._wake.clear()
+            while self._queue and not stop.is_set():
+                key = next(iter(self._queue))
+                del self._queue[key]
+                started = time.perf_counter()
+                try:
+                    await self.reconcile(key)
+                    self.reconciles.labels("ok").inc()
+                    self._failures.pop(key, None)
+                except ApiError as exc:
+                    self.reconciles.labels("error").inc()
+                    failures = self._failures[key] = self._failures.get(key, 0) + 1
+                    delay = backoff_delay(failures, 0.5, 30.0, self._rng)
+                    log.warning("reconcile failed; retrying", extra={"endpoint": f"{key[0]}/{key[1]}",
+                                                                     "error": str(exc)[:300], "in": round(delay, 1)})
+                    loop.call_later(delay, self.enqueue, key)
+                finally:
+                    self.reconcile_seconds.observe(time.perf_counter() - started)

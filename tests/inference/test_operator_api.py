@@ -1,0 +1,215 @@
+"""The CG operator against the API-server peer (REST + watch): owned objects created, updated and deleted,
+status and events written, a replica on an unhealthy node replaced, access reaching the NetworkPolicy, bad
+specs refused, a queued GPR making the endpoint burst, and a restart that changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import yaml
+
+from inference.operator.controller import FIELD_MANAGER, Operator
+from kubeapi.client import connected
+from tests.apiserver_peer import APIServerPeer
+from tests.extender.test_crds import admit
+from tests.inference.harness import eventually
+from tests.inference.test_operator_decide import EXAMPLE
+
+IE = "apis/accelstack.io/v1alpha1/inferenceendpoints"
+DEP = "apis/apps/v1/deployments"
+SVC = "api/v1/services"
+GPR = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
+PDB = "apis/policy/v1/poddisruptionbudgets"
+NP = "apis/networking.k8s.io/v1/networkpolicies"
+HPA = "apis/autoscaling/v2/horizontalpodautoscalers"
+PODS = "api/v1/pods"
+NODES = "api/v1/nodes"
+EVENTS = "api/v1/events"
+
+
+def endpoint() -> dict[str, Any]:
+    stored, errors = admit("inferenceendpoints", yaml.safe_load(EXAMPLE.read_text()))
+    assert errors == []
+    stored["metadata"]["generation"] = 1
+    return stored
+
+
+class Running:
+    def __init__(self, apiserver: APIServerPeer, operator: Operator) -> None:
+        self.apiserver, self.operator = apiserver, operator
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self.operator.run_informers(self.stop)),
+                      asyncio.create_task(self.operator.run_workers(self.stop))]
+
+    async def close(self) -> None:
+        self.stop.set()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[APIServerPeer]:
+    peer = APIServerPeer()
+    await peer.start()
+    yield peer
+    await peer.stop()
+
+
+@pytest.fixture
+async def operator(apiserver: APIServerPeer) -> AsyncIterator[Running]:
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        running = Running(apiserver, Operator(kube, resync=60))
+        yield running
+        await running.close()
+
+
+def get(apiserver: APIServerPeer, resource: str, name: str, namespace: str = "team-a") -> dict[str, Any] | None:
+    return apiserver.get(resource, namespace, name)
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def events(apiserver: APIServerPeer, reason: str) -> list[dict[str, Any]]:
+    return [o for (r, _, _), o in apiserver.objects.items() if r == EVENTS and o.get("reason") == reason]
+
+
+async def test_endpoint_becomes_its_objects_and_follows_updates(apiserver: APIServerPeer, operator: Running) -> None:
+    created = await apiserver.put_object(IE, endpoint())
+    uid = created["metadata"]["uid"]
+    operator.start()
+    names = [(DEP, "llama-primary"), (DEP, "llama-burst"), (SVC, "llama-primary"), (SVC, "llama-burst"),
+             (GPR, "llama-primary"), (PDB, "llama"), (NP, "llama"), (HPA, "llama")]
+    await eventually(lambda: all(get(apiserver, r, n) for r, n in names), what="owned objects created")
+    for resource, name in names:
+        obj = get(apiserver, resource, name)
+        assert obj is not None and obj["metadata"]["ownerReferences"][0]["uid"] == uid, (resource, name)
+    assert get(apiserver, GPR, "llama-burst") is None  # the burst GPR exists only while bursting
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Ready").get("reason") == "NoReadyReplica",
+                     what="status written")
+    status = get(apiserver, IE, "llama")["status"]  # type: ignore[index]
+    assert status["observedGeneration"] == 1 and status["url"].endswith("/v1")
+
+    # the Deployment controller reports ready replicas: the endpoint is Ready
+    dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
+    assert dep is not None
+    dep["status"] = {"replicas": 1, "readyReplicas": 1}
+    await apiserver.put_object(DEP, dep, "MODIFIED")
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Ready").get("status") == "True",
+                     what="Ready once a replica is")
+
+    # an update: new image, access widened, burst pool removed
+    ep = copy.deepcopy(get(apiserver, IE, "llama"))
+    assert ep is not None
+    ep["metadata"]["generation"] = 2
+    ep["spec"]["template"]["image"] = "registry.example.com/team-a/vllm-openai:0.7.0"
+    ep["spec"]["access"]["namespaces"] = ["team-b", "team-c"]
+    del ep["spec"]["burst"]
+    await apiserver.put_object(IE, ep, "MODIFIED")
+
+    def updated() -> bool:
+        d = get(apiserver, DEP, "llama-primary")
+        n = get(apiserver, NP, "llama")
+        return bool(d and n and d["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.7.0")
+                    and any(p.get("namespaceSelector", {}).get("matchExpressions", [{}])[0].get("values")
+                            == ["team-b", "team-c"] for p in n["spec"]["ingress"][0]["from"]))
+
+    await eventually(updated, what="Deployment and NetworkPolicy updated")
+    await eventually(lambda: get(apiserver, DEP, "llama-burst") is None and get(apiserver, SVC, "llama-burst") is None,
+                     what="burst objects deleted")
+    await eventually(lambda: get(apiserver, IE, "llama")["status"]["observedGeneration"] == 2,  # type: ignore[index]
+                     what="observedGeneration follows")
+    assert get(apiserver, DEP, "llama-primary")["spec"]["replicas"] == 1  # type: ignore[index]
+
+
+async def test_autoscaler_owns_the_replica_count(apiserver: APIServerPeer, operator: Running) -> None:
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, what="Deployment")
+    dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
+    assert dep is not None
+    dep["spec"]["replicas"] = 3  # the HPA scaled it
+    await apiserver.put_object(DEP, dep, "MODIFIED")
+    writes_before = len([m for m, q in apiserver.requests if m == "PUT" and "/deployments/" in q])
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Degraded").get("message", "").startswith(
+        "0 of 3"), what="status sees 3 desired")
+    assert get(apiserver, DEP, "llama-primary")["spec"]["replicas"] == 3  # type: ignore[index]
+    assert len([m for m, q in apiserver.requests if m == "PUT" and "/deployments/" in q]) == writes_before
+
+
+async def test_replica_on_unhealthy_node_is_replaced(apiserver: APIServerPeer, operator: Running) -> None:
+    await apiserver.put_object(IE, endpoint())
+    await apiserver.put_object(NODES, {"metadata": {"name": "gpu-1"}, "status": {"conditions": [
+        {"type": "GPUUnhealthy", "status": "False"}]}})
+    await apiserver.put_object(PODS, {"metadata": {"name": "llama-primary-abc", "namespace": "team-a",
+                                                   "labels": {"accelstack.io/inference-endpoint": "llama",
+                                                              "accelstack.io/pool": "primary"}},
+                                      "spec": {"nodeName": "gpu-1", "containers": []}, "status": {"phase": "Running"}})
+    operator.start()
+    await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, what="reconciled")
+    assert get(apiserver, PODS, "llama-primary-abc") is not None  # healthy node: left alone
+    await apiserver.put_object(NODES, {"metadata": {"name": "gpu-1"}, "status": {"conditions": [
+        {"type": "GPUUnhealthy", "status": "True", "reason": "XID", "message": "XID 79 on GPU 0"}]}}, "MODIFIED")
+    await eventually(lambda: get(apiserver, PODS, "llama-primary-abc") is None, what="replica deleted")
+    await eventually(lambda: bool(events(apiserver, "ReplicaReplaced")), what="event")
+    (event,) = events(apiserver, "ReplicaReplaced")
+    assert event["type"] == "Warning" and "XID 79" in event["message"]
+    assert event["involvedObject"]["kind"] == "InferenceEndpoint" and event["involvedObject"]["name"] == "llama"
+
+
+async def test_bad_spec_is_refused_with_a_reason(apiserver: APIServerPeer, operator: Running) -> None:
+    bad = endpoint()
+    bad["spec"]["template"].pop("image")  # written without the CRD's validation
+    await apiserver.put_object(IE, bad)
+    operator.start()
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Ready").get("reason") == "InvalidSpec",
+                     what="InvalidSpec")
+    assert "spec.template.image is required" in condition(get(apiserver, IE, "llama"), "Ready")["message"]
+    assert not [k for k in apiserver.objects if k[0] in (DEP, SVC, GPR, HPA)]
+    await eventually(lambda: bool(events(apiserver, "InvalidSpec")), what="warning event")
+
+
+async def test_queued_gpr_shows_scaling_limited_and_bursts(apiserver: APIServerPeer, operator: Running) -> None:
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: get(apiserver, GPR, "llama-primary") is not None, what="GPR created")
+    g = copy.deepcopy(get(apiserver, GPR, "llama-primary"))
+    assert g is not None
+    g["status"] = {"phase": "Queued", "queuePosition": 3, "estimatedStart": "2026-11-30T13:00:00Z"}
+    await apiserver.put_object(GPR, g, "MODIFIED")
+    await eventually(lambda: (get(apiserver, DEP, "llama-burst") or {}).get("spec", {}).get("replicas") == 1,
+                     what="burst pool scaled up")
+    await eventually(lambda: get(apiserver, GPR, "llama-burst") is not None, what="burst GPR created")
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Bursting").get("status") == "True",
+                     what="Bursting")
+    ep = get(apiserver, IE, "llama")
+    limited = condition(ep, "ScalingLimited")
+    assert limited["status"] == "True" and "position 3" in limited["message"]
+    assert ep is not None and ep["status"]["estimatedStart"] == "2026-11-30T13:00:00Z"
+
+
+async def test_restart_changes_nothing(apiserver: APIServerPeer, operator: Running) -> None:
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Ready").get("reason") == "NoReadyReplica",
+                     what="first operator done")
+    await operator.close()
+    writes = len([m for m, _ in apiserver.requests if m in ("POST", "PUT", "PATCH", "DELETE")])
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        second = Running(apiserver, Operator(kube, resync=60))
+        second.start()
+        try:
+            await eventually(lambda: second.operator.synced() and not second.operator._queue, what="second synced")
+            await eventually(lambda: second.operator.reconciles.labels("ok")._value.get() >= 1, what="reconciled")
+        finally:
+            await second.close()
+    assert len([m for m, _ in apiserver.requests if m in ("POST", "PUT", "PATCH", "DELETE")]) == writes
