@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from device_plugin import config as dp_config
 from inference.gateway import main as gw_main
+from inference.operator import main as io_main
 from npd import config as npd_config
 from scheduler_extender import controller_main as ctl_main
 from scheduler_extender import main as ext_main
@@ -123,6 +124,7 @@ def blocks() -> dict[str, str]:
         "controller": extender_table(ctl_main),
         "npd": options_table(npd_config.OPTIONS),
         "gateway": extender_table(gw_main),
+        "inference-operator": extender_table(io_main),
     }
 
 

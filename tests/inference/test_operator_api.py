@@ -213,3 +213,41 @@ async def test_restart_changes_nothing(apiserver: APIServerPeer, operator: Runni
         finally:
             await second.close()
     assert len([m for m, _ in apiserver.requests if m in ("POST", "PUT", "PATCH", "DELETE")]) == writes
+
+
+async def test_operator_process_leads_reconciles_and_releases_on_sigterm(apiserver: APIServerPeer,
+                                                                        tmp_path: Any) -> None:
+    import os
+    import signal
+    import sys
+
+    from tests.inference.test_gateway_process import free_port
+
+    await apiserver.put_object(IE, endpoint())
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: peer, cluster: {{server: "{apiserver.url}"}}}}]
+users: [{{name: test, user: {{}}}}]
+contexts: [{{name: peer, context: {{cluster: peer, user: test}}}}]
+current-context: peer
+""")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "inference.operator.main", "--kubeconfig", str(kubeconfig), "--listen",
+        f"127.0.0.1:{free_port()}", "--lease-seconds", "3", "--log-format", "text",
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "POD_NAME": "operator-0"})
+    try:
+        await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, timeout=20,
+                         what="the process reconciled the endpoint")
+        lease = apiserver.get("apis/coordination.k8s.io/v1/leases", "accelstack-system",
+                              "accelstack-inference-operator")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "operator-0"
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 0
+    lease = apiserver.get("apis/coordination.k8s.io/v1/leases", "accelstack-system", "accelstack-inference-operator")
+    assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released: a peer takes over at once

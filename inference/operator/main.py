@@ -1,0 +1,168 @@
+"""``accelstack-inference-operator``: the CG operator (leader-elected), with /healthz, /readyz and /metrics.
+
+Every flag has an environment variable (``ACCELSTACK_IO_<FLAG>``); a flag wins over its variable. Bad values
+stop the process with exit code 2 and a message naming the flag and its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from device_plugin.observability import setup_logging
+from inference.operator.objects import OperatorSettings
+
+log = logging.getLogger("accelstack.inference.operator")
+ENV = "ACCELSTACK_IO_"
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _env_name(flag: str) -> str:
+    return ENV + flag.upper().replace("-", "_")
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="accelstack-inference-operator",
+        description="The CG operator: reconciles InferenceEndpoints into Deployments, Services, GPRs, "
+                    "PodDisruptionBudgets, NetworkPolicies and HorizontalPodAutoscalers (leader-elected). Each flag "
+                    f"can also be set with {ENV}<FLAG>; the flag wins.")
+
+    def add(flag: str, default: str, help_text: str) -> None:
+        p.add_argument(f"--{flag}", default=environ.get(_env_name(flag), default),
+                       help=f"{help_text} [env {_env_name(flag)}; default {default!r}]")
+
+    add("listen", ":8082", "host:port for /healthz, /readyz and /metrics")
+    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
+    add("lease-namespace", "accelstack-system", "namespace of the leader Lease")
+    add("lease-name", "accelstack-inference-operator", "name of the leader Lease")
+    add("lease-seconds", "15", "leader lease duration (renew deadline 2/3 of it, retry period 2/15)")
+    add("gateway-namespace", "accelstack-system", "namespace of accelstack-gateway (NetworkPolicies admit it)")
+    add("gateway-url", "http://accelstack-gateway.accelstack-system.svc/v1", "the gateway's URL, shown in "
+        "each endpoint's status")
+    add("resync", "30", "seconds between passes over every endpoint when nothing changes")
+    add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
+    add("log-level", "info", "debug, info, warning or error")
+    add("log-format", "json", "json or text")
+    return p
+
+
+def _number(args: argparse.Namespace, flag: str, minimum: float) -> float:
+    value = getattr(args, flag.replace("-", "_"))
+    try:
+        number = float(value)
+    except ValueError:
+        raise UsageError(f"--{flag} (env {_env_name(flag)}): not a number: {value!r}") from None
+    if number < minimum:
+        raise UsageError(f"--{flag} (env {_env_name(flag)}): must be >= {minimum:g}, got {value!r}")
+    return number
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    args = build_parser(environ).parse_args(argv)
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen (env {_env_name('listen')}): must be host:port or :port, got {args.listen!r}")
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        raise UsageError(f"--kubeconfig (env {_env_name('kubeconfig')}): no such file: {args.kubeconfig}")
+    if args.log_level not in ("debug", "info", "warning", "error"):
+        raise UsageError(f"--log-level (env {_env_name('log-level')}): debug, info, warning or error; "
+                         f"got {args.log_level!r}")
+    if args.log_format not in ("json", "text"):
+        raise UsageError(f"--log-format (env {_env_name('log-format')}): json or text; got {args.log_format!r}")
+    if not args.gateway_url.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway-url (env {_env_name('gateway-url')}): an http(s) URL, got {args.gateway_url!r}")
+    return {"host": host or "0.0.0.0", "port": int(port), "kubeconfig": args.kubeconfig,
+            "lease_namespace": args.lease_namespace, "lease_name": args.lease_name,
+            "lease_seconds": _number(args, "lease-seconds", 3), "resync": _number(args, "resync", 1),
+            "api_timeout": _number(args, "api-timeout", 0.1),
+            "identity": environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            "settings": OperatorSettings(gateway_namespace=args.gateway_namespace, gateway_url=args.gateway_url),
+            "log_level": args.log_level, "log_format": args.log_format}
+
+
+async def serve(opts: dict[str, Any]) -> None:
+    from inference.operator.controller import FIELD_MANAGER, Operator
+    from kubeapi.client import from_config
+    from kubeapi.leader import LeaderElector
+    from kubeapi.tasks import supervise, while_leading
+
+    kube = await from_config(opts["kubeconfig"], field_manager=FIELD_MANAGER, timeout=opts["api_timeout"])
+    operator = Operator(kube, opts["settings"], resync=opts["resync"], identity=opts["identity"])
+    lease = opts["lease_seconds"]
+    elector = LeaderElector(kube, opts["lease_namespace"], opts["lease_name"], opts["identity"],
+                            lease_duration=lease, renew_deadline=lease * 2 / 3, retry_period=lease * 2 / 15)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if operator.healthy():
+            return web.Response(text="ok\n")
+        broken = ", ".join(f"{i.name}: {i.last_error or 'not synced'}" for i in operator.informers if not i.healthy)
+        return web.Response(status=503, text=f"not ready: {broken}\n")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(operator.registry) + generate_latest(REGISTRY),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics)])
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, opts["host"], opts["port"]).start()
+    log.info("started", extra={"listen": f"{opts['host']}:{opts['port']}", "identity": opts["identity"]})
+    leading = asyncio.create_task(elector.run(stop))
+    tasks = [asyncio.create_task(supervise("informers", operator.run_informers, stop)),
+             asyncio.create_task(while_leading(elector, stop, {"reconcile": operator.run_workers}))]
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        for task in tasks:  # open watches would otherwise hold the exit until the server ends them
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait([leading], timeout=opts["api_timeout"] + 1)  # it releases the Lease on its way out
+        leading.cancel()
+        await runner.cleanup()
+        await kube.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        opts = parse(argv)
+    except UsageError as exc:
+        print(f"accelstack-inference-operator: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(opts["log_level"], opts["log_format"])
+    try:
+        asyncio.run(serve(opts))
+    except OSError as exc:
+        log.error("cannot serve", extra={"error": str(exc)})
+        return 1
+    except Exception as exc:  # kubeconfig missing, API server unreachable at start
+        log.error("cannot start", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
