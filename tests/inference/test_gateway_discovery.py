@@ -78,3 +78,9 @@ async def test_routes_follow_the_api_server(apiserver: APIServerPeer, make_peers
             await running.stop()
     selectors = [q for _m, q in apiserver.requests if "secrets" in q]
     assert selectors and all("labelSelector=accelstack.io/api-key%3Dtrue" in q for q in selectors)
+    from tests.inference.test_inference_manifests import allowed, request_verb, rules_of
+
+    rules = rules_of("accelstack-gateway")
+    for method, path in apiserver.requests:
+        group, resource, verb = request_verb(method, path)
+        assert allowed(rules, group, resource, verb), f"{method} {path}: {verb} on {group or 'core'}/{resource}"

@@ -251,3 +251,31 @@ current-context: peer
     assert rc == 0
     lease = apiserver.get("apis/coordination.k8s.io/v1/leases", "accelstack-system", "accelstack-inference-operator")
     assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released: a peer takes over at once
+
+
+async def test_every_request_is_allowed_by_the_shipped_rbac(apiserver: APIServerPeer, operator: Running) -> None:
+    from tests.inference.test_inference_manifests import allowed, request_verb, rules_of
+
+    await apiserver.put_object(IE, endpoint())
+    await apiserver.put_object(NODES, {"metadata": {"name": "gpu-1"}, "spec": {"taints": [
+        {"key": "accelstack.io/unhealthy", "effect": "NoSchedule"}]}})
+    await apiserver.put_object(PODS, {"metadata": {"name": "llama-primary-x", "namespace": "team-a",
+                                                   "labels": {"accelstack.io/inference-endpoint": "llama"}},
+                                      "spec": {"nodeName": "gpu-1", "containers": []}})
+    operator.start()
+    await eventually(lambda: get(apiserver, PODS, "llama-primary-x") is None, what="pod replaced")
+    ep = copy.deepcopy(get(apiserver, IE, "llama"))
+    assert ep is not None
+    del ep["spec"]["burst"]
+    ep["spec"]["template"]["image"] = "other:1"
+    await apiserver.put_object(IE, ep, "MODIFIED")
+    await eventually(lambda: get(apiserver, DEP, "llama-burst") is None, what="burst deleted")
+    rules = rules_of("accelstack-inference-operator")
+    verbs = set()
+    for method, path in apiserver.requests:
+        group, resource, verb = request_verb(method, path)
+        if resource == "leases":
+            continue
+        assert allowed(rules, group, resource, verb), f"{method} {path}: {verb} on {group or 'core'}/{resource}"
+        verbs.add(verb)
+    assert verbs >= {"list", "watch", "create", "update", "delete"}
