@@ -137,6 +137,10 @@ class Gateway:
             live.access, live.max_queue = spec.access, spec.max_queue
             live.core.set_replicas(spec.replicas)
             self._wake(live, self._free_slots(live))
+            # series exist from the start, so rate() sees their first increase
+            self.metrics.child(self.metrics.queue_seconds, model)
+            self.metrics.child(self.metrics.queue_depth, model)
+            self.metrics.child(self.metrics.inflight, model)
         self.keys = dict(keys)
         self.buckets = {name: b for name, b in self.buckets.items() if any(c.name == name for c in keys.values())}
         self.metrics.config_errors.set(len(problems))
@@ -298,6 +302,7 @@ class Gateway:
         if not live.waiters and not live.wakeups:
             replica = self._pick(live, exclude)
             if replica is not None:
+                self.metrics.child(self.metrics.queue_seconds, live.core.model).observe(0.0)  # the mean counts it
                 return replica
         if not live.core.replicas:
             raise Rejected(503, f"The model '{live.core.model}' has no ready replica.", "server_error",
