@@ -7,6 +7,6 @@ bash scripts/setup.sh
 bash scripts/system-deps.sh
 . .venv/bin/activate
 echo "== ruff"; ruff check .
-targets=(); for d in kubeapi device_plugin scheduler_extender npd cni protos tests bench scripts; do [ -d "$d" ] && targets+=("$d"); done
+targets=(); for d in kubeapi device_plugin scheduler_extender npd cni inference protos tests bench scripts; do [ -d "$d" ] && targets+=("$d"); done
 echo "== mypy"; mypy "${targets[@]}"
 echo "== pytest"; python -m pytest -q "$@"

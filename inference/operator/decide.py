@@ -189,18 +189,19 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     template_spec = (observed.gpr_template or {}).get("spec") if template_name else None
     desired = primary_replicas(endpoint, observed)
     burst_wanted, burst_why = burst_replicas(endpoint, observed, desired)
+    # the GPR before the Deployment, so its place in the queue is taken before the first pod is gated on it
     wanted: list[dict[str, Any]] = [
-        o.deployment(endpoint, POOL_PRIMARY, desired, settings), o.service(endpoint, POOL_PRIMARY),
-        o.gpr(endpoint, POOL_PRIMARY, template_spec), o.pdb(endpoint), o.network_policy(endpoint, settings)]
+        o.gpr(endpoint, POOL_PRIMARY, template_spec), o.deployment(endpoint, POOL_PRIMARY, desired, settings),
+        o.service(endpoint, POOL_PRIMARY), o.pdb(endpoint), o.network_policy(endpoint, settings)]
     autoscaler = o.hpa(endpoint)
     if autoscaler is not None:
         wanted.append(autoscaler)
     burst_dep = observed.deployments.get(POOL_BURST)
     if spec.get("burst"):
-        wanted += [o.deployment(endpoint, POOL_BURST, burst_wanted, settings), o.service(endpoint, POOL_BURST)]
         burst_pods = _int(((burst_dep or {}).get("status") or {}).get("replicas"), 0)
         if burst_wanted > 0 or burst_pods > 0:
             wanted.append(o.gpr(endpoint, POOL_BURST, template_spec))
+        wanted += [o.deployment(endpoint, POOL_BURST, burst_wanted, settings), o.service(endpoint, POOL_BURST)]
     result.apply = wanted
     keep = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
     result.delete = sorted(k for k in observed.owned if k not in keep)
