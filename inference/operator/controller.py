@@ -23,9 +23,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from inference.names import LABEL_ENDPOINT, POOL_BURST, POOL_PRIMARY
+from inference.names import LABEL_ENDPOINT, LABEL_POOL, POOL_BURST, POOL_PRIMARY
 from inference.operator import objects as o
-from inference.operator.decide import Observed, Plan, plan
+from inference.operator.decide import Observed, Plan, plan, primary_replicas
 from inference.resources import DEPLOYMENTS, HPAS, INFERENCE_ENDPOINTS, NETWORK_POLICIES, PDBS
 from kubeapi.client import KubeClient, backoff_delay
 from kubeapi.errors import AlreadyExists, ApiError, Conflict, NotFound
@@ -231,6 +231,12 @@ class Operator:
             await self._event(endpoint, "Warning", "ObjectNotOwned",
                               f"{kind} {namespace}/{name} exists and is not owned by this endpoint; left alone")
             return
+        if kind == "Deployment" and desired["metadata"]["labels"].get(LABEL_POOL) == POOL_PRIMARY \
+                and o.hpa(endpoint) is not None:
+            # the autoscaler owns the count: take it from the object as it is now, not as the plan saw it, so a
+            # scale that landed meanwhile is never undone
+            desired = copy.deepcopy(desired)
+            desired["spec"]["replicas"] = primary_replicas(endpoint, Observed(deployments={POOL_PRIMARY: existing}))
         if contains(existing.get("spec"), desired.get("spec")) and \
                 contains(existing.get("metadata"), {"labels": desired["metadata"]["labels"]}):
             return

@@ -279,3 +279,39 @@ async def test_every_request_is_allowed_by_the_shipped_rbac(apiserver: APIServer
         assert allowed(rules, group, resource, verb), f"{method} {path}: {verb} on {group or 'core'}/{resource}"
         verbs.add(verb)
     assert verbs >= {"list", "watch", "create", "update", "delete"}
+
+
+async def test_a_scale_that_lands_after_the_plan_is_not_undone(apiserver: APIServerPeer) -> None:
+    """The plan saw 1 replica; the HPA scaled to 3 before the write: the write keeps 3."""
+    await apiserver.put_object(IE, endpoint())
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        op = Operator(kube, resync=60)
+        stop = asyncio.Event()
+        informers = asyncio.create_task(op.run_informers(stop))
+        try:
+            await eventually(op.synced, what="informers synced")
+            await op.reconcile(("team-a", "llama"))
+            await eventually(lambda: ("team-a", "llama-primary") in op.owned["Deployment"].objects, what="seen")
+            endpoint_obj = copy.deepcopy(op.endpoints.objects[("team-a", "llama")])
+            stale = op.observe(endpoint_obj)  # what a pass saw before the HPA acted
+            dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
+            assert dep is not None
+            dep["spec"]["replicas"] = 3
+            dep["spec"]["template"]["spec"]["containers"][0]["image"] = "changed-by-hand:1"  # forces a write
+            await apiserver.put_object(DEP, dep, "MODIFIED")
+            await eventually(lambda: op.owned["Deployment"].objects[("team-a", "llama-primary")]["spec"][
+                "replicas"] == 3, what="informer saw the scale")
+            from inference.operator.decide import plan
+
+            result = plan(endpoint_obj, stale, op.settings, "2026-11-30T12:00:00Z")
+            (desired,) = [o for o in result.apply if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(
+                "primary")]
+            assert desired["spec"]["replicas"] == 1  # the stale plan
+            await op._apply(endpoint_obj, desired)
+            stored = get(apiserver, DEP, "llama-primary")
+            assert stored is not None and stored["spec"]["replicas"] == 3
+            assert stored["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example.com")
+        finally:
+            stop.set()
+            informers.cancel()
+            await asyncio.gather(informers, return_exceptions=True)
