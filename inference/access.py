@@ -5,9 +5,15 @@ caller is ``<secret namespace>/<secret name>``; its namespace is the Secret's, i
 ``accelstack.io/workspace`` annotation (default: the namespace). Only the SHA-256 of a token is kept in memory,
 and nothing here ever formats a token into a message.
 
+A caller may also present a Kubernetes service-account token instead of an API key (an application in the
+cluster, with its projected token): the gateway asks the API server who it is (TokenReview), and the caller is
+``<namespace>/<service account>`` of kind ``serviceaccount``, in that namespace and workspace, without a rate
+limit.
+
 An endpoint admits a caller when the caller's namespace is the endpoint's own, is listed in
-``spec.access.namespaces`` (``"*"``: every namespace), its workspace is in ``spec.access.workspaces``, or the key
-itself is in ``spec.access.apiKeys`` (``name`` in the endpoint's namespace or ``namespace/name``).
+``spec.access.namespaces`` (``"*"``: every namespace), its workspace is in ``spec.access.workspaces``, the key
+itself is in ``spec.access.apiKeys``, or the service account in ``spec.access.serviceAccounts`` (``name`` in
+the endpoint's namespace or ``namespace/name``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Caller:
     workspace: str
     rate: float = 0.0  # requests per second; 0: unlimited
     burst: float = 0.0
+    kind: str = "apikey"  # or "serviceaccount"
 
 
 @dataclass(frozen=True)
@@ -49,12 +56,17 @@ class Access:
     namespaces: frozenset[str] = frozenset()
     workspaces: frozenset[str] = frozenset()
     api_keys: frozenset[str] = frozenset()  # namespace/name
+    service_accounts: frozenset[str] = frozenset()  # namespace/name
 
     @classmethod
     def from_spec(cls, namespace: str, spec: Mapping[str, Any] | None) -> Access:
         spec = spec or {}
-        keys = frozenset(k if "/" in k else f"{namespace}/{k}" for k in spec.get("apiKeys") or ())
-        return cls(namespace, frozenset(spec.get("namespaces") or ()), frozenset(spec.get("workspaces") or ()), keys)
+
+        def qualified(field: str) -> frozenset[str]:
+            return frozenset(k if "/" in k else f"{namespace}/{k}" for k in spec.get(field) or ())  # type: ignore[union-attr]
+
+        return cls(namespace, frozenset(spec.get("namespaces") or ()), frozenset(spec.get("workspaces") or ()),
+                   qualified("apiKeys"), qualified("serviceAccounts"))
 
 
 def digest(token: str) -> str:
@@ -118,6 +130,20 @@ def key_table(secrets: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Caller], 
     return table, errors
 
 
+SERVICE_ACCOUNT_USER = "system:serviceaccount:"
+
+
+def caller_from_user(user: Mapping[str, Any] | None) -> Caller | None:
+    """The caller a TokenReview's ``status.user`` names, when it is a service account; None otherwise."""
+    name = str((user or {}).get("username") or "")
+    if not name.startswith(SERVICE_ACCOUNT_USER):
+        return None
+    namespace, sep, account = name.removeprefix(SERVICE_ACCOUNT_USER).partition(":")
+    if not sep or not namespace or not account:
+        return None
+    return Caller(f"{namespace}/{account}", namespace, namespace, kind="serviceaccount")
+
+
 def bearer_token(header: str | None) -> str | None:
     if not header:
         return None
@@ -135,8 +161,10 @@ def admits(access: Access, caller: Caller) -> tuple[bool, str]:
         return True, f"namespace {caller.namespace} is listed"
     if caller.workspace in access.workspaces:
         return True, f"workspace {caller.workspace} is listed"
-    if caller.name in access.api_keys:
+    if caller.kind == "apikey" and caller.name in access.api_keys:
         return True, "key is listed"
+    if caller.kind == "serviceaccount" and caller.name in access.service_accounts:
+        return True, "service account is listed"
     return False, (f"callers from namespace {caller.namespace} (workspace {caller.workspace}) are not in the "
                    f"endpoint's access list")
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from inference.access import Caller, caller_from_user, digest
 from inference.gateway.server import Gateway
 from inference.gateway.sources import apply_objects
 from inference.names import LABEL_API_KEY, LABEL_ENDPOINT
 from inference.resources import ENDPOINT_SLICES, INFERENCE_ENDPOINTS
 from kubeapi.client import KubeClient, from_config
+from kubeapi.errors import ApiError
 from kubeapi.informer import Informer
-from kubeapi.resources import SECRETS, Resource
+from kubeapi.resources import SECRETS, TOKEN_REVIEWS, Resource
 
 log = logging.getLogger("accelstack.gateway")
 FIELD_MANAGER = "accelstack-gateway"
@@ -51,6 +54,40 @@ class Store:
         self.on_change()
 
 
+class TokenReviewer:
+    """Service-account tokens checked with the API server (TokenReview), the answers cached by the token's hash:
+    a valid one for ``ttl`` seconds, an invalid one for ``negative_ttl`` (so a client retrying a bad token does not
+    become a TokenReview per request). An API server that cannot answer means no caller (401), never a guess."""
+
+    def __init__(self, kube: KubeClient, ttl: float = 60.0, negative_ttl: float = 10.0, size: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube, self.ttl, self.negative_ttl, self.size, self.clock = kube, ttl, negative_ttl, size, clock
+        self.cache: dict[str, tuple[float, Caller | None]] = {}
+        self.reviews = 0
+
+    async def __call__(self, token: str) -> Caller | None:
+        key = digest(token)
+        now = self.clock()
+        hit = self.cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        self.reviews += 1
+        try:
+            answer = await self.kube.create(TOKEN_REVIEWS, {"apiVersion": "authentication.k8s.io/v1",
+                                                            "kind": "TokenReview", "spec": {"token": token}})
+        except ApiError as exc:
+            log.warning("TokenReview failed; caller refused", extra={"error": str(exc)[:200]})
+            return None
+        status = answer.get("status") or {}
+        caller = caller_from_user(status.get("user")) if status.get("authenticated") else None
+        if len(self.cache) >= self.size:
+            self.cache = {k: v for k, v in self.cache.items() if v[0] > now}
+            if len(self.cache) >= self.size:
+                self.cache.clear()
+        self.cache[key] = (now + (self.ttl if caller else self.negative_ttl), caller)
+        return caller
+
+
 class KubeSource:
     def __init__(self, gateway: Gateway, kube: KubeClient, namespaces: Sequence[str] = (),
                  debounce: float = 0.05) -> None:
@@ -68,6 +105,7 @@ class KubeSource:
                     label_selector=selector))
         self._dirty = asyncio.Event()
         self._stop = asyncio.Event()
+        gateway.reviewer = TokenReviewer(kube)
 
     @staticmethod
     def _syncer(store: Store, namespace: str | None) -> Callable[[list[dict[str, Any]]], None]:

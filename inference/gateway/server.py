@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +120,8 @@ class Gateway:
         self.inflight = 0
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
+        # who a bearer token that is no API key belongs to (a service-account token, by TokenReview); None: nobody
+        self.reviewer: Callable[[str], Awaitable[Caller | None]] | None = None
 
     # ---- configuration from discovery ---------------------------------------------------------------------
     def apply(self, table: Mapping[str, RouteSpec], keys: Mapping[str, Caller], problems: list[str]) -> None:
@@ -202,14 +204,16 @@ class Gateway:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # ---- authentication and access ---------------------------------------------------------------------------
-    def _caller(self, request: web.Request) -> Caller | None:
+    async def _caller(self, request: web.Request) -> Caller | None:
         if not self.settings.auth:
             return None
         token = bearer_token(request.headers.get("Authorization"))
         caller = self.keys.get(digest(token)) if token else None
+        if caller is None and token and self.reviewer is not None:
+            caller = await self.reviewer(token)
         if caller is None:
             raise Rejected(401, "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'; keys are "
-                           "Secrets labelled accelstack.io/api-key=true.", "invalid_request_error",
+                           "Secrets labelled accelstack.io/api-key=true (or a service-account token).", "invalid_request_error",
                            "invalid_api_key", "unauthorized")
         return caller
 
@@ -237,7 +241,7 @@ class Gateway:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            caller = self._caller(request)
+            caller = await self._caller(request)
         except Rejected as exc:
             return exc.response("")
         data = [self._model_object(m, live) for m, live in sorted(self.routes.items())
@@ -247,7 +251,7 @@ class Gateway:
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         try:
-            caller = self._caller(request)
+            caller = await self._caller(request)
             live = self.routes.get(name)
             if live is None or (caller is not None and not admits(live.access, caller)[0]):
                 raise Rejected(404, f"The model '{name}' does not exist.", "invalid_request_error",
@@ -365,7 +369,7 @@ class Gateway:
             try:
                 body = await request.read()
                 model, stream = self._parse(body)
-                caller = self._caller(request)
+                caller = await self._caller(request)
                 live = self._route(model, caller)
             except Rejected as exc:
                 self.metrics.child(self.metrics.errors, model if exc.reason != "model_not_found" else "-",

@@ -13,6 +13,7 @@ from inference.access import (
     admits,
     bearer_token,
     caller_from_secret,
+    caller_from_user,
     digest,
     key_table,
 )
@@ -106,3 +107,16 @@ def test_route_table_and_model_conflicts() -> None:
     older["metadata"]["deletionTimestamp"] = "2026-03-01T00:00:00Z"
     table, _ = route_table([newer, older], [])
     assert table["m"].endpoint == "team-b/b" and table["m"].replicas == ()
+
+
+def test_service_account_callers() -> None:
+    chat = caller_from_user({"username": "system:serviceaccount:team-b:chat"})
+    assert chat == Caller("team-b/chat", "team-b", "team-b", kind="serviceaccount")
+    assert caller_from_user({"username": "alice"}) is None
+    assert caller_from_user({"username": "system:serviceaccount:broken"}) is None
+    assert caller_from_user(None) is None
+    access = Access.from_spec("team-a", {"serviceAccounts": ["team-b/chat"], "apiKeys": ["team-b/other"]})
+    assert admits(access, chat)[0]
+    # a key Secret and a service account of the same name are different callers
+    assert not admits(access, Caller("team-b/chat", "team-b", "team-b", kind="apikey"))[0]
+    assert not admits(access, Caller("team-b/other", "team-b", "team-b", kind="serviceaccount"))[0]

@@ -84,3 +84,45 @@ async def test_routes_follow_the_api_server(apiserver: APIServerPeer, make_peers
     for method, path in apiserver.requests:
         group, resource, verb = request_verb(method, path)
         assert allowed(rules, group, resource, verb), f"{method} {path}: {verb} on {group or 'core'}/{resource}"
+
+
+async def test_service_account_tokens_by_token_review(apiserver: APIServerPeer, make_peers: Any) -> None:
+    (replica,) = await make_peers(1)
+    await apiserver.put_object(IE, endpoint("llm", models=["m"], access={"serviceAccounts": ["team-b/chat"]}))
+    for obj in slices("llm", [replica.url]):
+        await apiserver.put_object(EPS, obj)
+    apiserver.tokens = {
+        "token-of-chat": {"username": "system:serviceaccount:team-b:chat", "uid": "u1"},
+        "token-of-other": {"username": "system:serviceaccount:team-b:other", "uid": "u2"},
+        "token-of-a-pod-in-team-a": {"username": "system:serviceaccount:team-a:default", "uid": "u3"},
+        "token-of-a-person": {"username": "alice@example.com", "uid": "u4"},
+    }
+    running = RunningGateway(Settings(request_timeout=5))
+    await running.start()
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        source = KubeSource(running.gateway, kube, debounce=0.01)
+        task = asyncio.create_task(source.run())
+        try:
+            await eventually(lambda: "m" in running.gateway.routes, what="routes")
+            for _ in range(3):
+                await client(running.url, "token-of-chat").embeddings.create(model="m", input="x")  # listed
+            await client(running.url, "token-of-a-pod-in-team-a").embeddings.create(model="m", input="x")  # own ns
+            with pytest.raises(openai.PermissionDeniedError):
+                await client(running.url, "token-of-other").embeddings.create(model="m", input="x")
+            for token in ("token-of-a-person", "not-a-token-at-all"):
+                with pytest.raises(openai.AuthenticationError):
+                    await client(running.url, token).embeddings.create(model="m", input="x")
+            reviews = [q for m, q in apiserver.requests if "tokenreviews" in q]
+            assert len(reviews) == 5  # one per distinct token: the answers are cached
+            with pytest.raises(openai.AuthenticationError):
+                await client(running.url, "not-a-token-at-all").embeddings.create(model="m", input="x")
+            assert len([q for m, q in apiserver.requests if "tokenreviews" in q]) == 5
+            assert replica.completed == 4 and "Authorization" not in replica.last_headers
+            from tests.inference.test_inference_manifests import allowed, request_verb, rules_of
+
+            for method, path in apiserver.requests:
+                assert allowed(rules_of("accelstack-gateway"), *request_verb(method, path)), (method, path)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await running.stop()

@@ -58,9 +58,10 @@ def test_operator_role_has_no_wildcards_and_no_secrets() -> None:
     assert not allowed(rules, "accelstack.io", "inferenceendpoints", "update")
 
 
-def test_gateway_role_only_reads() -> None:
+def test_gateway_role_only_reads_and_reviews_tokens() -> None:
     rules = rules_of("accelstack-gateway")
-    assert {v for r in rules for v in r["verbs"]} == {"get", "list", "watch"}
+    writes = [(r["apiGroups"], r["resources"], v) for r in rules for v in r["verbs"] if v not in ("get", "list", "watch")]
+    assert writes == [(["authentication.k8s.io"], ["tokenreviews"], "create")]
     for group, resource in (("accelstack.io", "inferenceendpoints"), ("discovery.k8s.io", "endpointslices"),
                             ("", "secrets")):
         assert allowed(rules, group, resource, "watch")
