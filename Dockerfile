@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # One image for every accelstack process; pick the process with the command:
 #   accelstack-device-plugin | accelstack-extender | accelstack-nr1-cni | accelstack-npd-* | accelstack
+#   | accelstack-gateway | accelstack-inference-operator
 # Multi-stage: wheels are built in a full Python image, the runtime image has no compiler and runs as non-root
 # (uid 65532) unless a manifest asks for root (the device plugin writes sockets into a root-owned hostPath).
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
@@ -14,6 +15,8 @@ COPY scheduler_extender ./scheduler_extender
 COPY npd ./npd
 COPY cni ./cni
 COPY protos ./protos
+COPY kubeapi ./kubeapi
+COPY inference ./inference
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

@@ -127,6 +127,7 @@ class Operator:
         self._wake = asyncio.Event()
         self._failures: dict[Key, int] = {}
         self._rng = random.Random()
+        self._reported: set[tuple[str, str, str]] = set()
 
     # ---- what to requeue ---------------------------------------------------------------------------------
     def enqueue(self, key: Key) -> None:
@@ -190,7 +191,7 @@ class Operator:
         for kind, child in result.delete:
             try:
                 await self.kube.delete(OWNED[kind], child, namespace, uid=self._uid(kind, namespace, child))
-                log.info("deleted", extra={"endpoint": f"{namespace}/{name}", "kind": kind, "name": child})
+                log.info("deleted", extra={"endpoint": f"{namespace}/{name}", "kind": kind, "object": child})
             except (NotFound, Conflict):
                 pass
         for pod, why in result.replace_pods:
@@ -223,13 +224,16 @@ class Operator:
             try:
                 created = await self.kube.create(resource, desired, namespace)
                 self.owned[kind].objects[(namespace, name)] = created
-                log.info("created", extra={"endpoint": _key(endpoint), "kind": kind, "name": name})
+                log.info("created", extra={"endpoint": "/".join(_key(endpoint)), "kind": kind, "object": name})
             except AlreadyExists:
                 self.enqueue(_key(endpoint))  # made by someone else meanwhile; the informer brings it
             return
         if not owned_by(existing, endpoint["metadata"].get("uid", "")):
-            await self._event(endpoint, "Warning", "ObjectNotOwned",
-                              f"{kind} {namespace}/{name} exists and is not owned by this endpoint; left alone")
+            clash = (endpoint["metadata"].get("uid", ""), kind, name)
+            if clash not in self._reported:  # once per process, not once per resync
+                self._reported.add(clash)
+                await self._event(endpoint, "Warning", "ObjectNotOwned",
+                                  f"{kind} {namespace}/{name} exists and is not owned by this endpoint; left alone")
             return
         if kind == "Deployment" and desired["metadata"]["labels"].get(LABEL_POOL) == POOL_PRIMARY \
                 and o.hpa(endpoint) is not None:
@@ -252,7 +256,7 @@ class Operator:
         try:
             stored = await self.kube.replace(resource, name, body, namespace)
             self.owned[kind].objects[(namespace, name)] = stored
-            log.info("updated", extra={"endpoint": _key(endpoint), "kind": kind, "name": name})
+            log.info("updated", extra={"endpoint": "/".join(_key(endpoint)), "kind": kind, "object": name})
         except Conflict:
             self.enqueue(_key(endpoint))
 
@@ -307,12 +311,16 @@ class Operator:
                     await self.reconcile(key)
                     self.reconciles.labels("ok").inc()
                     self._failures.pop(key, None)
-                except ApiError as exc:
+                except Exception as exc:  # an API error, or a bug: this endpoint is retried, the others go on
                     self.reconciles.labels("error").inc()
                     failures = self._failures[key] = self._failures.get(key, 0) + 1
                     delay = backoff_delay(failures, 0.5, 30.0, self._rng)
-                    log.warning("reconcile failed; retrying", extra={"endpoint": f"{key[0]}/{key[1]}",
-                                                                     "error": str(exc)[:300], "in": round(delay, 1)})
+                    extra = {"endpoint": f"{key[0]}/{key[1]}", "error": f"{type(exc).__name__}: {exc}"[:300],
+                             "retry_in": round(delay, 1)}
+                    if isinstance(exc, ApiError):
+                        log.warning("reconcile failed; retrying", extra=extra)
+                    else:
+                        log.exception("reconcile crashed; retrying", extra=extra)
                     loop.call_later(delay, self.enqueue, key)
                 finally:
                     self.reconcile_seconds.observe(time.perf_counter() - started)

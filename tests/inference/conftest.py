@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,3 +46,10 @@ async def close_clients() -> AsyncIterator[None]:
     yield
     while CLIENTS:
         await CLIENTS.pop().close()
+
+
+@pytest.fixture(autouse=True)
+def every_log_record(caplog: pytest.LogCaptureFixture) -> None:
+    """Every log call is formatted, at every level: an ``extra`` key that clashes with a LogRecord attribute
+    (``name``, ``msg``…) raises, and must do so here rather than in production at level info."""
+    caplog.set_level(logging.DEBUG)

@@ -315,3 +315,18 @@ async def test_a_scale_that_lands_after_the_plan_is_not_undone(apiserver: APISer
             stop.set()
             informers.cancel()
             await asyncio.gather(informers, return_exceptions=True)
+
+
+async def test_an_object_it_does_not_own_is_left_alone(apiserver: APIServerPeer, operator: Running) -> None:
+    await apiserver.put_object(SVC, {"metadata": {"name": "llama-primary", "namespace": "team-a",
+                                                  "labels": {"app.kubernetes.io/managed-by":
+                                                             "accelstack-inference-operator"}},
+                                     "spec": {"ports": [{"port": 1}]}})
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: bool(events(apiserver, "ObjectNotOwned")), what="event")
+    await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, what="the rest reconciled")
+    assert get(apiserver, SVC, "llama-primary")["spec"] == {"ports": [{"port": 1}]}  # type: ignore[index]
+    operator.operator.enqueue(("team-a", "llama"))
+    await eventually(lambda: operator.operator.reconciles.labels("ok")._value.get() >= 2, what="second pass")
+    assert len(events(apiserver, "ObjectNotOwned")) == 1
