@@ -126,3 +126,58 @@ async def test_service_account_tokens_by_token_review(apiserver: APIServerPeer, 
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await running.stop()
+
+
+async def test_gateway_process_on_the_api_server(apiserver: APIServerPeer, make_peers: Any, tmp_path: Any) -> None:
+    import os
+    import signal
+    import sys
+
+    import aiohttp
+
+    from tests.inference.test_gateway_process import free_port
+
+    (replica,) = await make_peers(1)
+    await apiserver.put_object(IE, endpoint("llm", models=["m"]))
+    for obj in slices("llm", [replica.url]):
+        await apiserver.put_object(EPS, obj)
+    await apiserver.put_object(SECRETS, key_secret("app", "team-a", KEY_A))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: peer, cluster: {{server: "{apiserver.url}"}}}}]
+users: [{{name: test, user: {{}}}}]
+contexts: [{{name: peer, context: {{cluster: peer, user: test}}}}]
+current-context: peer
+""")
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "inference.gateway.main", "--kubeconfig", str(kubeconfig), "--listen",
+        f"127.0.0.1:{port}", "--drain-seconds", "0", "--log-level", "debug", stderr=asyncio.subprocess.PIPE,
+        env={**os.environ})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async def ready() -> bool:
+                try:
+                    async with s.get(url + "/readyz") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            deadline = asyncio.get_running_loop().time() + 20
+            while not await ready():
+                assert asyncio.get_running_loop().time() < deadline, "gateway never ready"
+                await asyncio.sleep(0.05)
+        answer = await client(url).embeddings.create(model="m", input="x")
+        assert answer.data and replica.completed == 1
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 0
+    assert proc.stderr is not None
+    log = (await proc.stderr.read()).decode()
+    assert "discovery synced" in log and KEY_A not in log and "Traceback" not in log
