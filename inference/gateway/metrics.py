@@ -55,13 +55,29 @@ class GatewayMetrics:
                               registry=r)
         self.config_errors = Gauge(P + "config_errors", "Malformed API-key Secrets and model conflicts in the "
                                    "last discovery pass", registry=r)
-        self._children: dict[tuple[str, str, str], Any] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
         """A labelled child, cached: ``labels()`` costs a lock and a dict lookup on every request otherwise."""
         key = (metric._name, *labels)
-        found = self._children.get(key)  # type: ignore[arg-type]
+        found = self._children.get(key)
         if found is None:
             found = metric.labels(*labels)
-            self._children[key] = found  # type: ignore[index]
+            self._children[key] = found
         return found
+
+    def forget_replica(self, model: str, replica: Replica) -> None:
+        """Drop the series of a replica that left (pods come and go: their series must not pile up)."""
+        label = replica_label(replica)
+        for metric in (self.latency, self.ttfb, self.ejections):
+            self._remove(metric, model, label)
+        for key in [k for k in self._children if k[0] == self.requests._name and k[1:3] == (model, label)]:
+            self._remove(self.requests, *key[1:])
+        self._remove(self.replica_inflight, model, replica.spec.namespace, label)
+
+    def _remove(self, metric: Any, *labels: str) -> None:
+        self._children.pop((metric._name, *labels), None)
+        try:
+            metric.remove(*labels)
+        except KeyError:
+            pass

@@ -75,7 +75,7 @@ class Rejected(Exception):
         self.retry_after = retry_after
 
     def response(self, request_id: str) -> web.Response:
-        headers = {"x-request-id": request_id}
+        headers = {"x-request-id": request_id} if request_id else {}
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
         return error_response(self.status, self.message, self.type, self.code, headers)
@@ -128,6 +128,8 @@ class Gateway:
         """Install a new route table and key table; live replicas keep their load and ejection state."""
         for model in [m for m in self.routes if m not in table]:
             route = self.routes.pop(model)
+            for gone in route.core.replicas.values():
+                self._forget_if_idle(model, gone)
             for waiter in route.waiters:
                 if not waiter.done():
                     waiter.set_result(None)  # they find no route and fail with model_not_found
@@ -137,7 +139,11 @@ class Gateway:
                 live = self.routes[model] = LiveRoute(ModelRoute(model), spec.access, spec.max_queue)
             live.core.endpoint, live.core.max_inflight = spec.endpoint, spec.max_inflight
             live.access, live.max_queue = spec.access, spec.max_queue
+            before = dict(live.core.replicas)
             live.core.set_replicas(spec.replicas)
+            for url, gone in before.items():
+                if url not in live.core.replicas:
+                    self._forget_if_idle(model, gone)
             self._wake(live, self._free_slots(live))
             # series exist from the start, so rate() sees their first increase
             self.metrics.child(self.metrics.queue_seconds, model)
@@ -301,6 +307,18 @@ class Gateway:
         current = self.routes.get(live.core.model)
         if current is not None:
             self._wake(current, 1)
+        if current is None or current.core.replicas.get(replica.url) is not replica:
+            self._forget_if_idle(live.core.model, replica)  # it left while busy; now it is done
+
+    def _forget_if_idle(self, model: str, replica: Replica) -> None:
+        """Drop the series of a replica that left, once nothing is outstanding there, unless a current replica
+        of the model goes by the same name (a pod recreated under its name)."""
+        if replica.outstanding > 0:
+            return
+        live = self.routes.get(model)
+        if live is not None and any(replica_label(r) == replica_label(replica) for r in live.core.replicas.values()):
+            return
+        self.metrics.forget_replica(model, replica)
 
     async def _acquire(self, live: LiveRoute, exclude: list[str]) -> Replica:
         if not live.waiters and not live.wakeups:
@@ -372,8 +390,8 @@ class Gateway:
                 caller = await self._caller(request)
                 live = self._route(model, caller)
             except Rejected as exc:
-                self.metrics.child(self.metrics.errors, model if exc.reason != "model_not_found" else "-",
-                                   exc.reason).inc()
+                # a label only for models that exist: names sent by anyone must not grow the series without bound
+                self.metrics.child(self.metrics.errors, model if model in self.routes else "-", exc.reason).inc()
                 return exc.response(request_id)
             inflight = self.metrics.child(self.metrics.inflight, model)
             inflight.inc()

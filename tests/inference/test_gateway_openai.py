@@ -22,9 +22,13 @@ def client(url: str, key: str = KEY_A, **kw: Any) -> openai.AsyncOpenAI:
     return made
 
 
-async def metric(url: str, name: str, **labels: str) -> float:
+async def metrics_text(url: str) -> str:
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
-        text = await r.text()
+        return await r.text()
+
+
+async def metric(url: str, name: str, **labels: str) -> float:
+    text = await metrics_text(url)
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -108,6 +112,12 @@ async def test_unknown_model_is_404_in_openai_shape(make_peers: Any, make_gatewa
         await client(gw.url).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert err.value.code == "model_not_found"
     assert "nope" in err.value.message
+    with pytest.raises(openai.AuthenticationError):  # unauthenticated, with a made-up model name
+        await client(gw.url, "sk-unknown-0123456789").embeddings.create(model="made-up-by-a-stranger", input="x")
+    assert await metric(gw.url, "accelstack_gateway_errors_total", model="-", reason="model_not_found") == 1
+    assert await metric(gw.url, "accelstack_gateway_errors_total", model="-", reason="unauthorized") == 1
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/metrics") as r:
+        assert "made-up-by-a-stranger" not in await r.text() and "nope" not in await r.text()
 
 
 async def test_bad_key_is_401_and_never_echoed_or_logged(make_peers: Any, make_gateway: Any,

@@ -13,7 +13,7 @@ from inference.gateway.server import Settings
 from inference.names import POOL_BURST
 from inference.routing import EjectionPolicy
 from tests.inference.harness import endpoint, eventually, slices
-from tests.inference.test_gateway_openai import client, metric, serve
+from tests.inference.test_gateway_openai import client, metric, metrics_text, serve
 
 MSG: Any = [{"role": "user", "content": "x"}]
 
@@ -63,7 +63,7 @@ async def test_stream_stalled_before_first_byte_is_retried(make_peers: Any, make
         stream = await c.chat.completions.create(model="m", messages=MSG, stream=True)
         assert "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices]) == "tok " * 8
     assert peers[1].completed == 4
-    assert peers[0].cancelled >= 1  # the stalled try was abandoned, and the runtime saw it
+    await eventually(lambda: peers[0].cancelled >= 1, what="the runtime saw the stalled try abandoned")
 
 
 async def test_stream_stalled_midway_ends_with_an_error_event_and_no_retry(make_peers: Any,
@@ -178,10 +178,15 @@ async def test_replicas_change_without_dropping_requests(make_peers: Any, make_g
     c = client(gw.url)
     running = asyncio.create_task(c.embeddings.create(model="m", input="x"))
     await eventually(lambda: old.inflight == 1, what="request at the old replica")
-    gw.load([endpoint("llm")], slices("llm", [new.url]))
+    moved = slices("llm", [new.url])
+    moved[0]["endpoints"][0]["targetRef"]["name"] = "llm-primary-new"
+    gw.load([endpoint("llm")], moved)
     await c.embeddings.create(model="m", input="x")
     await running  # the request at the replica that left still completes
     assert (old.completed, new.completed) == (1, 1)
+    # the old replica left while busy: once its request ended, its series went too
+    assert await metric(gw.url, "accelstack_gateway_requests_total", replica="llm-primary-new") == 1
+    assert 'replica="llm-primary-0"' not in await metrics_text(gw.url)
     gw.load([], [])
     with pytest.raises(openai.NotFoundError):
         await c.embeddings.create(model="m", input="x")
