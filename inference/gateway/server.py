@@ -430,8 +430,9 @@ class Gateway:
         last: Rejected | None = None
         for attempt in range(self.settings.retries + 1):
             if attempt:
-                others = [r for r in live.core.replicas.values() if r.url not in tried]
-                if not others:
+                now = self.clock()
+                others = [r for r in live.core.replicas.values() if r.url not in tried and not r.ejected(now)]
+                if not others:  # none left to try (an ejected one would only make the retry wait)
                     break
                 self.metrics.child(self.metrics.retries, model).inc()
             try:

@@ -229,3 +229,18 @@ async def test_runtime_reported_queue_steers_requests_away(make_peers: Any, make
     queued.reported_queue = 0
     await eventually(lambda: gw.gateway.routes["m"].core.replicas[queued.url].reported_queue == 0,
                      what="the queue drained")
+
+
+async def test_no_retry_onto_an_ejected_replica(make_peers: Any, make_gateway: Any) -> None:
+    settings = Settings(ejection=EjectionPolicy(consecutive_failures=1, base_seconds=60), queue_timeout=30)
+    gw, (a, b) = await serve(make_peers, make_gateway, count=2, settings=settings)
+    a.fail_status = b.fail_status = 500
+    c = client(gw.url)
+    with pytest.raises(openai.InternalServerError):
+        await c.embeddings.create(model="m", input="x")  # one fails and is ejected; the retry fails too
+    ejected = [r for r in gw.gateway.routes["m"].core.replicas.values() if r.ejected(gw.gateway.clock())]
+    assert len(ejected) == 1
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(openai.InternalServerError):
+        await c.embeddings.create(model="m", input="x")  # the other is tried; no wait for the ejected one
+    assert asyncio.get_running_loop().time() - started < 5
