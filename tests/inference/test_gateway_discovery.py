@@ -181,3 +181,26 @@ current-context: peer
     assert proc.stderr is not None
     log = (await proc.stderr.read()).decode()
     assert "discovery synced" in log and KEY_A not in log and "Traceback" not in log
+
+
+async def test_namespaced_informers_keep_each_namespace_apart(apiserver: APIServerPeer, make_peers: Any) -> None:
+    """--namespaces: one informer per namespace and kind; a relist of one namespace keeps the others' objects."""
+    (replica,) = await make_peers(1)
+    await apiserver.put_object(IE, endpoint("a", "team-a", models=["ma"]))
+    await apiserver.put_object(IE, endpoint("b", "team-b", models=["mb"]))
+    await apiserver.put_object(IE, endpoint("c", "team-c", models=["mc"]))  # not watched
+    for obj in slices("a", [replica.url], namespace="team-a") + slices("b", [replica.url], namespace="team-b"):
+        await apiserver.put_object(EPS, obj)
+    running = RunningGateway(Settings())
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        source = KubeSource(running.gateway, kube, namespaces=["team-a", "team-b"], debounce=0.01)
+        assert len(source.informers) == 6
+        task = asyncio.create_task(source.run())
+        try:
+            await eventually(lambda: set(running.gateway.routes) == {"ma", "mb"}, what="two namespaces")
+            source.endpoints.sync([], "team-a")  # a relist of team-a that finds nothing
+            assert {k[0] for k in source.endpoints.objects} == {"team-b"}
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert all("/namespaces/team-" in q for _, q in apiserver.requests)
