@@ -91,6 +91,23 @@ class Store:
             self.objects[_key(obj)] = obj
         self.on_change(obj)
 
+    def record_write(self, based_on: dict[str, Any] | None, written: dict[str, Any]) -> None:
+        """Our own write, so the next pass sees it before the watch brings it — but only when the store still
+        holds the version the write was based on (the watch may already have brought something newer, which
+        must not be replaced by this older answer)."""
+        key = _key(written)
+        current = self.objects.get(key)
+        if based_on is None:
+            if current is None:
+                self.objects[key] = written
+            return
+        if current is not None and _rv(current) == _rv(based_on):
+            self.objects[key] = written
+
+
+def _rv(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
 
 class Operator:
     def __init__(self, kube: KubeClient, settings: o.OperatorSettings | None = None, *, resync: float = 30.0,
@@ -204,7 +221,7 @@ class Operator:
             body = {**endpoint, "status": result.status}
             try:
                 stored = await self.kube.replace(INFERENCE_ENDPOINTS, name, body, namespace, subresource="status")
-                self.endpoints.objects[key] = stored  # the next pass sees its own write even before the watch does
+                self.endpoints.record_write(endpoint, stored)
             except Conflict:
                 self.enqueue(key)
         for type_, reason, message in result.events:
@@ -223,7 +240,7 @@ class Operator:
         if existing is None:
             try:
                 created = await self.kube.create(resource, desired, namespace)
-                self.owned[kind].objects[(namespace, name)] = created
+                self.owned[kind].record_write(None, created)
                 log.info("created", extra={"endpoint": "/".join(_key(endpoint)), "kind": kind, "object": name})
             except AlreadyExists:
                 self.enqueue(_key(endpoint))  # made by someone else meanwhile; the informer brings it
@@ -255,7 +272,7 @@ class Operator:
         body["spec"] = spec
         try:
             stored = await self.kube.replace(resource, name, body, namespace)
-            self.owned[kind].objects[(namespace, name)] = stored
+            self.owned[kind].record_write(existing, stored)
             log.info("updated", extra={"endpoint": "/".join(_key(endpoint)), "kind": kind, "object": name})
         except Conflict:
             self.enqueue(_key(endpoint))

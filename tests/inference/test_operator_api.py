@@ -330,3 +330,22 @@ async def test_an_object_it_does_not_own_is_left_alone(apiserver: APIServerPeer,
     operator.operator.enqueue(("team-a", "llama"))
     await eventually(lambda: operator.operator.reconciles.labels("ok")._value.get() >= 2, what="second pass")
     assert len(events(apiserver, "ObjectNotOwned")) == 1
+
+
+def test_own_writes_never_replace_something_newer_in_the_store() -> None:
+    from inference.operator.controller import Store
+
+    changed: list[Any] = []
+    store = Store(changed.append)
+
+    def obj(rv: str, note: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": "a", "name": "x", "resourceVersion": rv}, "note": note}
+
+    store.event("ADDED", obj("1", "v1"))
+    store.event("MODIFIED", obj("3", "v2 from the watch"))  # arrived while our write based on v1 was in flight
+    store.record_write(obj("1", "v1"), obj("2", "our write"))
+    assert store.objects[("a", "x")]["note"] == "v2 from the watch"
+    store.record_write(obj("3", "v2"), obj("4", "our next write"))
+    assert store.objects[("a", "x")]["note"] == "our next write"
+    store.record_write(None, obj("5", "a create racing the watch"))  # the key exists: the watch's copy stays
+    assert store.objects[("a", "x")]["note"] == "our next write"
