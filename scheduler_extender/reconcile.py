@@ -375,7 +375,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                               reservation=reservation, now=now,
                               observed_generation=d.generation,
                               conditions=extra.get(key), previous_conditions=current.get("conditions"))["status"]
-        if _differs(current, body, refresh):
+        if _differs(current, body, refresh, now):
             if not refresh:  # keep the stored position and estimate until the next refresh
                 for k in QUEUE_FIELDS:
                     if g.phase is Phase.QUEUED and k in current:
@@ -547,10 +547,10 @@ def _unchanged(g: GPR, d: Decoded, extra: bool) -> bool:
             and observed == d.generation and not has_extra)
 
 
-def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool) -> bool:
+def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool, now: float = 0.0) -> bool:
     if any(current.get(k) != new.get(k) for k in COMPARED):
         return True
-    if queue_too and any(current.get(k) != new.get(k) for k in QUEUE_FIELDS):
+    if queue_too and _queue_moved(current, new, now):
         return True
 
     def kinds(status: Mapping[str, Any]) -> set[tuple[str, str]]:
@@ -558,6 +558,30 @@ def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool
                 if isinstance(c, dict)}
 
     return kinds(current) != kinds(new)
+
+
+def _queue_moved(current: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
+    """Whether a queued GPR's position or estimate moved enough to be worth a write: a position by at least a
+    tenth (any change in the first ten), an estimated start by at least a tenth of the wait (and a minute).
+    Rewriting every position behind each admission would cost the API server a write per queued GPR per
+    refresh; this keeps the numbers a user reads honest at a fraction of it."""
+    old_pos, new_pos = current.get("queuePosition"), new.get("queuePosition")
+    if (old_pos is None) != (new_pos is None):
+        return True
+    if isinstance(old_pos, int) and isinstance(new_pos, int) and abs(new_pos - old_pos) >= max(1, old_pos // 10):
+        return True
+    def times(status: Mapping[str, Any]) -> list[float | None]:
+        raw = status.get("estimatedStartRange")
+        span: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+        return [gr.parse_time(status.get("estimatedStart")), gr.parse_time(span.get("earliest")),
+                gr.parse_time(span.get("latest"))]
+
+    for old_at, new_at in zip(times(current), times(new), strict=True):
+        if (old_at is None) != (new_at is None):
+            return True
+        if old_at is not None and new_at is not None and abs(new_at - old_at) >= max(60.0, max(new_at - now, 0) / 10):
+            return True
+    return False
 
 
 NODE_NAME_FIELD = "metadata.name"

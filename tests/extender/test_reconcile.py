@@ -87,3 +87,17 @@ def test_ungate_patch_narrows_and_lifts_in_one_request() -> None:
     assert ops[-1] == {"op": "replace", "path": "/spec/schedulingGates", "value": []}
     ungated = pod_view(pod("b", 1, gpr="g"), (GPU,))
     assert ungated is not None and ungate_patch(ungated, ["n1"], "accelstack.io/gpr") is None
+
+
+def test_queue_refreshes_write_only_positions_and_estimates_that_moved_enough() -> None:
+    from scheduler_extender.gpr_resource import rfc3339
+    from scheduler_extender.reconcile import _queue_moved
+
+    now = 1_800_000_000.0
+    at = {"queuePosition": 500, "estimatedStart": rfc3339(now + 36_000)}
+    assert not _queue_moved(at, {**at, "queuePosition": 470}, now)  # 6% of a long queue: not worth a write
+    assert _queue_moved(at, {**at, "queuePosition": 449}, now)
+    assert _queue_moved({"queuePosition": 3}, {"queuePosition": 2}, now)  # near the front every step counts
+    assert not _queue_moved(at, {**at, "estimatedStart": rfc3339(now + 35_000)}, now)  # 1,000 s of a 10 h wait
+    assert _queue_moved(at, {**at, "estimatedStart": rfc3339(now + 30_000)}, now)
+    assert _queue_moved(at, {"queuePosition": 500}, now)  # an estimate appeared or went away
