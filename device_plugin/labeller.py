@@ -4,8 +4,12 @@ The labeller owns the label keys under its prefixes (``nvidia.com/gpu.``, ``nvid
 ``accelstack.io/nr1.``): every ``interval`` it computes the labels from the backends (which re-query the
 hardware), compares them with the Node's labels and sends one strategic-merge patch with what differs —
 labels to set and stale ones as ``null``. It patches only its own Node (RBAC: ``get`` and ``patch`` on
-nodes; the DaemonSet passes ``NODE_NAME`` from the downward API). API errors are logged and retried on the
-next round; they never stop the device plugin.
+nodes; the DaemonSet passes ``NODE_NAME`` from the downward API) through :class:`kubeapi.KubeClient`
+(client-side timeouts, reads retried with backoff, field manager ``accelstack-device-plugin``). API errors are
+logged and retried on the next round; they never stop the device plugin.
+
+``kubeapi`` (and with it aiohttp) is imported only when the labeller runs: a node without it keeps the device
+plugin's small footprint.
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubeapi.client import KubeClient
 
 log = logging.getLogger("accelstack.device_plugin.labeller")
 
+FIELD_MANAGER = "accelstack-device-plugin"
 OWNED_PREFIXES = ("nvidia.com/gpu.", "nvidia.com/cuda.", "accelstack.io/nr1.")
 
 
@@ -31,20 +39,24 @@ def label_patch(current: dict[str, str], desired: dict[str, str]) -> dict[str, s
 
 
 class NodeLabeller:
-    def __init__(self, core_api: Any, node_name: str, compute: Callable[[], dict[str, str]],
+    def __init__(self, kube: KubeClient, node_name: str, compute: Callable[[], dict[str, str]],
                  interval: float = 60.0) -> None:
-        self.api = core_api  # kubernetes_asyncio CoreV1Api
+        self.kube = kube
         self.node_name = node_name
         self.compute = compute
         self.interval = interval
         self.patches = 0
 
     async def reconcile(self) -> dict[str, str | None]:
-        node = await self.api.read_node(self.node_name)
-        current = dict(node.metadata.labels or {})
+        from kubeapi.resources import NODES
+
+        node = await self.kube.get(NODES, self.node_name)
+        current = dict((node.get("metadata") or {}).get("labels") or {})
         patch = label_patch(current, self.compute())
         if patch:
-            await self.api.patch_node(self.node_name, {"metadata": {"labels": patch}})
+            # the same labels whatever the node had: safe to send again after a lost answer
+            await self.kube.patch(NODES, self.node_name, {"metadata": {"labels": patch}}, patch_type="strategic",
+                                  retry=True)
             self.patches += 1
             log.info("node labels updated", extra={"node": self.node_name, "changed": sorted(patch)})
         return patch
@@ -65,13 +77,8 @@ class NodeLabeller:
                 task.cancel()
 
 
-async def in_cluster_core_api() -> tuple[Any, Any]:
-    """(ApiClient, CoreV1Api) from the pod's service account, or from KUBECONFIG outside a cluster."""
-    from kubernetes_asyncio import client, config
+async def in_cluster_client(registry: Any = None, timeout: float = 10.0) -> KubeClient:
+    """A client from the pod's service account, or from KUBECONFIG / ~/.kube/config outside a cluster."""
+    from kubeapi.client import from_config
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        await config.load_kube_config()
-    api_client = client.ApiClient()
-    return api_client, client.CoreV1Api(api_client)
+    return await from_config(field_manager=FIELD_MANAGER, registry=registry, timeout=timeout)

@@ -13,7 +13,7 @@ from typing import Any
 
 from device_plugin.config import SCHEMA, Config, ConfigError, load
 from device_plugin.devices import Backend, DeviceTable
-from device_plugin.labeller import NodeLabeller, in_cluster_core_api
+from device_plugin.labeller import NodeLabeller, in_cluster_client
 from device_plugin.nr1_backend import NR1Backend
 from device_plugin.nr1_sysfs import check_sysfs_root
 from device_plugin.nvml_backend import BackendInitError, NvmlBackend
@@ -55,9 +55,9 @@ class DevicePluginProcess:
     """All runners of this process plus their health threads; ``run`` returns on ``stop``."""
 
     def __init__(self, config: Config, backends: list[Backend], metrics: PluginMetrics | None = None,
-                 poll_interval: float = POLL_INTERVAL, core_api: Any = None) -> None:
+                 poll_interval: float = POLL_INTERVAL, kube: Any = None) -> None:
         self.config = config
-        self.core_api = core_api  # kubernetes_asyncio CoreV1Api for the labeller; in-cluster when None
+        self.kube = kube  # kubeapi.KubeClient for the labeller; in-cluster when None
         self.backends = backends
         self.metrics = metrics or PluginMetrics()
         self.poll_interval = poll_interval
@@ -97,7 +97,7 @@ class DevicePluginProcess:
                                              register_retry=self.config["flags.registerRetry"],
                                              poll_interval=self.poll_interval))
         http = start_http(self.config["flags.metricsAddress"], self.metrics, self.ready)
-        labeller_task, api_client = await self._start_labeller()
+        labeller_task, own_client = await self._start_labeller()
         for thread in threads:
             thread.start()
         tasks = [asyncio.create_task(r.run(self.stop), name=f"runner-{r.backend.resource_name}")
@@ -114,8 +114,8 @@ class DevicePluginProcess:
             await asyncio.gather(*tasks, return_exceptions=True)
             if labeller_task is not None:
                 await asyncio.gather(labeller_task, return_exceptions=True)
-            if api_client is not None:
-                await api_client.close()
+            if own_client is not None:
+                await own_client.close()
             if http is not None:
                 http.close()
             for thread in threads:
@@ -136,15 +136,17 @@ class DevicePluginProcess:
         if not node:
             log.warning("labeller disabled: no node name (set NODE_NAME from the downward API)")
             return None, None
-        api, api_client = self.core_api, None
-        if api is None:
+        from kubeapi.tasks import supervise
+
+        kube, own_client = self.kube, None
+        if kube is None:
             try:
-                api_client, api = await in_cluster_core_api()
+                kube = own_client = await in_cluster_client(self.metrics.registry)
             except Exception as exc:
                 log.warning("labeller disabled: no Kubernetes credentials", extra={"error": str(exc)[:200]})
                 return None, None
-        labeller = NodeLabeller(api, node, self.node_labels, self.config["labeller.interval"])
-        return asyncio.create_task(labeller.run(self.stop), name="labeller"), api_client
+        labeller = NodeLabeller(kube, node, self.node_labels, self.config["labeller.interval"])
+        return asyncio.create_task(supervise("labeller", labeller.run, self.stop), name="labeller"), own_client
 
     def _health(self, backend: Backend, report: Any) -> None:
         try:

@@ -167,6 +167,8 @@ OPTIONS: tuple[BaseOption, ...] = (
     Option("remediation.resources", parse_list(parse_str), ["nvidia.com/gpu", "neureality.com/nr1"],
            "resources whose pods a drain evicts"),
     Option("remediation.metricsAddress", parse_address, ":9403", "listen address of /metrics and health"),
+    Option("remediation.apiTimeout", parse_duration, 10.0,
+           "an API server call not answered by then is abandoned (reads and node patches are retried with backoff)"),
 )
 
 SCHEMA = Schema(OPTIONS, ENV_PREFIX)

@@ -37,18 +37,29 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import math
+import random
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from kubeapi.client import KubeClient
+from kubeapi.errors import ApiError, Conflict
+from kubeapi.informer import Informer
+from kubeapi.resources import EVENTS, NODES, PODS
+from kubeapi.tasks import supervise
+
 log = logging.getLogger("accelstack.npd.remediation")
 
+FIELD_MANAGER = "accelstack-remediation"  # fieldManager of its writes, User-Agent and the Events' source
 CORDON_ANNOTATION = "accelstack.io/cordoned-by-remediation"
 SINCE_ANNOTATION = "accelstack.io/unhealthy-since"
 HEALTHY_SINCE_ANNOTATION = "accelstack.io/healthy-since"
+
+Node = dict[str, Any]  # a Node as the API server sends it
 
 
 @dataclass(frozen=True)
@@ -80,25 +91,25 @@ def condition_resources(pairs: list[str]) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs)
 
 
-def node_resources(node: Any) -> set[str] | None:
+def node_resources(node: Node) -> set[str] | None:
     """The resources in the node's capacity or allocatable (a resource a device plugin ever registered stays there,
     at 0 when its devices are gone); None when the node reports none at all (then every condition counts)."""
-    status = getattr(node, "status", None)
-    found = set(getattr(status, "capacity", None) or {}) | set(getattr(status, "allocatable", None) or {})
+    status = node.get("status") or {}
+    found = set(status.get("capacity") or {}) | set(status.get("allocatable") or {})
     return found or None
 
 
-def decide(conditions: list[Any], tainted: bool, watched: list[str], hold: float, now: float,
+def decide(conditions: list[dict[str, Any]], tainted: bool, watched: list[str], hold: float, now: float,
            healthy_since: float | None = None, resources: set[str] | None = None,
            about: Mapping[str, str] | None = None) -> Decision:
     """What the node's taint should be.
 
-    ``conditions`` are V1NodeCondition-like (type, status, last_transition_time); ``healthy_since`` is the
-    node's HEALTHY_SINCE_ANNOTATION (None: absent); ``resources`` the node's resources (None: unknown, every
-    condition counts) and ``about`` the resource each condition is about."""
+    ``conditions`` are the node's ``status.conditions`` (``type``, ``status``, ``lastTransitionTime``);
+    ``healthy_since`` is the node's HEALTHY_SINCE_ANNOTATION (None: absent); ``resources`` the node's resources
+    (None: unknown, every condition counts) and ``about`` the resource each condition is about."""
     about = about or {}
-    present = {c.type: c for c in conditions if c.type in watched}
-    true = sorted(t for t, c in present.items() if c.status == "True")
+    present = {str(c.get("type")): c for c in conditions if c.get("type") in watched}
+    true = sorted(t for t, c in present.items() if c.get("status") == "True")
     if true:
         return Decision(True, "_".join(true), why=f"{', '.join(true)} True")
     if not tainted:
@@ -111,12 +122,12 @@ def decide(conditions: list[Any], tainted: bool, watched: list[str], hold: float
         return resources is None or resource is None or resource in resources
 
     # Unknown about a resource the node does not have is ignored; everything else counts
-    counted = {t: c for t, c in present.items() if c.status == "False" or counts(t)}
-    unknown = sorted(t for t, c in counted.items() if c.status != "False")
+    counted = {t: c for t, c in present.items() if c.get("status") == "False" or counts(t)}
+    unknown = sorted(t for t, c in counted.items() if c.get("status") != "False")
     if unknown:
         return Decision(None, why=f"{', '.join(unknown)} Unknown; keeping the taint")
     if healthy_since is None:
-        times = [_epoch(c.last_transition_time) for c in counted.values()]
+        times = [_epoch(c.get("lastTransitionTime")) for c in counted.values()]
         if any(t is None for t in times):
             return Decision(False, why="conditions False (no transition time)")
         healthy_since = max((t for t in times if t is not None), default=now)
@@ -127,20 +138,27 @@ def decide(conditions: list[Any], tainted: bool, watched: list[str], hold: float
     return Decision(False, why=f"False for {now - healthy_since:.0f}s (hold {hold:.0f}s)")
 
 
-def _taint_dict(taint: Any) -> dict[str, Any]:
-    out = {"key": taint.key, "effect": taint.effect}
-    if getattr(taint, "value", None):
-        out["value"] = taint.value
-    if getattr(taint, "time_added", None):
-        added = taint.time_added
-        out["timeAdded"] = added.strftime("%Y-%m-%dT%H:%M:%SZ") if isinstance(added, dt.datetime) else str(added)
+def _taint_dict(taint: Mapping[str, Any]) -> dict[str, Any]:
+    out = {"key": taint.get("key"), "effect": taint.get("effect")}
+    if taint.get("value"):
+        out["value"] = taint["value"]
+    if taint.get("timeAdded"):
+        out["timeAdded"] = str(taint["timeAdded"])
     return out
 
 
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
 class TaintController:
-    def __init__(self, core_api: Any, values: Mapping[str, Any], clock: Callable[[], float] = time.time,
-                 metrics: Any = None) -> None:
-        self.api = core_api  # kubernetes_asyncio CoreV1Api
+    """Keeps the taint of every Node in step with its conditions: an informer on Nodes feeds a view; one worker
+    reconciles the nodes that changed, the nodes whose hold timer ran out, and every node each ``resync``."""
+
+    def __init__(self, kube: KubeClient, values: Mapping[str, Any], clock: Callable[[], float] = time.time,
+                 metrics: Any = None, *, watch_timeout: tuple[int, int] = (300, 600), read_margin: float = 30.0,
+                 backoff: tuple[float, float] = (0.5, 30.0), rng: random.Random | None = None) -> None:
+        self.kube = kube
         self.watched: list[str] = list(values["remediation.conditions"])
         self.key: str = values["remediation.taintKey"]
         self.hold = float(values["remediation.holdTime"])
@@ -151,17 +169,28 @@ class TaintController:
         self.about = condition_resources(values["remediation.conditionResources"])
         self.clock = clock
         self.metrics = metrics
+        self.backoff = backoff
         self.wake: dict[str, float] = {}  # node -> clock time when its hold timer runs out
         self.tainted: set[str] = set()
+        self.nodes: dict[str, Node] = {}  # the informer's view, by name
+        self.pending: set[str] = set()  # nodes changed since the worker last looked
+        self.changed = asyncio.Event()
+        self.informer = Informer(kube, NODES, self._on_event, self._on_sync, name="remediation-nodes",
+                                 watch_timeout=watch_timeout, read_margin=read_margin, backoff=backoff, rng=rng)
+
+    def ready(self) -> bool:
+        """/readyz: the nodes have been listed and the last list succeeded."""
+        return self.informer.synced.is_set() and self.informer.healthy
 
     # -- one node ------------------------------------------------------------------------------------------
-    async def reconcile(self, node: Any, attempts: int = 5) -> Decision:
-        name = node.metadata.name
+    async def reconcile(self, node: Node, attempts: int = 5) -> Decision:
+        name = _name(node)
         for _attempt in range(attempts):
-            taints = list(node.spec.taints or []) if node.spec else []
-            mine = [t for t in taints if t.key == self.key]
-            annotations = (node.metadata.annotations or {}) if node.metadata else {}
-            decision = decide(list((node.status.conditions if node.status else None) or []), bool(mine),
+            meta = node.get("metadata") or {}
+            taints = list((node.get("spec") or {}).get("taints") or [])
+            mine = [t for t in taints if t.get("key") == self.key]
+            annotations = meta.get("annotations") or {}
+            decision = decide(list((node.get("status") or {}).get("conditions") or []), bool(mine),
                               self.watched, self.hold, self.clock(),
                               healthy_since=_epoch(annotations.get(HEALTHY_SINCE_ANNOTATION)),
                               resources=node_resources(node), about=self.about)
@@ -174,12 +203,11 @@ class TaintController:
                 self._count_state(name, bool(mine) if decision.taint is None else decision.taint)
                 return decision
             try:
-                await self.api.patch_node(name, patch, _content_type="application/merge-patch+json")
-            except Exception as exc:
-                if getattr(exc, "status", None) != 409:
-                    raise
+                # carries metadata.resourceVersion: a retry after a lost answer is refused (409), never blind
+                await self.kube.patch(NODES, name, patch, retry=True)
+            except Conflict:
                 log.info("node changed under us; reading again", extra={"node": name})
-                node = await self.api.read_node(name)
+                node = await self.kube.get(NODES, name)
                 continue
             if "spec" not in patch:  # only the healthy-since annotation changed
                 self._count_state(name, bool(mine))
@@ -198,37 +226,40 @@ class TaintController:
             return decision
         raise RuntimeError(f"node {name}: still conflicting after {attempts} attempts")
 
-    async def _event(self, node: Any, reason: str, message: str, kind: str) -> None:
+    async def _event(self, node: Node, reason: str, message: str, kind: str) -> None:
         """A core/v1 Event on the Node (``kubectl describe node`` shows it); failures only logged."""
         stamp = _stamp(self.clock())
+        meta = node.get("metadata") or {}
         body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{node.metadata.name}.", "namespace": "default"},
-                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name,
-                                   "uid": node.metadata.uid},
+                "metadata": {"generateName": f"{meta.get('name')}.", "namespace": "default"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": meta.get("name"),
+                                   "uid": meta.get("uid")},
                 "reason": reason, "message": message[:1024], "type": kind,
-                "source": {"component": "accelstack-remediation"}, "reportingComponent": "accelstack-remediation",
+                "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         try:
-            await self.api.create_namespaced_event("default", body)
-        except Exception as exc:
-            log.info("event not recorded", extra={"node": node.metadata.name, "error": str(exc)[:200]})
+            await self.kube.create(EVENTS, body, "default")
+        except ApiError as exc:
+            log.info("event not recorded", extra={"node": meta.get("name"), "error": str(exc)[:200]})
 
     def _count_state(self, name: str, tainted: bool) -> None:
         (self.tainted.add if tainted else self.tainted.discard)(name)
         if self.metrics is not None:
             self.metrics.tainted.set(len(self.tainted))
 
-    def _patch(self, node: Any, taints: list[Any], mine: list[Any], decision: Decision) -> dict[str, Any] | None:
+    def _patch(self, node: Node, taints: list[dict[str, Any]], mine: list[dict[str, Any]],
+               decision: Decision) -> dict[str, Any] | None:
         """The merge patch that makes the node match ``decision``; one without ``spec`` only keeps the
         healthy-since annotation, None when nothing is to change."""
-        annotations = dict(node.metadata.annotations or {})
-        rv = node.metadata.resource_version
-        others = [_taint_dict(t) for t in taints if t.key != self.key]
+        meta = node.get("metadata") or {}
+        annotations = dict(meta.get("annotations") or {})
+        rv = meta.get("resourceVersion")
+        others = [_taint_dict(t) for t in taints if t.get("key") != self.key]
         recorded = annotations.get(HEALTHY_SINCE_ANNOTATION)
         if decision.taint:
             wanted = {"key": self.key, "value": decision.value, "effect": "NoSchedule"}
             current = [_taint_dict(t) for t in mine]
-            cordon_needed = self.cordon and not (node.spec and node.spec.unschedulable)
+            cordon_needed = self.cordon and not (node.get("spec") or {}).get("unschedulable")
             if current == [wanted] and not cordon_needed:
                 if recorded is None:
                     return None
@@ -261,116 +292,161 @@ class TaintController:
         return None
 
     async def _drain(self, name: str) -> None:
-        pods = await self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}")
-        for pod in pods.items:
-            if pod.spec.node_name != name or not self._uses_managed(pod):
+        pods, _ = await self.kube.list(PODS, field_selector=f"spec.nodeName={name}")
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if (pod.get("spec") or {}).get("nodeName") != name or not self._uses_managed(pod):
                 continue
-            if any(ref.kind == "DaemonSet" for ref in (pod.metadata.owner_references or [])):
+            if any(ref.get("kind") == "DaemonSet" for ref in (meta.get("ownerReferences") or [])):
                 continue
+            pod_name, namespace = meta.get("name"), meta.get("namespace")
             body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace}}
+                    "metadata": {"name": pod_name, "namespace": namespace}}
             try:
-                await self.api.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, body)
-                log.warning("pod evicted", extra={"node": name, "pod": f"{pod.metadata.namespace}/{pod.metadata.name}"})
+                await self.kube.create(PODS, body, namespace, subresource="eviction", name=pod_name)
+                log.warning("pod evicted", extra={"node": name, "pod": f"{namespace}/{pod_name}"})
                 if self.metrics is not None:
                     self.metrics.actions.labels("evict").inc()
-            except Exception as exc:  # 429: a PDB forbids it now; the next resync tries again
-                log.info("eviction refused", extra={"pod": pod.metadata.name, "error": str(exc)[:200]})
+            except ApiError as exc:  # 429: a PDB forbids it now; the next resync tries again
+                log.info("eviction refused", extra={"pod": pod_name, "error": str(exc)[:200]})
 
-    def _uses_managed(self, pod: Any) -> bool:
-        for container in [*(pod.spec.containers or []), *(pod.spec.init_containers or [])]:
-            res = container.resources
-            names = set((res.limits or {}) if res else {}) | set((res.requests or {}) if res else {})
-            if names & self.resources:
+    def _uses_managed(self, pod: Mapping[str, Any]) -> bool:
+        spec = pod.get("spec") or {}
+        for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+            res = container.get("resources") or {}
+            if (set(res.get("limits") or {}) | set(res.get("requests") or {})) & self.resources:
                 return True
         return False
 
     # -- all nodes -----------------------------------------------------------------------------------------
+    def _on_sync(self, items: list[Node]) -> None:
+        """A (re)list: the view becomes exactly what the API server has; every node is looked at again."""
+        view = {_name(n): n for n in items}
+        for gone in set(self.nodes) - set(view):
+            self._forget(gone)
+        self.nodes = view
+        self.pending |= set(view)
+        self.changed.set()
+
+    def _on_event(self, kind: str, obj: Node) -> None:
+        name = _name(obj)
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            self.pending.discard(name)
+            self._forget(name)
+        else:
+            self.nodes[name] = obj
+            self.pending.add(name)
+        self.changed.set()
+
+    def _forget(self, name: str) -> None:
+        self.wake.pop(name, None)
+        self._count_state(name, False)
+
     def _next_wake(self) -> float:
         now = self.clock()
         soonest = min((t - now for t in self.wake.values()), default=self.resync)
-        return max(0.2, min(self.resync, soonest))
+        return max(0.05, min(self.resync, soonest))
+
+    async def _work(self, stop: asyncio.Event) -> None:
+        """Reconcile what changed, what a hold timer woke and, every ``resync``, everything in the view."""
+        next_resync = self.clock() + self.resync
+        while not stop.is_set():
+            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.changed.wait())]
+            try:
+                await asyncio.wait(waits, timeout=self._next_wake(), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if stop.is_set():
+                return
+            self.changed.clear()
+            now = self.clock()
+            names, self.pending = self.pending, set()
+            names |= {name for name, at in self.wake.items() if at <= now}
+            if now >= next_resync:
+                names |= set(self.nodes)
+                next_resync = now + self.resync
+            for name in sorted(names):
+                node = self.nodes.get(name)
+                if node is not None:
+                    await self._safe(node)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """List and reconcile every node, then watch until the next hold timer or resync; repeat."""
-        from kubernetes_asyncio import watch
+        """The informer and the worker, each supervised (a crash is logged and the task restarted), until
+        ``stop``."""
+        await asyncio.gather(supervise("remediation-informer", self.informer.run, stop, backoff=self.backoff),
+                             supervise("remediation-worker", self._work, stop, backoff=self.backoff))
 
-        while not stop.is_set():
-            try:
-                nodes = await self.api.list_node()
-                for node in nodes.items:
-                    await self._safe(node)
-                rv = nodes.metadata.resource_version
-                timeout = self._next_wake()
-                w = watch.Watch()
-                stream = w.stream(self.api.list_node, resource_version=rv, timeout_seconds=math.ceil(timeout))
-                deadline = self.clock() + timeout
-                async with contextlib.AsyncExitStack() as stack:
-                    stack.push_async_callback(w.close)
-                    while not stop.is_set() and self.clock() < deadline:
-                        try:
-                            event = await asyncio.wait_for(stream.__anext__(), max(0.05, deadline - self.clock()))
-                        except (StopAsyncIteration, TimeoutError):
-                            break
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            await self._safe(event["object"])
-                            if self.wake:  # a hold timer started: relist when it runs out
-                                deadline = min(deadline, min(self.wake.values()) + 0.05)
-                        elif event["type"] == "DELETED":
-                            self.wake.pop(event["object"].metadata.name, None)
-                            self._count_state(event["object"].metadata.name, False)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # API away, 410 Gone: list again
-                log.warning("node watch interrupted; listing again", extra={"error": str(exc)[:300]})
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-
-    async def _safe(self, node: Any) -> None:
+    async def _safe(self, node: Node) -> None:
         try:
             await self.reconcile(node)
-        except Exception as exc:
-            log.error("reconcile failed", extra={"node": node.metadata.name, "error": str(exc)[:300]})
+        except (ApiError, RuntimeError) as exc:  # the next event or resync tries again
+            log.error("reconcile failed", extra={"node": _name(node), "error": str(exc)[:300]})
+        except Exception:  # a node this code cannot read must not stop the others
+            log.exception("reconcile crashed", extra={"node": _name(node)})
 
 
 class RemediationMetrics:
-    def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import Counter, Gauge
 
-        self.registry = CollectorRegistry()
+        self.registry = registry or CollectorRegistry()
         self.tainted = Gauge("accelstack_remediation_tainted_nodes", "Nodes carrying the unhealthy taint",
                              registry=self.registry)
         self.actions = Counter("accelstack_remediation_actions", "Taints added, lifted and pods evicted",
                                ["action"], registry=self.registry)
 
 
+class RemediationProcess:
+    """The controller plus /metrics, /healthz and /readyz (ready once the nodes are listed, and not while they
+    cannot be)."""
+
+    def __init__(self, kube: KubeClient, values: Mapping[str, Any], metrics: RemediationMetrics | None = None,
+                 **controller_options: Any) -> None:
+        self.values = values
+        self.metrics = metrics or RemediationMetrics()
+        self.controller = TaintController(kube, values, metrics=self.metrics, **controller_options)
+        self.endpoint: Any = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from typing import cast
+
+        from device_plugin.observability import PluginMetrics, start_http
+
+        self.endpoint = start_http(self.values["remediation.metricsAddress"], cast(PluginMetrics, self.metrics),
+                                   self.controller.ready)
+        try:
+            await self.controller.run(stop)
+        finally:
+            if self.endpoint is not None:
+                self.endpoint.close()
+
+
 async def _amain(values: Mapping[str, Any]) -> None:
     import signal
-    from typing import cast
 
-    from kubernetes_asyncio import client, config
+    from prometheus_client import REGISTRY
 
-    from device_plugin.observability import PluginMetrics, start_http
+    from kubeapi.client import from_config
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        await config.load_kube_config()
-    metrics = RemediationMetrics()
-    endpoint = start_http(values["remediation.metricsAddress"], cast(PluginMetrics, metrics), lambda: True)
+    # one registry for the controller's, the client's and the task supervisor's metrics
+    metrics = RemediationMetrics(REGISTRY)
+    kube = await from_config(field_manager=FIELD_MANAGER, timeout=float(values["remediation.apiTimeout"]),
+                             registry=REGISTRY)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with client.ApiClient() as api_client:
-        controller = TaintController(client.CoreV1Api(api_client), values, metrics=metrics)
-        task = asyncio.create_task(controller.run(stop))
+    process = RemediationProcess(kube, values, metrics)
+    try:
+        task = asyncio.create_task(process.run(stop))
         await stop.wait()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    if endpoint is not None:
-        endpoint.close()
+    finally:
+        await kube.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,15 +1,16 @@
-"""Feature discovery labels patched onto the Node through the real Kubernetes client and REST protocol."""
+"""Feature discovery labels patched onto the Node through the project's client layer (``kubeapi``) and the REST
+protocol, under the device plugin's field manager."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
-from kubernetes_asyncio import client
-
 from device_plugin.config import load
-from device_plugin.labeller import label_patch
+from device_plugin.labeller import FIELD_MANAGER, label_patch
 from device_plugin.main import DevicePluginProcess, build_backends
+from kubeapi.client import connected
 from tests.apiserver_peer import APIServerPeer
 from tests.fake_nvml import dgx_like
 from tests.kubelet_peer import KubeletPeer
@@ -36,9 +37,9 @@ async def test_labels_reach_the_node_and_follow_device_changes(tmp_path: Path) -
                      environ={"NODE_NAME": "gpu-node-1"})
     kubelet = KubeletPeer(str(tmp_path / "dp"))
     await kubelet.start()
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    process = DevicePluginProcess(config, build_backends(config, nvml=dgx_like(2)), poll_interval=0.02,
-                                  core_api=client.CoreV1Api(api_client))
+    stack = contextlib.AsyncExitStack()
+    kube = await stack.enter_async_context(connected(api.url, field_manager=FIELD_MANAGER, timeout=2.0))
+    process = DevicePluginProcess(config, build_backends(config, nvml=dgx_like(2)), poll_interval=0.02, kube=kube)
     task = asyncio.create_task(process.run())
 
     def labels() -> dict[str, str]:
@@ -54,7 +55,10 @@ async def test_labels_reach_the_node_and_follow_device_changes(tmp_path: Path) -
         assert got["kubernetes.io/hostname"] == "gpu-node-1"  # not ours: untouched
         assert got["nvidia.com/gpu.count"] == "2" and got["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
         assert got["accelstack.io/nr1.product"] == "NR1-0x0001"
-        assert ("PATCH", "/api/v1/nodes/gpu-node-1") in api.requests
+        assert ("PATCH", f"/api/v1/nodes/gpu-node-1?fieldManager={FIELD_MANAGER}") in api.requests
+        stored = api.get("api/v1/nodes", "", "gpu-node-1") or {}
+        managers = {e["manager"] for e in stored["metadata"]["managedFields"]}
+        assert FIELD_MANAGER == "accelstack-device-plugin" and FIELD_MANAGER in managers
         add_pci_function(sysfs, "0000:50:00.0", interfaces=("nr1p9",))  # a module hot-added
         for _ in range(100):
             if labels().get("accelstack.io/nr1.count") == "3":
@@ -67,6 +71,6 @@ async def test_labels_reach_the_node_and_follow_device_changes(tmp_path: Path) -
     finally:
         process.stop.set()
         await asyncio.wait_for(task, 10)
-        await api_client.close()
+        await stack.aclose()
         await kubelet.stop()
         await api.stop()

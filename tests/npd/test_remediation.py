@@ -1,19 +1,20 @@
-"""The taint controller against the API-server peer through the real kubernetes_asyncio client: condition on ->
-taint; off for less than the hold time -> taint kept; after -> removed."""
+"""The taint controller against the API-server peer through the project's client layer (``kubeapi``) over real
+HTTP: condition on -> taint; off for less than the hold time -> taint kept; after -> removed."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kubernetes_asyncio import client
 
+from kubeapi import KubeClient
+from kubeapi.client import connected
+from kubeapi.resources import NODES as NODE_RESOURCE
 from npd.config import load
 from npd.remediation import (
     CORDON_ANNOTATION,
@@ -50,10 +51,20 @@ def settings(*flags: str) -> Any:
 async def api():
     peer = APIServerPeer()
     url = await peer.start()
-    configuration = client.Configuration(host=url)
-    async with client.ApiClient(configuration) as api_client:
-        yield peer, client.CoreV1Api(api_client)
+    async with connected(url, field_manager="accelstack-remediation", timeout=2.0, backoff_base=0.05,
+                         backoff_cap=0.2) as kube:
+        yield peer, Core(kube)
     await peer.stop()
+
+
+class Core:
+    """The client as the tests use it: ``core.kube`` for the controller, ``read_node`` for a fresh Node."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+
+    async def read_node(self, name: str) -> dict[str, Any]:
+        return await self.kube.get(NODE_RESOURCE, name)
 
 
 def taints_of(peer: APIServerPeer, name: str) -> list[dict[str, Any]]:
@@ -72,7 +83,7 @@ async def set_condition(peer: APIServerPeer, name: str, ctype: str, status: str,
 async def test_taint_hold_and_lift_with_a_controlled_clock(api) -> None:
     peer, core = api
     now = [1_800_000_000.0]
-    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
     other = {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}
     await peer.put_object(NODES, node("gpu-1", {"GPUUnhealthy": ("True", now[0] - 5)}, taints=[other]))
     await controller.reconcile(await core.read_node("gpu-1"))
@@ -107,7 +118,7 @@ async def test_taint_hold_and_lift_with_a_controlled_clock(api) -> None:
 async def test_unknown_keeps_the_taint_and_healthy_nodes_are_left_alone(api) -> None:
     peer, core = api
     now = 1_800_000_000.0
-    controller = TaintController(core, settings("--remediation-hold-time", "1s"), clock=lambda: now)
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "1s"), clock=lambda: now)
     await peer.put_object(NODES, node("nr1-1", {"NR1Unhealthy": ("Unknown", 0)},
                                       taints=[{"key": KEY, "value": "NR1Unhealthy", "effect": "NoSchedule"}]))
     await peer.put_object(NODES, node("fine", {"GPUUnhealthy": ("False", 0)}))
@@ -136,7 +147,7 @@ def annotations_of(peer: APIServerPeer, name: str) -> dict[str, str]:
 async def test_npd_restart_in_the_middle_of_a_hold_does_not_restart_it(api) -> None:
     peer, core = api
     now = [1_800_000_000.0]
-    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
     gpus = {"nvidia.com/gpu": "8"}
     await peer.put_object(NODES, node("gpu-r", {"GPUUnhealthy": ("True", now[0])}, capacity=gpus))
     await controller.reconcile(await core.read_node("gpu-r"))
@@ -153,7 +164,7 @@ async def test_npd_restart_in_the_middle_of_a_hold_does_not_restart_it(api) -> N
     decision = await controller.reconcile(await core.read_node("gpu-r"))
     assert decision.taint is None and decision.wake_in == pytest.approx(360)  # not 600: the hold goes on
     # a controller restart meanwhile changes nothing either: the annotation is on the node
-    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
     now[0] = recovered + 599
     assert (await controller.reconcile(await core.read_node("gpu-r"))).taint is None
     assert taints_of(peer, "gpu-r")
@@ -166,7 +177,7 @@ async def test_npd_restart_in_the_middle_of_a_hold_does_not_restart_it(api) -> N
 async def test_a_real_flap_or_unknown_during_the_hold_restarts_it(api) -> None:
     peer, core = api
     now = [1_800_000_000.0]
-    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
     gpus = {"nvidia.com/gpu": "8"}
     await peer.put_object(NODES, node("gpu-f", {"GPUUnhealthy": ("True", now[0])}, capacity=gpus))
     await controller.reconcile(await core.read_node("gpu-f"))
@@ -191,7 +202,7 @@ async def test_unknown_for_a_resource_the_node_lacks_neither_taints_nor_keeps_th
     goes when NR1 has been healthy for the hold time."""
     peer, core = api
     now = [1_800_000_000.0]
-    controller = TaintController(core, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "10m"), clock=lambda: now[0])
     nr1_only = {"cpu": "64", "memory": "512Gi", "neureality.com/nr1": "4"}
     await peer.put_object(NODES, node("nr1-only", {"GPUUnhealthy": ("Unknown", now[0]),
                                                    "NR1Unhealthy": ("False", now[0])}, capacity=nr1_only))
@@ -211,7 +222,7 @@ async def test_unknown_for_a_resource_the_node_lacks_neither_taints_nor_keeps_th
 async def test_unknown_for_a_resource_the_node_has_keeps_the_taint_but_never_adds_one(api) -> None:
     peer, core = api
     now = [1_800_000_000.0]
-    controller = TaintController(core, settings("--remediation-hold-time", "1m"), clock=lambda: now[0])
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "1m"), clock=lambda: now[0])
     both = {"nvidia.com/gpu": "0", "neureality.com/nr1": "4"}  # GPUs gone from the device plugin: still a GPU node
     await peer.put_object(NODES, node("mixed", {"GPUUnhealthy": ("Unknown", now[0]),
                                                 "NR1Unhealthy": ("False", now[0])}, capacity=both))
@@ -228,7 +239,7 @@ async def test_unknown_for_a_resource_the_node_has_keeps_the_taint_but_never_add
 
 async def test_conflicting_write_is_retried_on_a_fresh_read(api) -> None:
     peer, core = api
-    controller = TaintController(core, settings(), clock=time.time)
+    controller = TaintController(core.kube, settings(), clock=time.time)
     await peer.put_object(NODES, node("gpu-2", {"GPUUnhealthy": ("True", 0)}))
     stale = await core.read_node("gpu-2")
     obj = peer.get(NODES, "", "gpu-2")
@@ -236,13 +247,14 @@ async def test_conflicting_write_is_retried_on_a_fresh_read(api) -> None:
     await peer.put_object(NODES, obj, "MODIFIED")  # another writer added a taint meanwhile
     await controller.reconcile(stale)
     assert [t["key"] for t in taints_of(peer, "gpu-2")] == ["someone/else", KEY]
-    assert ("PATCH", "/api/v1/nodes/gpu-2") in peer.requests
+    assert ("PATCH", "/api/v1/nodes/gpu-2?fieldManager=accelstack-remediation") in peer.requests
+    assert peer.count(method="PATCH", resource="nodes", status=409) == 1  # the stale write was refused
 
 
 async def test_cordon_is_optional_and_undone_only_when_ours(api) -> None:
     peer, core = api
     now = [1_800_000_000.0]
-    controller = TaintController(core, settings("--remediation-cordon", "true", "--remediation-hold-time", "0"),
+    controller = TaintController(core.kube, settings("--remediation-cordon", "true", "--remediation-hold-time", "0"),
                                  clock=lambda: now[0])
     await peer.put_object(NODES, node("gpu-3", {"GPUUnhealthy": ("True", now[0])}))
     await controller.reconcile(await core.read_node("gpu-3"))
@@ -254,7 +266,7 @@ async def test_cordon_is_optional_and_undone_only_when_ours(api) -> None:
     stored = peer.get(NODES, "", "gpu-3")
     assert "unschedulable" not in stored["spec"] and not taints_of(peer, "gpu-3")
     # without the option nothing is cordoned
-    plain = TaintController(core, settings(), clock=lambda: now[0])
+    plain = TaintController(core.kube, settings(), clock=lambda: now[0])
     await peer.put_object(NODES, node("gpu-4", {"GPUUnhealthy": ("True", now[0])}))
     await plain.reconcile(await core.read_node("gpu-4"))
     assert "unschedulable" not in peer.get(NODES, "", "gpu-4")["spec"]
@@ -284,7 +296,7 @@ async def test_drain_evicts_pods_using_managed_resources(api) -> None:
                 pod("exporter", "gpu-5", {"nvidia.com/gpu": "1"}, daemonset=True)):
         await peer.put_object("api/v1/pods", obj)
     await peer.put_object(NODES, node("gpu-5", {"GPUUnhealthy": ("True", 0)}))
-    controller = TaintController(core, settings("--remediation-drain", "true"))
+    controller = TaintController(core.kube, settings("--remediation-drain", "true"))
     await controller.reconcile(await core.read_node("gpu-5"))
     assert evicted == ["trainer"]
     await controller.reconcile(await core.read_node("gpu-5"))  # already tainted: no second drain
@@ -295,7 +307,7 @@ async def test_controller_loop_end_to_end(api) -> None:
     """Watch-driven: condition on -> taint; off for less than the hold -> kept; after the hold -> removed."""
     peer, core = api
     await peer.put_object(NODES, node("gpu-7", {"GPUUnhealthy": ("False", 0)}))
-    controller = TaintController(core, settings("--remediation-hold-time", "2s", "--remediation-resync", "30s"))
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "2s", "--remediation-resync", "30s"))
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
     try:
@@ -323,7 +335,7 @@ async def test_controller_loop_npd_restart_during_the_hold(api) -> None:
     peer, core = api
     await peer.put_object(NODES, node("gpu-9", {"GPUUnhealthy": ("True", time.time())},
                                       capacity={"nvidia.com/gpu": "8"}))
-    controller = TaintController(core, settings("--remediation-hold-time", "3s", "--remediation-resync", "30s"))
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "3s", "--remediation-resync", "30s"))
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
     try:
@@ -351,7 +363,7 @@ async def wait_for(predicate, seconds: float) -> None:
 
 
 def test_decide_table() -> None:
-    c = lambda t, s, at: SimpleNamespace(type=t, status=s, last_transition_time=iso(at))  # noqa: E731
+    c = lambda t, s, at: {"type": t, "status": s, "lastTransitionTime": iso(at)}  # noqa: E731
     watched = ["GPUUnhealthy", "NR1Unhealthy"]
     both = [c("GPUUnhealthy", "True", 0), c("NR1Unhealthy", "True", 0)]
     assert decide(both, False, watched, 60, 100).value == "GPUUnhealthy_NR1Unhealthy"
@@ -365,7 +377,7 @@ def test_decide_table() -> None:
 async def test_controller_recovers_from_watch_history_compaction(api) -> None:
     peer, core = api
     await peer.put_object(NODES, node("gpu-8", {"GPUUnhealthy": ("False", 0)}))
-    controller = TaintController(core, settings("--remediation-hold-time", "1s", "--remediation-resync", "30s"))
+    controller = TaintController(core.kube, settings("--remediation-hold-time", "1s", "--remediation-resync", "30s"))
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
     try:
@@ -392,23 +404,23 @@ def test_decide_invariants(conditions, tainted: bool, hold: int, now: int, healt
     about = {"GPUUnhealthy": "nvidia.com/gpu", "NR1Unhealthy": "neureality.com/nr1"}
     latest = {}
     for ctype, status, at in conditions:  # one condition per type, as on a Node
-        latest[ctype] = SimpleNamespace(type=ctype, status=status, last_transition_time=iso(at))
+        latest[ctype] = {"type": ctype, "status": status, "lastTransitionTime": iso(at)}
     decision = decide(list(latest.values()), tainted, watched, hold, now, healthy_since=healthy_since,
                       resources=resources, about=about)
-    present = [c for c in latest.values() if c.type in watched]
-    if any(c.status == "True" for c in present):
+    present = [c for c in latest.values() if c["type"] in watched]
+    if any(c["status"] == "True" for c in present):
         assert decision.taint is True
     if decision.taint is True:  # only True taints; Unknown never does
-        assert any(c.status == "True" for c in present)
+        assert any(c["status"] == "True" for c in present)
     if decision.taint is False:  # lifted only when every counted condition is False for at least the hold
         assert tainted and present
         for c in present:
-            has = resources is None or about[c.type] in resources
-            assert c.status == "False" or (c.status == "Unknown" and not has)
+            has = resources is None or about[c["type"]] in resources
+            assert c["status"] == "False" or (c["status"] == "Unknown" and not has)
         if healthy_since is not None:
             assert now - healthy_since >= hold
         else:
-            assert all(now - int(dt.datetime.fromisoformat(c.last_transition_time.replace("Z", "+00:00"))
-                                 .timestamp()) >= hold for c in present if c.status == "False")
+            assert all(now - int(dt.datetime.fromisoformat(c["lastTransitionTime"].replace("Z", "+00:00"))
+                                 .timestamp()) >= hold for c in present if c["status"] == "False")
     if not tainted:
         assert decision.taint is not False
