@@ -374,9 +374,17 @@ class TaintController:
 
     async def run(self, stop: asyncio.Event) -> None:
         """The informer and the worker, each supervised (a crash is logged and the task restarted), until
-        ``stop``."""
-        await asyncio.gather(supervise("remediation-informer", self.informer.run, stop, backoff=self.backoff),
-                             supervise("remediation-worker", self._work, stop, backoff=self.backoff))
+        ``stop`` (an open watch or a call in flight is cancelled then, not waited for)."""
+        tasks = [asyncio.create_task(supervise("remediation-informer", self.informer.run, stop, backoff=self.backoff),
+                                     name="remediation-informer"),
+                 asyncio.create_task(supervise("remediation-worker", self._work, stop, backoff=self.backoff),
+                                     name="remediation-worker")]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _safe(self, node: Node) -> None:
         try:
