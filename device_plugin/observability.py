@@ -84,7 +84,7 @@ class HttpEndpoint:
             if path == "/readyz":
                 ok = ready()
                 start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-                return [b"ok\n" if ok else b"not registered\n"]
+                return [b"ok\n" if ok else b"not ready\n"]
             if path == "/metrics":
                 return list(metrics_app(environ, start_response))
             start_response("404 Not Found", [("Content-Type", "text/plain")])

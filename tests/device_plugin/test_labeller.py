@@ -8,7 +8,7 @@ import contextlib
 from pathlib import Path
 
 from device_plugin.config import load
-from device_plugin.labeller import FIELD_MANAGER, label_patch
+from device_plugin.labeller import FIELD_MANAGER, NodeLabeller, label_patch
 from device_plugin.main import DevicePluginProcess, build_backends
 from kubeapi.client import connected
 from tests.apiserver_peer import APIServerPeer
@@ -73,4 +73,25 @@ async def test_labels_reach_the_node_and_follow_device_changes(tmp_path: Path) -
         await asyncio.wait_for(task, 10)
         await stack.aclose()
         await kubelet.stop()
+        await api.stop()
+
+
+async def test_a_hung_or_failing_api_server_delays_the_labels_but_does_not_stall_them() -> None:
+    """Client-side timeout on the read, then a 500 and a 503: each retried with backoff within one round."""
+    api = APIServerPeer()
+    await api.start()
+    await api.put_object("api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+    api.inject("GET", "nodes", name="n1", hang=True, times=1)
+    api.inject("GET", "nodes", name="n1", status=500, times=1)
+    api.inject("PATCH", "nodes", name="n1", status=503, times=1)
+    try:
+        async with connected(api.url, field_manager=FIELD_MANAGER, timeout=0.5, backoff_base=0.05,
+                             backoff_cap=0.1) as kube:
+            labeller = NodeLabeller(kube, "n1", lambda: {"nvidia.com/gpu.count": "2"})
+            assert await asyncio.wait_for(labeller.reconcile(), 5) == {"nvidia.com/gpu.count": "2"}
+        stored = api.get("api/v1/nodes", "", "n1") or {}
+        assert stored["metadata"]["labels"] == {"nvidia.com/gpu.count": "2"}
+        assert [r.status for r in api.calls("GET", "nodes", name="n1")] == [499, 500, 200]
+        assert [r.status for r in api.calls("PATCH", "nodes", name="n1")] == [503, 200]
+    finally:
         await api.stop()

@@ -84,6 +84,7 @@ async def test_remediation_process_taints_through_a_kubeconfig(tmp_path: Path) -
         await wait_for(lambda: bool(taints_of(peer, "gpu-9")), 10)
         obj = peer.get(NODES, "", "gpu-9")
         assert obj is not None
+        assert {e["manager"] for e in obj["metadata"]["managedFields"]} == {"accelstack-remediation"}
         obj["status"]["conditions"][1].update(status="False", lastTransitionTime=iso(time.time()))
         await peer.put_object(NODES, obj, "MODIFIED")
         await wait_for(lambda: not taints_of(peer, "gpu-9"), 6)
