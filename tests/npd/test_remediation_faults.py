@@ -211,3 +211,29 @@ async def test_every_write_carries_the_field_manager(peer: APIServerPeer, start:
     sent = writes(peer)
     assert sent and all(r.user_agent == f"accelstack/{FIELD_MANAGER}" for r in peer.calls())
     assert all(r.query.get("fieldManager") == FIELD_MANAGER for r in sent)
+
+
+async def test_a_crashed_worker_is_restarted(peer: APIServerPeer, start: Any, caplog: Any) -> None:
+    from kubeapi.metrics import api_metrics
+
+    restarts = api_metrics().task_restarts.labels("remediation-worker")
+    before = restarts._value.get()
+    await peer.put_object(NODES, node("gpu-s", {"GPUUnhealthy": ("False", 0)}))
+    run = await start()
+    await wait_ready(run, True)
+    crashes: list[int] = []
+    real = run.controller._next_wake
+
+    def crash_once() -> float:
+        if not crashes:
+            crashes.append(1)
+            raise RuntimeError("a bug in the worker")
+        return real()
+
+    run.controller._next_wake = crash_once  # type: ignore[method-assign]
+    await peer.put_object(NODES, node("other", {"GPUUnhealthy": ("False", 0)}))  # wakes the worker
+    await wait_for(lambda: bool(crashes), 5)
+    await wait_for(lambda: restarts._value.get() == before + 1, 3)
+    assert any(r.getMessage() == "background task crashed; restarting" for r in caplog.records)
+    await set_condition(peer, "gpu-s", "GPUUnhealthy", "True", time.time())
+    await wait_for(lambda: taints_of(peer, "gpu-s") == [TAINT], 5)  # the restarted worker acts
