@@ -125,6 +125,7 @@ async def test_a_failing_node_list_is_not_ready_retried_with_backoff_and_changes
     fault.remove()
     await wait_ready(run, True)
     await wait_for(lambda: taints_of(peer, "sick") == [TAINT] and not taints_of(peer, "recovered"), 5)
+    await wait_for(lambda: len(events(peer)) == 2, 3)  # each Event is written just after its node's patch
     assert sorted(events(peer)) == ["AccelstackTainted", "AccelstackUntainted"]
 
 
@@ -135,7 +136,7 @@ async def test_a_relist_that_fails_keeps_the_view_and_a_stale_hold_does_not_lift
     off_at = float(int(time.time()))
     await peer.put_object(NODES, node("gpu-h", {"GPUUnhealthy": ("False", off_at)}, taints=[TAINT],
                                       capacity={"nvidia.com/gpu": "8"}))
-    run = await start("--remediation-hold-time", "2s")
+    run = await start("--remediation-hold-time", "5s")
     await wait_ready(run, True)
     await wait_for(lambda: HEALTHY_SINCE_ANNOTATION in annotations_of(peer, "gpu-h"), 3)
     await wait_for(lambda: run.controller.nodes["gpu-h"]["metadata"]["resourceVersion"]
@@ -143,8 +144,9 @@ async def test_a_relist_that_fails_keeps_the_view_and_a_stale_hold_does_not_lift
     peer.inject("GET", "nodes", verb="list", status=500)
     peer.compact()  # the open watch ends with 410: the controller must relist, and the relist fails
     await wait_ready(run, False)
+    assert time.time() < off_at + 5, "too slow: the hold ran out before the fault was set up"
     await set_condition(peer, "gpu-h", "GPUUnhealthy", "True", time.time())  # not seen: nothing watches
-    await wait_for(lambda: peer.count(method="PATCH", resource="nodes", status=409) >= 1, off_at + 5 - time.time())
+    await wait_for(lambda: peer.count(method="PATCH", resource="nodes", status=409) >= 1, off_at + 8 - time.time())
     await wait_for(lambda: HEALTHY_SINCE_ANNOTATION not in annotations_of(peer, "gpu-h"), 3)  # the flap was seen
     assert taints_of(peer, "gpu-h") == [TAINT]
     assert "AccelstackUntainted" not in events(peer)
@@ -177,7 +179,7 @@ async def test_a_conflict_on_the_node_patch_is_read_again_and_decided_again(peer
     peer.inject("PATCH", "nodes", name="gpu-c", status=409, times=1)
     mark = peer.mark()
     await set_condition(peer, "gpu-c", "GPUUnhealthy", "True", time.time())
-    await wait_for(lambda: taints_of(peer, "gpu-c") == [TAINT], 5)
+    await wait_for(lambda: taints_of(peer, "gpu-c") == [TAINT] and len(events(peer)) == 2, 5)
     assert [r.status for r in peer.calls("PATCH", "nodes", name="gpu-c", since=mark)] == [409, 200]
     assert peer.count("GET", "nodes", name="gpu-c", since=mark) == 1
     assert events(peer) == ["AccelstackTainted", "AccelstackTainted"]  # marker, then gpu-c once
