@@ -363,7 +363,10 @@ class TaintController:
             self.changed.clear()
             now = self.clock()
             names, self.pending = self.pending, set()
-            names |= {name for name, at in self.wake.items() if at <= now}
+            due = {name for name, at in self.wake.items() if at <= now}
+            for name in due:  # reconcile sets it again if the hold goes on; a failing node waits for resync
+                del self.wake[name]
+            names |= due
             if now >= next_resync:
                 names |= set(self.nodes)
                 next_resync = now + self.resync
