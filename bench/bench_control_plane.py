@@ -511,14 +511,6 @@ async def e2e_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
             await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts)
             await runner
             over = await overallocated(cluster.url)
-            if os.environ.get("BENCH_DEBUG"):
-                import aiohttp
-                async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{cluster.ctl_port}/metrics") as r:
-                    text = await r.text()
-                print("\n".join(line for line in text.splitlines() if line.startswith(
-                    ("accelstack_controller_pass_seconds_sum", "accelstack_controller_pass_seconds_count",
-                     "accelstack_controller_act_seconds_sum", "accelstack_controller_act_seconds_count",
-                     "accelstack_controller_actions_total", 'accelstack_kube_request_seconds_sum{resource="pods"'))))
         finally:
             cluster.stop()
     done = [sched.bound[n] - created[n] for n in sched.bound if n in created]
