@@ -157,6 +157,9 @@ class DurationPredictor:
         self.err_weight = err_weight
         self._keys: OrderedDict[tuple[str, ...], _Stats] = OrderedDict()
         self.observed = 0
+        # predict() is a pure function of what has been observed: memoized until the next observation (the
+        # controller predicts every queued GPR at every pass; the history changes only when GPRs finish)
+        self._memo: dict[tuple[JobKey, float | None], Prediction] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -164,6 +167,7 @@ class DurationPredictor:
     # ------------------------------------------------------------------ learning
     def observe(self, key: JobKey, hold_s: float, exit_s: float | None = None) -> None:
         """One finished GPR held its devices for ``hold_s`` seconds (``exit_s``: its exitDuration, if set)."""
+        self._memo.clear()
         if not math.isfinite(hold_s) or hold_s < 0:
             raise ValueError(f"hold time must be a finite non-negative number of seconds, got {hold_s!r}")
         if exit_s is not None and (not math.isfinite(exit_s) or exit_s <= 0):
@@ -236,7 +240,12 @@ class DurationPredictor:
 
     def predict(self, key: JobKey, exit_s: float | None = None) -> Prediction:
         """Predicted hold time of a GPR not yet admitted. Never above ``exit_s``."""
-        return self.remaining(key, 0.0, exit_s)
+        hit = self._memo.get((key, exit_s))
+        if hit is None:
+            if len(self._memo) > 100_000:
+                self._memo.clear()
+            hit = self._memo[key, exit_s] = self.remaining(key, 0.0, exit_s)
+        return hit
 
     def remaining(self, key: JobKey, elapsed_s: float, exit_s: float | None = None) -> Prediction:
         """Predicted *remaining* hold time of a GPR that has held its devices for ``elapsed_s`` seconds: the
@@ -308,6 +317,7 @@ class DurationPredictor:
     def load_state(self, state: dict[str, Any]) -> None:
         """Replace what is known with ``state`` (from :meth:`to_state`); ValueError naming what is wrong.
         A state written with other bins is refused (the caller starts empty)."""
+        self._memo.clear()
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"predictor state: version must be {STATE_VERSION}")
         if state.get("bins") != [PER_OCTAVE, DUR_BINS, RATIO_BINS]:
