@@ -20,8 +20,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+from device_plugin.flags import Checked, UsageError, adder
 from device_plugin.observability import setup_logging
-from scheduler_extender.main import RESOURCE_NAMES, UsageError, _number
+from scheduler_extender.main import POLICIES, RESOURCE_NAMES, resource_names
 
 log = logging.getLogger("accelstack.controller")
 ENV = "ACCELSTACK_CTL_"
@@ -34,10 +35,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                     "Requests from the API server's state, lifts their pods' scheduling gates, keeps node ledgers "
                     f"in step. Each flag can also be set with {ENV}<FLAG>; the flag wins.")
 
-    def add(flag: str, default: str, help_text: str) -> None:
-        p.add_argument(f"--{flag}", default=environ.get(ENV + flag.upper().replace("-", "_"), default),
-                       help=f"{help_text} [env {ENV}{flag.upper().replace('-', '_')}; default {default!r}]")
-
+    add = adder(p, environ, ENV)
     add("listen", ":8081", "host:port for /healthz, /readyz and /metrics")
     add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
@@ -57,27 +55,21 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"--listen: must be host:port or :port, got {args.listen!r}")
-    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
-        raise UsageError(f"--kubeconfig: no such file: {args.kubeconfig}")
-    resources = tuple(r.strip() for r in args.resources.split(",") if r.strip())
-    if not resources or any("/" not in r for r in resources):
-        raise UsageError(f"--resources: extended resource names like vendor.com/device, got {args.resources!r}")
-    if args.policy not in ("bestfit", "fgd", "random"):
-        raise UsageError(f"--policy: one of bestfit, fgd, random; got {args.policy!r}")
-    if args.log_level not in ("debug", "info", "warning", "error") or args.log_format not in ("json", "text"):
-        raise UsageError("--log-level / --log-format: debug|info|warning|error and json|text")
-    return {"host": host or "0.0.0.0", "port": int(port), "kubeconfig": args.kubeconfig, "resources": resources,
+    flags = Checked.parse(build_parser(environ), argv, ENV)
+    args = flags.args
+    host, port = flags.listen()
+    flags.existing_file("kubeconfig")
+    resources = resource_names(args.resources)
+    flags.one_of("policy", POLICIES)
+    log_level, log_format = flags.logging()
+    return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "resources": resources,
             "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
-            "lease_seconds": _number("lease-seconds", args.lease_seconds, float, 2), "policy": args.policy,
-            "resync": _number("resync", args.resync, float, 0.05),
-            "estimate_every": _number("estimate-every", args.estimate_every, float, 1),
-            "concurrency": _number("concurrency", args.concurrency, int, 1),
-            "api_timeout": _number("api-timeout", args.api_timeout, float, 0.1),
-            "log_level": args.log_level, "log_format": args.log_format}
+            "lease_seconds": flags.number("lease-seconds", float, 2), "policy": args.policy,
+            "resync": flags.number("resync", float, 0.05),
+            "estimate_every": flags.number("estimate-every", float, 1),
+            "concurrency": flags.number("concurrency", int, 1),
+            "api_timeout": flags.number("api-timeout", float, 0.1),
+            "log_level": log_level, "log_format": log_format}
 
 
 class ControllerProcess:

@@ -17,16 +17,22 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from device_plugin.flags import Checked, UsageError, adder
 from device_plugin.observability import setup_logging
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 
 log = logging.getLogger("accelstack.extender")
 ENV = "ACCELSTACK_EXT_"
 RESOURCE_NAMES = ("nvidia.com/gpu", "neureality.com/nr1")
+POLICIES = ("bestfit", "fgd", "random")
 
 
-def _env(environ: Mapping[str, str], flag: str, default: str) -> str:
-    return environ.get(ENV + flag.upper().replace("-", "_"), default)
+def resource_names(value: str) -> tuple[str, ...]:
+    """``--resources``: managed extended resource names, comma-separated."""
+    resources = tuple(r.strip() for r in value.split(",") if r.strip())
+    if not resources or any("/" not in r for r in resources):
+        raise UsageError(f"--resources: extended resource names like vendor.com/device, got {value!r}")
+    return resources
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -36,10 +42,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                     "REST API and admission webhook for accelstack. Each flag can also be set with the environment "
                     f"variable {ENV}<FLAG> (e.g. {ENV}LISTEN); the flag wins.")
 
-    def add(flag: str, default: str, help_text: str, **kw: Any) -> None:
-        p.add_argument(f"--{flag}", default=_env(environ, flag, default),
-                       help=f"{help_text} [env {ENV}{flag.upper().replace('-', '_')}; default {default!r}]", **kw)
-
+    add = adder(p, environ, ENV)
     add("listen", ":8443", "host:port to serve on")
     add("tls-cert-file", "", "serve HTTPS with this certificate (PEM); needs --tls-key-file")
     add("tls-key-file", "", "private key for --tls-cert-file (PEM)")
@@ -67,62 +70,32 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return p
 
 
-class UsageError(ValueError):
-    pass
-
-
-def _bool(name: str, value: str) -> bool:
-    text = value.strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise UsageError(f"--{name}: not a boolean: {value!r}")
-
-
-def _number(name: str, value: str, cast: type = float, minimum: float = 0) -> Any:
-    try:
-        number = cast(value)
-    except ValueError:
-        raise UsageError(f"--{name}: not a number: {value!r}") from None
-    if number < minimum:
-        raise UsageError(f"--{name}: must be >= {minimum}, got {value!r}")
-    return number
-
-
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"--listen: must be host:port or :port, got {args.listen!r}")
+    flags = Checked.parse(build_parser(environ), argv, ENV)
+    args = flags.args
+    host, port = flags.listen()
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         raise UsageError("--tls-cert-file and --tls-key-file: give both or neither")
-    for path_flag in ("tls_cert_file", "tls_key_file", "kubeconfig"):
-        path = getattr(args, path_flag)
-        if path and not os.path.isfile(path):
-            raise UsageError(f"--{path_flag.replace('_', '-')}: no such file: {path}")
-    resources = tuple(r.strip() for r in args.resources.split(",") if r.strip())
-    if not resources or any("/" not in r for r in resources):
-        raise UsageError(f"--resources: extended resource names like vendor.com/device, got {args.resources!r}")
-    if args.policy not in ("bestfit", "fgd", "random"):
-        raise UsageError(f"--policy: one of bestfit, fgd, random; got {args.policy!r}")
-    if args.log_level not in ("debug", "info", "warning", "error") or args.log_format not in ("json", "text"):
-        raise UsageError("--log-level / --log-format: debug|info|warning|error and json|text")
+    for flag in ("tls-cert-file", "tls-key-file", "kubeconfig"):
+        flags.existing_file(flag)
+    resources = resource_names(args.resources)
+    flags.one_of("policy", POLICIES)
+    log_level, log_format = flags.logging()
     if not args.url_prefix.startswith("/"):
         raise UsageError(f"--url-prefix: must start with '/', got {args.url_prefix!r}")
     return {
-        "host": host or "0.0.0.0", "port": int(port), "cert": args.tls_cert_file, "key": args.tls_key_file,
-        "prefix": args.url_prefix, "resources": resources, "require_gpr": _bool("require-gpr", args.require_gpr),
-        "max_body": _number("max-body-bytes", args.max_body_bytes, int, 1024), "kubeconfig": args.kubeconfig,
-        "body_timeout": _number("body-timeout", args.body_timeout, float, 0.01),
+        "host": host, "port": port, "cert": args.tls_cert_file, "key": args.tls_key_file,
+        "prefix": args.url_prefix, "resources": resources, "require_gpr": flags.boolean("require-gpr"),
+        "max_body": flags.number("max-body-bytes", int, 1024), "kubeconfig": args.kubeconfig,
+        "body_timeout": flags.number("body-timeout", float, 0.01),
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
-        "lease_seconds": _number("lease-seconds", args.lease_seconds, int, 2), "policy": args.policy,
-        "resync": _number("resync", args.resync, float, 0.05), "controller": _bool("controller", args.controller),
-        "webhook": _bool("webhook", args.webhook), "auto_gpr": _bool("auto-gpr", args.auto_gpr),
-        "log_level": args.log_level, "log_format": args.log_format,
-        "api_timeout": _number("api-timeout", args.api_timeout, float, 0.1),
-        "waittime_qps": _number("waittime-qps", args.waittime_qps, float, 0.1),
+        "lease_seconds": flags.number("lease-seconds", int, 2), "policy": args.policy,
+        "resync": flags.number("resync", float, 0.05), "controller": flags.boolean("controller"),
+        "webhook": flags.boolean("webhook"), "auto_gpr": flags.boolean("auto-gpr"),
+        "log_level": log_level, "log_format": log_format,
+        "api_timeout": flags.number("api-timeout", float, 0.1),
+        "waittime_qps": flags.number("waittime-qps", float, 0.1),
     }
 
 

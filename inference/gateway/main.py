@@ -18,20 +18,13 @@ from typing import Any
 
 from aiohttp import web
 
+from device_plugin.flags import Checked, UsageError, adder
 from device_plugin.observability import setup_logging
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
 
 log = logging.getLogger("accelstack.gateway")
 ENV = "ACCELSTACK_GW_"
-
-
-class UsageError(ValueError):
-    pass
-
-
-def _env_name(flag: str) -> str:
-    return ENV + flag.upper().replace("-", "_")
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -42,10 +35,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                     f"replicas, enforces API keys and access. Each flag can also be set with {ENV}<FLAG>; the flag "
                     "wins.")
 
-    def add(flag: str, default: str, help_text: str) -> None:
-        p.add_argument(f"--{flag}", default=environ.get(_env_name(flag), default),
-                       help=f"{help_text} [env {_env_name(flag)}; default {default!r}]")
-
+    add = adder(p, environ, ENV)
     add("listen", ":8080", "host:port of the OpenAI API, /metrics, /healthz and /readyz")
     add("objects", "", "YAML file of InferenceEndpoints, EndpointSlices and API-key Secrets to serve instead of "
                        "watching the API server (re-read when it changes)")
@@ -72,65 +62,34 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return p
 
 
-def _number(args: argparse.Namespace, flag: str, cast: type = float, minimum: float = 0,
-            maximum: float | None = None) -> Any:
-    value = getattr(args, flag.replace("-", "_"))
-    where = f"--{flag} (env {_env_name(flag)})"
-    try:
-        number = cast(value)
-    except ValueError:
-        raise UsageError(f"{where}: not a number: {value!r}") from None
-    if number < minimum or (maximum is not None and number > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise UsageError(f"{where}: must be {bound}, got {value!r}")
-    return number
-
-
-def _bool(args: argparse.Namespace, flag: str) -> bool:
-    value = str(getattr(args, flag.replace("-", "_"))).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise UsageError(f"--{flag} (env {_env_name(flag)}): not a boolean (true/false): {value!r}")
-
-
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"--listen (env {_env_name('listen')}): must be host:port or :port, got {args.listen!r}")
+    flags = Checked.parse(build_parser(environ), argv, ENV, name_env=True)
+    args = flags.args
+    host, port = flags.listen()
     for flag in ("objects", "kubeconfig"):
-        path = getattr(args, flag)
-        if path and not os.path.isfile(path):
-            raise UsageError(f"--{flag} (env {_env_name(flag)}): no such file: {path}")
-    if args.policy not in POLICIES:
-        raise UsageError(f"--policy (env {_env_name('policy')}): one of {', '.join(POLICIES)}; got {args.policy!r}")
-    if args.log_level not in ("debug", "info", "warning", "error"):
-        raise UsageError(f"--log-level (env {_env_name('log-level')}): debug, info, warning or error; "
-                         f"got {args.log_level!r}")
-    if args.log_format not in ("json", "text"):
-        raise UsageError(f"--log-format (env {_env_name('log-format')}): json or text; got {args.log_format!r}")
+        flags.existing_file(flag)
+    flags.one_of("policy", POLICIES)
+    log_level, log_format = flags.logging()
     settings = Settings(
-        auth=_bool(args, "auth"), policy=args.policy,
-        request_timeout=_number(args, "request-timeout", float, 0.001),
-        idle_timeout=_number(args, "idle-timeout", float, 0.001),
-        connect_timeout=_number(args, "connect-timeout", float, 0.001),
-        queue_timeout=_number(args, "queue-timeout", float, 0),
-        retries=_number(args, "retries", int, 0, 5),
-        max_body=_number(args, "max-body-bytes", int, 1024),
-        ejection=EjectionPolicy(consecutive_failures=_number(args, "eject-after", int, 1),
-                                base_seconds=_number(args, "eject-seconds", float, 0),
-                                max_seconds=_number(args, "eject-max-seconds", float, 0),
-                                max_fraction=_number(args, "eject-max-fraction", float, 0, 1)),
-        drain_seconds=_number(args, "drain-seconds", float, 0),
-        shutdown_timeout=_number(args, "shutdown-timeout", float, 0),
-        queue_metric=args.queue_metric, load_poll_interval=_number(args, "load-poll-interval", float, 0))
+        auth=flags.boolean("auth"), policy=args.policy,
+        request_timeout=flags.number("request-timeout", float, 0.001),
+        idle_timeout=flags.number("idle-timeout", float, 0.001),
+        connect_timeout=flags.number("connect-timeout", float, 0.001),
+        queue_timeout=flags.number("queue-timeout", float, 0),
+        retries=flags.number("retries", int, 0, 5),
+        max_body=flags.number("max-body-bytes", int, 1024),
+        ejection=EjectionPolicy(consecutive_failures=flags.number("eject-after", int, 1),
+                                base_seconds=flags.number("eject-seconds", float, 0),
+                                max_seconds=flags.number("eject-max-seconds", float, 0),
+                                max_fraction=flags.number("eject-max-fraction", float, 0, 1)),
+        drain_seconds=flags.number("drain-seconds", float, 0),
+        shutdown_timeout=flags.number("shutdown-timeout", float, 0),
+        queue_metric=args.queue_metric, load_poll_interval=flags.number("load-poll-interval", float, 0))
     namespaces = tuple(n.strip() for n in args.namespaces.split(",") if n.strip())
-    return {"host": host or "0.0.0.0", "port": int(port), "settings": settings,
+    return {"host": host, "port": port, "settings": settings,
             "objects": Path(args.objects) if args.objects else None, "kubeconfig": args.kubeconfig,
-            "namespaces": namespaces, "log_level": args.log_level, "log_format": args.log_format}
+            "namespaces": namespaces, "log_level": log_level, "log_format": log_format}
 
 
 async def serve(opts: dict[str, Any]) -> None:

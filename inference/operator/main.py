@@ -19,19 +19,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from device_plugin.flags import Checked, UsageError, adder
 from device_plugin.observability import setup_logging
 from inference.operator.objects import OperatorSettings
 
 log = logging.getLogger("accelstack.inference.operator")
 ENV = "ACCELSTACK_IO_"
-
-
-class UsageError(ValueError):
-    pass
-
-
-def _env_name(flag: str) -> str:
-    return ENV + flag.upper().replace("-", "_")
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -41,10 +34,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                     "PodDisruptionBudgets, NetworkPolicies and HorizontalPodAutoscalers (leader-elected). Each flag "
                     f"can also be set with {ENV}<FLAG>; the flag wins.")
 
-    def add(flag: str, default: str, help_text: str) -> None:
-        p.add_argument(f"--{flag}", default=environ.get(_env_name(flag), default),
-                       help=f"{help_text} [env {_env_name(flag)}; default {default!r}]")
-
+    add = adder(p, environ, ENV)
     add("listen", ":8082", "host:port for /healthz, /readyz and /metrics")
     add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
     add("lease-namespace", "accelstack-system", "namespace of the leader Lease")
@@ -60,39 +50,22 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return p
 
 
-def _number(args: argparse.Namespace, flag: str, minimum: float) -> float:
-    value = getattr(args, flag.replace("-", "_"))
-    try:
-        number = float(value)
-    except ValueError:
-        raise UsageError(f"--{flag} (env {_env_name(flag)}): not a number: {value!r}") from None
-    if number < minimum:
-        raise UsageError(f"--{flag} (env {_env_name(flag)}): must be >= {minimum:g}, got {value!r}")
-    return number
-
-
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"--listen (env {_env_name('listen')}): must be host:port or :port, got {args.listen!r}")
-    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
-        raise UsageError(f"--kubeconfig (env {_env_name('kubeconfig')}): no such file: {args.kubeconfig}")
-    if args.log_level not in ("debug", "info", "warning", "error"):
-        raise UsageError(f"--log-level (env {_env_name('log-level')}): debug, info, warning or error; "
-                         f"got {args.log_level!r}")
-    if args.log_format not in ("json", "text"):
-        raise UsageError(f"--log-format (env {_env_name('log-format')}): json or text; got {args.log_format!r}")
+    flags = Checked.parse(build_parser(environ), argv, ENV, name_env=True)
+    args = flags.args
+    host, port = flags.listen()
+    flags.existing_file("kubeconfig")
+    log_level, log_format = flags.logging()
     if not args.gateway_url.startswith(("http://", "https://")):
-        raise UsageError(f"--gateway-url (env {_env_name('gateway-url')}): an http(s) URL, got {args.gateway_url!r}")
-    return {"host": host or "0.0.0.0", "port": int(port), "kubeconfig": args.kubeconfig,
+        raise UsageError(f"{flags.label('gateway-url')}: an http(s) URL, got {args.gateway_url!r}")
+    return {"host": host, "port": port, "kubeconfig": args.kubeconfig,
             "lease_namespace": args.lease_namespace, "lease_name": args.lease_name,
-            "lease_seconds": _number(args, "lease-seconds", 3), "resync": _number(args, "resync", 1),
-            "api_timeout": _number(args, "api-timeout", 0.1),
+            "lease_seconds": flags.number("lease-seconds", float, 3), "resync": flags.number("resync", float, 1),
+            "api_timeout": flags.number("api-timeout", float, 0.1),
             "identity": environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
             "settings": OperatorSettings(gateway_namespace=args.gateway_namespace, gateway_url=args.gateway_url),
-            "log_level": args.log_level, "log_format": args.log_format}
+            "log_level": log_level, "log_format": log_format}
 
 
 async def serve(opts: dict[str, Any]) -> None:

@@ -1,0 +1,99 @@
+"""Command-line flags of the accelstack processes, checked one way everywhere (as ``observability`` logs and serves
+metrics one way): each flag has an environment variable ``<PREFIX><FLAG>`` (upper case, ``-`` → ``_``) and the flag
+wins; a bad value raises :class:`UsageError` naming the flag — and its variable, for processes that say so — which
+the process's ``main`` turns into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("json", "text")
+
+
+class UsageError(ValueError):
+    """A flag (or its environment variable) has a value the process cannot use."""
+
+
+def env_name(prefix: str, flag: str) -> str:
+    return prefix + flag.upper().replace("-", "_")
+
+
+def adder(parser: argparse.ArgumentParser, environ: Mapping[str, str], prefix: str) -> Any:
+    """``add(flag, default, help_text, **kw)`` for ``parser``: the default comes from the flag's variable when
+    set, and the help names the variable and the built-in default."""
+
+    def add(flag: str, default: str, help_text: str, **kw: Any) -> None:
+        name = env_name(prefix, flag)
+        parser.add_argument(f"--{flag}", default=environ.get(name, default),
+                            help=f"{help_text} [env {name}; default {default!r}]", **kw)
+
+    return add
+
+
+class Checked:
+    """Parsed flags, read with checks whose errors name the flag (``--flag`` or ``--flag (env VAR)``)."""
+
+    def __init__(self, args: argparse.Namespace, prefix: str, name_env: bool = False) -> None:
+        self.args = args
+        self.prefix = prefix
+        self.name_env = name_env
+
+    @classmethod
+    def parse(cls, parser: argparse.ArgumentParser, argv: Sequence[str] | None, prefix: str,
+              name_env: bool = False) -> Checked:
+        return cls(parser.parse_args(argv), prefix, name_env)
+
+    def label(self, flag: str) -> str:
+        return f"--{flag} (env {env_name(self.prefix, flag)})" if self.name_env else f"--{flag}"
+
+    def raw(self, flag: str) -> str:
+        return str(getattr(self.args, flag.replace("-", "_")))
+
+    def number(self, flag: str, cast: type = float, minimum: float = 0, maximum: float | None = None) -> Any:
+        value = self.raw(flag)
+        try:
+            number = cast(value)
+        except ValueError:
+            raise UsageError(f"{self.label(flag)}: not a number: {value!r}") from None
+        if number < minimum or (maximum is not None and number > maximum):
+            bound = f"between {minimum:g} and {maximum:g}" if maximum is not None else f">= {minimum:g}"
+            raise UsageError(f"{self.label(flag)}: must be {bound}, got {value!r}")
+        return number
+
+    def boolean(self, flag: str) -> bool:
+        value = self.raw(flag).strip().lower()
+        if value in ("1", "true", "yes", "on"):
+            return True
+        if value in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"{self.label(flag)}: not a boolean (true/false): {value!r}")
+
+    def listen(self, flag: str = "listen") -> tuple[str, int]:
+        """``host:port`` or ``:port`` (every address)."""
+        value = self.raw(flag)
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise UsageError(f"{self.label(flag)}: must be host:port or :port, got {value!r}")
+        return host or "0.0.0.0", int(port)
+
+    def existing_file(self, flag: str) -> str:
+        """A path that must name a file when given ("" when not)."""
+        path = self.raw(flag)
+        if path and not os.path.isfile(path):
+            raise UsageError(f"{self.label(flag)}: no such file: {path}")
+        return path
+
+    def one_of(self, flag: str, options: Sequence[str]) -> str:
+        value = self.raw(flag)
+        if value not in options:
+            raise UsageError(f"{self.label(flag)}: one of {', '.join(options)}; got {value!r}")
+        return value
+
+    def logging(self) -> tuple[str, str]:
+        """(--log-level, --log-format)."""
+        return self.one_of("log-level", LOG_LEVELS), self.one_of("log-format", LOG_FORMATS)

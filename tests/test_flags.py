@@ -1,0 +1,52 @@
+"""The flag checks every accelstack process shares (device_plugin/flags.py): errors name the flag, and its
+environment variable where the process says so; the variable sets a default the flag overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from device_plugin.flags import Checked, UsageError, adder
+
+
+def parser(environ: dict[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="x")
+    add = adder(p, environ, "X_")
+    add("listen", ":80", "where")
+    add("count", "3", "how many")
+    add("on", "true", "switch")
+    add("file", "", "a file")
+    add("log-level", "info", "level")
+    add("log-format", "json", "format")
+    return p
+
+
+def test_values_from_flags_and_variables() -> None:
+    flags = Checked.parse(parser({"X_COUNT": "7"}), ["--listen", "127.0.0.1:9"], "X_")
+    assert flags.listen() == ("127.0.0.1", 9) and flags.number("count", int, 1) == 7
+    assert flags.boolean("on") is True and flags.existing_file("file") == "" and flags.logging() == ("info", "json")
+    assert Checked.parse(parser({"X_COUNT": "7"}), ["--count", "2"], "X_").number("count", int) == 2
+    assert Checked.parse(parser({}), ["--listen", ":5"], "X_").listen() == ("0.0.0.0", 5)
+    assert "[env X_COUNT; default '3']" in parser({}).format_help()
+
+
+@pytest.mark.parametrize(("argv", "call", "message"), [
+    (["--listen", "nowhere"], lambda f: f.listen(), "--listen: must be host:port or :port, got 'nowhere'"),
+    (["--listen", ":99999"], lambda f: f.listen(), "--listen: must be host:port or :port, got ':99999'"),
+    (["--count", "many"], lambda f: f.number("count", int), "--count: not a number: 'many'"),
+    (["--count", "0"], lambda f: f.number("count", int, 1), "--count: must be >= 1, got '0'"),
+    (["--count", "9"], lambda f: f.number("count", int, 0, 5), "--count: must be between 0 and 5, got '9'"),
+    (["--on", "perhaps"], lambda f: f.boolean("on"), "--on: not a boolean (true/false): 'perhaps'"),
+    (["--file", "/no/such"], lambda f: f.existing_file("file"), "--file: no such file: /no/such"),
+    (["--log-level", "loud"], lambda f: f.logging(), "--log-level: one of debug, info, warning, error; got 'loud'"),
+])
+def test_bad_values_name_the_flag(argv: list[str], call: object, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        call(Checked.parse(parser({}), argv, "X_"))  # type: ignore[operator]
+    assert str(err.value) == message
+
+
+def test_processes_that_name_the_variable_too() -> None:
+    with pytest.raises(UsageError, match=r"^--count \(env X_COUNT\): not a number: 'x'$"):
+        Checked.parse(parser({"X_COUNT": "x"}), [], "X_", name_env=True).number("count")
