@@ -175,6 +175,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
+FRESH_SOCKET_S = 2.0  # a kubelet socket younger than this may not be served yet
+FRESH_RETRY_S = 0.2
+
+
 def _inode(path: str) -> tuple[int, int, int] | None:
     """Identity of a file: device, inode and change time (inode numbers alone are reused)."""
     try:
@@ -263,7 +267,12 @@ class PluginRunner:
         """Return on stop, when ``kubelet.sock`` is there and is not the one ``tried`` (None: none was), or,
         when one was tried, after ``register_retry`` at the latest."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.register_retry if tried is not None else None
+        retry = self.register_retry
+        if tried is not None and time.time() - tried[2] / 1e9 < FRESH_SOCKET_S:
+            # a kubelet binds its socket a moment before it serves on it: an attempt that came in between must
+            # not wait the whole retry period for a socket that will not be re-created again
+            retry = min(retry, FRESH_RETRY_S)
+        deadline = loop.time() + retry if tried is not None else None
         while not stop.is_set():
             current = _inode(self.kubelet_socket)
             if current is not None and current != tried:
