@@ -193,7 +193,7 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     (the controller does that every 30 s). (steady pass seconds, refresh pass seconds without the estimates,
     estimate seconds)."""
     from scheduler_extender.cluster import GPU, node_view, pod_view
-    from scheduler_extender.reconcile import PassCache, PassConfig, Snapshot, plan_pass
+    from scheduler_extender.reconcile import PassCache, PassConfig, Snapshot, run_pass
 
     nodes, pods, gprs = {}, {}, {}
     for i, (path, obj) in enumerate(seed):
@@ -215,7 +215,7 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     refreshes: list[float] = []
     estimates: list[float] = []
     for i in range(passes + 1):
-        plan = plan_pass(Snapshot(time.time(), nodes, pods, gprs),
+        plan = run_pass(Snapshot(time.time(), nodes, pods, gprs),
                          PassConfig(refresh_queue=i % 3 == 0, refresh_on_change=False), cache)
         for write in plan.writes:
             version += 1

@@ -34,7 +34,7 @@ from scheduler_extender.cluster import ClusterView
 from scheduler_extender.core.scheduler import Event, SchedulerConfig
 from scheduler_extender.kube import Kube
 from scheduler_extender.predictor_store import PredictorStore
-from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass, ungate_patch
+from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, run_pass, ungate_patch
 
 log = logging.getLogger("accelstack.controller")
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
@@ -133,7 +133,7 @@ class GPRController:
         cfg = PassConfig(self.policy, self.config, refresh_queue=due, orphan_grace=self.orphan_grace,
                          last_queue=self._queue, refresh_on_change=snap.now - self._queue_at >= self.min_refresh,
                          predictor=self.history.predictor, calibrator=self.history.calibrator)
-        plan = await asyncio.to_thread(plan_pass, snap, cfg, self.cache)
+        plan = await asyncio.to_thread(run_pass, snap, cfg, self.cache)
         if plan.refreshed:
             self._queue_at, self._queue = snap.now, plan.queue
             self.history.note_projections(plan.projections, snap.now)

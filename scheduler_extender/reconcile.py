@@ -22,6 +22,7 @@ identically after a restart.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Mapping
@@ -255,6 +256,21 @@ def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
     meta = obj.get("metadata") or {}
     return (str(meta.get("creationTimestamp") or ""), str(meta.get("namespace") or ""), str(meta.get("name") or ""),
             str(meta.get("uid") or ""))
+
+
+def run_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
+    """:func:`plan_pass` as the controller runs it, with the cyclic garbage collector paused. A pass builds a
+    scheduler of some 75,000 objects at 15,000 GPRs that all die when it returns (by reference counting: the
+    core keeps no reference cycles). With the collector running, they outlive the young collections made
+    during the pass and count as long-lived, which every few passes sets off a full collection over all the
+    informers' objects: 300 ms at 5,000 nodes and 15,000 GPRs, doubling every other pass."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return plan_pass(snap, cfg, cache)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:

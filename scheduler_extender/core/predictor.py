@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,9 +64,9 @@ def _ratio_bin(r: float) -> int:
     return RATIO_BINS - 1 - k
 
 
-@dataclass(frozen=True)
-class JobKey:
-    """What a prediction is keyed on. ``shape``: e.g. ``nvidia.com/gpu:4x1000x2`` (devices x milli x nodes)."""
+class JobKey(NamedTuple):
+    """What a prediction is keyed on. ``shape``: e.g. ``nvidia.com/gpu:4x1000x2`` (devices x milli x nodes).
+    A named tuple: built, hashed and compared in C, as it is for every queued GPR at every pass."""
 
     workspace: str = ""
     template: str = ""

@@ -3,7 +3,8 @@
 The order is a key per GPR (:data:`Key`), computed once when it joins the queue; the scheduler may supply its
 own key function (:mod:`.scheduler` orders by priority level, then predicted size with ageing). Held as one
 sorted list per workspace so a pass can walk the global order and drop a whole workspace (for example one at
-its quota) without stepping over its entries.
+its quota) without stepping over its entries. A push appends; a list is sorted when it is next read in order, so
+filling the queue with n GPRs costs one sort, not n insertions.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class GPRQueue:
         self.key_of: Callable[[GPR], Key] = key or (lambda g: queue_key(g, use_priority))
         self._by_ws: dict[str, list[Key]] = {}
         self._items: dict[str, tuple[str, Key, GPR]] = {}
+        self._unsorted: set[str] = set()  # workspaces whose list was appended to out of order
 
     def __len__(self) -> int:
         return len(self._items)
@@ -39,14 +41,24 @@ class GPRQueue:
         if g.name in self._items:
             raise ValueError(f"{g.name} is already queued")
         key = self.key_of(g)
-        bisect.insort(self._by_ws.setdefault(g.workspace, []), key)
+        lst = self._by_ws.setdefault(g.workspace, [])
+        if lst and key < lst[-1]:
+            self._unsorted.add(g.workspace)
+        lst.append(key)
         self._items[g.name] = (g.workspace, key, g)
+
+    def _sort(self) -> None:
+        for ws in self._unsorted:
+            self._by_ws[ws].sort()
+        self._unsorted.clear()
 
     def remove(self, name: str) -> GPR | None:
         item = self._items.pop(name, None)
         if item is None:
             return None
         ws, key, g = item
+        if ws in self._unsorted:
+            self._sort()
         lst = self._by_ws[ws]
         del lst[bisect.bisect_left(lst, key)]
         return g
@@ -72,6 +84,7 @@ class GPRQueue:
 class QueueWalk(Iterator[GPR]):
     def __init__(self, q: GPRQueue) -> None:
         self._q = q
+        q._sort()
         self._dropped: set[str] = set()
         self._heap: list[tuple[Key, str, int]] = [(lst[0], ws, 0) for ws, lst in q._by_ws.items() if lst]
         heapq.heapify(self._heap)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +121,10 @@ class Scheduler:
         self.predictor = predictor or DurationPredictor()
         self.calibrator = calibrator or Calibrator()
         self.gprs: dict[str, GPR] = {}
-        self.queue = GPRQueue(self.cfg.use_priority, key=self._order_key)
+        # the queue keys through a weak reference: no reference cycle, so a scheduler built for one pass is freed
+        # as soon as the pass drops it, without waiting for the cyclic garbage collector
+        me = weakref.proxy(self)
+        self.queue = GPRQueue(self.cfg.use_priority, key=lambda g: me._order_key(g))
         self._pred: dict[str, float] = {}  # queued GPR -> predicted hold time (s), fixed when it joined the queue
         self._releases: dict[str, Release] = {}  # holder -> when it is predicted to release (see _predicted_end)
         self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
