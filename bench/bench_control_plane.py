@@ -16,11 +16,14 @@ start (they ask for a GPU model only the busy nodes have), 200 idle nodes of ano
 Part ``e2e`` — 5,000 nodes, N one-GPU pods created at once, each going webhook -> GPR admission -> ungate ->
 filter -> prioritize -> bind, scheduled one pod at a time as kube-scheduler does; once with one GPR per pod
 (auto-GPR from the namespace's default template), once with 20 GPRs x N/20 pods, beside the same pods through an
-extender that answers trivially (no gate, every node passes, bind creates the Binding). Reported: pods/s from
-first create to last bind, create -> bound p50/p99, webhook timeouts (> 5 s, the webhook's timeoutSeconds) and
+extender that answers trivially (no webhook, no gate, every node passes; not a binder, so the scheduler creates
+the Binding itself, as with the do-nothing extender of the issue's real-cluster run). The scheduler's own API
+writes (a Binding, the first "unschedulable" status patch of a pod) go through kube-scheduler's default client
+rate limit, QPS 50 / burst 100 (``--scheduler-qps``; 0 lifts it for a stress run). Reported: pods/s from first
+create to last bind, create -> bound p50/p99, webhook timeouts (> 5 s, the webhook's timeoutSeconds) and
 over-allocated nodes (target: >= 0.9x the trivial path, zero timeouts, zero over-allocation).
 
-Usage: python bench/bench_control_plane.py [--part load|e2e|all] [--pods 2000] [--samples 300]
+Usage: python bench/bench_control_plane.py [--part load|e2e|all] [--pods 2000] [--samples 300] [--scheduler-qps 50]
 """
 
 from __future__ import annotations
@@ -297,13 +300,10 @@ async def part_load(samples: int) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- part e2e
 def run_trivial(port: int, peer_url: str, ready: Any) -> None:
-    """An extender that answers every verb trivially: all nodes pass, equal scores, bind creates the Binding."""
+    """An extender that answers trivially: all nodes pass, equal scores; not a binder (the scheduler binds)."""
 
     async def main() -> None:
-        import aiohttp
         from aiohttp import web
-
-        session = aiohttp.ClientSession()
 
         async def filter_(request: web.Request) -> web.Response:
             body = await request.json()
@@ -313,19 +313,8 @@ def run_trivial(port: int, peer_url: str, ready: Any) -> None:
             body = await request.json()
             return web.json_response([{"Host": n, "Score": 0} for n in body.get("NodeNames") or []])
 
-        async def bind(request: web.Request) -> web.Response:
-            b = await request.json()
-            binding = {"apiVersion": "v1", "kind": "Binding",
-                       "metadata": {"name": b["PodName"], "namespace": b["PodNamespace"], "uid": b["PodUID"]},
-                       "target": {"apiVersion": "v1", "kind": "Node", "name": b["Node"]}}
-            async with session.post(f"{peer_url}/api/v1/namespaces/{b['PodNamespace']}/pods/{b['PodName']}/binding",
-                                    json=binding) as r:
-                await r.read()
-                return web.json_response({"Error": "" if r.status < 300 else f"{r.status}"})
-
         app = web.Application()
-        app.add_routes([web.post("/scheduler/filter", filter_), web.post("/scheduler/prioritize", prioritize),
-                        web.post("/scheduler/bind", bind)])
+        app.add_routes([web.post("/scheduler/filter", filter_), web.post("/scheduler/prioritize", prioritize)])
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -335,14 +324,42 @@ def run_trivial(port: int, peer_url: str, ready: Any) -> None:
     asyncio.run(main())
 
 
+class TokenBucket:
+    """client-go's default rate limiter (flowcontrol.NewTokenBucketRateLimiter): ``qps`` tokens a second, at
+    most ``burst`` saved; 0 qps: unlimited."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self.tokens, self.at = float(burst), time.monotonic()
+        self.lock = asyncio.Lock()
+
+    async def take(self) -> None:
+        if self.qps <= 0:
+            return
+        async with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.qps)
+            self.at = now
+            if self.tokens < 1:
+                await asyncio.sleep((1 - self.tokens) / self.qps)
+                self.tokens, self.at = 1.0, time.monotonic()
+            self.tokens -= 1
+
+
 class Scheduler:
     """kube-scheduler's loop as the extender sees it: one pod at a time from the active queue (ungated, unbound
     pods), its own NodeAffinity filter (matchFields metadata.name) and node sampling (500 of 5,000 feasible
     nodes), then filter -> prioritize in the scheduling cycle, and bind in a binding cycle that runs
-    asynchronously (as kube-scheduler's does, in a goroutine per pod); a refused pod goes back to the queue."""
+    asynchronously (as kube-scheduler's does, in a goroutine per pod); a refused pod goes back to the queue.
+    ``extender_binds``: the extender is a binder (accelstack); otherwise the scheduler creates the Binding. Its
+    own API writes go through its client rate limit (:class:`TokenBucket`)."""
 
-    def __init__(self, peer_url: str, ext_url: str, nodes: list[str]) -> None:
+    def __init__(self, peer_url: str, ext_url: str, nodes: list[str], qps: float = 50, burst: int = 100,
+                 extender_binds: bool = True) -> None:
         self.peer_url, self.ext_url, self.nodes = peer_url, ext_url, nodes
+        self.client = TokenBucket(qps, burst)
+        self.extender_binds = extender_binds
+        self.unschedulable: set[str] = set()  # pods whose PodScheduled=False condition was written once
         self.bound: dict[str, float] = {}
         self.ready: dict[str, float] = {}  # when the scheduler first saw the pod schedulable (ungated)
         self.refusals = 0
@@ -388,6 +405,9 @@ class Scheduler:
                     passed = result.get("NodeNames") or []
                     if not passed:
                         self.refusals += 1
+                        if p["metadata"]["name"] not in self.unschedulable:  # the condition changes once
+                            self.unschedulable.add(p["metadata"]["name"])
+                            await self.client.take()
                         continue
                     async with http.post(f"{self.ext_url}/scheduler/prioritize", data=filter_body(p, passed)) as r:
                         scores = await r.json()
@@ -401,8 +421,19 @@ class Scheduler:
             await asyncio.gather(*self.tasks)
 
     async def _bind(self, http: Any, bind: dict[str, str]) -> None:
-        async with self.inflight, http.post(f"{self.ext_url}/scheduler/bind", json=bind) as r:
-            answer = await r.json()
+        if self.extender_binds:
+            async with self.inflight, http.post(f"{self.ext_url}/scheduler/bind", json=bind) as r:
+                answer = await r.json()
+        else:
+            await self.client.take()
+            binding = {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": bind["PodName"], "namespace": bind["PodNamespace"], "uid": bind["PodUID"]},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": bind["Node"]}}
+            async with self.inflight, http.post(
+                    f"{self.peer_url}/api/v1/namespaces/{bind['PodNamespace']}/pods/{bind['PodName']}/binding",
+                    json=binding) as r:
+                await r.read()
+                answer = {"Error": "" if r.status < 300 else str(r.status)}
         self.binding.discard(bind["PodName"])
         if answer.get("Error"):
             self.refusals += 1
@@ -475,7 +506,7 @@ def e2e_pods(mode: str, count: int) -> tuple[list[dict[str, Any]], list[tuple[st
     return pods, gprs
 
 
-async def e2e_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
+async def e2e_run(mode: str, count: int, folder: Path, qps: float) -> dict[str, Any]:
     pods, gprs = e2e_pods(mode, count)
     seed = e2e_state(mode) + gprs
     nodes = [f"node-{i:04d}" for i in range(NODES)]
@@ -493,7 +524,7 @@ async def e2e_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
         ext = mp.get_context("spawn").Process(target=run_trivial, args=(port, url, c2), daemon=True)
         ext.start()
         p2.recv()
-        sched = Scheduler(url, f"http://127.0.0.1:{port}", nodes)
+        sched = Scheduler(url, f"http://127.0.0.1:{port}", nodes, qps=qps, extender_binds=False)
         started = time.monotonic()
         runner = asyncio.create_task(sched.run(count, started + 600))
         await create_pods(url, None, pods, created, timeouts)
@@ -505,7 +536,7 @@ async def e2e_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
         cluster = Cluster(seed, folder, ["--resync", "1"], extra)
         try:
             await cluster.ready()
-            sched = Scheduler(cluster.url, f"http://127.0.0.1:{cluster.ext_port}", nodes)
+            sched = Scheduler(cluster.url, f"http://127.0.0.1:{cluster.ext_port}", nodes, qps=qps)
             started = time.monotonic()
             runner = asyncio.create_task(sched.run(count, started + 600))
             await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts)
@@ -536,14 +567,15 @@ async def overallocated(url: str) -> int:
     return bad
 
 
-async def part_e2e(count: int) -> list[str]:
-    lines = [f"end to end, {count} one-GPU pods at once on {NODES:,} nodes, scheduled one at a time:",
+async def part_e2e(count: int, qps: float) -> list[str]:
+    limit = f"scheduler client QPS {qps:g} / burst 100" if qps > 0 else "scheduler client unthrottled (stress)"
+    lines = [f"end to end, {count} one-GPU pods at once on {NODES:,} nodes, scheduled one at a time, {limit}:",
              f"{'path':<34} {'bound':>6} {'pods/s':>7} {'create->bound p50 / p99 s':>26} {'ratio':>6} "
              f"{'timeouts':>8} {'over':>5} {'create->schedulable p50 s':>26}"]
     results = {}
     for mode in ("trivial", "per-pod", "shared"):
         with tempfile.TemporaryDirectory() as folder:
-            results[mode] = await e2e_run(mode, count, Path(folder))
+            results[mode] = await e2e_run(mode, count, Path(folder), qps)
         print(f"({mode} done)", flush=True)
     base = results["trivial"]["pods_per_s"]
     label = {"trivial": "trivial extender (same run)", "per-pod": "accelstack, one GPR per pod (auto)",
@@ -561,12 +593,14 @@ def main() -> None:
     parser.add_argument("--part", choices=("load", "e2e", "all"), default="all")
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--scheduler-qps", type=float, default=50.0,
+                        help="kube-scheduler's client QPS (default 50, burst 100, as kube-scheduler's); 0: unlimited")
     args = parser.parse_args()
     lines: list[str] = []
     if args.part in ("load", "all"):
         lines += asyncio.run(part_load(args.samples))
     if args.part in ("e2e", "all"):
-        lines += asyncio.run(part_e2e(args.pods))
+        lines += asyncio.run(part_e2e(args.pods, args.scheduler_qps))
     print("\n".join(lines))
 
 

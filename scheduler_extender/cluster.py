@@ -245,14 +245,17 @@ class ClusterView:
         self.gprs: dict[str, GPRView] = {}
         self.pods: dict[str, PodView] = {}  # by UID
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
+        self.version = 0  # counts changes (an index derived from the view knows when it is stale)
 
     # informer callbacks
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
+        self.version += 1
         self.nodes = {}
         for obj in items:
             self.on_node("ADDED", obj)
 
     def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        self.version += 1
         name = obj.get("metadata", {}).get("name", "")
         if kind == "DELETED":
             self.nodes.pop(name, None)
@@ -261,6 +264,7 @@ class ClusterView:
 
     def update_node(self, view: NodeView) -> None:
         """Take a node's newer state (the binder's own patch responses arrive here too)."""
+        self.version += 1
         current = self.nodes.get(view.name)
         if current is not None and current.resource_version and view.resource_version:
             try:
@@ -271,11 +275,13 @@ class ClusterView:
         self.nodes[view.name] = view
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
+        self.version += 1
         self.gprs, self.reserved = {}, {}
         for obj in items:
             self.on_gpr("ADDED", obj)
 
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        self.version += 1
         view = gpr_view(obj)
         old = self.gprs.pop(view.key, None)
         if old is not None:
@@ -289,11 +295,13 @@ class ClusterView:
                 self.reserved.setdefault(node, {})[view.key] = devices
 
     def sync_pods(self, items: list[dict[str, Any]]) -> None:
+        self.version += 1
         self.pods = {}
         for obj in items:
             self.on_pod("ADDED", obj)
 
     def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        self.version += 1
         uid = obj.get("metadata", {}).get("uid", "")
         if kind == "DELETED":
             self.pods.pop(uid, None)

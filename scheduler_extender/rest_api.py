@@ -29,10 +29,11 @@ from aiohttp import web
 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.auth import Authorizer
-from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
+from scheduler_extender.cluster import ClusterView
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, loads, read_body
 from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound
 from scheduler_extender.webhook import cluster_refusal
+from scheduler_extender.whatif import WhatIf
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -86,6 +87,7 @@ class RestAPI:
         self.authorizer = authorizer
         self.limiter = limiter or RateLimiter()
         self.body_timeout = body_timeout
+        self.what_if = WhatIf(view)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/inventory", self.get_inventory), web.get("/api/v1/gprs", self.list_gprs),
@@ -172,7 +174,8 @@ class RestAPI:
 
     async def waittime(self, request: web.Request) -> web.Response:
         """Estimated start of a GPR one would submit now, from what the controller keeps in the GPRs' statuses: no
-        pass is run here (an answer costs O(nodes + GPRs), never blocks the loop). Rate-limited per caller."""
+        pass is run here (:mod:`.whatif`: O(log GPRs) an answer, from an index swept at most twice a second).
+        Rate-limited per caller."""
         limited = self.limiter.check(request)
         if limited:
             return web.Response(status=429, body=orjson.dumps({"error": "too many wait-time requests"}),
@@ -196,7 +199,7 @@ class RestAPI:
             fields = gr.check_spec(body.get("spec", {}))
         except gr.SpecError as exc:
             return _error(400, str(exc))
-        return _json(what_if(self.view, fields, self.clock()))
+        return _json(await self.what_if.answer(fields, self.clock()))
 
 
 class RateLimiter:
@@ -220,59 +223,3 @@ class RateLimiter:
             self.buckets.clear()
         self.buckets[key] = (tokens - 1.0, now)
         return 0
-
-
-def what_if(view: ClusterView, fields: dict[str, Any], now: float) -> dict[str, Any]:
-    """Where a new GPR with ``fields`` would stand and when it would start, from the view alone.
-
-    Position: behind every queued GPR of higher or equal priority. Start: now when nothing of its resource waits
-    ahead of it and enough healthy nodes have the devices free; otherwise the latest estimated start the
-    controller wrote for a GPR of the same resource ahead of it, or — with nothing ahead — the time enough
-    holders reach their end bound (admission + exitDuration). ``estimable`` is false when no bound exists."""
-    resource, priority = fields["resource"], fields["priority"]
-    per_node, count = fields["devices_per_node"], fields["node_count"]
-    queued = [g for g in view.gprs.values() if g.phase == "Queued"]
-    ahead = [g for g in queued if g.priority >= priority]
-    same = [g for g in ahead if g.resource == resource]
-    free: dict[str, int] = {}
-    for node in view.nodes.values():
-        if node.allocatable.get(resource, 0) >= per_node and not node.health_reason(resource) \
-                and not node.ledger_error:
-            free[node.name] = view.free_for(node, resource, "")
-    start = math.inf
-    basis = ""
-    span: tuple[float, float] | None = None  # P10-P90 of the start, from the ranges of the GPRs ahead
-    if not same and sum(1 for f in free.values() if f >= per_node) >= count:
-        start, basis = now, "fits now"
-    elif same:
-        known = [g.estimated_start for g in same if g.estimated_start is not None]
-        if len(known) == len(same):
-            start, basis = max([now, *known]), "after the GPRs ahead of it"
-            ranges = [g.estimated_range for g in same if g.estimated_range is not None]
-            if len(ranges) == len(same):  # it starts no earlier than the last of them (each calibrated)
-                span = (max([now, *(r[0] for r in ranges)]), max([now, *(r[1] for r in ranges)]))
-        else:
-            basis = "a GPR ahead of it has no estimate yet"
-    else:
-        ends = sorted((g.end, name, n) for g in view.gprs.values() if g.phase in ALLOCATED and g.resource == resource
-                      for name, n in g.reservation.items() if name in free)
-        for end, name, n in ends:
-            if not math.isfinite(end):
-                basis = "an unbounded holder is in the way"
-                break
-            free[name] += n
-            if sum(1 for f in free.values() if f >= per_node) >= count:
-                start, basis = max(now, end), "when holders reach their exitDuration"
-                break
-        else:
-            basis = basis or "more than the healthy cluster has"
-    holding = sum(1 for v in view.gprs.values() if v.phase in HOLDING)
-    out_range = None
-    if span is not None and math.isfinite(start):
-        out_range = {"earliest": gr.rfc3339(min(span[0], start)), "latest": gr.rfc3339(max(span[1], start))}
-    elif math.isfinite(start) and basis == "fits now":
-        out_range = {"earliest": gr.rfc3339(start), "latest": gr.rfc3339(start)}
-    return {"queuePosition": len(ahead) + 1, "estimatedStart": gr.rfc3339(start) if math.isfinite(start) else None,
-            "estimatedStartRange": out_range,
-            "waitSeconds": round(start - now, 3) if math.isfinite(start) else None,
-            "estimable": math.isfinite(start), "basis": basis, "admittedGPRs": holding}

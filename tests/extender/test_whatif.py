@@ -1,0 +1,159 @@
+"""The wait-time index (scheduler_extender.whatif) answers exactly what a sweep of the whole view answers, and
+sweeps only when the view changed and the index is old enough."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from typing import Any
+
+from scheduler_extender import gpr_resource as gr
+from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
+from scheduler_extender.whatif import WhatIf
+from tests.extender.harness import gpr, node
+
+NOW = 1_800_000_000.0
+
+
+def sweep(view: ClusterView, fields: dict[str, Any], now: float) -> dict[str, Any]:
+    """The specification: every queued GPR and every node looked at for one answer (the REST API's answer before
+    the index)."""
+    resource, priority = fields["resource"], fields["priority"]
+    per_node, count = fields["devices_per_node"], fields["node_count"]
+    queued = [g for g in view.gprs.values() if g.phase == "Queued"]
+    ahead = [g for g in queued if g.priority >= priority]
+    same = [g for g in ahead if g.resource == resource]
+    free = {n.name: view.free_for(n, resource, "") for n in view.nodes.values()
+            if n.allocatable.get(resource, 0) >= per_node and not n.health_reason(resource) and not n.ledger_error}
+    start, basis, span = math.inf, "", None
+    if not same and sum(1 for f in free.values() if f >= per_node) >= count:
+        start, basis = now, "fits now"
+    elif same:
+        known = [g.estimated_start for g in same if g.estimated_start is not None]
+        if len(known) == len(same):
+            start, basis = max([now, *known]), "after the GPRs ahead of it"
+            ranges = [g.estimated_range for g in same if g.estimated_range is not None]
+            if len(ranges) == len(same):
+                span = (max([now, *(r[0] for r in ranges)]), max([now, *(r[1] for r in ranges)]))
+        else:
+            basis = "a GPR ahead of it has no estimate yet"
+    else:
+        ends = sorted((g.end, name, n) for g in view.gprs.values() if g.phase in ALLOCATED and g.resource == resource
+                      for name, n in g.reservation.items() if name in free)
+        for end, name, n in ends:
+            if not math.isfinite(end):
+                basis = "an unbounded holder is in the way"
+                break
+            free[name] += n
+            if sum(1 for f in free.values() if f >= per_node) >= count:
+                start, basis = max(now, end), "when holders reach their exitDuration"
+                break
+        else:
+            basis = basis or "more than the healthy cluster has"
+    out_range = None
+    if span is not None and math.isfinite(start):
+        out_range = {"earliest": gr.rfc3339(min(span[0], start)), "latest": gr.rfc3339(max(span[1], start))}
+    elif math.isfinite(start) and basis == "fits now":
+        out_range = {"earliest": gr.rfc3339(start), "latest": gr.rfc3339(start)}
+    return {"queuePosition": len(ahead) + 1, "estimatedStart": gr.rfc3339(start) if math.isfinite(start) else None,
+            "estimatedStartRange": out_range, "waitSeconds": round(start - now, 3) if math.isfinite(start) else None,
+            "estimable": math.isfinite(start), "basis": basis,
+            "admittedGPRs": sum(1 for v in view.gprs.values() if v.phase in HOLDING)}
+
+
+def random_view(rng: random.Random) -> ClusterView:
+    view = ClusterView()
+    names = [f"n{i}" for i in range(rng.randint(1, 12))]
+    for name in names:
+        conditions = [{"type": "accelstack.io/GPUUnhealthy", "status": "True"}] if rng.random() < 0.1 else None
+        view.on_node("ADDED", node(name, gpus=rng.choice([0, 2, 4, 8]), conditions=conditions))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 3600))
+    for i in range(rng.randint(0, 25)):
+        phase = rng.choice(["Queued", "Queued", "Admitted", "Running", "Evicting", "Complete"])
+        reservation = {n: rng.randint(1, 4) for n in rng.sample(names, rng.randint(1, min(2, len(names))))}
+        extra: dict[str, Any] = {}
+        if rng.random() < 0.7:
+            extra["exitDuration"] = f"{rng.randint(1, 10)}h"
+        obj = gpr(f"g{i}", phase=phase, reservation=reservation if phase in ALLOCATED else None,
+                  priority=rng.choice([50, 100, 200]), devices=rng.randint(1, 4), nodes=rng.randint(1, 2), **extra)
+        obj["metadata"]["uid"] = f"u{i}"
+        status = obj["status"]
+        if phase in ALLOCATED:
+            status["admittedAt"] = stamp
+        if phase == "Queued" and rng.random() < 0.8:
+            start = NOW + rng.randint(-100, 7200)
+            status["estimatedStart"] = gr.rfc3339(start)
+            if rng.random() < 0.8:
+                status["estimatedStartRange"] = {"earliest": gr.rfc3339(start - 60), "latest": gr.rfc3339(start + 600)}
+        view.on_gpr("ADDED", obj)
+    return view
+
+
+async def test_index_answers_what_the_sweep_answers(monkeypatch: Any) -> None:
+    monkeypatch.setattr("scheduler_extender.whatif.CHUNK", 3)  # the sweep yields often: the copies must hold
+    rng = random.Random(11)
+    checked = set()
+    for _ in range(300):
+        view = random_view(rng)
+        what_if = WhatIf(view)
+        for _ in range(6):
+            spec = {"devicesPerNode": rng.randint(1, 8), "nodeCount": rng.randint(1, 3),
+                    "priority": rng.choice([10, 50, 100, 150, 200, 300])}
+            fields = gr.check_spec(spec)
+            want = sweep(view, fields, NOW)
+            assert await what_if.answer(fields, NOW) == want, (spec, want)
+            checked.add(want["basis"])
+    # every branch of the answer was exercised
+    assert checked >= {"fits now", "after the GPRs ahead of it", "a GPR ahead of it has no estimate yet",
+                       "when holders reach their exitDuration", "more than the healthy cluster has",
+                       "an unbounded holder is in the way"}, checked
+
+
+async def test_index_is_swept_only_when_the_view_changed_and_it_is_old_enough() -> None:
+    clock = [0.0]
+    view = ClusterView()
+    view.on_node("ADDED", node("a", gpus=8))
+    what_if = WhatIf(view, max_age=0.5, monotonic=lambda: clock[0])
+    fields = gr.check_spec({"devicesPerNode": 8})
+    assert (await what_if.answer(fields, NOW))["basis"] == "fits now"  # the first sweep is awaited
+    assert what_if.builds == 1
+    clock[0] = 10.0
+    await what_if.answer(fields, NOW)  # nothing changed: no sweep however old the index is
+    assert what_if.builds == 1
+
+    async def swept(n: int) -> None:
+        for _ in range(100):
+            if what_if.builds == n:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"{what_if.builds} sweeps, not {n}")
+
+    holder = gpr("h", phase="Running", reservation={"a": 8}, devices=8, exitDuration="1h")
+    holder["status"]["admittedAt"] = gr.rfc3339(NOW)
+    view.on_gpr("ADDED", holder)
+    # changed, index old: answered from the old index at once while the next sweep runs
+    assert (await what_if.answer(fields, NOW))["basis"] == "fits now"
+    await swept(2)
+    answer = await what_if.answer(fields, NOW)
+    assert answer["basis"] == "when holders reach their exitDuration" and answer["waitSeconds"] == 3600
+    view.on_node("ADDED", node("b", gpus=8))
+    clock[0] = 10.2
+    assert (await what_if.answer(fields, NOW))["basis"] == "when holders reach their exitDuration"  # <= 0.5 s stale
+    await asyncio.sleep(0)
+    assert what_if.builds == 2
+    clock[0] = 10.6
+    await what_if.answer(fields, NOW)
+    await swept(3)
+    assert (await what_if.answer(fields, NOW))["basis"] == "fits now"
+
+
+async def test_requests_arriving_during_a_sweep_share_it() -> None:
+    view = ClusterView()
+    for i in range(50):
+        view.on_node("ADDED", node(f"n{i}", gpus=8))
+    what_if = WhatIf(view)
+    fields = gr.check_spec({"devicesPerNode": 8, "nodeCount": 50})
+    answers = await asyncio.gather(*(what_if.answer(fields, NOW) for _ in range(20)))
+    assert what_if.builds == 1 and all(a["basis"] == "fits now" for a in answers)
