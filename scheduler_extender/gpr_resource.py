@@ -381,6 +381,21 @@ def _condition(c: Mapping[str, Any], now: float, generation: int | None) -> dict
     return out
 
 
+def queue_fields(position: int | None, estimated_start: float | None,
+                 estimated_range: tuple[float, float] | None) -> dict[str, Any]:
+    """The status fields of a queued GPR's place in the queue, as :func:`status_body` writes them."""
+    out: dict[str, Any] = {}
+    if position is not None:
+        out["queuePosition"] = position
+    if estimated_start is not None and math.isfinite(estimated_start):
+        out["estimatedStart"] = rfc3339(estimated_start)
+        if estimated_range is not None and all(math.isfinite(t) for t in estimated_range):
+            # the P10-P90 range of the start: about 8 in 10 GPRs start inside it
+            out["estimatedStartRange"] = {"earliest": rfc3339(min(estimated_range[0], estimated_start)),
+                                          "latest": rfc3339(max(estimated_range[1], estimated_start))}
+    return out
+
+
 def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | None, reservation: list[dict[str, Any]],
                 now: float, observed_generation: int | None,
                 conditions: list[dict[str, Any]] | None = None,
@@ -412,14 +427,8 @@ def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | 
         "failures": g.failures,
         "evictions": g.evictions,
     }
-    if queued and queue_position is not None:
-        status["queuePosition"] = queue_position
-    if queued and estimated_start is not None and math.isfinite(estimated_start):
-        status["estimatedStart"] = rfc3339(estimated_start)
-        if estimated_range is not None and all(math.isfinite(t) for t in estimated_range):
-            # the P10-P90 range of the start: about 8 in 10 GPRs start inside it
-            status["estimatedStartRange"] = {"earliest": rfc3339(min(estimated_range[0], estimated_start)),
-                                             "latest": rfc3339(max(estimated_range[1], estimated_start))}
+    if queued:
+        status.update(queue_fields(queue_position, estimated_start, estimated_range))
     if queued and g.not_before > now:
         status["nextRetryTime"] = rfc3339(math.ceil(g.not_before))
     for key, value in (("admittedAt", g.admitted_at), ("startedAt", g.started_at), ("finishedAt", g.finished_at)):

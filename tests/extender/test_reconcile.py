@@ -91,13 +91,39 @@ def test_ungate_patch_narrows_and_lifts_in_one_request() -> None:
 
 def test_queue_refreshes_write_only_positions_and_estimates_that_moved_enough() -> None:
     from scheduler_extender.gpr_resource import rfc3339
-    from scheduler_extender.reconcile import _queue_moved
+    from scheduler_extender.reconcile import _queue_moved, spot_of
+
+    def moved(a: dict[str, object], b: dict[str, object]) -> bool:
+        return _queue_moved(spot_of(a), spot_of(b), now)
 
     now = 1_800_000_000.0
     at = {"queuePosition": 500, "estimatedStart": rfc3339(now + 36_000)}
-    assert not _queue_moved(at, {**at, "queuePosition": 470}, now)  # 6% of a long queue: not worth a write
-    assert _queue_moved(at, {**at, "queuePosition": 449}, now)
-    assert _queue_moved({"queuePosition": 3}, {"queuePosition": 2}, now)  # near the front every step counts
-    assert not _queue_moved(at, {**at, "estimatedStart": rfc3339(now + 35_000)}, now)  # 1,000 s of a 10 h wait
-    assert _queue_moved(at, {**at, "estimatedStart": rfc3339(now + 30_000)}, now)
-    assert _queue_moved(at, {"queuePosition": 500}, now)  # an estimate appeared or went away
+    assert not moved(at, {**at, "queuePosition": 470})  # 6% of a long queue: not worth a write
+    assert moved(at, {**at, "queuePosition": 449})
+    assert moved({"queuePosition": 3}, {"queuePosition": 2})  # near the front every step counts
+    assert not moved(at, {**at, "estimatedStart": rfc3339(now + 35_000)})  # 1,000 s of a 10 h wait
+    assert moved(at, {**at, "estimatedStart": rfc3339(now + 30_000)})
+    assert moved(at, {"queuePosition": 500})  # an estimate appeared or went away
+
+
+def test_a_refresh_judges_a_queued_gpr_by_the_fields_it_would_write() -> None:
+    """The refresh compares numbers (new_spot) instead of rendering and parsing each status: the same numbers
+    as the status it would write (queue_fields) read back."""
+    import random
+
+    from scheduler_extender.core.waittime import Interval
+    from scheduler_extender.gpr_resource import queue_fields
+    from scheduler_extender.reconcile import new_spot, spot_of
+
+    rng = random.Random(5)
+    now = 1_800_000_000.0
+    inf = float("inf")
+    for _ in range(2000):
+        position = rng.choice([None, rng.randint(1, 10_000)])
+        start = rng.choice([inf, now + rng.uniform(-100, 90_000)])
+        low = rng.choice([inf, start - rng.uniform(-50, 5000)])
+        high = rng.choice([inf, start + rng.uniform(-50, 9000)])
+        estimate = rng.choice([None, Interval(start, low, high)])
+        written = queue_fields(position, estimate.start if estimate else None,
+                               (estimate.low, estimate.high) if estimate else None)
+        assert new_spot(position, estimate) == spot_of(written), (position, estimate, written)
