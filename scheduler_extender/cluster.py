@@ -246,11 +246,14 @@ class ClusterView:
         self.pods: dict[str, PodView] = {}  # by UID
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
+        # node -> (the NodeView it was computed for, resource -> devices reserved here and not yet used): what
+        # free_for withholds, kept until the node or a reservation on it changes (filter asks per node per pod)
+        self._withheld: dict[str, tuple[NodeView, dict[str, int]]] = {}
 
     # informer callbacks
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
         self.version += 1
-        self.nodes = {}
+        self.nodes, self._withheld = {}, {}
         for obj in items:
             self.on_node("ADDED", obj)
 
@@ -259,6 +262,7 @@ class ClusterView:
         name = obj.get("metadata", {}).get("name", "")
         if kind == "DELETED":
             self.nodes.pop(name, None)
+            self._withheld.pop(name, None)
             return
         self.update_node(node_view(obj, self.resources))
 
@@ -276,7 +280,7 @@ class ClusterView:
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.version += 1
-        self.gprs, self.reserved = {}, {}
+        self.gprs, self.reserved, self._withheld = {}, {}, {}
         for obj in items:
             self.on_gpr("ADDED", obj)
 
@@ -287,12 +291,14 @@ class ClusterView:
         if old is not None:
             for node in old.reservation:
                 self.reserved.get(node, {}).pop(old.key, None)
+                self._withheld.pop(node, None)
         if kind == "DELETED":
             return
         self.gprs[view.key] = view
         if view.phase in ALLOCATED:
             for node, devices in view.reservation.items():
                 self.reserved.setdefault(node, {})[view.key] = devices
+                self._withheld.pop(node, None)
 
     def sync_pods(self, items: list[dict[str, Any]]) -> None:
         self.version += 1
@@ -321,10 +327,21 @@ class ClusterView:
         free = node.allocatable.get(resource, 0) - node.used.get(resource, 0)
         reserved = self.reserved.get(node.name)
         if reserved:  # devices reserved for other GPRs and not yet used by them are withheld
-            for other, count in reserved.items():
-                view = self.gprs.get(other)
-                if other != gpr and view is not None and view.resource == resource:
-                    free -= max(0, count - node.used_by.get((other, resource), 0))
+            free -= self._unused_reserved(node, resource, reserved)
             if gpr and gpr in reserved:
+                own = self.gprs.get(gpr)
+                if own is not None and own.resource == resource:  # its own reservation is not withheld from it
+                    free += max(0, reserved[gpr] - node.used_by.get((gpr, resource), 0))
                 free = min(free, reserved[gpr] - node.used_by.get((gpr, resource), 0))
         return max(0, free)
+
+    def _unused_reserved(self, node: NodeView, resource: str, reserved: dict[str, int]) -> int:
+        hit = self._withheld.get(node.name)
+        if hit is None or hit[0] is not node:
+            hit = self._withheld[node.name] = (node, {})
+        total = hit[1].get(resource)
+        if total is None:
+            total = hit[1][resource] = sum(
+                max(0, count - node.used_by.get((other, resource), 0)) for other, count in reserved.items()
+                if (view := self.gprs.get(other)) is not None and view.resource == resource)
+        return total

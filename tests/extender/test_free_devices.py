@@ -1,0 +1,76 @@
+"""ClusterView.free_for keeps what reservations withhold per node between changes: it must answer exactly what
+summing the reservations afresh answers, through GPR and node changes in any order."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from scheduler_extender import ledger
+from scheduler_extender.cluster import ALLOCATED, GPU, NR1, ClusterView, NodeView
+from tests.extender.harness import gpr, node
+
+
+def afresh(view: ClusterView, n: NodeView, resource: str, key: str) -> int:
+    free = n.allocatable.get(resource, 0) - n.used.get(resource, 0)
+    reserved = view.reserved.get(n.name)
+    if reserved:
+        for other, count in reserved.items():
+            g = view.gprs.get(other)
+            if other != key and g is not None and g.resource == resource:
+                free -= max(0, count - n.used_by.get((other, resource), 0))
+        if key and key in reserved:
+            free = min(free, reserved[key] - n.used_by.get((key, resource), 0))
+    return max(0, free)
+
+
+def node_obj(rng: random.Random, name: str, keys: list[str], version: int) -> dict[str, Any]:
+    obj = node(name, gpus=8)
+    obj["status"]["allocatable"][NR1] = str(rng.choice([0, 4]))
+    entries = {}
+    for i in range(rng.randint(0, 4)):
+        uid = f"{name}-p{i}"
+        entries[uid] = ledger.Entry(uid, f"default/{uid}", {rng.choice([GPU, NR1]): rng.randint(1, 3)},
+                                    rng.choice(["", *keys]), 1.0)
+    obj["metadata"]["annotations"] = {ledger.LEDGER_ANNOTATION: ledger.render(entries)}
+    obj["metadata"]["resourceVersion"] = str(version)
+    return obj
+
+
+def gpr_obj(rng: random.Random, name: str, nodes: list[str]) -> dict[str, Any]:
+    phase = rng.choice(["Queued", "Admitted", "Running", "Evicting", "Complete"])
+    reservation = {n: rng.randint(1, 4) for n in rng.sample(nodes, rng.randint(1, 3))}
+    obj = gpr(name, phase=phase, reservation=reservation if phase in ALLOCATED else None,
+              resource=rng.choice([GPU, NR1]))
+    obj["metadata"]["uid"] = f"uid-{name}"
+    return obj
+
+
+def test_free_devices_match_a_fresh_sum_through_any_sequence_of_changes() -> None:
+    rng = random.Random(3)
+    names = [f"n{i}" for i in range(6)]
+    gprs = [f"g{i}" for i in range(8)]
+    keys = [f"default/{g}" for g in gprs]
+    view = ClusterView()
+    version = 1
+    for name in names:
+        view.on_node("ADDED", node_obj(rng, name, keys, version))
+    for step in range(3000):
+        what = rng.random()
+        if what < 0.45:
+            view.on_gpr("MODIFIED", gpr_obj(rng, rng.choice(gprs), names))
+        elif what < 0.55:
+            obj = gpr(rng.choice(gprs))
+            view.on_gpr("DELETED", obj)
+        elif what < 0.9:
+            version += 1
+            view.on_node("MODIFIED", node_obj(rng, rng.choice(names), keys, version))
+        elif what < 0.95:
+            view.on_node("DELETED", {"metadata": {"name": rng.choice(names)}})
+        else:
+            version += 1
+            view.on_node("ADDED", node_obj(rng, rng.choice(names), keys, version))
+        for n in view.nodes.values():
+            for resource in (GPU, NR1):
+                for key in ("", *keys, "default/unknown"):
+                    assert view.free_for(n, resource, key) == afresh(view, n, resource, key), (step, n.name, key)
