@@ -325,6 +325,7 @@ def pin(cluster: Cluster, separate: bool) -> None:
     everything = set(cores)
     rest, own = ({cores[0]}, set(cores[1:]) or {cores[0]}) if separate else (everything, everything)
     os.sched_setaffinity(cluster.controller.pid, own)
+    assert cluster.peer.pid is not None
     for pid in (cluster.extender.pid, cluster.peer.pid, os.getpid()):
         os.sched_setaffinity(pid, rest)
 
@@ -347,13 +348,13 @@ async def part_load(samples: int) -> list[str]:
             print(f"(the controller's first passes wrote {await settled(cluster)} statuses)", flush=True)
             for k, separate in enumerate((True, False)):
                 pin(cluster, separate)
-                for busy in (False, True):
-                    os.kill(cluster.controller.pid, signal.SIGCONT if busy else signal.SIGSTOP)
+                for running in (False, True):
+                    os.kill(cluster.controller.pid, signal.SIGCONT if running else signal.SIGSTOP)
                     await asyncio.sleep(1)
-                    part = bindable[(2 * k + busy) * samples:(2 * k + busy + 1) * samples]
+                    part = bindable[(2 * k + running) * samples:(2 * k + running + 1) * samples]
                     before = server_buckets(cluster)
-                    runs[separate, busy] = await asyncio.to_thread(http_latencies, cluster, samples, part)
-                    served[separate, busy] = within(before, server_buckets(cluster), "filter")
+                    runs[separate, running] = await asyncio.to_thread(http_latencies, cluster, samples, part)
+                    served[separate, running] = within(before, server_buckets(cluster), "filter")
         finally:
             os.sched_setaffinity(os.getpid(), set(range(os.cpu_count() or 1)))
             cluster.stop()
