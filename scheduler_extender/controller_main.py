@@ -87,7 +87,8 @@ class ControllerProcess:
                                          policy=opts["policy"], resync=opts["resync"],
                                          lease_seconds=opts["lease_seconds"], registry=self.registry,
                                          estimate_every=opts["estimate_every"], concurrency=opts["concurrency"])
-        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs)
+        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr,
+                                        self._sync_gprs) + self.service.informers
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -107,11 +108,11 @@ class ControllerProcess:
 
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)
-        self.service.controller.on_gpr(kind, obj)
+        self.service.on_gpr(kind, obj)
 
     def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.view.sync_gprs(items)
-        self.service.controller.sync_gprs(items)
+        self.service.sync_gprs(items)
 
     def ready(self) -> bool:
         return all(i.synced.is_set() and i.healthy for i in self.informers)
