@@ -435,9 +435,10 @@ def plan(obs: Observed) -> Plan:
             for kind, body in desired_objects(ws, ns, rules, mine):
                 key = (kind, ns, body["metadata"]["name"])
                 wanted.add(key)
-                if key in obs.foreign and key not in obs.managed:
-                    problems[ws.name].append(f"{kind} {ns}/{key[2]} exists and is not the controller's; "
-                                             "it is left alone")
+                if key in obs.foreign and key not in obs.managed:  # exists without the label: not ours
+                    if kind != "ServiceAccount":  # (a ServiceAccount that exists is all a rule needs)
+                        problems[ws.name].append(f"{kind} {ns}/{key[2]} exists and is not the controller's; "
+                                                 "it is left alone")
                     continue
                 have = obs.managed.get(key)
                 if have is None:
