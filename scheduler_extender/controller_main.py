@@ -1,6 +1,8 @@
 """``accelstack-controller``: the leader-elected GPR controller and ledger sweep as a process of its own.
 
-It keeps its own informers (nodes, pods, GPRs), so its CPU-bound passes never share an interpreter with the
+It keeps its own informers (nodes, pods, GPRs; and for the workspace controller, which runs under the same
+leader election: Workspaces, Namespaces and the Roles, RoleBindings and ServiceAccounts it manages), so its
+CPU-bound passes never share an interpreter with the
 extender that answers kube-scheduler and the webhooks. It serves ``/healthz``, ``/readyz`` (false while a
 resource cannot be listed) and ``/metrics``. Every flag has an environment variable (``ACCELSTACK_CTL_<FLAG>``);
 a flag wins over its variable. Bad values stop the process with exit code 2 and a message naming the flag.

@@ -3,7 +3,7 @@ out its plan. It runs in the controller process, under the GPR controller's lead
 
 A pass: every Workspace, every Namespace, the Roles, RoleBindings and ServiceAccounts carrying
 ``app.kubernetes.io/managed-by=accelstack-workspace-controller``, the role templates ConfigMap (read each pass: it
-changes rarely and one GET is cheap), the GPR objects of the GPR controller and the nodes' device models go in;
+changes rarely: read again every ``resync`` seconds), the GPR objects of the GPR controller and the nodes' device models go in;
 creates, updates, deletes, namespace label patches and status writes come out. An API error on one write (403,
 500, no answer) is logged, shown on that workspace's Ready condition and retried by the next pass, after a
 backoff; the other writes go ahead. What each write returned is kept at once (newer than the informer's copy),
@@ -57,7 +57,7 @@ def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 class WorkspaceController:
     def __init__(self, kube: Kube, view: ClusterView, gprs: Callable[[], Iterable[Mapping[str, Any]]], *,
-                 namespace: str = "accelstack-system", resync: float = 5.0, min_interval: float = 0.2,
+                 namespace: str = "accelstack-system", resync: float = 5.0, min_interval: float = 1.0,
                  concurrency: int = 16, registry: CollectorRegistry | None = None,
                  on_index: Callable[[], None] | None = None, watch_timeout: tuple[int, int] = (300, 600),
                  clock: Callable[[], float] = time.time) -> None:
@@ -66,7 +66,7 @@ class WorkspaceController:
         self.gprs = gprs
         self.namespace = namespace  # where the role templates ConfigMap lives
         self.resync = resync
-        self.min_interval = min_interval
+        self.min_interval = min(min_interval, resync)  # between passes: a burst of GPR changes makes one
         self.concurrency = concurrency
         self.on_index = on_index  # the namespace -> workspace map or the quotas may have changed
         self.clock = clock
@@ -79,6 +79,8 @@ class WorkspaceController:
         self.passes = 0
         self.last_plan: wsp.Plan | None = None
         self._index: wsp.WorkspaceIndex | None = None
+        self._template_cm: dict[str, Any] | None = None
+        self._templates_at = -math.inf
         registry = registry or CollectorRegistry()
         p = "accelstack_workspace_"
         self.pass_seconds = Histogram(p + "pass_seconds", "Time of one workspace pass (plan and writes)",
@@ -174,10 +176,17 @@ class WorkspaceController:
 
     # ---- a pass ----------------------------------------------------------------------------------------------
     async def _templates(self) -> dict[str, Any] | None:
+        """The role templates ConfigMap, read again once ``resync`` seconds have passed (passes triggered by
+        GPR changes come often; the templates change rarely). A read that fails keeps the last one."""
+        now = self.clock()
+        if now - self._templates_at < self.resync:
+            return self._template_cm
         try:
-            return await self.kube.get_configmap(self.namespace, wsp.ROLE_TEMPLATES)
+            self._template_cm = await self.kube.get_configmap(self.namespace, wsp.ROLE_TEMPLATES)
         except NotFound:
-            return None
+            self._template_cm = None
+        self._templates_at = now
+        return self._template_cm
 
     def _models(self) -> dict[str, str]:
         out = {}
@@ -194,7 +203,7 @@ class WorkspaceController:
         obs = wsp.Observed(list(self.workspaces.values()), dict(self.namespaces), dict(self.managed), templates,
                            list(self.gprs()), self._models(), dict(self.errors), frozenset(self.foreign),
                            gr.rfc3339(self.clock()))
-        plan = wsp.plan(obs)
+        plan = await asyncio.to_thread(wsp.plan, obs)  # O(GPRs) for the usage: off the event loop
         self.foreign &= plan.wanted
         errors: dict[str, list[str]] = {}
         gate = asyncio.Semaphore(self.concurrency)
