@@ -108,11 +108,15 @@ class WorkspaceController:
 
     def _on_workspace(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)[1]
+        old = self.workspaces.get(name)
         if kind == "DELETED":
             self.workspaces.pop(name, None)
-        elif _rv(obj) >= _rv(self.workspaces.get(name)):
+        elif _rv(obj) >= _rv(old):
             self.workspaces[name] = obj
-        self._changed(True)
+        else:
+            return
+        if kind == "DELETED" or old is None or old.get("spec") != obj.get("spec"):
+            self._changed(True)  # a status write (ours, mostly) changes neither the plan's input nor the quotas
 
     def _sync_workspaces(self, items: list[dict[str, Any]]) -> None:
         self.workspaces = {_name(o)[1]: o for o in items}
@@ -292,6 +296,7 @@ class WorkspaceController:
         failures = 0
         while not stop.is_set():
             if not self.synced:  # never plan on a partial view: it would look like everything must be created
+                self.poke.clear()
                 await _first(stop, self.poke, timeout=0.2)
                 continue
             self.poke.clear()
