@@ -5,9 +5,10 @@ A pass: every Workspace, every Namespace, the Roles, RoleBindings and ServiceAcc
 ``app.kubernetes.io/managed-by=accelstack-workspace-controller``, the role templates ConfigMap (read each pass: it
 changes rarely: read again every ``resync`` seconds), the GPR objects of the GPR controller and the nodes' device models go in;
 creates, updates, deletes, namespace label patches and status writes come out. An API error on one write (403,
-500, no answer) is logged, shown on that workspace's Ready condition and retried by the next pass, after a
-backoff; the other writes go ahead. What each write returned is kept at once (newer than the informer's copy),
-so the next pass does not try the same create again.
+500, no answer) is logged, shown on that workspace's Ready condition and retried with a backoff of its own
+(1 s, doubling to 30 s: however often passes run, a refused write is not hammered); the other writes go
+ahead. What each write returned is kept at once (newer than the informer's copy), so the next pass does not try
+the same create again.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class WorkspaceController:
         self.managed: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.errors: dict[str, str] = {}  # workspace -> what the API answered to the last pass's failed writes
         self.foreign: set[tuple[str, str, str]] = set()
+        # (verb, object) of writes that failed -> (tries, retry after, what the API answered)
+        self._failed: dict[tuple[str, str], tuple[int, float, str]] = {}
         self.poke = asyncio.Event()
         self.passes = 0
         self.last_plan: wsp.Plan | None = None
@@ -210,17 +213,32 @@ class WorkspaceController:
         plan = await asyncio.to_thread(wsp.plan, obs)  # O(GPRs) for the usage: off the event loop
         self.foreign &= plan.wanted
         errors: dict[str, list[str]] = {}
+        now = self.clock()
+        # a write that failed is retried with its own backoff; one a pass no longer plans is forgotten
+        self._failed = {k: v for k, v in self._failed.items() if k in {(a.verb, a.key) for a in plan.actions}}
+        due = []
+        for a in plan.actions:
+            failed = self._failed.get((a.verb, a.key))
+            if failed is not None and failed[1] > now:
+                errors.setdefault(a.workspace, []).append(failed[2])
+            else:
+                due.append(a)
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(action: wsp.Action) -> None:
             async with gate:
                 problem = await self._do(action)
+            key = (action.verb, action.key)
             if problem:
                 errors.setdefault(action.workspace, []).append(problem)
+                tries = self._failed[key][0] + 1 if key in self._failed else 1
+                self._failed[key] = (tries, self.clock() + min(30.0, 0.5 * 2 ** tries), problem)
+            else:
+                self._failed.pop(key, None)
 
         # namespaces first: the objects in a new namespace wait for the next pass (the informer sees it first)
-        await asyncio.gather(*(one(a) for a in plan.actions if a.kind == "Namespace"))
-        await asyncio.gather(*(one(a) for a in plan.actions if a.kind != "Namespace"))
+        await asyncio.gather(*(one(a) for a in due if a.kind == "Namespace"))
+        await asyncio.gather(*(one(a) for a in due if a.kind != "Namespace"))
         await asyncio.gather(*(self._write_status(name, body) for name, body in plan.statuses.items()))
         self.errors = {ws: "; ".join(msgs)[:800] for ws, msgs in errors.items()}
         self.passes += 1
@@ -292,7 +310,8 @@ class WorkspaceController:
     # ---- the loop --------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Passes while this replica leads (until ``stop``): on a change (coalesced, at most one per
-        ``min_interval``), every ``resync`` seconds, and after a failed write with backoff."""
+        ``min_interval``), every ``resync`` seconds, and when a failed write's backoff (1 s doubling to 30 s, per
+        write) ends. A pass that raises is retried with the same backoff."""
         failures = 0
         while not stop.is_set():
             if not self.synced:  # never plan on a partial view: it would look like everything must be created
@@ -303,11 +322,13 @@ class WorkspaceController:
             started = self.clock()
             try:
                 await self.reconcile()
-                failures = failures + 1 if self.errors else 0
+                failures = 0
             except Exception:
                 failures += 1
                 log.exception("workspace pass failed; retrying")
             wait = min(30.0, 0.5 * 2 ** failures) if failures else self.resync
+            if self._failed:
+                wait = min(wait, max(0.0, min(f[1] for f in self._failed.values()) - self.clock()))
             await _first(stop, None, timeout=max(0.0, started + self.min_interval - self.clock()))
             await _first(stop, self.poke, timeout=wait)
 
