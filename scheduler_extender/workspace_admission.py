@@ -147,8 +147,9 @@ def choose_template(bindings: Iterable[Mapping[str, Any]], namespace: str, ws: W
         if not isinstance(template, str) or not template:
             continue
         same_workspace = ws is not None and home in ws.namespaces
-        if names:
-            if namespace not in names or not (home == namespace or same_workspace):
+        if names:  # (with a workspace too: only those of them in it)
+            if namespace not in names or not (home == namespace or same_workspace) \
+                    or (ws_name and (ws is None or ws_name != ws.name)):
                 continue
             specificity = 1
         elif ws_name:
@@ -215,8 +216,6 @@ def binding_refusal(obj: Mapping[str, Any], home_ws: Workspace | None) -> str:
     spec = _map(obj.get("spec"))
     if not isinstance(spec.get("template"), str) or not spec.get("template"):
         return "spec.template: required, the name of a GPRTemplate in the binding's namespace"
-    if names and ws_name:
-        return "spec: set workspace or namespaces, not both"
     where = (f"namespace {home} belongs to no workspace" if home_ws is None
              else f"namespace {home} belongs to workspace {home_ws.name}")
     if ws_name and (home_ws is None or ws_name != home_ws.name):

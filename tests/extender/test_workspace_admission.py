@@ -178,6 +178,11 @@ async def test_bindings_choose_the_template_by_weight_then_specificity_then_name
     lookup.bindings.append(binding("team-a", "a-first", "ns-tpl", workloadSelector={"matchLabels": {"app": "train"}}))
     lookup.template("team-a", "ns-tpl", {"priority": 17, "exitDuration": "1h", "idleTimeout": "5m"})
     assert await made_from(http, lookup, pod(ownerReferences=job("train"))) == (17, "team-a/a-first")  # the name
+    # namespaces and a workspace together: those namespaces, inside that workspace only
+    lookup.bindings.append(binding("team-b", "both", "ws-wide", workspace="team", namespaces=["team-a"], weight=50))
+    assert await made_from(http, lookup, pod(ownerReferences=job("etl"))) == (13, "team-b/both")
+    lookup.bindings[-1]["spec"]["workspace"] = "another"
+    assert await made_from(http, lookup, pod(ownerReferences=job("etl"))) == (17, "team-a/here")  # (ns-tpl now 17)
     lookup.bindings = [b for b in lookup.bindings if b["metadata"]["name"] in ("wide", "steal")]
     assert await made_from(http, lookup, pod(ownerReferences=job("train"))) == (13, "team-b/wide")
     lookup.bindings = []  # no binding: the namespace annotation, then the workspace's default template

@@ -116,7 +116,6 @@ def tb(**spec: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ({"workspace": "w", "namespaces": ["a"]}, "spec: set workspace or namespaces, not both"),
     ({"workloadSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
      "operators In and NotIn need values; Exists and DoesNotExist take none"),
     ({"workloadSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}},

@@ -130,3 +130,12 @@ def test_unusable_role_templates_are_named() -> None:
     assert "admin" not in rules and "member" not in rules and rules["viewer"] == wsp.DEFAULT_TEMPLATES["viewer"]
     assert errors["admin"].startswith(f"ConfigMap {wsp.ROLE_TEMPLATES} key admin[0].verbs: want a list of strings")
     assert errors["member"].startswith(f"ConfigMap {wsp.ROLE_TEMPLATES} key member: not YAML")
+
+
+def test_the_duration_history_learns_under_the_same_workspace_key_the_core_predicts_with() -> None:
+    from scheduler_extender.predictor_store import job_key
+
+    index = wsp.index([wsp.parse_workspace(ws("w", ["a"]))], {})
+    obj = {"metadata": {"namespace": "a", "name": "g"}, "spec": {"resource": "neureality.com/nr1"}}
+    assert job_key(obj, index.key).workspace == "w|neureality.com/nr1"
+    assert job_key(obj).workspace == "a"  # without workspaces: the namespace, as before
