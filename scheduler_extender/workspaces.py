@@ -124,6 +124,8 @@ class Workspace:
 
 
 def _map(value: Any) -> Mapping[str, Any]:
+    if type(value) is dict:  # what the informers hold; the generic test below is slow on a hot path
+        return value
     return value if isinstance(value, Mapping) else {}
 
 
@@ -338,18 +340,13 @@ def _same(kind: str, want: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
     return True
 
 
-def _norm_rules(rules: Any) -> list[str]:
+def _norm_rules(rules: Any) -> list[dict[str, Any]]:
     """Rules as the API server stores them (empty lists dropped), comparable."""
-    out = []
-    for r in rules or ():
-        if isinstance(r, Mapping):
-            out.append(json.dumps({k: v for k, v in r.items() if v}, sort_keys=True))
-    return out
+    return [{k: v for k, v in r.items() if v} for r in rules or () if isinstance(r, dict)]
 
 
-def _norm_subjects(subjects: Any) -> list[str]:
-    return sorted(json.dumps({k: v for k, v in s.items() if v}, sort_keys=True) for s in subjects or ()
-                  if isinstance(s, Mapping))
+def _norm_subjects(subjects: Any) -> list[tuple[tuple[str, Any], ...]]:
+    return sorted(tuple(sorted((k, v) for k, v in s.items() if v)) for s in subjects or () if isinstance(s, dict))
 
 
 # ---- the plan ------------------------------------------------------------------------------------------------
