@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
 from scheduler_extender import workspaces as wsp
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes
+from tests.extender.test_controller_process import kubeconfig
+from tests.extender.test_extender_process import free_port
 
 WS = "apis/accelstack.io/v1alpha1/workspaces"
 NS = "api/v1/namespaces"
@@ -248,3 +255,32 @@ async def test_the_device_quota_holds_across_the_workspace_namespaces() -> None:
         await peer.delete_object(GPRS, "q-a", "big")  # the workspace's devices are released
         await wait_until(lambda: holding(peer, "q-b", "more") == "Admitted")
     await peer.stop()
+
+
+async def test_the_controller_process_runs_the_workspace_controller_under_its_lease(tmp_path: Path) -> None:
+    """``accelstack-controller`` as the manifests run it: the workspace controller is one of its leader's tasks,
+    writes as the controller's field manager and shows its metrics."""
+    peer = await new_peer()
+    await peer.put_object(WS, workspace("proc", ["proc-a"], ACCESS[:1]))
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scheduler_extender.controller_main", "--kubeconfig",
+        str(kubeconfig(tmp_path, peer.url)), "--listen", f"127.0.0.1:{port}", "--lease-seconds", "3",
+        "--resync", "0.2", "--log-format", "text", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "ACCELSTACK_CTL_LEASE_NAMESPACE": "accelstack-system"})
+    try:
+        await wait_until(lambda: ready(peer, "proc").get("status") == "True", timeout=20)
+        assert subjects(peer, "proc-a", "admin") == [("User", "alice")]
+        binding = peer.get(BINDINGS, "proc-a", wsp.role_name("admin"))
+        assert binding is not None
+        assert {m["manager"] for m in binding["metadata"]["managedFields"]} == {"accelstack-gpr-controller"}
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+            text = await r.text()
+        assert 'accelstack_workspace_actions_total{kind="RoleBinding",result="ok",verb="create"} 1.0' in text
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await peer.stop()
