@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from scheduler_extender.core.scheduler import Event, SchedulerConfig
 from scheduler_extender.kube import Kube
 from scheduler_extender.predictor_store import PredictorStore
 from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, run_pass, ungate_patch
+from scheduler_extender.workspaces import WorkspaceIndex
 
 log = logging.getLogger("accelstack.controller")
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
@@ -95,6 +97,8 @@ class GPRController:
         self._queue_at = -math.inf
         self._queue: tuple[str, ...] | None = None  # the queue, in order, at the last refresh of positions
         self.min_refresh = min(2.0, estimate_every)  # a changed queue is re-estimated at most this often
+        # namespace -> workspace and the workspaces' quotas (the workspace controller's); None: namespace = workspace
+        self.workspaces: Callable[[], WorkspaceIndex] | None = None
 
     # ------------------------------------------------------------------------------- informer callbacks
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
@@ -129,8 +133,13 @@ class GPRController:
     async def reconcile(self) -> Plan:
         snap = self.snapshot()
         due = snap.now - self._queue_at >= self.estimate_every
-        self.history.learn(snap.gprs)  # before the pass, which only reads the predictor and the calibration
-        cfg = PassConfig(self.policy, self.config, refresh_queue=due, orphan_grace=self.orphan_grace,
+        index = self.workspaces() if self.workspaces is not None else None
+        core = self.config
+        if index is not None and index.quotas:
+            core = dataclasses.replace(core, quotas={**(core.quotas or {}), **index.quotas})
+        # before the pass, which only reads the predictor and the calibration
+        self.history.learn(snap.gprs, index.key if index is not None else None)
+        cfg = PassConfig(self.policy, core, workspaces=index, refresh_queue=due, orphan_grace=self.orphan_grace,
                          last_queue=self._queue, refresh_on_change=snap.now - self._queue_at >= self.min_refresh,
                          predictor=self.history.predictor, calibrator=self.history.calibrator)
         plan = await asyncio.to_thread(run_pass, snap, cfg, self.cache)

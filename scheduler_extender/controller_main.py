@@ -1,6 +1,8 @@
 """``accelstack-controller``: the leader-elected GPR controller and ledger sweep as a process of its own.
 
-It keeps its own informers (nodes, pods, GPRs), so its CPU-bound passes never share an interpreter with the
+It keeps its own informers (nodes, pods, GPRs; and for the workspace controller, which runs under the same
+leader election: Workspaces, Namespaces and the Roles, RoleBindings and ServiceAccounts it manages), so its
+CPU-bound passes never share an interpreter with the
 extender that answers kube-scheduler and the webhooks. It serves ``/healthz``, ``/readyz`` (false while a
 resource cannot be listed) and ``/metrics``. Every flag has an environment variable (``ACCELSTACK_CTL_<FLAG>``);
 a flag wins over its variable. Bad values stop the process with exit code 2 and a message naming the flag.
@@ -87,7 +89,8 @@ class ControllerProcess:
                                          policy=opts["policy"], resync=opts["resync"],
                                          lease_seconds=opts["lease_seconds"], registry=self.registry,
                                          estimate_every=opts["estimate_every"], concurrency=opts["concurrency"])
-        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs)
+        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr,
+                                        self._sync_gprs) + self.service.informers
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -107,11 +110,11 @@ class ControllerProcess:
 
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)
-        self.service.controller.on_gpr(kind, obj)
+        self.service.on_gpr(kind, obj)
 
     def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.view.sync_gprs(items)
-        self.service.controller.sync_gprs(items)
+        self.service.sync_gprs(items)
 
     def ready(self) -> bool:
         return all(i.synced.is_set() and i.healthy for i in self.informers)

@@ -143,7 +143,8 @@ def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None) -> Any:
 
     def add(app: Any) -> None:
         handler = webhook.Webhook(webhook.KubeLookup(kube), resources=opts["resources"],
-                                  auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"], view=view)
+                                  auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"], view=view,
+                                  own_namespace=opts.get("lease_namespace") or "accelstack-system")
         webhook.add_webhook_routes(app, handler)
 
     return add

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -57,10 +57,12 @@ def workload_of(obj: Mapping[str, Any]) -> str:
     return ""
 
 
-def job_key(obj: Mapping[str, Any]) -> JobKey:
-    """The predictor key of a GPR object (namespace = workspace)."""
+def job_key(obj: Mapping[str, Any], workspace_of: Callable[[str, str], str] | None = None) -> JobKey:
+    """The predictor key of a GPR object; its workspace is ``workspace_of(namespace, resource)`` (the policy
+    core's workspace, :meth:`workspaces.WorkspaceIndex.key`), the namespace without it."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
+    namespace = str(meta.get("namespace") or "default")
     template = (meta.get("labels") or {}).get(TEMPLATE_LABEL)
 
     def num(name: str, default: int) -> int:
@@ -68,7 +70,7 @@ def job_key(obj: Mapping[str, Any]) -> JobKey:
         return v if isinstance(v, int) and not isinstance(v, bool) else default
 
     return JobKey(
-        workspace=str(meta.get("namespace") or "default"),
+        workspace=workspace_of(namespace, str(spec.get("resource") or gr.GPU)) if workspace_of else namespace,
         template=template if isinstance(template, str) else "",
         owner=workload_of(obj),
         shape=shape_of(str(spec.get("resource") or gr.GPU), num("devicesPerNode", 1), num("milliPerDevice", 1000),
@@ -98,9 +100,10 @@ class PredictorStore:
         self.dirty = False
 
     # ------------------------------------------------------------------------------------------ learning
-    def learn(self, gprs: Mapping[str, Mapping[str, Any]]) -> int:
+    def learn(self, gprs: Mapping[str, Mapping[str, Any]],
+              workspace_of: Callable[[str, str], str] | None = None) -> int:
         """Learn from the GPR objects (by UID) not learned from yet; forget UIDs of objects that are gone.
-        Returns how many samples were taken."""
+        ``workspace_of``: as for :func:`job_key`. Returns how many samples were taken."""
         taken = 0
         for uid, obj in gprs.items():
             status = obj.get("status")
@@ -119,7 +122,7 @@ class PredictorStore:
             if admitted is None or finished is None or finished < admitted:
                 continue
             spec = obj.get("spec") or {}
-            self.predictor.observe(job_key(obj), finished - admitted, _exit_s(spec))
+            self.predictor.observe(job_key(obj, workspace_of), finished - admitted, _exit_s(spec))
             self.learned.add(uid)
             self.dirty = True
             taken += 1

@@ -38,6 +38,7 @@ from scheduler_extender.core.predictor import DurationPredictor
 from scheduler_extender.core.scheduler import Event, Scheduler, SchedulerConfig
 from scheduler_extender.core.waittime import Calibrator, Interval
 from scheduler_extender.predictor_store import job_key as history_key
+from scheduler_extender.workspaces import WorkspaceIndex
 
 MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}
 MEMORY_LABEL = "nvidia.com/gpu.memory"
@@ -73,6 +74,8 @@ class PassConfig:
     last_queue: tuple[str, ...] | None = None
     refresh_on_change: bool = True
     orphan_grace: float = 120.0  # an auto-created GPR that no pod names is deleted after this long
+    # namespace -> workspace (the core's quota unit; scheduler_extender.workspaces); None: namespace = workspace
+    workspaces: WorkspaceIndex | None = None
 
 
 @dataclass
@@ -316,6 +319,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             final[key] = phase
             continue
         g = cache.gpr(d)
+        if cfg.workspaces is not None:
+            g.workspace = cfg.workspaces.key(g.workspace, g.resource)
         uid_of[key] = uid
         objects[key] = d
         if g.phase in ALLOCATED:

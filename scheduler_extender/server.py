@@ -37,6 +37,7 @@ from scheduler_extender.extender import Extender, ExtenderMetrics
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 from scheduler_extender.kube import Kube
 from scheduler_extender.rest_api import RateLimiter, RestAPI
+from scheduler_extender.workspace_controller import WorkspaceController
 
 log = logging.getLogger("accelstack.extender.server")
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
@@ -121,6 +122,12 @@ class ControllerService:
                                      lease_duration=lease_seconds, renew_deadline=lease_seconds * 2 / 3,
                                      retry_period=lease_seconds * 2 / 15)
         self.sweep_every = sweep_every
+        # workspaces: namespaces, RBAC objects, status; their namespace map and quotas feed the GPR passes
+        self.workspaces = WorkspaceController(kube, view, lambda: list(self.controller.objects.values()),
+                                              namespace=lease_namespace, resync=resync, registry=registry,
+                                              on_index=self.controller.changed)
+        self.controller.workspaces = self.workspaces.index
+        self.informers = self.workspaces.informers  # the owner of the view runs them with its own
         self.released: int = 0  # ledger entries given back by sweeps
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -128,6 +135,14 @@ class ControllerService:
     def node_changed(self, old: Any, new: Any) -> None:
         if old is None or new is None or not old.same_capacity(new):
             self.controller.changed()
+
+    def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        self.controller.on_gpr(kind, obj)
+        self.workspaces.changed()
+
+    def sync_gprs(self, items: list[dict[str, Any]]) -> None:
+        self.controller.sync_gprs(items)
+        self.workspaces.changed()
 
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
         if _pod_matters(old, new):
@@ -137,7 +152,8 @@ class ControllerService:
         self._tasks = [
             asyncio.create_task(supervise("leader-election", self.elector.run, stop), name="leader-election"),
             asyncio.create_task(while_leading(self.elector, stop, {"gpr-controller": self.controller.run,
-                                                                   "ledger-sweep": self._sweeper}),
+                                                                   "ledger-sweep": self._sweeper,
+                                                                   "workspace-controller": self.workspaces.run}),
                                 name="leader-work"),
         ]
 
@@ -187,7 +203,7 @@ class ExtenderServer:
                                              lease_seconds=lease_seconds, sweep_every=sweep_every,
                                              registry=self.metrics.registry, **controller)
         self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs,
-                                        watch_timeout)
+                                        watch_timeout) + (self.service.informers if self.service is not None else [])
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
                                  registries=(REGISTRY,), body_timeout=body_timeout)
         self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,
@@ -228,12 +244,12 @@ class ExtenderServer:
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)
         if self.service is not None:
-            self.service.controller.on_gpr(kind, obj)
+            self.service.on_gpr(kind, obj)
 
     def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.view.sync_gprs(items)
         if self.service is not None:
-            self.service.controller.sync_gprs(items)
+            self.service.sync_gprs(items)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid", "")

@@ -34,7 +34,18 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from kubeapi import AlreadyExists as KubeAlreadyExists
 from kubeapi import ApiError, NotFound
-from kubeapi.resources import NAMESPACES
+from kubeapi.resources import (
+    CRON_JOBS,
+    DAEMON_SETS,
+    DEPLOYMENTS,
+    GPR_TEMPLATE_BINDINGS,
+    JOBS,
+    NAMESPACES,
+    REPLICA_SETS,
+    STATEFUL_SETS,
+    WORKSPACES,
+    Resource,
+)
 
 from .cluster import ClusterView
 from .core.gpr import GPR
@@ -58,6 +69,17 @@ from .http_body import loads as json_loads
 from .kube import Kube
 from .reconcile import live_cluster_limitation, narrow_affinity
 from .resources import pod_requests
+from .workspace_admission import (
+    binding_refusal,
+    choose_template,
+    gpr_refusal,
+    member_of,
+    needs_owner_labels,
+    unfinished,
+    workspace_label,
+    workspace_refusal,
+)
+from .workspaces import BINDING_PLURAL, WORKSPACE_PLURAL, Workspace
 
 log = logging.getLogger("accelstack.extender.webhook")
 
@@ -67,6 +89,10 @@ PRIORITY_RANGE_ANNOTATION = "accelstack.io/priority-range"
 MAX_GPRS_ANNOTATION = "accelstack.io/max-gprs"
 MAX_EXIT_DURATION_ANNOTATION = "accelstack.io/max-exit-duration"
 AUTO_LABEL = "accelstack.io/auto-gpr"  # on GPRs the webhook created: "true"
+BINDING_ANNOTATION = "accelstack.io/template-binding"  # on those GPRs: the GPRTemplateBinding that chose the template
+# owners whose labels a binding's workloadSelector reads (a ReplicaSet's Deployment, a Job's CronJob are read too)
+OWNER_KINDS: dict[tuple[str, str], Resource] = {
+    (r.api_version, r.kind): r for r in (JOBS, CRON_JOBS, REPLICA_SETS, DEPLOYMENTS, STATEFUL_SETS, DAEMON_SETS)}
 CREATED_FOR_ANNOTATION = "accelstack.io/created-for"  # on those GPRs: "<kind>/<name>" of the pod or its owner
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # an AdmissionReview carries the object (and oldObject): etcd keeps <= 1.5 MiB
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (length checked apart)
@@ -92,6 +118,18 @@ class Lookup(Protocol):
     async def get_namespace(self, name: str) -> dict[str, Any] | None: ...
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def get_workspace(self, name: str) -> dict[str, Any] | None: ...
+
+    async def list_workspaces(self) -> list[dict[str, Any]]: ...
+
+    async def list_bindings(self) -> list[dict[str, Any]]:
+        """Every GPRTemplateBinding in the cluster ([] when the CRD is not installed)."""
+        ...
+
+    async def get_owner(self, namespace: str, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        """A pod's owner (Job, ReplicaSet, Deployment, ...), None when it is gone or of a kind not read."""
+        ...
 
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]: ...
 
@@ -130,6 +168,29 @@ class KubeLookup(Lookup):
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._cached(("tpl", namespace, name), lambda: self.kube.get_template(namespace, name))
+
+    async def get_workspace(self, name: str) -> dict[str, Any] | None:
+        return await self._cached(("ws", "", name), lambda: self.kube.client.get(WORKSPACES, name))
+
+    async def _list(self, key: str, resource: Resource) -> list[dict[str, Any]]:
+        async def read() -> dict[str, Any]:
+            items, _ = await self.kube.client.list(resource)
+            return {"items": items}
+
+        return list(((await self._cached(("list", "", key), read)) or {}).get("items") or [])
+
+    async def list_workspaces(self) -> list[dict[str, Any]]:
+        items, _ = await self.kube.client.list(WORKSPACES)  # not cached: it judges a namespace's second claimant
+        return items
+
+    async def list_bindings(self) -> list[dict[str, Any]]:
+        return await self._list(BINDING_PLURAL, GPR_TEMPLATE_BINDINGS)
+
+    async def get_owner(self, namespace: str, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        resource = OWNER_KINDS.get((api_version, kind))
+        if resource is None:
+            return None
+        return await self._cached((kind, namespace, name), lambda: self.kube.client.get(resource, name, namespace))
 
     async def list_gprs(self, namespace: str) -> list[dict[str, Any]]:
         return await self.kube.list_gprs(namespace)
@@ -241,8 +302,9 @@ class Webhook:
     def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
                  max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
                  clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
-                 view: ClusterView | None = None) -> None:
+                 view: ClusterView | None = None, own_namespace: str = "accelstack-system") -> None:
         self.lookup = lookup
+        self.own_namespace = own_namespace  # no workspace may own it
         self.view = view  # the extender's informer view: GPRs looked up without an API call
         self.latency = webhook_latency(registry)
         self.resources = tuple(resources)
@@ -427,17 +489,27 @@ class Webhook:
             return review_response(uid, False, code=403, message=(
                 f"pods requesting {resource} must belong to a GPR: {how} (automatic GPRs are disabled)"))
         ns = await self.lookup.get_namespace(namespace)
-        template_name = ((ns or {}).get("metadata", {}).get("annotations") or {}).get(DEFAULT_TEMPLATE_ANNOTATION)
-        if not template_name:
+        annotation = ((ns or {}).get("metadata", {}).get("annotations") or {}).get(DEFAULT_TEMPLATE_ANNOTATION)
+        ws = await self._workspace_of(namespace, ns)
+        bindings = await self.lookup.list_bindings()
+        workload = await self._workload_labels(namespace, meta, warnings) if needs_owner_labels(bindings) else None
+        choice = choose_template(bindings, namespace, ws, workload, annotation if isinstance(annotation, str) else None)
+        if choice is None:
             return review_response(uid, False, code=403, message=(
                 f"pods requesting {resource} must belong to a GPR: {how}, or set the namespace annotation "
-                f"{DEFAULT_TEMPLATE_ANNOTATION}: <GPRTemplate name> so one is made for them"))
-        template = await self.lookup.get_template(namespace, template_name)
+                f"{DEFAULT_TEMPLATE_ANNOTATION}: <GPRTemplate name> so one is made for them (or bind a template "
+                "with a GPRTemplateBinding)"))
+        template_name = choice.template
+        template = await self.lookup.get_template(choice.namespace, template_name)
         if template is None:
+            if not choice.binding and choice.namespace == namespace:
+                return review_response(uid, False, code=403, message=(
+                    f"namespace {namespace} names the default template {template_name!r} "
+                    f"({DEFAULT_TEMPLATE_ANNOTATION}), but there is no GPRTemplate {namespace}/{template_name}: "
+                    f"create it, or {how}"))
             return review_response(uid, False, code=403, message=(
-                f"namespace {namespace} names the default template {template_name!r} "
-                f"({DEFAULT_TEMPLATE_ANNOTATION}), but there is no GPRTemplate {namespace}/{template_name}: "
-                f"create it, or {how}"))
+                f"{choice.why} names the template {template_name!r}, but there is no GPRTemplate "
+                f"{choice.namespace}/{template_name}: create it, or {how}"))
         try:
             spec = template_spec(template)
             unsupported = cluster_refusal(GPR(name=f"{namespace}/{template_name}", **check_spec(spec)))
@@ -468,8 +540,10 @@ class Webhook:
         if req.get("dryRun"):
             warnings.append(f"dry run: GPR {namespace}/{name} would be created from template {template_name!r}")
             return name
-        body = new_object(namespace, name, spec, labels={AUTO_LABEL: "true"},
-                          annotations={CREATED_FOR_ANNOTATION: made_for, DEFAULT_TEMPLATE_ANNOTATION: template_name})
+        annotations = {CREATED_FOR_ANNOTATION: made_for, DEFAULT_TEMPLATE_ANNOTATION: template_name}
+        if choice.binding:
+            annotations[BINDING_ANNOTATION] = choice.binding
+        body = new_object(namespace, name, spec, labels={AUTO_LABEL: "true"}, annotations=annotations)
         if owner_ref is not None:
             body["metadata"]["ownerReferences"] = [owner_ref]
         try:
@@ -480,9 +554,60 @@ class Webhook:
         except ApiError as exc:
             return review_response(uid, False, code=403, message=(
                 f"could not create GPR {namespace}/{name} from template {template_name!r}: {exc.message or exc}"))
-        warnings.append(f"created GPR {namespace}/{name} from template {template_name!r}")
+        warnings.append(f"created GPR {namespace}/{name} from template {template_name!r}"
+                        + (f" ({choice.why})" if choice.binding or choice.namespace != namespace else ""))
         log.info("created GPR from default template", extra={"gpr": f"{namespace}/{name}", "for": made_for})
         return name
+
+    async def _workspace_of(self, namespace: str, ns: dict[str, Any] | None) -> Workspace | None:
+        """The namespace's workspace: its label names one that lists it (cached lookups, no list)."""
+        label = workspace_label(ns)
+        if not label:
+            return None
+        return member_of(ns or {"metadata": {"name": namespace}}, await self.lookup.get_workspace(label))
+
+    async def _workload_labels(self, namespace: str, meta: dict[str, Any],
+                               warnings: list[str]) -> dict[str, str] | None:
+        """Labels of the pod's owning workload (a ReplicaSet's Deployment, a Job's CronJob), the pod's own
+        when it has no owner; None (selectors match nothing) when the owner cannot be read."""
+        owners = meta.get("ownerReferences")
+        if not isinstance(owners, list) or not owners or not isinstance(owners[0], dict):
+            labels = meta.get("labels")
+            return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+        ref = owners[0]
+        obj: dict[str, Any] | None = None
+        for _ in range(2):  # the owner, then its own owner when it is a ReplicaSet or a Job made by a CronJob
+            try:
+                obj = await self.lookup.get_owner(namespace, str(ref.get("apiVersion") or ""),
+                                                  str(ref.get("kind") or ""), str(ref.get("name") or ""))
+            except ApiError as exc:
+                warnings.append(f"could not read the pod's owner {ref.get('kind')}/{ref.get('name')} for "
+                                f"GPRTemplateBinding selectors: {exc.message or exc}"[:300])
+                return None
+            if obj is None:
+                warnings.append(f"the pod's owner {ref.get('kind')}/{ref.get('name')} could not be read; "
+                                "GPRTemplateBinding workload selectors were not applied")
+                return None
+            up = (obj.get("metadata") or {}).get("ownerReferences")
+            if ref.get("kind") in ("ReplicaSet", "Job") and isinstance(up, list) and up and isinstance(up[0], dict) \
+                    and up[0].get("kind") in ("Deployment", "CronJob"):
+                ref = up[0]
+                continue
+            break
+        labels = ((obj or {}).get("metadata") or {}).get("labels")
+        return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+    async def _workspace_unfinished(self, ws: Workspace, exclude: str) -> int:
+        """Unfinished GPRs across the workspace's namespaces, ``exclude`` (namespace/name) left out: from the
+        informer's view when there is one (no API call), else a list per namespace."""
+        if self.view is not None:
+            return unfinished(v.phase for key, v in self.view.gprs.items()
+                              if key.split("/", 1)[0] in ws.namespaces and key != exclude)
+        phases = []
+        for ns in ws.namespaces:
+            phases += [str((o.get("status") or {}).get("phase") or "Queued") for o in await self.lookup.list_gprs(ns)
+                       if f"{ns}/{(o.get('metadata') or {}).get('name')}" != exclude]
+        return unfinished(phases)
 
     # ---- GPRs ------------------------------------------------------------------------------------------------
     async def _validate_gpr(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -554,6 +679,49 @@ class Webhook:
                 return review_response(uid, False, code=403, message=(
                     f"{where} already has {len(live)} unfinished GPRs, the most it allows is {limit_n} "
                     f"({MAX_GPRS_ANNOTATION}); delete finished or unneeded GPRs first"))
+        # the workspace's policy applies as well (the stricter of the two wins: both must pass)
+        ws = await self._workspace_of(namespace, ns)
+        if ws is not None:
+            count = None
+            if req["operation"] == "CREATE" and ws.policy.max_gprs is not None:
+                count = await self._workspace_unfinished(ws, f"{namespace}/{obj['metadata'].get('name')}")
+            refusal = gpr_refusal(g, ws, count)
+            if refusal:
+                return review_response(uid, False, code=403, message=refusal)
+        return review_response(uid, True)
+
+    # ---- Workspaces and GPRTemplateBindings ------------------------------------------------------------------
+    async def validate_workspaces(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, WORKSPACE_PLURAL, "validate-workspaces", self._validate_workspace)
+
+    async def validate_bindings(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, BINDING_PLURAL, "validate-gprtemplatebindings", self._validate_binding)
+
+    async def _validate_workspace(self, req: dict[str, Any]) -> dict[str, Any]:
+        uid = req["uid"]
+        if req["operation"] not in ("CREATE", "UPDATE"):
+            return review_response(uid, True)
+        obj = req["object"]
+        old = req.get("oldObject")
+        if req["operation"] == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
+            return review_response(uid, True)  # status or metadata only
+        refusal = workspace_refusal(obj, await self.lookup.list_workspaces(), self.own_namespace)
+        if refusal:
+            return review_response(uid, False, code=422, reason="Invalid", message=refusal)
+        return review_response(uid, True)
+
+    async def _validate_binding(self, req: dict[str, Any]) -> dict[str, Any]:
+        uid = req["uid"]
+        if req["operation"] not in ("CREATE", "UPDATE"):
+            return review_response(uid, True)
+        obj = req["object"]
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        namespace = req.get("namespace") or meta.get("namespace") or "default"
+        obj = {**obj, "metadata": {**meta, "namespace": namespace}}
+        ns = await self.lookup.get_namespace(namespace)
+        refusal = binding_refusal(obj, await self._workspace_of(namespace, ns))
+        if refusal:
+            return review_response(uid, False, code=403, message=refusal)
         return review_response(uid, True)
 
 
@@ -575,6 +743,9 @@ def webhook_latency(registry: CollectorRegistry | None = None) -> Histogram:
 
 
 def add_webhook_routes(app: web.Application, handler: Webhook) -> None:
-    """``POST /mutate-pods`` and ``POST /validate-gprs`` on ``app``."""
+    """``POST /mutate-pods``, ``/validate-gprs``, ``/validate-workspaces`` and ``/validate-gprtemplatebindings``
+    on ``app``."""
     app.router.add_post("/mutate-pods", handler.mutate_pods)
     app.router.add_post("/validate-gprs", handler.validate_gprs)
+    app.router.add_post("/validate-workspaces", handler.validate_workspaces)
+    app.router.add_post("/validate-gprtemplatebindings", handler.validate_bindings)

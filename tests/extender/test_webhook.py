@@ -42,6 +42,9 @@ class MemoryLookup:
         self.gprs: dict[tuple[str, str], dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []
         self.fail = False
+        self.workspaces: dict[str, dict[str, Any]] = {}
+        self.bindings: list[dict[str, Any]] = []
+        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         if self.fail:
@@ -50,6 +53,19 @@ class MemoryLookup:
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.templates.get((namespace, name))
+
+    # workspaces and template bindings (tests/extender/test_workspace_admission.py fills these)
+    async def get_workspace(self, name: str) -> dict[str, Any] | None:
+        return self.workspaces.get(name)
+
+    async def list_workspaces(self) -> list[dict[str, Any]]:
+        return list(self.workspaces.values())
+
+    async def list_bindings(self) -> list[dict[str, Any]]:
+        return list(self.bindings)
+
+    async def get_owner(self, namespace: str, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        return self.owners.get((namespace, kind, name))
 
     async def get_gpr(self, namespace: str, name: str) -> dict[str, Any] | None:
         if self.fail:

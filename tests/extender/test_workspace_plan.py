@@ -1,0 +1,141 @@
+"""The workspace planner as a pure function (scheduler_extender/workspaces.py): the cases the API-server tests
+do not reach cheaply — a Role of the controller's name that is not its own, a RoleBinding whose roleRef changed,
+a terminating namespace, a stray label, the core's quota keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler_extender import workspaces as wsp
+
+
+def ws(name: str, namespaces: list[str], access: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "generation": 3,
+                         "creationTimestamp": "2026-11-30T00:00:00Z"},
+            "spec": {"namespaces": namespaces, "access": access or [], **spec}}
+
+
+def ns(name: str, workspace: str = "", phase: str = "Active", created: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": {wsp.WORKSPACE_LABEL: workspace} if workspace else {}}
+    if created:
+        meta["annotations"] = {wsp.CREATED_ANNOTATION: created}
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+ALICE = [{"kind": "User", "name": "alice", "role": "admin"}]
+
+
+def settle(obs: wsp.Observed, rounds: int = 4) -> wsp.Plan:
+    """Apply plans to the observed state as the API server would, until nothing is left to do."""
+    namespaces = dict(obs.namespaces)
+    managed = dict(obs.managed)
+    plan = wsp.plan(obs)
+    for _ in range(rounds):
+        if not plan.actions:
+            return plan
+        for a in plan.actions:
+            if a.verb == "create-namespace":
+                namespaces[a.name] = a.body
+            elif a.verb in ("label", "unlabel"):
+                labels = dict(namespaces[a.name]["metadata"].get("labels") or {})
+                for k, v in a.body["metadata"]["labels"].items():
+                    if v is None:
+                        labels.pop(k, None)
+                    else:
+                        labels[k] = v
+                namespaces[a.name] = {**namespaces[a.name], "metadata": {**namespaces[a.name]["metadata"],
+                                                                          "labels": labels}}
+            elif a.verb in ("create", "update"):
+                managed[a.kind, a.namespace, a.name] = a.body
+            elif a.verb == "delete":
+                managed.pop((a.kind, a.namespace, a.name), None)
+        obs = wsp.Observed(obs.workspaces, namespaces, managed, obs.templates, foreign=obs.foreign)
+        plan = wsp.plan(obs)
+    raise AssertionError(f"still acting after {rounds} rounds: {plan.actions}")
+
+
+def test_a_reconciled_workspace_plans_nothing_and_a_stray_label_is_taken_off() -> None:
+    obs = wsp.Observed([ws("w", ["a", "b"], ALICE)], {"b": ns("b"), "stray": ns("stray", "w")}, {})
+    first = wsp.plan(obs)
+    assert ("create-namespace", "a") in {(a.verb, a.name) for a in first.actions}
+    assert ("label", "b") in {(a.verb, a.name) for a in first.actions}
+    assert ("unlabel", "stray") in {(a.verb, a.name) for a in first.actions}
+    assert not [a for a in first.actions if a.verb == "delete"]
+    assert settle(obs).actions == []
+
+
+def test_a_role_of_the_controllers_name_that_is_not_its_own_is_left_alone_and_reported() -> None:
+    foreign = frozenset({("Role", "a", wsp.role_name("admin"))})
+    plan = wsp.plan(wsp.Observed([ws("w", ["a"], ALICE)], {"a": ns("a", "w")}, {}, foreign=foreign))
+    assert ("Role", "a", wsp.role_name("admin")) not in {(a.kind, a.namespace, a.name) for a in plan.actions}
+    ready = plan.statuses["w"]["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "NameTaken")
+    assert "Role a/accelstack-workspace-admin exists and is not the controller's" in ready["message"]
+
+
+def test_a_rolebinding_whose_role_reference_changed_is_replaced_not_updated() -> None:
+    body = wsp.desired_objects(wsp.parse_workspace(ws("w", ["a"], ALICE)), "a", wsp.DEFAULT_TEMPLATES, {"a"})
+    managed = {(kind, "a", b["metadata"]["name"]): {**b, "metadata": {**b["metadata"], "uid": "u1",
+                                                                         "resourceVersion": "7"}}
+               for kind, b in body}
+    key = ("RoleBinding", "a", wsp.role_name("admin"))
+    managed[key] = {**managed[key], "roleRef": {**managed[key]["roleRef"], "name": "something-else"}}
+    plan = wsp.plan(wsp.Observed([ws("w", ["a"], ALICE)], {"a": ns("a", "w")}, managed))
+    assert [(a.verb, a.kind, a.uid) for a in plan.actions] == [("delete", "RoleBinding", "u1")]
+
+
+def test_nothing_is_created_in_a_terminating_namespace() -> None:
+    plan = wsp.plan(wsp.Observed([ws("w", ["a"], ALICE)], {"a": ns("a", "w", phase="Terminating")}, {}))
+    assert plan.actions == []
+    row = plan.statuses["w"]["namespaces"][0]
+    assert (row["ready"], row["message"]) == (False, "the namespace is being deleted")
+
+
+def test_the_status_keeps_its_transition_time_and_is_not_rewritten_when_unchanged() -> None:
+    obs = wsp.Observed([ws("w", ["a"])], {"a": ns("a", "w", created="w")}, {}, now="2026-11-30T10:00:00Z")
+    managed = {(k, "a", b["metadata"]["name"]): b for k, b in wsp.desired_objects(
+        wsp.parse_workspace(ws("w", ["a"])), "a", wsp.DEFAULT_TEMPLATES, {"a"})}
+    obs.managed = managed
+    status = wsp.plan(obs).statuses["w"]
+    assert status["conditions"][0]["lastTransitionTime"] == "2026-11-30T10:00:00Z"
+    assert status["namespaces"] == [{"name": "a", "adopted": False, "ready": True}]
+    stored = ws("w", ["a"])
+    stored["status"] = status
+    later = wsp.Observed([stored], obs.namespaces, managed, now="2026-11-30T11:00:00Z")
+    assert wsp.plan(later).statuses == {}
+
+
+def test_quota_keys_are_per_workspace_and_resource_and_namespaces_outside_keep_their_own() -> None:
+    w = ws("w", ["a", "b"], policy={"devices": [{"resource": "nvidia.com/gpu", "max": 3},
+                                                {"resource": "nvidia.com/gpu", "model": "H100", "max": 1}]})
+    index = wsp.index([wsp.parse_workspace(w)], {})
+    assert index.quotas == {"w|nvidia.com/gpu": 3000}
+    assert index.key("a", "nvidia.com/gpu") == index.key("b", "nvidia.com/gpu") == "w|nvidia.com/gpu"
+    assert index.key("a", "neureality.com/nr1") == "w|neureality.com/nr1"
+    assert index.key("elsewhere", "nvidia.com/gpu") == "elsewhere"
+
+
+def test_the_label_decides_between_two_claimants_then_age() -> None:
+    older, newer = wsp.parse_workspace(ws("old", ["x"])), wsp.parse_workspace(ws("new", ["x"]))
+    newer = wsp.Workspace(**{**newer.__dict__, "created": "2026-12-01T00:00:00Z"})
+    owner, lost = wsp.membership([newer, older], {})
+    assert owner == {"x": "old"} and lost == {("new", "x"): "old"}
+    owner, lost = wsp.membership([newer, older], {"x": {wsp.WORKSPACE_LABEL: "new"}})
+    assert owner == {"x": "new"} and lost == {("old", "x"): "new"}
+
+
+def test_unusable_role_templates_are_named() -> None:
+    rules, errors = wsp.parse_templates({"data": {"admin": "- apiGroups: ['']\n  resources: [pods]\n",
+                                                  "member": "{"}})
+    assert "admin" not in rules and "member" not in rules and rules["viewer"] == wsp.DEFAULT_TEMPLATES["viewer"]
+    assert errors["admin"].startswith(f"ConfigMap {wsp.ROLE_TEMPLATES} key admin[0].verbs: want a list of strings")
+    assert errors["member"].startswith(f"ConfigMap {wsp.ROLE_TEMPLATES} key member: not YAML")
+
+
+def test_the_duration_history_learns_under_the_same_workspace_key_the_core_predicts_with() -> None:
+    from scheduler_extender.predictor_store import job_key
+
+    index = wsp.index([wsp.parse_workspace(ws("w", ["a"]))], {})
+    obj = {"metadata": {"namespace": "a", "name": "g"}, "spec": {"resource": "neureality.com/nr1"}}
+    assert job_key(obj, index.key).workspace == "w|neureality.com/nr1"
+    assert job_key(obj).workspace == "a"  # without workspaces: the namespace, as before
