@@ -41,6 +41,8 @@ class NodeView:
     ledger_error: str = ""  # the ledger annotation cannot be read: no bind may write it, no GPR is placed here
     used: dict[str, int] = field(default_factory=dict)  # resource -> devices in the ledger
     used_by: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpr, resource) -> devices
+    capacity: dict[str, int] = field(default_factory=dict)  # status.capacity (devices the plugin found)
+    unhealthy_since: dict[str, str] = field(default_factory=dict)  # resource (or "*") -> when it turned unhealthy
 
     def __post_init__(self) -> None:
         # aggregated once per node update, so filter and bind read them in O(1) per node
@@ -80,6 +82,8 @@ class GPRView:
     end: float = float("inf")  # admittedAt + exitDuration while it holds devices (inf when unbounded)
     estimated_start: float | None = None  # status.estimatedStart while Queued
     estimated_range: tuple[float, float] | None = None  # status.estimatedStartRange (P10, P90) while Queued
+    queue_position: int | None = None  # status.queuePosition while Queued (the controller's order)
+    reason: str = ""  # status.reason: why it is where it is (why it waits, while Queued)
 
 
 @dataclass
@@ -111,22 +115,18 @@ class PodView:
 
 def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
     meta, status, spec = obj.get("metadata", {}), obj.get("status") or {}, obj.get("spec") or {}
-    allocatable = {}
-    for resource in resources:
-        value = (status.get("allocatable") or {}).get(resource)
-        if value is not None:
-            try:
-                allocatable[resource] = whole(value, resource)
-            except ValueError:
-                allocatable[resource] = 0
+    allocatable, capacity = _devices(status.get("allocatable"), resources), _devices(status.get("capacity"), resources)
     unhealthy: dict[str, str] = {}
+    since: dict[str, str] = {}
     for cond in status.get("conditions") or []:
         sick = CONDITION_FOR.get(cond.get("type", ""))
         if sick and cond.get("status") == "True":
             unhealthy[sick] = f"{cond['type']}: {cond.get('message') or cond.get('reason') or 'True'}"
+            since[sick] = str(cond.get("lastTransitionTime") or "")
     for taint in spec.get("taints") or []:
         if taint.get("key") == UNHEALTHY_TAINT:
             unhealthy["*"] = f"tainted {UNHEALTHY_TAINT}"
+            since["*"] = str(taint.get("timeAdded") or "")
     annotations = meta.get("annotations") or {}
     error = ""
     try:
@@ -135,7 +135,20 @@ def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
         entries = {}
         error = f"unreadable {ledger.LEDGER_ANNOTATION} annotation ({str(exc)[:120]})"
     return NodeView(meta.get("name", ""), allocatable, dict(meta.get("labels") or {}), unhealthy, entries,
-                    meta.get("resourceVersion", ""), error)
+                    meta.get("resourceVersion", ""), error, capacity=capacity, unhealthy_since=since)
+
+
+def _devices(counts: Any, resources: Iterable[str]) -> dict[str, int]:
+    """Whole devices per managed resource from a node's ``status.allocatable`` or ``status.capacity``."""
+    out: dict[str, int] = {}
+    for resource in resources:
+        value = (counts or {}).get(resource) if isinstance(counts, dict) else None
+        if value is not None:
+            try:
+                out[resource] = whole(value, resource)
+            except ValueError:
+                out[resource] = 0
+    return out
 
 
 def gpr_view(obj: dict[str, Any]) -> GPRView:
@@ -170,6 +183,9 @@ def gpr_view(obj: dict[str, Any]) -> GPRView:
         end=end,
         estimated_start=_epoch(status.get("estimatedStart")),
         estimated_range=_range(status.get("estimatedStartRange")),
+        queue_position=position if isinstance(position := status.get("queuePosition"), int)
+        and not isinstance(position, bool) else None,
+        reason=str(status.get("reason") or ""),
     )
 
 

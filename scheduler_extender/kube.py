@@ -16,10 +16,12 @@ from kubeapi.resources import (
     EVENTS,
     GPR_TEMPLATES,
     GPRS,
+    NAMESPACES,
     NODES,
     PODS,
     SUBJECT_ACCESS_REVIEWS,
     TOKEN_REVIEWS,
+    Resource,
 )
 
 log = logging.getLogger("accelstack.extender.kube")
@@ -97,6 +99,35 @@ class Kube:
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.client.get(GPR_TEMPLATES, name, namespace)
+
+    # the REST API's object endpoints (workspaces, templates, bindings) and the portal's lookups
+    async def list_objects(self, res: Resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        items, _ = await self.client.list(res, namespace)
+        return items
+
+    async def get_object(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        return await self.client.get(res, name, namespace)
+
+    async def create_object(self, res: Resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.client.create(res, body, namespace)
+
+    async def replace_object(self, res: Resource, namespace: str | None, name: str,
+                             body: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the body's resourceVersion: Conflict when the object changed since it was read."""
+        return await self.client.replace(res, name, body, namespace)
+
+    async def delete_object(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        return await self.client.delete(res, name, namespace)
+
+    async def list_events(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+        """The core/v1 Events about one object."""
+        items, _ = await self.client.list(EVENTS, namespace, field_selector=f"involvedObject.kind={kind},"
+                                                                              f"involvedObject.name={name}")
+        return items
+
+    async def list_namespaces(self, label_selector: str = "") -> list[dict[str, Any]]:
+        items, _ = await self.client.list(NAMESPACES, label_selector=label_selector)
+        return items
 
     # the controller's duration history (scheduler_extender.predictor_store)
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 from device_plugin.flags import Checked, UsageError, adder
 from device_plugin.observability import setup_logging
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
+from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
 
 log = logging.getLogger("accelstack.extender")
 ENV = "ACCELSTACK_EXT_"
@@ -33,6 +34,14 @@ def resource_names(value: str) -> tuple[str, ...]:
     if not resources or any("/" not in r for r in resources):
         raise UsageError(f"--resources: extended resource names like vendor.com/device, got {value!r}")
     return resources
+
+
+def node_group_label(value: str) -> str:
+    """``--node-group-label``: a label key (``[prefix/]name``)."""
+    name = value.rsplit("/", 1)[-1]
+    if not value or not name or len(name) > 63 or any(c.isspace() for c in value):
+        raise UsageError(f"--node-group-label: a node label key such as {DEFAULT_GROUP_LABEL}, got {value!r}")
+    return value
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -63,6 +72,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "thread); false when it runs as its own process, accelstack-controller, as the manifests ship it")
     add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
     add("waittime-qps", "10", "REST API: wait-time estimates per second per caller (bursts of twice that); 429 above")
+    add("node-group-label", DEFAULT_GROUP_LABEL, "REST API and portal: the node label whose values group nodes in "
+        "the inventory summary (with the device model)")
     add("webhook", "true", "serve the admission webhook (POST /mutate-pods, /validate-gprs)")
     add("auto-gpr", "false", "webhook: create a GPR from the namespace's default template for unlabelled pods")
     add("log-level", "info", "debug, info, warning or error")
@@ -96,6 +107,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "log_level": log_level, "log_format": log_format,
         "api_timeout": flags.number("api-timeout", float, 0.1),
         "waittime_qps": flags.number("waittime-qps", float, 0.1),
+        "node_group_label": node_group_label(args.node_group_label),
     }
 
 
@@ -110,7 +122,8 @@ async def serve(opts: dict[str, Any]) -> None:
                             run_controller=opts["controller"], lease_namespace=opts["lease_namespace"],
                             lease_name=opts["lease_name"], identity=opts["identity"], policy=opts["policy"],
                             resync=opts["resync"], lease_seconds=opts["lease_seconds"],
-                            waittime_qps=opts["waittime_qps"], body_timeout=opts["body_timeout"])
+                            waittime_qps=opts["waittime_qps"], body_timeout=opts["body_timeout"],
+                            node_group_label=opts["node_group_label"])
     if opts["webhook"]:
         add_webhook = webhook_routes(kube, opts, server.view)
         if add_webhook is not None:

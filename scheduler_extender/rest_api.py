@@ -1,7 +1,10 @@
 """The REST API beside the extender (the design's API gateway): inventory, GPRs as custom resources, and a
-wait-time estimate for a hypothetical GPR.
+wait-time estimate for a hypothetical GPR; workspaces, templates and bindings (:mod:`rest_objects`); the
+portal's views (:mod:`rest_views`: queue, Events, inventory summary and drill-down, health, whoami); the portal
+itself at ``/ui/`` (:mod:`portal`).
 
 - ``GET  /api/v1/inventory``                     per node and per model: capacity, allocated, reserved, healthy
+                                                 (``?summary=1``: aggregated by model and node group instead)
 - ``GET  /api/v1/gprs[?namespace=ns]``           GPR objects
 - ``POST /api/v1/gprs``                          ``{"namespace", "name", "spec"}`` -> created GPR object (201)
 - ``GET|DELETE /api/v1/gprs/{namespace}/{name}``
@@ -31,17 +34,15 @@ from scheduler_extender import gpr_resource as gr
 from scheduler_extender.auth import Authorizer
 from scheduler_extender.cluster import ClusterView
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, loads, read_body
-from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound
+from scheduler_extender.kube import Kube
+from scheduler_extender.portal import portal_routes
+from scheduler_extender.rest_http import api_call, error, json_response
+from scheduler_extender.rest_objects import object_routes
+from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL, ViewRoutes
 from scheduler_extender.webhook import cluster_refusal
 from scheduler_extender.whatif import WhatIf
 
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status)
+_json, _error = json_response, error
 
 
 def inventory(view: ClusterView) -> dict[str, Any]:
@@ -80,7 +81,8 @@ class RestAPI:
 
     def __init__(self, kube: Kube, view: ClusterView, clock: Callable[[], float] = time.time,
                  authorizer: Authorizer | None = None, limiter: RateLimiter | None = None,
-                 body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT, node_group_label: str = DEFAULT_GROUP_LABEL,
+                 portal: bool = True) -> None:
         self.kube = kube
         self.view = view
         self.clock = clock
@@ -88,12 +90,15 @@ class RestAPI:
         self.limiter = limiter or RateLimiter()
         self.body_timeout = body_timeout
         self.what_if = WhatIf(view)
+        self.views = ViewRoutes(self, node_group_label)
+        self.portal = portal
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/inventory", self.get_inventory), web.get("/api/v1/gprs", self.list_gprs),
                 web.post("/api/v1/gprs", self.create_gpr), web.get("/api/v1/gprs/{namespace}/{name}", self.get_gpr),
                 web.delete("/api/v1/gprs/{namespace}/{name}", self.delete_gpr),
-                web.post("/api/v1/waittime", self.waittime)]
+                web.post("/api/v1/waittime", self.waittime), *object_routes(self), *self.views.routes(),
+                *(portal_routes() if self.portal else [])]
 
     async def _denied(self, request: web.Request, verb: str, namespace: str = "",
                       attrs: dict[str, str] | None = None) -> web.Response | None:
@@ -110,19 +115,13 @@ class RestAPI:
         return _error(status, reason) if status else None
 
     async def get_inventory(self, request: web.Request) -> web.Response:
+        if request.query.get("summary", "false").lower() not in ("false", "0", "no"):
+            return await self.views.get_summary(request)
         denied = await self._denied(request, "list", attrs={"group": "", "resource": "nodes"})
         return denied or _json(inventory(self.view))
 
     async def _call(self, coro: Any, created: bool = False) -> web.Response:
-        try:
-            return _json(await coro, 201 if created else 200)
-        except NotFound as exc:
-            return _error(404, str(exc) or "not found")
-        except Conflict as exc:
-            return _error(409, str(exc) or "conflict")
-        except ApiError as exc:
-            status = exc.status if exc.status in (400, 403, 422) else 502
-            return _error(status, f"API server: {exc.status} {exc.message or exc.reason}")
+        return await api_call(coro, created)
 
     async def list_gprs(self, request: web.Request) -> web.Response:
         namespace = request.query.get("namespace") or None

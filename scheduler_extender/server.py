@@ -37,6 +37,7 @@ from scheduler_extender.extender import Extender, ExtenderMetrics
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 from scheduler_extender.kube import Kube
 from scheduler_extender.rest_api import RateLimiter, RestAPI
+from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
 from scheduler_extender.workspace_controller import WorkspaceController
 
 log = logging.getLogger("accelstack.extender.server")
@@ -191,7 +192,7 @@ class ExtenderServer:
                  identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: float = 15.0,
                  sweep_every: float = 60.0, rest_auth: bool = True, watch_timeout: tuple[int, int] = (300, 600),
                  waittime_qps: float = 10.0, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-                 **controller: Any) -> None:
+                 node_group_label: str = DEFAULT_GROUP_LABEL, **controller: Any) -> None:
         self.kube = kube
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
@@ -207,7 +208,8 @@ class ExtenderServer:
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
                                  registries=(REGISTRY,), body_timeout=body_timeout)
         self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,
-                            limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))), body_timeout=body_timeout)
+                            limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))), body_timeout=body_timeout,
+                            node_group_label=node_group_label)
         self.app = web.Application(client_max_size=max_body)
         self.app.add_routes(self.extender.routes(prefix))
         self.app.add_routes(self.rest.routes())

@@ -1,0 +1,50 @@
+"""The REST API's response shapes, shared by its route modules: JSON bodies, and errors as ``{"error": ...}``
+with the HTTP status of the cause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from scheduler_extender.kube import ApiError, Conflict, NotFound
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def error(status: int, message: str) -> web.Response:
+    return json_response({"error": message}, status)
+
+
+async def api_call(coro: Any, created: bool = False) -> web.Response:
+    """The API server's answer to ``coro`` as the REST API's: 404, 409, 400/403/422 passed on, 502 otherwise."""
+    try:
+        return json_response(await coro, 201 if created else 200)
+    except NotFound as exc:
+        return error(404, str(exc) or "not found")
+    except Conflict as exc:
+        return error(409, str(exc) or "conflict")
+    except ApiError as exc:
+        return api_error(exc)
+
+
+def api_error(exc: ApiError) -> web.Response:
+    status = exc.status if exc.status in (400, 403, 404, 409, 422) else 502
+    return error(status, f"API server: {exc.status} {exc.message or exc.reason}")
+
+
+def query_int(query: Any, key: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter within [low, high]; ValueError naming it otherwise."""
+    raw = query.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{key}: must be an integer, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{key}: must be between {low} and {high}, got {value}")
+    return value

@@ -1,0 +1,216 @@
+"""The REST API's object endpoints: workspaces, GPR templates and template bindings (list, get, create, update,
+delete), each authorised as the same action on the Kubernetes resource would be.
+
+- ``GET|POST /api/v1/workspaces``,       ``GET|PUT|DELETE /api/v1/workspaces/{name}``
+- ``GET|POST /api/v1/templates[?namespace=]``,        ``GET|PUT|DELETE /api/v1/templates/{namespace}/{name}``
+- ``GET|POST /api/v1/templatebindings[?namespace=]``, ``GET|PUT|DELETE /api/v1/templatebindings/{namespace}/{name}``
+
+A create takes ``{"name", "namespace" (namespaced kinds), "spec", "labels"?, "annotations"?}`` (or a whole
+object with ``metadata``) and answers the created object (201). An update (PUT) takes the same body; the new
+spec (and labels/annotations when given) replaces the stored one, guarded by ``metadata.resourceVersion`` when the
+body carries one (409 when the object changed since), else by the version just read. The shape is checked here
+(400 naming the field) before the API server, whose CRD schema checks the rest (422 passed on).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from kubeapi.resources import GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, WORKSPACES, Resource
+from scheduler_extender import gpr_resource as gr
+from scheduler_extender.http_body import BodyError, closing
+from scheduler_extender.kube import ApiError, NotFound
+from scheduler_extender.rest_http import api_call, api_error, error
+
+if TYPE_CHECKING:
+    from scheduler_extender.rest_api import RestAPI
+
+LABEL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1123 label: namespaces, workspaces
+SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SUBJECT_KINDS = ("User", "Group", "ServiceAccount")
+ROLES = ("admin", "member", "viewer")
+
+
+def check_name(value: Any, what: str, label: bool = False) -> str:
+    limit, pattern = (63, LABEL_NAME) if label else (253, SUBDOMAIN)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what}: required string")
+    if len(value) > limit or not pattern.match(value):
+        raise ValueError(f"{what}: {value[:80]!r} is not a valid name (lower-case letters, digits and '-', "
+                         f"at most {limit} characters)")
+    return value
+
+
+def _strings(value: Any, what: str, label: bool = True) -> list[str]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what}: must be a list of names")
+    return [check_name(v, f"{what}[{i}]", label) for i, v in enumerate(value)]
+
+
+def check_workspace(spec: dict[str, Any], name: str, namespace: str) -> None:
+    if "namespaces" in spec:
+        _strings(spec["namespaces"], "spec.namespaces")
+    access = spec.get("access", [])
+    if not isinstance(access, list):
+        raise ValueError("spec.access: must be a list of {kind, name, role}")
+    for i, rule in enumerate(access):
+        where = f"spec.access[{i}]"
+        if not isinstance(rule, dict):
+            raise ValueError(f"{where}: must be an object {{kind, name, role}}")
+        if rule.get("kind") not in SUBJECT_KINDS:
+            raise ValueError(f"{where}.kind: must be one of {', '.join(SUBJECT_KINDS)}, got {rule.get('kind')!r}")
+        if not isinstance(rule.get("name"), str) or not rule["name"]:
+            raise ValueError(f"{where}.name: required string")
+        if rule.get("role") not in ROLES:
+            raise ValueError(f"{where}.role: must be one of {', '.join(ROLES)}, got {rule.get('role')!r}")
+        if rule["kind"] == "ServiceAccount":
+            check_name(rule.get("namespace"), f"{where}.namespace (a ServiceAccount's namespace)", label=True)
+    for key in ("policy", "defaultTemplate"):
+        if key in spec and not isinstance(spec[key], dict):
+            raise ValueError(f"spec.{key}: must be an object")
+
+
+def check_template(spec: dict[str, Any], name: str, namespace: str) -> None:
+    gr.template_spec({"metadata": {"name": name, "namespace": namespace}, "spec": spec})
+
+
+def check_binding(spec: dict[str, Any], name: str, namespace: str) -> None:
+    check_name(spec.get("template"), "spec.template")
+    if spec.get("workspace") is not None:
+        check_name(spec["workspace"], "spec.workspace", label=True)
+    if "namespaces" in spec:
+        _strings(spec["namespaces"], "spec.namespaces")
+    if "workloadSelector" in spec and not isinstance(spec["workloadSelector"], dict):
+        raise ValueError("spec.workloadSelector: must be a label selector {matchLabels, matchExpressions}")
+    weight = spec.get("weight", 0)
+    if not isinstance(weight, int) or isinstance(weight, bool):
+        raise ValueError(f"spec.weight: must be an integer, got {weight!r}")
+
+
+@dataclass(frozen=True)
+class Kind:
+    path: str  # /api/v1/<path>
+    res: Resource
+    check: Callable[[dict[str, Any], str, str], None]
+
+    @property
+    def attrs(self) -> dict[str, str]:
+        return {"group": self.res.group, "resource": self.res.plural}
+
+
+KINDS = (Kind("workspaces", WORKSPACES, check_workspace), Kind("templates", GPR_TEMPLATES, check_template),
+         Kind("templatebindings", GPR_TEMPLATE_BINDINGS, check_binding))
+
+
+class ObjectRoutes:
+    """The five verbs of one kind, on the REST API's authorisation and body reading."""
+
+    def __init__(self, api: RestAPI, kind: Kind) -> None:
+        self.api, self.kind = api, kind
+
+    def routes(self) -> list[web.RouteDef]:
+        base = f"/api/v1/{self.kind.path}"
+        one = f"{base}/{{namespace}}/{{name}}" if self.kind.res.namespaced else f"{base}/{{name}}"
+        return [web.get(base, self.list), web.post(base, self.create), web.get(one, self.get),
+                web.put(one, self.update), web.delete(one, self.delete)]
+
+    def _where(self, request: web.Request) -> tuple[str, str]:
+        return request.match_info.get("namespace", ""), request.match_info["name"]
+
+    async def list(self, request: web.Request) -> web.Response:
+        namespace = request.query.get("namespace", "") if self.kind.res.namespaced else ""
+        denied = await self.api._denied(request, "list", namespace, self.kind.attrs)
+        if denied:
+            return denied
+
+        async def items() -> dict[str, Any]:
+            return {"items": await self.api.kube.list_objects(self.kind.res, namespace or None)}
+
+        return await api_call(items())
+
+    async def get(self, request: web.Request) -> web.Response:
+        namespace, name = self._where(request)
+        denied = await self.api._denied(request, "get", namespace, self.kind.attrs)
+        return denied or await api_call(self.api.kube.get_object(self.kind.res, namespace or None, name))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        namespace, name = self._where(request)
+        denied = await self.api._denied(request, "delete", namespace, self.kind.attrs)
+        return denied or await api_call(self.api.kube.delete_object(self.kind.res, namespace or None, name))
+
+    def _object(self, body: dict[str, Any], namespace: str = "", name: str = "") -> tuple[dict[str, Any], str]:
+        """The object the body describes, and the resourceVersion it was read at ("" when none)."""
+        raw_meta = body.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+        name = check_name(name or meta.get("name") or body.get("name"), "name", label=self.kind.res is WORKSPACES)
+        if self.kind.res.namespaced:
+            namespace = check_name(namespace or meta.get("namespace") or body.get("namespace"), "namespace",
+                                   label=True)
+        spec = body.get("spec", {})
+        if not isinstance(spec, dict):
+            raise ValueError("spec: must be an object")
+        self.kind.check(spec, str(name), namespace)
+        out_meta: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
+        for key in ("labels", "annotations"):
+            value = meta.get(key, body.get(key))
+            if value is not None:
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    raise ValueError(f"{key}: must be an object of strings")
+                out_meta[key] = value
+        version = meta.get("resourceVersion") or body.get("resourceVersion") or ""
+        obj = {"apiVersion": self.kind.res.api_version, "kind": self.kind.res.kind, "metadata": out_meta,
+               "spec": spec}
+        return obj, str(version)
+
+    async def _read(self, request: web.Request, namespace: str = "",
+                    name: str = "") -> tuple[web.Response | None, dict[str, Any], str]:
+        unauthenticated = await self.api._unauthenticated(request)
+        if unauthenticated:
+            return unauthenticated, {}, ""
+        try:
+            obj, version = self._object(await self.api._body(request), namespace, name)
+        except BodyError as exc:
+            return await closing(request, error(exc.status, exc.message)), {}, ""
+        except ValueError as exc:  # gr.SpecError included
+            return error(400, str(exc)), {}, ""
+        return None, obj, version
+
+    async def create(self, request: web.Request) -> web.Response:
+        refused, obj, _ = await self._read(request)
+        if refused:
+            return refused
+        namespace = obj["metadata"].get("namespace", "")
+        denied = await self.api._denied(request, "create", namespace, self.kind.attrs)
+        return denied or await api_call(self.api.kube.create_object(self.kind.res, namespace or None, obj),
+                                        created=True)
+
+    async def update(self, request: web.Request) -> web.Response:
+        namespace, name = self._where(request)
+        refused, obj, version = await self._read(request, namespace, name)
+        if refused:
+            return refused
+        denied = await self.api._denied(request, "update", namespace, self.kind.attrs)
+        if denied:
+            return denied
+        try:
+            current = await self.api.kube.get_object(self.kind.res, namespace or None, name)
+        except NotFound as exc:
+            return error(404, str(exc) or "not found")
+        except ApiError as exc:
+            return api_error(exc)
+        meta = dict(current.get("metadata") or {})
+        for key in ("labels", "annotations"):
+            if key in obj["metadata"]:
+                meta[key] = obj["metadata"][key]
+        meta["resourceVersion"] = version or meta.get("resourceVersion", "")
+        new = {**current, "metadata": meta, "spec": obj["spec"]}
+        return await api_call(self.api.kube.replace_object(self.kind.res, namespace or None, name, new))
+
+
+def object_routes(api: RestAPI) -> list[web.RouteDef]:
+    return [route for kind in KINDS for route in ObjectRoutes(api, kind).routes()]
