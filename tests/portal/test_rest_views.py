@@ -1,0 +1,175 @@
+"""The portal's REST views against the API-server peer: the queue (order, filters, pagination, authorisation),
+a GPR's Events, the inventory summary and its drill-down, health, whoami, and the portal's files and headers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from tests.apiserver_peer import APIServerPeer
+from tests.extender.harness import stack
+from tests.portal.cluster import ADMIN, NOBODY, SICK_SINCE, VIEWER, seed
+
+
+@contextlib.asynccontextmanager
+async def seeded() -> AsyncIterator[tuple[APIServerPeer, str, aiohttp.ClientSession]]:
+    peer = APIServerPeer()
+    await peer.start()
+    await seed(peer)
+    try:
+        async with stack(peer) as (_, server), aiohttp.ClientSession() as http:
+            yield peer, f"http://127.0.0.1:{server.port}", http
+    finally:
+        await peer.stop()
+
+
+async def get(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[int, Any]:
+    async with http.get(url, headers=headers) as r:
+        return r.status, await r.json()
+
+
+async def test_queue_in_order_with_workspace_filters_and_pages() -> None:
+    async with seeded() as (_, base, http):
+        status, q = await get(http, f"{base}/api/v1/queue", ADMIN)
+        assert status == 200
+        names = [(r["name"], r["phase"], r["position"]) for r in q["items"]]
+        assert names == [("finetune", "Queued", 1), ("batch", "Queued", 2), ("sweep", "Queued", 3),
+                         ("train-big", "Running", None), ("exp", "Admitted", None)]
+        first = q["items"][0]
+        assert first["workspace"] == "team-a" and first["reason"] == "InsufficientCapacity"
+        assert 800 < first["waitSeconds"] <= 900 and first["estimatedStartRange"]["earliest"]
+        assert q["counts"] == {"Queued": 3, "Running": 1, "Admitted": 1, "Complete": 1} and q["total"] == 5
+        assert next(r for r in q["items"] if r["name"] == "exp")["workspace"] == "team-a"  # team-a-dev's label
+        assert next(r for r in q["items"] if r["name"] == "batch")["workspace"] == "team-b"  # its own
+
+        _, ws = await get(http, f"{base}/api/v1/queue?workspace=team-a", ADMIN)
+        assert sorted(r["name"] for r in ws["items"]) == ["exp", "finetune", "train-big"]
+        _, only = await get(http, f"{base}/api/v1/queue?phase=Queued&namespace=team-b", ADMIN)
+        assert [r["name"] for r in only["items"]] == ["batch", "sweep"]
+        _, every = await get(http, f"{base}/api/v1/queue?phase=all", ADMIN)
+        assert every["total"] == 6
+
+        _, page1 = await get(http, f"{base}/api/v1/queue?limit=2", ADMIN)
+        _, page2 = await get(http, f"{base}/api/v1/queue?limit=2&continue={page1['continue']}", ADMIN)
+        _, page3 = await get(http, f"{base}/api/v1/queue?limit=2&continue={page2['continue']}", ADMIN)
+        assert [r["name"] for p in (page1, page2, page3) for r in p["items"]] == [
+            "finetune", "batch", "sweep", "train-big", "exp"] and page3["continue"] == ""
+
+        for query, message in (("limit=0", "limit: must be between"), ("limit=x", "limit: must be an integer"),
+                               ("phase=Sleeping", "phase: unknown 'Sleeping'")):
+            status, body = await get(http, f"{base}/api/v1/queue?{query}", ADMIN)
+            assert status == 400 and message in body["error"]
+
+
+async def test_queue_is_authorised_per_namespace_and_answered_from_the_informer() -> None:
+    async with seeded() as (peer, base, http):
+        lists_before = peer.count("GET", "gpuprovisioningrequests", verb="list")
+        status, body = await get(http, f"{base}/api/v1/queue", VIEWER)
+        assert status == 403 and "bob may not list gpuprovisioningrequests" in body["error"]
+        status, body = await get(http, f"{base}/api/v1/queue?namespace=team-b", VIEWER)
+        assert status == 200 and [r["name"] for r in body["items"]] == ["batch", "sweep"]
+        status, body = await get(http, f"{base}/api/v1/queue?workspace=team-a", VIEWER)
+        assert status == 403 and "in namespace team-a" in body["error"]
+        status, body = await get(http, f"{base}/api/v1/queue", {})
+        assert status == 401
+        assert peer.count("GET", "gpuprovisioningrequests", verb="list") == lists_before  # no list per request
+
+
+async def test_gpr_events_oldest_first_and_authorised() -> None:
+    async with seeded() as (_, base, http):
+        status, body = await get(http, f"{base}/api/v1/gprs/team-a/finetune/events", ADMIN)
+        assert status == 200 and len(body["items"]) == 1
+        event = body["items"][0]
+        assert event["reason"] == "Queued" and event["count"] == 3 and event["source"] == "accelstack-gpr-controller"
+        status, body = await get(http, f"{base}/api/v1/gprs/team-a/finetune/events", VIEWER)
+        assert status == 403 and "may not list events in namespace team-a" in body["error"]
+        status, body = await get(http, f"{base}/api/v1/gprs/team-b/batch/events", VIEWER)
+        assert status == 200 and body["items"][0]["message"] == "position 2"
+
+
+async def test_inventory_summary_groups_and_node() -> None:
+    async with seeded() as (_, base, http):
+        status, s = await get(http, f"{base}/api/v1/inventory?summary=1", ADMIN)
+        assert status == 200 and s["groupLabel"] == "node.kubernetes.io/instance-type"
+        assert s["groups"] == ["g5.12xlarge", "nr1-box", "p5.48xlarge"]
+        h100 = next(c for c in s["cells"] if c["group"] == "p5.48xlarge")
+        assert (h100["model"], h100["nodes"], h100["capacity"], h100["allocated"], h100["reserved"],
+                h100["unhealthyNodes"]) == ("NVIDIA-H100-80GB-HBM3", 3, 24, 0, 10, 1)
+        assert h100["free"] == 6  # p5-0 reserved 8, p5-1 reserved 2, p5-2 sick
+        a10 = next(c for c in s["cells"] if c["group"] == "g5.12xlarge")
+        assert (a10["capacity"], a10["allocatable"], a10["unhealthyDevices"], a10["free"]) == (8, 7, 1, 7)
+        nr1 = next(c for c in s["cells"] if c["group"] == "nr1-box")
+        assert (nr1["resource"], nr1["model"], nr1["capacity"]) == ("neureality.com/nr1", "NR1-S", 4)
+        assert s["totals"]["nodes"] == 6
+
+        status, g = await get(http, f"{base}/api/v1/inventory/groups/p5.48xlarge?resource=nvidia.com/gpu", ADMIN)
+        assert status == 200 and [n["node"] for n in g["nodes"]] == ["p5-0", "p5-1", "p5-2"]
+        assert g["nodes"][2]["healthy"] is False and "Xid 79" in g["nodes"][2]["reason"]
+        status, body = await get(http, f"{base}/api/v1/inventory/groups/nowhere", ADMIN)
+        assert status == 404 and "nowhere" in body["error"]
+
+        status, n = await get(http, f"{base}/api/v1/inventory/nodes/p5-0", ADMIN)
+        assert status == 200 and n["group"] == "p5.48xlarge"
+        assert n["reservations"] == [{"gpr": "team-a/train-big", "devices": 8, "resource": "nvidia.com/gpu",
+                                      "phase": "Running", "inUse": 0}]
+        status, body = await get(http, f"{base}/api/v1/inventory/nodes/ghost", ADMIN)
+        assert status == 404
+
+        # the per-node inventory is unchanged
+        status, inv = await get(http, f"{base}/api/v1/inventory", ADMIN)
+        assert status == 200 and {"nodes", "models"} <= set(inv)
+        for path in ("inventory?summary=1", "inventory/groups/p5.48xlarge", "inventory/nodes/p5-0", "health"):
+            status, body = await get(http, f"{base}/api/v1/{path}", VIEWER)
+            assert status == 403 and "bob may not list nodes" in body["error"], path
+
+
+async def test_health_lists_sick_nodes_and_devices_with_since() -> None:
+    async with seeded() as (_, base, http):
+        status, hl = await get(http, f"{base}/api/v1/health", ADMIN)
+        assert status == 200 and hl["totalNodes"] == 6 and hl["unhealthyNodes"] == 2
+        first, second = hl["nodes"]
+        assert first["node"] == "p5-2" and first["since"] == SICK_SINCE and first["unhealthyDevices"] == 8
+        assert first["problems"][0]["reason"] == "GPUUnhealthy: Xid 79 on GPU 3"
+        assert second["node"] == "g5-1" and second["unhealthyDevices"] == 1
+        assert "1 of 4 devices unhealthy" in second["problems"][0]["reason"]
+        assert hl["unhealthyDevices"] == 9
+
+
+async def test_whoami_says_what_the_caller_may_do() -> None:
+    async with seeded() as (peer, base, http):
+        status, me = await get(http, f"{base}/api/v1/whoami", ADMIN)
+        assert status == 200 and me["user"] == "alice" and all(me["allowed"].values())
+        status, bob = await get(http, f"{base}/api/v1/whoami", VIEWER)
+        assert status == 200 and not any(bob["allowed"].values())
+        status, bob = await get(http, f"{base}/api/v1/whoami?namespace=team-b", VIEWER)
+        assert bob["allowed"]["queue"] and bob["allowed"]["events"] and not bob["allowed"]["createGPR"]
+        status, carol = await get(http, f"{base}/api/v1/whoami", NOBODY)
+        assert status == 200 and carol["user"] == "carol" and not any(carol["allowed"].values())
+        status, body = await get(http, f"{base}/api/v1/whoami", {"Authorization": "Bearer forged"})
+        assert status == 401 and "not valid" in body["error"]
+        reviews = peer.count("POST", "subjectaccessreviews")
+        await get(http, f"{base}/api/v1/whoami", ADMIN)
+        assert peer.count("POST", "subjectaccessreviews") == reviews  # cached per token
+
+
+async def test_portal_files_carry_security_headers() -> None:
+    async with seeded() as (_, base, http):
+        async with http.get(f"{base}/ui", allow_redirects=False) as r:
+            assert r.status == 301 and r.headers["Location"] == "/ui/"
+        async with http.get(f"{base}/ui/") as r:
+            page = await r.text()
+            csp = r.headers["Content-Security-Policy"]
+            assert r.status == 200 and r.headers["X-Content-Type-Options"] == "nosniff"
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert '<script src="app.js" defer></script>' in page and "<script>" not in page and "style=" not in page
+        async with http.get(f"{base}/ui/app.js") as r:
+            script = await r.text()
+            assert r.status == 200 and r.content_type == "text/javascript"
+        assert "sessionStorage" in script and "localStorage" not in script and "document.cookie" not in script
+        async with http.get(f"{base}/ui/../../etc/passwd") as r:
+            assert r.status == 404
+        async with http.get(f"{base}/ui/secrets.txt") as r:
+            assert r.status == 404 and r.headers["X-Content-Type-Options"] == "nosniff"
