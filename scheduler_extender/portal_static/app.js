@@ -16,7 +16,7 @@ function h(tag, attrs, ...children) {
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -24,7 +24,7 @@ function h(tag, attrs, ...children) {
 }
 
 function main() { return document.getElementById("main"); }
-function show(...nodes) { main().replaceChildren(...nodes); }
+function show(...nodes) { main().replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false)); }
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 function enc(s) { return encodeURIComponent(s); }
 
@@ -102,8 +102,8 @@ function loginPage(message) {
     input.value = "";
     try {
       await loadMe();
-      location.hash = "#/inventory";
-      route();
+      if (location.hash === "#/inventory") route();
+      else location.hash = "#/inventory";
     } catch (err) {
       sessionStorage.removeItem(TOKEN_KEY);
       show(loginPage(err.message));
@@ -127,9 +127,9 @@ async function loadMe() {
 }
 
 // ---- inventory ------------------------------------------------------------------------------------------
-async function inventoryPage() {
+async function inventoryPage(ctx) {
   const refused = notAllowed("inventory", "list nodes (the inventory)");
-  if (refused) return show(h("h1", {}, "Inventory"), refused);
+  if (refused) return ctx.show(h("h1", {}, "Inventory"), refused);
   const s = await api("/api/v1/inventory?summary=1");
   const t = s.totals;
   const byKey = new Map(s.cells.map((c) => [c.resource + "\u0000" + c.model + "\u0000" + c.group, c]));
@@ -146,7 +146,7 @@ async function inventoryPage() {
           + `${c.free} free, ${c.unhealthyNodes} unhealthy nodes` },
       `${used}/${c.capacity}`, c.unhealthyNodes ? h("small", {}, ` ⚠${c.unhealthyNodes}`) : null);
     })]);
-  show(h("h1", {}, "Inventory"),
+  ctx.show(h("h1", {}, "Inventory"),
     h("p", { class: "totals", id: "totals" },
       `${t.nodes} nodes · ${t.capacity} devices · ${t.allocated} allocated · ${t.reserved} reserved · `
       + `${t.free} free · ${t.unhealthyNodes} unhealthy nodes`),
@@ -160,7 +160,7 @@ function legend() {
     (label, i) => h("span", { class: "cell heat-" + i }, label)), h("span", { class: "cell sick" }, "⚠ unhealthy"));
 }
 
-async function groupPage(group, q) {
+async function groupPage(ctx, group, q) {
   const p = params(q);
   const g = await api("/api/v1/inventory/groups/" + enc(group) + "?" + p.toString());
   const tiles = g.nodes.map((n) => h("a", {
@@ -169,15 +169,15 @@ async function groupPage(group, q) {
     title: `${n.node}: ${n.allocated} allocated, ${n.reserved} reserved, ${n.free} free of ${n.capacity}`
       + (n.reason ? ` — ${n.reason}` : ""),
   }, h("span", {}, n.node), h("small", {}, `${n.allocated + n.reserved}/${n.capacity}`)));
-  show(h("p", {}, h("a", { href: "#/inventory" }, "← Inventory")),
+  ctx.show(h("p", {}, h("a", { href: "#/inventory" }, "← Inventory")),
     h("h1", {}, `Node group ${group}`),
     h("p", {}, `${g.groupLabel}=${group}` + (p.get("model") ? ` · ${p.get("model")}` : "") + ` · ${g.nodes.length} nodes`),
     h("div", { class: "tiles", id: "tiles" }, tiles), legend());
 }
 
-async function nodePage(name) {
+async function nodePage(ctx, name) {
   const n = await api("/api/v1/inventory/nodes/" + enc(name));
-  show(h("p", {}, h("a", { href: "#/inventory/group/" + enc(n.group) }, "← " + n.group)),
+  ctx.show(h("p", {}, h("a", { href: "#/inventory/group/" + enc(n.group) }, "← " + n.group)),
     h("h1", {}, "Node " + n.node),
     h("h2", {}, "Devices"),
     table(["Resource", "Model", "Capacity", "Allocatable", "Allocated", "Reserved", "Free", "Health"],
@@ -203,7 +203,7 @@ function gprLink(key) {
 }
 
 // ---- queue ----------------------------------------------------------------------------------------------
-async function queuePage(q) {
+async function queuePage(ctx, q) {
   const refused = notAllowed("queue", "list GPRs cluster-wide (filter by a namespace you may read)");
   const p = params(q);
   const field = (name, label, options) => {
@@ -225,11 +225,11 @@ async function queuePage(q) {
   field("resource", "Resource", [["", "any"], ["nvidia.com/gpu", "nvidia.com/gpu"],
     ["neureality.com/nr1", "neureality.com/nr1"]]),
   h("button", { type: "submit" }, "Filter"));
-  if (refused && !p.get("namespace") && !p.get("workspace")) return show(h("h1", {}, "Queue"), form, refused);
+  if (refused && !p.get("namespace") && !p.get("workspace")) return ctx.show(h("h1", {}, "Queue"), form, refused);
   const query = new URLSearchParams(p);
   query.set("limit", String(PAGE));
   const data = await api("/api/v1/queue?" + query.toString()).catch((err) => err);
-  if (data instanceof Error) return show(h("h1", {}, "Queue"), form, refusal(data, "list these GPRs"));
+  if (data instanceof Error) return ctx.show(h("h1", {}, "Queue"), form, refusal(data, "list these GPRs"));
   const counts = Object.entries(data.counts).sort().map(([k, v]) => `${v} ${k}`).join(" · ");
   const rows = data.items.map((r) => [
     r.position ?? "—", h("a", { href: "#/gpr/" + enc(r.namespace) + "/" + enc(r.name) }, r.namespace + "/" + r.name),
@@ -242,7 +242,7 @@ async function queuePage(q) {
     next.set("continue", String(off));
     return h("a", { class: "button", href: "#/queue?" + next.toString() }, label);
   };
-  show(h("h1", {}, "Queue"), form,
+  ctx.show(h("h1", {}, "Queue"), form,
     h("p", { id: "queue-counts" }, `${data.total} shown of the filter · ${counts || "no GPRs"}`),
     table(["Pos", "GPR", "Workspace", "Phase", "Priority", "Devices", "Estimated start", "Age", "Reason"], rows,
       "queue"),
@@ -252,7 +252,7 @@ async function queuePage(q) {
 }
 
 // ---- a GPR ------------------------------------------------------------------------------------------------
-async function gprPage(ns, name) {
+async function gprPage(ctx, ns, name) {
   const [obj, events] = await Promise.all([
     api(`/api/v1/gprs/${enc(ns)}/${enc(name)}`),
     api(`/api/v1/gprs/${enc(ns)}/${enc(name)}/events`).catch((err) => err)]);
@@ -269,7 +269,7 @@ async function gprPage(ns, name) {
     if (st.nextRetryTime) facts.push(["Next retry", when(st.nextRetryTime)]);
   }
   for (const k of ["admittedAt", "startedAt", "finishedAt"]) if (st[k]) facts.push([k, `${when(st[k])} (${st[k]})`]);
-  show(h("p", {}, h("a", { href: "#/queue" }, "← Queue")),
+  ctx.show(h("p", {}, h("a", { href: "#/queue" }, "← Queue")),
     h("h1", {}, `GPR ${ns}/${name}`),
     h("dl", { class: "facts", id: "gpr-facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     h("h2", {}, "Spec"),
@@ -291,7 +291,7 @@ async function gprPage(ns, name) {
 const EDITABLE = [["devicesPerNode", "Devices per node", "number"], ["nodeCount", "Nodes", "number"],
   ["priority", "Priority", "number"], ["exitDuration", "Exit duration", "text"]];
 
-async function createPage(q) {
+async function createPage(ctx, q) {
   const refused = notAllowed("createGPR", "create GPRs");
   const p = params(q);
   const nsInput = h("input", { id: "c-namespace", value: p.get("namespace") || "default", size: 16 });
@@ -363,14 +363,14 @@ async function createPage(q) {
   h("p", {}, EDITABLE.map(([k, label]) => h("label", {}, label + " ", inputs[k], " "))),
   h("h2", {}, "Estimated start if submitted now"), estimate,
   h("p", {}, h("button", { type: "submit", id: "create-submit" }, "Create GPR")), result);
-  show(h("h1", {}, "Create a GPR"), refused, form);
+  ctx.show(h("h1", {}, "Create a GPR"), refused, form);
   await loadTemplates();
 }
 
 // ---- workspaces -------------------------------------------------------------------------------------------
-async function workspacesPage() {
+async function workspacesPage(ctx) {
   const refused = notAllowed("workspaces", "list workspaces");
-  if (refused) return show(h("h1", {}, "Workspaces"), refused);
+  if (refused) return ctx.show(h("h1", {}, "Workspaces"), refused);
   const [ws, bindings] = await Promise.all([api("/api/v1/workspaces"),
     api("/api/v1/templatebindings").catch((err) => err)]);
   const cards = ws.items.map((w) => {
@@ -401,7 +401,7 @@ async function workspacesPage() {
           b.spec.weight || 0])) : h("p", {}, "none"),
       spec.defaultTemplate ? h("p", {}, `Default template: ${spec.defaultTemplate.namespace}/${spec.defaultTemplate.name}`) : null);
   });
-  show(h("h1", {}, "Workspaces"), cards.length ? cards : h("p", {}, "No workspaces yet."));
+  ctx.show(h("h1", {}, "Workspaces"), cards.length ? cards : h("p", {}, "No workspaces yet."));
 }
 
 function bar(used, max) {
@@ -413,11 +413,11 @@ function bar(used, max) {
 }
 
 // ---- health -----------------------------------------------------------------------------------------------
-async function healthPage() {
+async function healthPage(ctx) {
   const refused = notAllowed("inventory", "list nodes (node health)");
-  if (refused) return show(h("h1", {}, "Health"), refused);
+  if (refused) return ctx.show(h("h1", {}, "Health"), refused);
   const hl = await api("/api/v1/health");
-  show(h("h1", {}, "Health"),
+  ctx.show(h("h1", {}, "Health"),
     h("p", { id: "health-summary" }, `${hl.unhealthyNodes} of ${hl.totalNodes} nodes have a problem · `
       + `${hl.unhealthyDevices} devices out of service`),
     hl.nodes.length ? table(["Node", "Group", "Models", "Devices out", "Since", "Problems"], hl.nodes.map((n) => [
@@ -428,28 +428,39 @@ async function healthPage() {
 }
 
 // ---- router -------------------------------------------------------------------------------------------------
+let routed = 0; // the latest navigation: a slower, older one must not draw over it
+
 async function route() {
   const [path, q] = (location.hash.replace(/^#\/?/, "") || "inventory").split("?");
   const parts = path.split("/").map(decodeURIComponent);
-  if (!token()) return show(loginPage());
+  const mine = ++routed;
+  const ctx = { show: (...nodes) => { if (mine === routed) show(...nodes); } };
+  if (!token()) {
+    show(loginPage());
+    main().dataset.page = "login";
+    return;
+  }
+  const page = parts[0] === "login" ? "inventory" : parts[0];
   try {
-    if (!me) await loadMe();
     main().setAttribute("aria-busy", "true");
-    if (parts[0] === "inventory" && parts[1] === "group") await groupPage(parts[2], q);
-    else if (parts[0] === "inventory" || parts[0] === "login") await inventoryPage();
-    else if (parts[0] === "node") await nodePage(parts[1]);
-    else if (parts[0] === "queue") await queuePage(q);
-    else if (parts[0] === "gpr") await gprPage(parts[1], parts[2]);
-    else if (parts[0] === "create") await createPage(q);
-    else if (parts[0] === "workspaces") await workspacesPage();
-    else if (parts[0] === "health") await healthPage();
-    else show(h("h1", {}, "Not found"), h("p", {}, "No page " + path));
+    if (!me) await loadMe();
+    if (parts[0] === "inventory" && parts[1] === "group") await groupPage(ctx, parts[2], q);
+    else if (page === "inventory") await inventoryPage(ctx);
+    else if (page === "node") await nodePage(ctx, parts[1]);
+    else if (page === "queue") await queuePage(ctx, q);
+    else if (page === "gpr") await gprPage(ctx, parts[1], parts[2]);
+    else if (page === "create") await createPage(ctx, q);
+    else if (page === "workspaces") await workspacesPage(ctx);
+    else if (page === "health") await healthPage(ctx);
+    else ctx.show(h("h1", {}, "Not found"), h("p", {}, "No page " + path));
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) return show(loginPage(err.message));
-    show(h("h1", {}, "accelstack"), refusal(err, "this page"));
+    ctx.show(h("h1", {}, "accelstack"), refusal(err, "this page"));
   } finally {
-    main().setAttribute("aria-busy", "false");
-    main().dataset.page = parts[0];
+    if (mine === routed) {
+      main().dataset.page = page;
+      main().setAttribute("aria-busy", "false");
+    }
   }
 }
 
