@@ -295,7 +295,7 @@ def cmd_workspace_usage(client: Client, args: argparse.Namespace) -> None:
                 rows.append([w["metadata"]["name"], u.get("resource", "-"), u.get("model") or "any",
                              u.get("inUse", "-"), u.get("reserved", "-"), u.get("queued", "-"),
                              quota if quota is not None else "-",
-                             f"{100 * held // quota}%" if quota else "-", counts])
+                             f"{int(100 * held / quota + 0.5)}%" if quota else "-", counts])
         if not rows:
             return "No workspaces."
         return table(["WORKSPACE", "RESOURCE", "MODEL", "IN-USE", "RESERVED", "QUEUED", "QUOTA", "HELD%",

@@ -12,7 +12,7 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 
 fi
 # component-specific packages (each script installs only what is missing)
 dir=$(dirname "$0")
-for extra in "$dir/cni-deps.sh" "$dir/npd-deps.sh"; do
+for extra in "$dir/cni-deps.sh" "$dir/npd-deps.sh" "$dir/portal-deps.sh"; do
   [ -f "$extra" ] && bash "$extra"
 done
 exit 0

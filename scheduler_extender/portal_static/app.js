@@ -243,7 +243,7 @@ async function queuePage(ctx, q) {
     return h("a", { class: "button", href: "#/queue?" + next.toString() }, label);
   };
   ctx.show(h("h1", {}, "Queue"), form,
-    h("p", { id: "queue-counts" }, `${data.total} shown of the filter · ${counts || "no GPRs"}`),
+    h("p", { id: "queue-counts" }, `${data.total} match the filter · by phase: ${counts || "no GPRs"}`),
     table(["Pos", "GPR", "Workspace", "Phase", "Priority", "Devices", "Estimated start", "Age", "Reason"], rows,
       "queue"),
     h("p", { class: "pager" }, offset > 0 ? pager("← previous", Math.max(0, offset - PAGE)) : null, " ",

@@ -49,7 +49,7 @@ async def test_queue_inventory_and_workspace_tables(capsys: pytest.CaptureFixtur
         assert "Node:   p5-0" in out and "team-a/train-big" in out
 
         code, out, _ = await run(capsys, *auth, "workspace", "usage")
-        assert lines(out)[1] == ["team-a", "nvidia.com/gpu", "any", "8", "2", "8", "16", "62%", "1/1/1"]
+        assert lines(out)[1] == ["team-a", "nvidia.com/gpu", "any", "8", "2", "8", "16", "63%", "1/1/1"]
 
 
 async def test_gpr_describe_says_why_it_waits(capsys: pytest.CaptureFixture[str]) -> None:

@@ -126,7 +126,8 @@ def until(driver: Any, predicate: Callable[[Any], Any], what: str) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:  # a page re-rendered while it was read is read again
-        return WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(predicate)
+        return WebDriverWait(driver, WAIT, poll_frequency=0.05,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(predicate)
     except TimeoutException:
         raise AssertionError(f"not seen within {WAIT:g}s: {what}; at {driver.current_url}; page: "
                              f"{text(driver, 'main')[:600]!r}") from None

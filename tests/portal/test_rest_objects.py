@@ -4,13 +4,17 @@ the field, API-server answers passed on (404, 409)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from tests.portal.cluster import ADMIN, BINDINGS, NOBODY, TEMPLATES, VIEWER, WORKSPACES
 from tests.portal.test_rest_views import seeded
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def call(http: aiohttp.ClientSession, method: str, url: str, headers: dict[str, str],
@@ -119,3 +123,30 @@ async def test_every_verb_is_authorised_like_the_kubernetes_resource() -> None:
         assert status == 401
         status, answer = await call(http, "DELETE", f"{base}/api/v1/workspaces/team-a", NOBODY)
         assert status == 403 and peer.get(WORKSPACES, "", "team-a") is not None
+
+
+async def test_every_call_the_rest_api_makes_is_allowed_by_the_shipped_rbac() -> None:
+    from tests.inference.test_inference_manifests import allowed, request_verb
+
+    docs = list(yaml.safe_load_all((ROOT / "manifests" / "extender" / "rbac.yaml").read_text()))
+    rules = [rule for d in docs if d["kind"] == "ClusterRole" for rule in d["rules"]]
+    async with seeded() as (peer, base, http):
+        for kind, body, one in (
+                ("workspaces", {"name": "w", "spec": {}}, "w"),
+                ("templates", {"name": "t", "namespace": "team-a", "spec": {"devicesPerNode": 1}}, "team-a/t"),
+                ("templatebindings", {"name": "b", "namespace": "team-a", "spec": {"template": "t"}}, "team-a/b")):
+            assert (await call(http, "POST", f"{base}/api/v1/{kind}", ADMIN, body))[0] == 201
+            assert (await call(http, "GET", f"{base}/api/v1/{kind}", ADMIN))[0] == 200
+            assert (await call(http, "PUT", f"{base}/api/v1/{kind}/{one}", ADMIN, body))[0] == 200
+            assert (await call(http, "DELETE", f"{base}/api/v1/{kind}/{one}", ADMIN))[0] == 200
+        for path in ("queue?workspace=team-a", "gprs/team-a/finetune/events", "inventory?summary=1", "health"):
+            assert (await call(http, "GET", f"{base}/api/v1/{path}", ADMIN))[0] == 200
+        seen = set()
+        for method, path in peer.requests:
+            group, resource, verb = request_verb(method, path)
+            if resource in ("tokenreviews", "subjectaccessreviews"):
+                continue  # system:auth-delegator, bound in the same file
+            assert allowed(rules, group, resource, verb), f"{method} {path}: {verb} {group or 'core'}/{resource}"
+            seen.add((resource, verb))
+        assert {("workspaces", "update"), ("gprtemplatebindings", "delete"), ("events", "list"),
+                ("namespaces", "list")} <= seen
