@@ -288,8 +288,8 @@ async function gprPage(ctx, ns, name) {
 }
 
 // ---- create a GPR from a template, with a live estimate -------------------------------------------------
-const EDITABLE = [["devicesPerNode", "Devices per node", "number"], ["nodeCount", "Nodes", "number"],
-  ["priority", "Priority", "number"], ["exitDuration", "Exit duration", "text"]];
+const EDITABLE = [["devicesPerNode", "Devices per node", "number", "1"], ["nodeCount", "Nodes", "number", "1"],
+  ["priority", "Priority", "number", "100"], ["exitDuration", "Exit duration", "text", "e.g. 2h"]];
 
 async function createPage(ctx, q) {
   const refused = notAllowed("createGPR", "create GPRs");
@@ -297,7 +297,8 @@ async function createPage(ctx, q) {
   const nsInput = h("input", { id: "c-namespace", value: p.get("namespace") || "default", size: 16 });
   const nameInput = h("input", { id: "c-name", size: 24, required: true, placeholder: "my-training-run" });
   const templateSelect = h("select", { id: "c-template" }, h("option", { value: "" }, "(none)"));
-  const inputs = Object.fromEntries(EDITABLE.map(([k, , type]) => [k, h("input", { id: "c-" + k, type, size: 10 })]));
+  const inputs = Object.fromEntries(EDITABLE.map(([k, , type, hint]) => [k, h("input", { id: "c-" + k, type, size: 10,
+    placeholder: hint })]));
   const estimate = h("div", { id: "estimate", class: "estimate", "aria-live": "polite" }, "—");
   const result = h("div", { id: "create-result" });
   let templates = [];
@@ -320,7 +321,8 @@ async function createPage(ctx, q) {
       estimate.replaceChildren(
         h("strong", {}, w.estimable ? (w.waitSeconds <= 1 ? "Starts now" : "Starts " + when(w.estimatedStart)) : "No estimate"),
         ` · queue position ${w.queuePosition} · ${w.basis}`,
-        w.estimatedStartRange ? ` · likely ${when(w.estimatedStartRange.earliest)} – ${when(w.estimatedStartRange.latest)}` : "");
+        w.estimatedStartRange && w.waitSeconds > 1
+          ? ` · likely ${when(w.estimatedStartRange.earliest)} – ${when(w.estimatedStartRange.latest)}` : "");
     } catch (err) {
       estimate.replaceChildren(refusal(err, "estimate wait times in this namespace"));
     }
