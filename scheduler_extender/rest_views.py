@@ -11,7 +11,8 @@ caller may do.
 - ``GET /api/v1/whoami[?namespace=]``                          the caller and what its RBAC allows here
 
 Everything is answered from the process's informer view (nodes, pods, GPRs): no request lists GPRs or nodes
-from the API server, and queue positions and estimated starts are the ones the controller wrote in the GPRs'
+from the API server (the queue order, the inventory summary and health are kept until the view changes), and
+queue positions and estimated starts are the ones the controller wrote in the GPRs'
 statuses (nothing is estimated per request). The workspace of a namespace comes from its
 ``accelstack.io/workspace`` label, read through :class:`NamespaceIndex` (one namespace list every few seconds at
 most, only while someone asks).
@@ -25,7 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from scheduler_extender.rest_api import RestAPI
 
 log = logging.getLogger("accelstack.extender.rest")
+T = TypeVar("T")
 
 WORKSPACE_LABEL = "accelstack.io/workspace"
 DEFAULT_GROUP_LABEL = "node.kubernetes.io/instance-type"
@@ -126,15 +128,22 @@ def queue_row(g: GPRView, workspace: str, now: float) -> dict[str, Any]:
             "reason": g.reason, "reservedNodes": sorted(g.reservation)}
 
 
+def in_queue_order(view: ClusterView) -> list[GPRView]:
+    """Every GPR of the view in queue order: queued ones by the controller's position, then those holding
+    devices; ties by priority (higher first), then age."""
+    return sorted(view.gprs.values(), key=_queue_key)
+
+
 def queue(view: ClusterView, index: NamespaceIndex, *, namespaces: Iterable[str] | None, phases: Iterable[str],
-          resource: str, offset: int, limit: int, now: float) -> dict[str, Any]:
-    """One page of the GPRs that match, in queue order: queued ones by the controller's position, then those
-    holding devices; ties by priority (higher first), then age. ``counts`` are per phase over every match."""
+          resource: str, offset: int, limit: int, now: float,
+          ordered: list[GPRView] | None = None) -> dict[str, Any]:
+    """One page of the GPRs that match, in queue order (``ordered``: :func:`in_queue_order` of the view, when the
+    caller keeps it). ``counts`` are per phase over every GPR of the namespaces and resource asked for."""
     wanted = set(namespaces) if namespaces is not None else None
     phase_set = set(phases)
     matching: list[GPRView] = []
     counts: dict[str, int] = {}
-    for g in view.gprs.values():
+    for g in ordered if ordered is not None else in_queue_order(view):
         if wanted is not None and g.key.split("/", 1)[0] not in wanted:
             continue
         if resource and g.resource != resource:
@@ -142,7 +151,6 @@ def queue(view: ClusterView, index: NamespaceIndex, *, namespaces: Iterable[str]
         counts[g.phase] = counts.get(g.phase, 0) + 1
         if g.phase in phase_set:
             matching.append(g)
-    matching.sort(key=_queue_key)
     page = matching[offset:offset + limit]
     rows = [queue_row(g, index.of(g.key.split("/", 1)[0]), now) for g in page]
     more = offset + limit < len(matching)
@@ -253,6 +261,17 @@ class ViewRoutes:
         self.index = NamespaceIndex(api.kube)
         self.whoami_ttl = whoami_ttl
         self._whoami: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._memo: dict[str, tuple[int, Any]] = {}
+
+    def memo(self, name: str, compute: Callable[[], T]) -> T:
+        """``compute()`` of the view as it is now: kept until the informers change the view (its version)."""
+        version = self.api.view.version
+        kept = self._memo.get(name)
+        if kept is not None and kept[0] == version:
+            return kept[1]  # type: ignore[no-any-return]
+        value = compute()
+        self._memo[name] = (version, value)
+        return value
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/queue", self.get_queue),
@@ -291,9 +310,10 @@ class ViewRoutes:
             if denied:
                 return denied
         await self.index.refresh()
-        return json_response(queue(self.api.view, self.index, namespaces=namespaces, phases=phases,
-                                   resource=q.get("resource", ""), offset=offset, limit=limit,
-                                   now=self.api.clock()))
+        view = self.api.view
+        return json_response(queue(view, self.index, namespaces=namespaces, phases=phases,
+                                   resource=q.get("resource", ""), offset=offset, limit=limit, now=self.api.clock(),
+                                   ordered=self.memo("queue", lambda: in_queue_order(view))))
 
     async def get_events(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -314,7 +334,8 @@ class ViewRoutes:
         return json_response({"items": events})
 
     async def get_summary(self, request: web.Request) -> web.Response:
-        return await self.nodes_denied(request) or json_response(summary(self.api.view, self.group_label))
+        return await self.nodes_denied(request) or json_response(
+            self.memo("summary", lambda: summary(self.api.view, self.group_label)))
 
     async def get_group(self, request: web.Request) -> web.Response:
         denied = await self.nodes_denied(request)
@@ -343,7 +364,8 @@ class ViewRoutes:
         return json_response(node_detail(self.api.view, node, self.group_label))
 
     async def get_health(self, request: web.Request) -> web.Response:
-        return await self.nodes_denied(request) or json_response(health(self.api.view, self.group_label))
+        return await self.nodes_denied(request) or json_response(
+            self.memo("health", lambda: health(self.api.view, self.group_label)))
 
     async def whoami(self, request: web.Request) -> web.Response:
         """The caller's name and, per portal action, whether its RBAC allows it (cluster-wide, or in

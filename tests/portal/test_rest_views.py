@@ -3,6 +3,7 @@ a GPR's Events, the inventory summary and its drill-down, health, whoami, and th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -173,3 +174,25 @@ async def test_portal_files_carry_security_headers() -> None:
             assert r.status == 404
         async with http.get(f"{base}/ui/secrets.txt") as r:
             assert r.status == 404 and r.headers["X-Content-Type-Options"] == "nosniff"
+
+
+async def test_kept_answers_follow_the_informers() -> None:
+    """The queue order, the summary and health are kept between requests only while the view is unchanged."""
+    from tests.portal.cluster import GPRS, gpu_node, queued
+
+    async with seeded() as (peer, base, http):
+        _, before = await get(http, f"{base}/api/v1/queue?phase=Queued", ADMIN)
+        _, summary_before = await get(http, f"{base}/api/v1/inventory?summary=1", ADMIN)
+        assert [r["name"] for r in before["items"]] == ["finetune", "batch", "sweep"]
+        await peer.put_object(GPRS, queued("sweep", "team-b", 1, 60, priority=130, devices=2), "MODIFIED")
+        await peer.put_object("api/v1/nodes", gpu_node("p5-3", "p5.48xlarge", "NVIDIA-H100-80GB-HBM3", 8))
+
+        async def changed() -> bool:
+            _, q = await get(http, f"{base}/api/v1/queue?phase=Queued", ADMIN)
+            _, s = await get(http, f"{base}/api/v1/inventory?summary=1", ADMIN)
+            return q["items"][0]["name"] == "sweep" and s["totals"]["nodes"] == summary_before["totals"]["nodes"] + 1
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await changed():
+            assert asyncio.get_running_loop().time() < deadline, "the kept answers did not follow the view"
+            await asyncio.sleep(0.02)
