@@ -440,6 +440,7 @@ async function route() {
   if (!token()) {
     show(loginPage());
     main().dataset.page = "login";
+    main().setAttribute("aria-busy", "false"); // an older navigation still under way no longer counts
     return;
   }
   const page = parts[0] === "login" ? "inventory" : parts[0];
@@ -456,7 +457,7 @@ async function route() {
     else if (page === "health") await healthPage(ctx);
     else ctx.show(h("h1", {}, "Not found"), h("p", {}, "No page " + path));
   } catch (err) {
-    if (err instanceof ApiError && err.status === 401) return show(loginPage(err.message));
+    if (err instanceof ApiError && err.status === 401) return ctx.show(loginPage(err.message));
     ctx.show(h("h1", {}, "accelstack"), refusal(err, "this page"));
   } finally {
     if (mine === routed) {
