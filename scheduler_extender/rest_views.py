@@ -11,7 +11,8 @@ caller may do.
 - ``GET /api/v1/whoami[?namespace=]``                          the caller and what its RBAC allows here
 
 Everything is answered from the process's informer view (nodes, pods, GPRs): no request lists GPRs or nodes
-from the API server (the queue order, the inventory summary and health are kept until the view changes), and
+from the API server (the queue order, the inventory summary and health are kept until the view changes, half a
+second at most when it changes all the time), and
 queue positions and estimated starts are the ones the controller wrote in the GPRs'
 statuses (nothing is estimated per request). The workspace of a namespace comes from its
 ``accelstack.io/workspace`` label, read through :class:`NamespaceIndex` (one namespace list every few seconds at
@@ -256,22 +257,31 @@ def health(view: ClusterView, group_label: str) -> dict[str, Any]:
 
 # ---- routes ------------------------------------------------------------------------------------------------
 class ViewRoutes:
-    def __init__(self, api: RestAPI, group_label: str = DEFAULT_GROUP_LABEL, whoami_ttl: float = 10.0) -> None:
+    def __init__(self, api: RestAPI, group_label: str = DEFAULT_GROUP_LABEL, whoami_ttl: float = 10.0,
+                 max_age: float = 0.5) -> None:
         self.api, self.group_label = api, group_label
         self.index = NamespaceIndex(api.kube)
         self.whoami_ttl = whoami_ttl
         self._whoami: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._memo: dict[str, tuple[int, Any]] = {}
+        self.max_age = max_age
+        self._memo: dict[str, tuple[int, float, Any]] = {}
 
     def memo(self, name: str, compute: Callable[[], T]) -> T:
-        """``compute()`` of the view as it is now: kept until the informers change the view (its version)."""
-        version = self.api.view.version
+        """``compute()`` of the view: kept while the informers leave the view unchanged (its version), and
+        for ``max_age`` seconds at most after it was computed however busy the informers are (a dashboard
+        half a second behind, at most one computation per ``max_age`` on a cluster whose GPRs change all the
+        time)."""
+        version, now = self.api.view.version, time.monotonic()
         kept = self._memo.get(name)
-        if kept is not None and kept[0] == version:
-            return kept[1]  # type: ignore[no-any-return]
+        if kept is not None and (kept[0] == version or now - kept[1] < self.max_age):
+            return kept[2]  # type: ignore[no-any-return]
         value = compute()
-        self._memo[name] = (version, value)
+        self._memo[name] = (version, now, value)
         return value
+
+    def forget(self) -> None:
+        """Drop every kept answer: the next request computes (a benchmark measures that cost)."""
+        self._memo.clear()
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/api/v1/queue", self.get_queue),

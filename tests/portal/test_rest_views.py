@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import stack
@@ -196,3 +197,49 @@ async def test_kept_answers_follow_the_informers() -> None:
         while not await changed():
             assert asyncio.get_running_loop().time() < deadline, "the kept answers did not follow the view"
             await asyncio.sleep(0.02)
+
+
+
+async def test_the_namespace_index_refreshes_at_most_every_ttl_and_keeps_its_last_answer() -> None:
+    from kubernetes_asyncio import client
+
+    from kubeapi import KubeClient
+    from scheduler_extender.kube import Kube
+    from scheduler_extender.rest_views import NamespaceIndex
+
+    peer = APIServerPeer()
+    await peer.start()
+    await seed(peer)
+    api = client.ApiClient(client.Configuration(host=peer.url))
+    try:
+        now = [100.0]
+        index = NamespaceIndex(Kube(KubeClient(api, field_manager="test")), ttl=5.0, clock=lambda: now[0])
+        refused = peer.inject("GET", "namespaces", verb="list", status=403)
+        await index.refresh()
+        assert index.of("team-a-dev") == "team-a-dev"  # never read: each namespace is its own workspace
+        refused.remove()
+        now[0] += 5
+        await index.refresh()
+        assert index.of("team-a-dev") == "team-a" and index.namespaces("team-a") == ["team-a", "team-a-dev"]
+        lists = peer.count("GET", "namespaces", verb="list")
+        now[0] += 4.9
+        await index.refresh()
+        assert peer.count("GET", "namespaces", verb="list") == lists  # within the ttl: no list
+        with peer.inject("GET", "namespaces", verb="list", status=403):
+            now[0] += 5
+            await index.refresh()
+        assert index.of("team-a-dev") == "team-a"  # a failed refresh keeps the last answer
+        assert index.namespaces("nowhere") == ["nowhere"]
+    finally:
+        await api.close()
+        await peer.stop()
+
+
+def test_node_group_label_flag_is_checked() -> None:
+    from device_plugin.flags import UsageError
+    from scheduler_extender.main import parse
+
+    assert parse(["--node-group-label", "example.com/rack"], {})["node_group_label"] == "example.com/rack"
+    assert parse([], {})["node_group_label"] == "node.kubernetes.io/instance-type"
+    with pytest.raises(UsageError, match="--node-group-label: a node label key"):
+        parse(["--node-group-label", "two words"], {})
