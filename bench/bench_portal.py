@@ -223,7 +223,7 @@ def main() -> None:
         return statistics.median(values) if values else float("nan")
 
     for label, http, is_fresh in (("view unchanged since the last request (kept answers reused)", kept, False),
-                                  ("view changed before every request (everything computed)", fresh, True)):
+                                  ("nothing kept: every answer computed (the view changed)", fresh, True)):
         base_ms = http["/api/v1/inventory"][0]
         print(f"\n== {label}")
         print(f"{'call':<48} {'bytes':>10} {'server ms':>10} {'HTTP ms':>9} {'vs baseline':>12}")
