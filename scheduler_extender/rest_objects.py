@@ -26,14 +26,13 @@ from scheduler_extender import gpr_resource as gr
 from scheduler_extender.http_body import BodyError, closing
 from scheduler_extender.kube import ApiError, NotFound
 from scheduler_extender.rest_http import api_call, api_error, error
+from scheduler_extender.workspaces import ROLES, SUBJECT_KINDS, parse_policy
 
 if TYPE_CHECKING:
     from scheduler_extender.rest_api import RestAPI
 
 LABEL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1123 label: namespaces, workspaces
 SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-SUBJECT_KINDS = ("User", "Group", "ServiceAccount")
-ROLES = ("admin", "member", "viewer")
 
 
 def check_name(value: Any, what: str, label: bool = False) -> str:
@@ -70,9 +69,13 @@ def check_workspace(spec: dict[str, Any], name: str, namespace: str) -> None:
             raise ValueError(f"{where}.role: must be one of {', '.join(ROLES)}, got {rule.get('role')!r}")
         if rule["kind"] == "ServiceAccount":
             check_name(rule.get("namespace"), f"{where}.namespace (a ServiceAccount's namespace)", label=True)
-    for key in ("policy", "defaultTemplate"):
-        if key in spec and not isinstance(spec[key], dict):
-            raise ValueError(f"spec.{key}: must be an object")
+    parse_policy(spec.get("policy"))  # PolicyError (a ValueError) naming the field, as the controller reads it
+    if "defaultTemplate" in spec:
+        tpl = spec["defaultTemplate"]
+        if not isinstance(tpl, dict):
+            raise ValueError("spec.defaultTemplate: must be an object {namespace, name}")
+        check_name(tpl.get("namespace"), "spec.defaultTemplate.namespace", label=True)
+        check_name(tpl.get("name"), "spec.defaultTemplate.name")
 
 
 def check_template(spec: dict[str, Any], name: str, namespace: str) -> None:

@@ -36,6 +36,7 @@ from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import GPU, ClusterView, GPRView, NodeView
 from scheduler_extender.kube import ApiError, Kube
 from scheduler_extender.rest_http import api_error, error, json_response, query_int
+from scheduler_extender.workspaces import WORKSPACE_LABEL
 
 if TYPE_CHECKING:
     from scheduler_extender.rest_api import RestAPI
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("accelstack.extender.rest")
 T = TypeVar("T")
 
-WORKSPACE_LABEL = "accelstack.io/workspace"
 DEFAULT_GROUP_LABEL = "node.kubernetes.io/instance-type"
 NO_GROUP = "(none)"
 MODEL_LABELS = {GPU: "nvidia.com/gpu.product"}
