@@ -354,10 +354,11 @@ async def part_load(samples: int) -> list[str]:
                     os.kill(cluster.controller.pid, signal.SIGCONT if running else signal.SIGSTOP)
                     await asyncio.sleep(1)
                     part = bindable[(2 * k + running) * samples:(2 * k + running + 1) * samples]
-                    before, wrote = server_buckets(cluster), await controller_actions(cluster)
+                    # a stopped controller answers nothing, its metrics included: it writes nothing then
+                    before, wrote = server_buckets(cluster), await controller_actions(cluster) if running else 0
                     runs[separate, running] = await asyncio.to_thread(http_latencies, cluster, samples, part)
                     served[separate, running] = within(before, server_buckets(cluster), "filter")
-                    writes[separate, running] = int(await controller_actions(cluster) - wrote)
+                    writes[separate, running] = int(await controller_actions(cluster) - wrote) if running else 0
         finally:
             os.sched_setaffinity(os.getpid(), set(range(os.cpu_count() or 1)))
             cluster.stop()
