@@ -16,12 +16,15 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kubeapi.client import KubeClient, backoff_delay
 from kubeapi.errors import ApiError, Expired
 from kubeapi.resources import Resource
+
+YIELD_AFTER = 0.001  # seconds of event handling before a watch lets other tasks run
 
 log = logging.getLogger("accelstack.kube.informer")
 Handler = Callable[[str, dict[str, Any]], None]  # (ADDED|MODIFIED|DELETED, object)
@@ -75,6 +78,7 @@ class Informer:
         timeout = self.rng.randint(*self.watch_timeout)
         seen = 0
         self.watches += 1
+        held = time.perf_counter()
         async for kind, obj in self.client.watch(self.resource, self.namespace,
                                                  resource_version=self.resource_version, timeout_seconds=timeout,
                                                  read_timeout=timeout + self.read_margin,
@@ -85,6 +89,11 @@ class Informer:
                 self.resource_version = str(rv)
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 self.on_event(kind, obj)
+            # events that arrived together are read from the buffer without a pause: give the loop back every
+            # YIELD_AFTER seconds, so a burst (a controller writing hundreds of statuses) never holds a request
+            if time.perf_counter() - held >= YIELD_AFTER:
+                await asyncio.sleep(0)
+                held = time.perf_counter()
         return seen
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -58,3 +58,57 @@ async def test_resume_then_relist_after_410() -> None:
         await asyncio.gather(task, return_exceptions=True)
         await kube_cm.__aexit__(None, None, None)
         await peer.stop()
+
+
+async def test_a_burst_of_events_never_holds_the_loop(monkeypatch: Any) -> None:
+    """Watch events that arrive together are read from the buffer without a pause; the informer gives the loop
+    back every millisecond of handling, so a request on the same loop waits for one slice, not for the burst."""
+    import time
+
+    import kubeapi.informer as informer_module
+
+    async def worst_gap(yield_after: float, burst: int) -> tuple[float, int]:
+        monkeypatch.setattr(informer_module, "YIELD_AFTER", yield_after)
+        peer = APIServerPeer()
+        await peer.start()
+        kube_cm = connected(peer.url, field_manager="test")
+        kube = await kube_cm.__aenter__()
+        seen: list[str] = []
+
+        def on_event(kind: str, obj: dict[str, Any]) -> None:
+            until = time.perf_counter() + 0.0003  # an event's handling: decode, view update
+            while time.perf_counter() < until:
+                pass
+            seen.append(obj["metadata"]["name"])
+
+        informer = Informer(kube, NODES, on_event, lambda items: None, watch_timeout=(30, 30))
+        stop = asyncio.Event()
+        task = asyncio.create_task(informer.run(stop))
+        gaps: list[float] = []
+        try:
+            await informer.synced.wait()
+            await asyncio.sleep(0.2)  # the watch is open
+            # the peer writes the burst in a few large chunks (one loop: the client reads what is buffered)
+            for i in range(burst):
+                await peer.put_object("api/v1/nodes", node(f"n{i}"))
+            time.sleep(0.3)
+            last = time.perf_counter()
+            while len(seen) < burst:
+                await asyncio.sleep(0)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+            return max(gaps), len(seen)
+        finally:
+            stop.set()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await kube_cm.__aexit__(None, None, None)
+            await peer.stop()
+
+    held, seen_all = await worst_gap(float("inf"), 300)
+    assert seen_all == 300
+    assert held > 0.02, f"the burst did not arrive at once ({held * 1000:.1f} ms): the test proves nothing"
+    sliced, seen_all = await worst_gap(0.001, 300)
+    assert seen_all == 300
+    assert sliced < held / 3 and sliced < 0.03, (sliced, held)
