@@ -255,6 +255,14 @@ def parse_review(raw: bytes, resource: str) -> dict[str, Any]:
     return request
 
 
+def spec_written(req: dict[str, Any]) -> bool:
+    """Whether a validating webhook has a spec to judge: a CREATE, or an UPDATE that changes the spec."""
+    if req["operation"] not in ("CREATE", "UPDATE"):
+        return False
+    old = req.get("oldObject")
+    return not (req["operation"] == "UPDATE" and isinstance(old, dict) and old.get("spec") == req["object"].get("spec"))
+
+
 def review_response(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | None = None, code: int = 0,
                     message: str = "", reason: str = "", warnings: list[str] | None = None) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
@@ -612,12 +620,9 @@ class Webhook:
     # ---- GPRs ------------------------------------------------------------------------------------------------
     async def _validate_gpr(self, req: dict[str, Any]) -> dict[str, Any]:
         uid = req["uid"]
-        if req["operation"] not in ("CREATE", "UPDATE"):
-            return review_response(uid, True)
-        obj = req["object"]
-        old = req.get("oldObject")
-        if req["operation"] == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
+        if not spec_written(req):
             return review_response(uid, True)  # metadata or status only: limits set later must not block them
+        obj = req["object"]
         meta = obj.get("metadata")
         if not isinstance(meta, dict):
             raise BadReview("request.object.metadata: must be an object")
@@ -699,12 +704,9 @@ class Webhook:
 
     async def _validate_workspace(self, req: dict[str, Any]) -> dict[str, Any]:
         uid = req["uid"]
-        if req["operation"] not in ("CREATE", "UPDATE"):
-            return review_response(uid, True)
-        obj = req["object"]
-        old = req.get("oldObject")
-        if req["operation"] == "UPDATE" and isinstance(old, dict) and old.get("spec") == obj.get("spec"):
+        if not spec_written(req):
             return review_response(uid, True)  # status or metadata only
+        obj = req["object"]
         refusal = workspace_refusal(obj, await self.lookup.list_workspaces(), self.own_namespace)
         if refusal:
             return review_response(uid, False, code=422, reason="Invalid", message=refusal)
