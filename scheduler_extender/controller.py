@@ -135,8 +135,9 @@ class GPRController:
         due = snap.now - self._queue_at >= self.estimate_every
         index = self.workspaces() if self.workspaces is not None else None
         core = self.config
-        if index is not None and index.quotas:
-            core = dataclasses.replace(core, quotas={**(core.quotas or {}), **index.quotas})
+        if index is not None and (index.quotas or index.model_caps):
+            core = dataclasses.replace(core, quotas={**(core.quotas or {}), **index.quotas}, model_caps={
+                **(core.model_caps or {}), **{k: dict(v) for k, v in index.model_caps.items()}})
         # before the pass, which only reads the predictor and the calibration
         self.history.learn(snap.gprs, index.key if index is not None else None)
         cfg = PassConfig(self.policy, core, workspaces=index, refresh_queue=due, orphan_grace=self.orphan_grace,

@@ -23,9 +23,10 @@ namespace in no workspace is its own workspace, as before workspaces existed.
 Quotas (:func:`quotas`): the policy core has one quota per workspace, in device milli. A workspace's
 ``policy.devices`` entries without a model are enforced there per resource: a GPR's core workspace is
 ``<workspace>|<resource>`` (:func:`core_workspace`), so a GPU quota never blocks NR1 requests and an NR1 quota
-never counts GPUs. Entries with a model are reported in status, and a single GPR that could only ever run on
-capped models and asks for more than their caps is refused by the admission webhook; the number of devices of one
-model held at once is not enforced (the core has no per-model quota).
+never counts GPUs. Entries with a model are the core's model caps (:func:`model_caps`), under the same key: the
+core places a GPR on a capped model only while the workspace's devices of that model plus the whole GPR stay
+within the cap (other models stay open to it). A single GPR that could only ever run on capped models and asks for
+more than their caps is refused by the admission webhook.
 """
 
 from __future__ import annotations
@@ -266,12 +267,25 @@ def quotas(workspaces: Iterable[Workspace]) -> dict[str, int]:
     return {f"{w.name}|{d.resource}": d.max * 1000 for w in workspaces for d in w.policy.devices if not d.model}
 
 
+def model_caps(workspaces: Iterable[Workspace]) -> dict[str, dict[str, int]]:
+    """The core's model caps (core workspace -> device model -> device milli) from the ``policy.devices``
+    entries with a model."""
+    out: dict[str, dict[str, int]] = {}
+    for w in workspaces:
+        for d in w.policy.devices:
+            if d.model:
+                out.setdefault(f"{w.name}|{d.resource}", {})[d.model] = d.max * 1000
+    return out
+
+
 @dataclass(frozen=True)
 class WorkspaceIndex:
-    """What a GPR pass needs of the workspaces: the namespace -> workspace map and the core's quotas."""
+    """What a GPR pass needs of the workspaces: the namespace -> workspace map, the core's quotas and model
+    caps."""
 
     owner: Mapping[str, str] = field(default_factory=dict)
     quotas: Mapping[str, int] = field(default_factory=dict)
+    model_caps: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def key(self, namespace: str, resource: str) -> str:
         return core_workspace(namespace, resource, self.owner)
@@ -280,7 +294,7 @@ class WorkspaceIndex:
 def index(workspaces: Iterable[Workspace], namespace_labels: Mapping[str, Mapping[str, str]]) -> WorkspaceIndex:
     wss = list(workspaces)
     owner, _ = membership(wss, namespace_labels)
-    return WorkspaceIndex(owner, quotas(wss))
+    return WorkspaceIndex(owner, quotas(wss), model_caps(wss))
 
 
 # ---- desired objects -----------------------------------------------------------------------------------------
@@ -396,7 +410,7 @@ def plan(obs: Observed) -> Plan:
     wss = [parse_workspace(o) for o in obs.workspaces if (o.get("metadata") or {}).get("name")]
     labels = {n: ((o.get("metadata") or {}).get("labels") or {}) for n, o in obs.namespaces.items()}
     owner, lost = membership(wss, labels)
-    out.index = WorkspaceIndex(owner, quotas(wss))
+    out.index = WorkspaceIndex(owner, quotas(wss), model_caps(wss))
     rules, template_errors = parse_templates(obs.templates)
     wanted: set[tuple[str, str, str]] = set()
     keep_roles = {r for r in ROLES if r in template_errors}  # leave those Roles alone until the template is fixed

@@ -32,11 +32,14 @@ re-checks that claim after every backfill and counts violations in ``inversions`
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay
@@ -66,6 +69,8 @@ class SchedulerConfig:
     eviction: bool = True
     max_reservations: int = 8
     quotas: dict[str, int] | None = None  # workspace -> device milli it may hold at once
+    # workspace -> device model -> device milli of that model it may hold at once (see Scheduler._capped)
+    model_caps: dict[str, dict[str, int]] | None = None
     requeue_evicted: bool = True
     audit: bool = False
     # True: an evicted GPR's devices are free at once (the simulator: pods vanish). False: it is ``Evicting`` and
@@ -79,7 +84,8 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class Event:
     time: float
-    kind: str  # submitted admitted backfilled evicted requeued completed failed cancelled expired idle
+    # submitted admitted backfilled evicted requeued completed failed cancelled expired idle unschedulable modelquota
+    kind: str
     gpr: str
     detail: str = ""
 
@@ -100,6 +106,7 @@ class _Pass:
     admitted: list[str] = field(default_factory=list)
     requeue: list[GPR] = field(default_factory=list)
     bounds: list[Holder] | None = None  # holders sorted by end bound, kept up to date within the pass
+    reqs: dict[str, Request] = field(default_factory=dict)  # GPR -> its request narrowed by model caps
 
 
 class Scheduler:
@@ -136,6 +143,8 @@ class Scheduler:
         self.evicting: dict[str, GPR] = {}  # chosen for eviction, devices still held until their pods are gone
         self.external: dict[str, Placement] = {}  # devices held by work outside any GPR (see :meth:`hold`)
         self.usage: dict[str, int] = {}
+        self.model_usage: dict[tuple[str, str], int] = {}  # (workspace, device model) -> milli held
+        self._held_models: dict[str, dict[str, int]] = {}  # holder -> device model -> milli it holds
         self.reservations: list[Reservation] = []
         self.inversions = 0
         self.passes = 0
@@ -187,13 +196,12 @@ class Scheduler:
         if g.admitted_at is None:
             g.admitted_at = now
         self.gprs[g.name] = g
+        self._use(g)
         if g.phase is Phase.EVICTING:
             self.evicting[g.name] = g
-            self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
             self._hold(g, leaving_at=now)
             return True
         self.holders[g.name] = g
-        self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
         self._hold(g)
         if g.exit_duration_s is not None:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, g.admitted_at))
@@ -321,10 +329,9 @@ class Scheduler:
                 continue
             self.holders.pop(name, None)
             self._unhold(g)
+            self._unuse(g)
             if self.evicting.pop(name, None) is not None:
-                self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
                 continue
-            self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
             g.failures += 1
             g.transition(Phase.FAILED, now, "NodeLost")
             events.append(Event(now, "failed", name, "NodeLost"))
@@ -461,6 +468,11 @@ class Scheduler:
         for ws, used in self.usage.items():
             q = (self.cfg.quotas or {}).get(ws)
             assert q is None or used <= q, f"workspace {ws} over quota"
+        model_caps = self.cfg.model_caps or {}
+        for (ws, model), used in self.model_usage.items():
+            cap = model_caps.get(ws, {}).get(model)
+            assert cap is None or used <= cap, f"workspace {ws} over its {model} cap"
+        assert set(self._held_models) == set(self.holders) | set(self.evicting), "the model usage is stale"
         assert set(self._ws_entry) == set(self.holders) | set(self.evicting), "the workspace index is stale"
 
     # ---------------------------------------------------------------- internals
@@ -541,11 +553,66 @@ class Scheduler:
             lst = self._ws_ends[g.workspace]
             del lst[bisect.bisect_left(lst, entry)]
 
+    def _use(self, g: GPR) -> None:
+        """``g`` now holds its placement: count it against its workspace, in total and per device model."""
+        self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+        held: dict[str, int] = {}
+        for a in g.placement.assignments if g.placement is not None else ():
+            model = self.inv.models[int(self.inv.model[a.node])]
+            held[model] = held.get(model, 0) + len(a.devices) * a.milli
+        self._held_models[g.name] = held
+        for model, milli in held.items():
+            self.model_usage[g.workspace, model] = self.model_usage.get((g.workspace, model), 0) + milli
+
+    def _unuse(self, g: GPR) -> None:
+        """``g`` gave its devices back (counted as :meth:`_use` counted them, whatever the node set now)."""
+        self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
+        for model, milli in self._held_models.pop(g.name, {}).items():
+            self.model_usage[g.workspace, model] -= milli
+
+    def _capped(self, g: GPR, req: Request, caps: dict[str, int]) -> Request | None:
+        """``req`` narrowed to the device models its workspace may still take all of ``g`` on: a model with a
+        cap is allowed only while the workspace's milli held on it plus the whole of ``g`` stays within the cap
+        (``g`` counted whole, wherever its devices land: conservative, and simple to prove). None: no model is
+        left, or what is left could never hold ``g`` while the unnarrowed request could (it waits for its
+        workspace to release devices of a capped model, blocking nobody)."""
+        inv = self.inv
+        if req.resource not in inv.resource_index:
+            return req
+        models = req.models or frozenset(
+            inv.models[int(i)] for i in np.unique(inv.model[inv.resource == inv.resource_index[req.resource]]))
+        need = g.milli_total()
+        over = {m for m in models if m in caps and self.model_usage.get((g.workspace, m), 0) + need > caps[m]}
+        if not over:
+            return req
+        if over == models:
+            return None
+        capped = dataclasses.replace(req, models=frozenset(models - over))
+        if not self._ever_fits(capped) and self._ever_fits(req):
+            return None
+        return capped
+
+    def _ever_fits(self, req: Request) -> bool:
+        """Whether ``req`` fits on the empty healthy cluster (cached until health or the node set changes)."""
+        if req not in self._ever:
+            self._ever[req] = fits(self._empty, req)
+        return self._ever[req]
+
+    def _model_blocked(self, g: GPR, caps: dict[str, int], now: float) -> list[Event]:
+        """``g`` waits for its workspace to hold less of a capped model: said once (reason ``ModelQuota``)."""
+        if g.reason == "ModelQuota":
+            return []
+        g.reason = "ModelQuota"
+        held = ", ".join(f"{m}: {self.model_usage.get((g.workspace, m), 0) / 1000:g} of {c / 1000:g} devices held"
+                         for m, c in sorted(caps.items()) if not g.models or m in g.models)
+        return [Event(now, "modelquota", g.name,
+                      f"workspace {g.workspace} at its model caps ({held}); it needs {g.milli_total() / 1000:g}")]
+
     def _release(self, g: GPR) -> None:
         self.inv.release(g.name)
         self.holders.pop(g.name, None)
         self.evicting.pop(g.name, None)
-        self.usage[g.workspace] = self.usage.get(g.workspace, 0) - g.milli_total()
+        self._unuse(g)
         self._unhold(g)
 
     def _admit(self, g: GPR, p: Placement, now: float, kind: str, st: _Pass) -> Event:
@@ -553,7 +620,7 @@ class Scheduler:
         g.placement = p
         g.transition(Phase.ADMITTED, now, kind.capitalize())
         self.holders[g.name] = g
-        self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
+        self._use(g)
         self._hold(g)
         self._pred.pop(g.name, None)
         first = self._first_est.pop(g.name, None)
@@ -590,16 +657,17 @@ class Scheduler:
             after.release(name)
         return self.policy.place(after, req) is not None
 
-    def _plan(self, g: GPR, now: float, quota: int | None) -> list[str] | None:
-        """Eviction plan for ``g``: for capacity (any workspace), or with ``quota`` set, within ``g``'s own
-        workspace so that it also fits under that quota."""
+    def _plan(self, g: GPR, req: Request, now: float, quota: int | None) -> list[str] | None:
+        """Eviction plan for ``g`` (as ``req``, narrowed by model caps: the evictions make room only on models
+        it may take): for capacity (any workspace), or with ``quota`` set, within ``g``'s own workspace so that
+        it also fits under that quota."""
         cands = [
             Candidate(h.name, h.priority, h.preemptible, (now - (h.admitted_at or now)) * h.milli_total(), h.milli_total())
             for h in self.holders.values()
             if quota is None or h.workspace == g.workspace
         ]
         need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
-        return plan_eviction(self.inv, g.request(), g.priority, cands, need_milli=need)
+        return plan_eviction(self.inv, req, g.priority, cands, need_milli=need)
 
     def _quota_shadow(self, g: GPR, quota: int, now: float, st: _Pass) -> float:
         """Earliest time ``g``'s workspace has room for it under its quota, holders leaving at their bound."""
@@ -634,12 +702,14 @@ class Scheduler:
     def _reserve(self, g: GPR, prior: list[Reservation], now: float, st: _Pass | None = None) -> Reservation:
         base = self._base_without(prior)
         if st is None:
-            start, state = earliest_fit(base, g.request(), self._holder_bounds(now), now)
+            req = g.request()
+            start, state = earliest_fit(base, req, self._holder_bounds(now), now)
         else:
+            req = st.reqs.get(g.name) or g.request()
             if st.bounds is None:
                 st.bounds = sorted(self._holder_bounds(now), key=holder_order)
-            start, state = earliest_fit(base, g.request(), st.bounds, now, presorted=True)
-        placement = self.policy.place(state, g.request()) if math.isfinite(start) else None
+            start, state = earliest_fit(base, req, st.bounds, now, presorted=True)
+        placement = self.policy.place(state, req) if math.isfinite(start) else None
         return Reservation(g.name, max(start, g.not_before), placement)
 
     def _ensure_reservations(self, st: _Pass, now: float) -> bool:
@@ -650,7 +720,7 @@ class Scheduler:
         return all(math.isfinite(r.start) for r in st.resv)
 
     def _audit(self, st: _Pass, now: float) -> None:
-        check = _Pass(bounds=sorted(self._holder_bounds(now), key=holder_order))  # computed afresh, not from st
+        check = _Pass(bounds=sorted(self._holder_bounds(now), key=holder_order), reqs=st.reqs)  # afresh, not from st
         for i, r in enumerate(st.resv):
             again = self._reserve(self.gprs[r.gpr], st.resv[:i], now, check)
             if again.start > r.start + 1e-9:
@@ -658,13 +728,24 @@ class Scheduler:
 
     def _pass(self, now: float) -> list[Event]:
         self.passes += 1
-        cfg, quotas = self.cfg, self.cfg.quotas or {}
+        cfg, quotas, model_caps = self.cfg, self.cfg.quotas or {}, self.cfg.model_caps or {}
         st = _Pass()
         events: list[Event] = []
         walk = self.queue.walk()
         qshadow: dict[str, float] = {}  # workspace -> earliest quota-start of its quota-blocked requests
         qcount: dict[str, int] = {}
         for g in walk:
+            req = g.request()
+            caps = model_caps.get(g.workspace)
+            if caps:
+                capped = self._capped(g, req, caps)
+                if capped is None:
+                    events += self._model_blocked(g, caps, now)
+                    continue
+                if g.reason == "ModelQuota":
+                    g.reason = ""
+                if capped != req:
+                    req = st.reqs[g.name] = capped
             q = quotas.get(g.workspace)
             if q is not None:
                 over = self.usage.get(g.workspace, 0) + g.milli_total() > q
@@ -681,12 +762,12 @@ class Scheduler:
                 elif over:
                     if cfg.eviction and g.enable_eviction and not st.blocked and not any(
                             e.workspace == g.workspace for e in self.evicting.values()):
-                        victims = self._plan(g, now, q)
+                        victims = self._plan(g, req, now, q)
                         if victims:
                             for v in victims:
                                 events += self._evict(self.gprs[v], now, st, g.name)
                             st.failed.clear()
-                            p = self.policy.place(self.inv, g.request())
+                            p = self.policy.place(self.inv, req)
                             if p is not None:
                                 events.append(self._admit(g, p, now, "admitted", st))
                                 continue
@@ -696,10 +777,7 @@ class Scheduler:
                     qshadow[g.workspace] = self._quota_shadow(g, q, now, st)
                     qcount[g.workspace] = 1
                     continue
-            req = g.request()
-            if req not in self._ever:
-                self._ever[req] = fits(self._empty, req)
-            if not self._ever[req]:
+            if not self._ever_fits(req):
                 if g.reason != "Unschedulable":
                     g.reason = "Unschedulable"
                     events.append(Event(now, "unschedulable", g.name, "does not fit even on the empty healthy cluster"))
@@ -709,7 +787,7 @@ class Scheduler:
                 if p is None:
                     st.failed.add(req)
                     if cfg.eviction and g.enable_eviction and not self._fits_once_evicted(req):
-                        victims = self._plan(g, now, None)
+                        victims = self._plan(g, req, now, None)
                         if victims:
                             for v in victims:
                                 events += self._evict(self.gprs[v], now, st, g.name)

@@ -146,6 +146,66 @@ def test_quota_keeps_a_workspace_to_its_share() -> None:
     s.check()
 
 
+def test_a_model_cap_holds_a_workspace_to_its_devices_of_that_model() -> None:
+    # two 8-GPU H100 nodes and a 16-GPU A100 node (BestFit would rather fill an H100 node); team may hold 8 H100s
+    inv = Inventory([NodeSpec("h0", 8, "H100"), NodeSpec("h1", 8, "H100"), NodeSpec("a0", 16, "A100")])
+    s = Scheduler(inv, BestFit(), SchedulerConfig(audit=True, order="priority", model_caps={"team": {"H100": 8000}}))
+    s.submit(GPR("first", workspace="team", devices_per_node=8, models=("H100",)), 0)
+    assert kinds(s.tick(0)) == [("admitted", "first")]
+    assert s.model_usage["team", "H100"] == 8000
+    s.submit(GPR("second", workspace="team", devices_per_node=8, models=("H100",)), 1)
+    s.submit(GPR("anywhere", workspace="team", devices_per_node=8), 1)
+    s.submit(GPR("other", workspace="else", devices_per_node=8, models=("H100",)), 1)
+    ev = s.tick(1)
+    # the second H100 request waits for the team's H100s, naming the cap; the any-model one goes to the A100s;
+    # the other workspace takes the free H100 node
+    assert kinds(ev) == [("modelquota", "second"), ("admitted", "anywhere"), ("admitted", "other")]
+    assert "H100: 8 of 8 devices held" in ev[0].detail
+    assert s.gprs["second"].phase is Phase.QUEUED and s.gprs["second"].reason == "ModelQuota"
+    assert s.inv.names[s.gprs["anywhere"].placement.assignments[0].node] == "a0"  # type: ignore[union-attr]
+    assert s.model_usage["team", "A100"] == 8000 and s.model_usage["else", "H100"] == 8000
+    s.check()
+    assert s.tick(2) == []  # said once; still waiting
+    s.finish("first", 3)
+    assert kinds(s.tick(3)) == [("admitted", "second")]
+    assert s.inv.names[s.gprs["second"].placement.assignments[0].node] == "h0"  # type: ignore[union-attr]
+    s.check()
+    s.cancel("second", 4)
+    assert s.model_usage["team", "H100"] == 0
+
+
+def test_a_model_cap_counts_the_whole_request_and_leaves_uncapped_models_open() -> None:
+    inv = Inventory([NodeSpec("h0", 8, "H100"), NodeSpec("a0", 8, "A100")])
+    s = Scheduler(inv, BestFit(), SchedulerConfig(audit=True, order="priority", model_caps={"team": {"H100": 6000}}))
+    s.submit(GPR("four", workspace="team", devices_per_node=4, models=("H100",)), 0)
+    s.submit(GPR("two", workspace="team", devices_per_node=2, models=("H100",)), 0)
+    s.submit(GPR("three", workspace="team", devices_per_node=3, models=("H100",)), 0)  # 4 + 2 + 3 > 6
+    s.submit(GPR("spill", workspace="team", devices_per_node=3), 0)  # any model: 3 more H100s would pass 6
+    assert kinds(s.tick(0)) == [("admitted", "four"), ("admitted", "two"), ("modelquota", "three"),
+                                ("admitted", "spill")]
+    assert s.inv.names[s.gprs["spill"].placement.assignments[0].node] == "a0"  # type: ignore[union-attr]
+    s.check()
+    # an invariant breach is caught: the cap lowered under what is held
+    s.cfg.model_caps = {"team": {"H100": 4000}}
+    with pytest.raises(AssertionError, match="over its H100 cap"):
+        s.check()
+
+
+def test_eviction_for_a_capped_request_makes_room_only_on_models_it_may_take() -> None:
+    inv = Inventory([NodeSpec("h0", 4, "H100"), NodeSpec("a0", 4, "A100")])
+    s = Scheduler(inv, BestFit(), SchedulerConfig(audit=True, order="priority", model_caps={"team": {"H100": 4000}}))
+    s.submit(GPR("mine", workspace="team", devices_per_node=4, models=("H100",), priority=10), 0)
+    s.submit(GPR("low", workspace="else", devices_per_node=4, models=("A100",), priority=50), 0)
+    s.tick(0)
+    s.submit(GPR("urgent", workspace="team", devices_per_node=4, priority=250, enable_eviction=True), 1)
+    ev = s.tick(1)
+    # it may not take H100s (the team holds its 4), so the A100 holder makes room, not the lowest-priority "mine"
+    assert ("evicted", "low") in kinds(ev) and ("admitted", "urgent") in kinds(ev)
+    assert s.gprs["mine"].holding
+    assert s.inv.names[s.gprs["urgent"].placement.assignments[0].node] == "a0"  # type: ignore[union-attr]
+    s.check()
+
+
 def test_estimates_follow_exit_durations() -> None:
     s = _sched(1)
     s.submit(GPR("a", exit_duration_s=100), 0)
@@ -167,6 +227,7 @@ gpr_spec = st.fixed_dictionaries(
         "evict": st.booleans(),
         "requeue": st.booleans(),
         "limit": st.integers(0, 3),
+        "models": st.sampled_from([(), (), ("A",), ("B",)]),
     }
 )
 step = st.tuples(
@@ -181,9 +242,12 @@ def test_invariants_hold_under_random_event_streams(steps: list, policy_name: st
                                                     order: str) -> None:
     from scheduler_extender.core.placement import Shape, TypicalShapes
 
-    inv = Inventory([NodeSpec(f"n{i}", d) for i, d in enumerate([1, 2, 4, 4])], tie_seed=3)
+    inv = Inventory([NodeSpec(f"n{i}", d, m) for i, (d, m) in enumerate([(1, "A"), (2, "A"), (4, "B"), (4, "B")])],
+                    tie_seed=3)
     shapes = TypicalShapes.from_requests([Shape(0, 1, 500), Shape(0, 2, 1000)], inv.models)
-    cfg = SchedulerConfig(audit=True, quotas={"w0": 4000} if with_quota else None, order=order, ageing_s=30)
+    # with quotas: w0 may hold 4 devices in all, w1 4 of model B (and any number of A)
+    cfg = SchedulerConfig(audit=True, quotas={"w0": 4000} if with_quota else None, order=order, ageing_s=30,
+                          model_caps={"w1": {"B": 4000}} if with_quota else None)
     s = Scheduler(inv, make_policy(policy_name, shapes, 1), cfg)
     now = 0.0
     fail_times: dict[str, list[float]] = {}
@@ -199,6 +263,7 @@ def test_invariants_hold_under_random_event_streams(steps: list, policy_name: st
                     devices_per_node=spec["devices"],
                     milli_per_device=milli,
                     node_count=spec["nodes"],
+                    models=spec["models"],
                     priority=spec["priority"],
                     exit_duration_s=spec["exit"],
                     preemptible=spec["preemptible"],
@@ -228,15 +293,18 @@ def test_invariants_hold_under_random_event_streams(steps: list, policy_name: st
                 victim = s.gprs[e.gpr]
                 assert victim.preemptible and victim.priority < s.gprs[e.detail].priority
                 assert s.gprs[e.detail].holding
-        s.check()  # nothing over-allocated; holders == allocations; quotas respected
+        s.check()  # nothing over-allocated; holders == allocations; quotas and model caps respected
         assert s.inversions == 0  # no backfill moved a higher-priority reservation later
-        # the head of the queue is never left waiting while it fits now (unless its workspace is at quota)
+        # the head of the queue is never left waiting while it fits now (unless its workspace is at quota or
+        # every model it may take is at its workspace's cap), on the models its caps leave it
         queued = s.queue.ordered()
         if queued:
             head = queued[0]
             q = (cfg.quotas or {}).get(head.workspace)
-            if q is None or s.usage.get(head.workspace, 0) + head.milli_total() <= q:
-                assert s.policy.place(s.inv, head.request()) is None
+            caps = (cfg.model_caps or {}).get(head.workspace)
+            req = s._capped(head, head.request(), caps) if caps else head.request()
+            if req is not None and (q is None or s.usage.get(head.workspace, 0) + head.milli_total() <= q):
+                assert s.policy.place(s.inv, req) is None
         # no GPR ever holds past its exit bound
         assert all(g.end_bound() > now or math.isinf(g.end_bound()) for g in s.holders.values())
         # priority levels stay strict in the queue, whatever the order within a level
