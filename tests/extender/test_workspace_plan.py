@@ -110,6 +110,7 @@ def test_quota_keys_are_per_workspace_and_resource_and_namespaces_outside_keep_t
                                                 {"resource": "nvidia.com/gpu", "model": "H100", "max": 1}]})
     index = wsp.index([wsp.parse_workspace(w)], {})
     assert index.quotas == {"w|nvidia.com/gpu": 3000}
+    assert index.model_caps == {"w|nvidia.com/gpu": {"H100": 1000}}  # per model, under the same key
     assert index.key("a", "nvidia.com/gpu") == index.key("b", "nvidia.com/gpu") == "w|nvidia.com/gpu"
     assert index.key("a", "neureality.com/nr1") == "w|neureality.com/nr1"
     assert index.key("elsewhere", "nvidia.com/gpu") == "elsewhere"

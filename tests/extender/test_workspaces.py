@@ -18,7 +18,7 @@ import yaml
 
 from scheduler_extender import workspaces as wsp
 from tests.apiserver_peer import APIServerPeer
-from tests.extender.harness import gpr, stack, wait_until
+from tests.extender.harness import gpr, node, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes
 from tests.extender.test_controller_process import kubeconfig
 from tests.extender.test_extender_process import free_port
@@ -255,6 +255,40 @@ async def test_the_device_quota_holds_across_the_workspace_namespaces() -> None:
         await peer.delete_object(GPRS, "q-a", "big")  # the workspace's devices are released
         await wait_until(lambda: holding(peer, "q-b", "more") == "Admitted")
     await peer.stop()
+
+
+async def test_a_model_cap_holds_across_the_workspace_namespaces_and_leaves_other_models_open() -> None:
+    peer = await new_peer()
+    for name, model, gpus in (("h0", "H100", 4), ("h1", "H100", 4), ("a0", "A100", 8)):
+        await peer.put_object("api/v1/nodes", node(name, gpus=gpus, labels={"nvidia.com/gpu.product": model}))
+    await peer.put_object(WS, workspace("m", ["m-a", "m-b"], policy={
+        "devices": [{"resource": "nvidia.com/gpu", "model": "H100", "max": 4}]}))
+    await peer.put_object(GPRS, gpr("first", phase=None, devices=4, namespace="m-a", models=["H100"]))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: holding(peer, "m-a", "first") == "Admitted")
+        # 4 H100s are free, but the workspace holds its 4 H100s already
+        await peer.put_object(GPRS, gpr("second", phase=None, devices=4, namespace="m-b", models=["H100"]))
+        await wait_until(lambda: (gpr_status(peer, "m-b", "second").get("reason")) == "ModelQuota")
+        assert holding(peer, "m-b", "second") == "Queued"
+        # a request of the workspace for any model goes to the A100s (BestFit would rather fill an H100 node);
+        # another workspace takes the free H100s
+        await peer.put_object(GPRS, gpr("anywhere", phase=None, devices=4, namespace="m-a"))
+        await peer.put_object(GPRS, gpr("other", phase=None, devices=4, namespace="other", models=["H100"]))
+        await wait_until(lambda: holding(peer, "m-a", "anywhere") == "Admitted")
+        assert gpr_status(peer, "m-a", "anywhere")["reservedNodes"] == ["a0"]
+        await wait_until(lambda: holding(peer, "other", "other") == "Admitted")
+        for _ in range(20):  # it stays queued over many passes
+            await asyncio.sleep(0.05)
+            assert holding(peer, "m-b", "second") == "Queued"
+        await peer.delete_object(GPRS, "other", "other")  # H100s free up, but not the workspace's: still waits
+        await peer.delete_object(GPRS, "m-a", "first")  # the workspace's H100s are released
+        await wait_until(lambda: holding(peer, "m-b", "second") == "Admitted")
+        assert gpr_status(peer, "m-b", "second")["reservedNodes"][0] in ("h0", "h1")
+    await peer.stop()
+
+
+def gpr_status(peer: APIServerPeer, ns: str, name: str) -> dict[str, Any]:
+    return (peer.get(GPRS, ns, name) or {}).get("status") or {}
 
 
 async def test_the_controller_process_runs_the_workspace_controller_under_its_lease(tmp_path: Path) -> None:
