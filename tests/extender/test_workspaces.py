@@ -231,8 +231,9 @@ async def test_the_device_quota_holds_across_the_workspace_namespaces() -> None:
     peer = await new_peer()
     await seed_nodes(peer)  # 2 nodes x 4 GPUs
     await peer.put_object(WS, workspace("q", ["q-a", "q-b"], policy={
+        # the H100 cap (6) leaves room for "more": the resource's quota (4) is what holds it back
         "devices": [{"resource": "nvidia.com/gpu", "max": 4}, {"resource": "nvidia.com/gpu", "model": "H100",
-                                                              "max": 2}]}))
+                                                              "max": 6}]}))
     await peer.put_object(GPRS, gpr("big", phase=None, devices=4, namespace="q-a"))
     async with stack(peer, **FAST):
         await wait_until(lambda: holding(peer, "q-a", "big") == "Admitted")
@@ -247,7 +248,7 @@ async def test_the_device_quota_holds_across_the_workspace_namespaces() -> None:
                                   for u in ws_status(peer, "q").get("usage") or ()} == {
             ("nvidia.com/gpu", ""): (4, 2), ("nvidia.com/gpu", "H100"): (4, 0)})
         usage = {(u["resource"], u["model"]): u for u in ws_status(peer, "q")["usage"]}
-        assert usage["nvidia.com/gpu", ""]["max"] == 4 and usage["nvidia.com/gpu", "H100"]["max"] == 2
+        assert usage["nvidia.com/gpu", ""]["max"] == 4 and usage["nvidia.com/gpu", "H100"]["max"] == 6
         assert ws_status(peer, "q")["gprs"] == {"queued": 1, "admitted": 1, "running": 0}
         for _ in range(20):  # it stays queued over many passes
             await asyncio.sleep(0.05)
