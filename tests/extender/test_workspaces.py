@@ -18,7 +18,8 @@ import yaml
 
 from scheduler_extender import workspaces as wsp
 from tests.apiserver_peer import APIServerPeer
-from tests.extender.harness import gpr, node, stack, wait_until
+from tests.extender.harness import gpr, node, stack
+from tests.extender.harness import wait_until as wait_within
 from tests.extender.test_controller import FAST, GPRS, seed_nodes
 from tests.extender.test_controller_process import kubeconfig
 from tests.extender.test_extender_process import free_port
@@ -30,6 +31,12 @@ BINDINGS = "apis/rbac.authorization.k8s.io/v1/rolebindings"
 SAS = "api/v1/serviceaccounts"
 CM = "api/v1/configmaps"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+async def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+    """A whole controller runs behind each of these conditions, on a machine the suite shares: a generous
+    deadline (one run of a full suite under load missed the 10 s default)."""
+    await wait_within(predicate, timeout)
 
 
 def workspace(name: str, namespaces: list[str], access: list[dict[str, Any]] | None = None,
