@@ -554,10 +554,12 @@ class Scheduler:
             del lst[bisect.bisect_left(lst, entry)]
 
     def _use(self, g: GPR) -> None:
-        """``g`` now holds its placement: count it against its workspace, in total and per device model."""
+        """``g`` now holds its placement: count it against its workspace, in total and, where the workspace has
+        model caps (fixed for the scheduler's life), per device model."""
         self.usage[g.workspace] = self.usage.get(g.workspace, 0) + g.milli_total()
         held: dict[str, int] = {}
-        for a in g.placement.assignments if g.placement is not None else ():
+        capped = bool((self.cfg.model_caps or {}).get(g.workspace))
+        for a in g.placement.assignments if g.placement is not None and capped else ():
             model = self.inv.models[int(self.inv.model[a.node])]
             held[model] = held.get(model, 0) + len(a.devices) * a.milli
         self._held_models[g.name] = held
