@@ -26,7 +26,8 @@ UNHEALTHY_TAINT = "accelstack.io/unhealthy"
 CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
 HOLDING = ("Admitted", "Running")
 ALLOCATED = (*HOLDING, "Evicting")  # phases whose reservation still takes devices
-CAPACITY_LABELS = ("nvidia.com/gpu.product", "nvidia.com/gpu.memory", "accelstack.io/nr1.product")
+MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}  # the device plugins' node labels
+CAPACITY_LABELS = (MODEL_LABEL[GPU], "nvidia.com/gpu.memory", MODEL_LABEL[NR1])
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 
 
@@ -254,6 +255,11 @@ def _ended_at(status: dict[str, Any]) -> float:
     return latest
 
 
+def model_of(node: NodeView, resource: str) -> str:
+    """The model of ``node``'s devices of ``resource``, as its device plugin labels it ("unknown" without)."""
+    return node.labels.get(MODEL_LABEL.get(resource, ""), "unknown")
+
+
 class ClusterView:
     def __init__(self, resources: Iterable[str] = (GPU, NR1)) -> None:
         self.resources = tuple(resources)
@@ -337,6 +343,11 @@ class ClusterView:
     # queries
     def reservations_on(self, node: str) -> dict[str, int]:
         return self.reserved.get(node, {})
+
+    def reserved_devices(self, node: str, resource: str) -> int:
+        """Devices of ``resource`` that GPRs holding devices have reserved on ``node`` (used or not)."""
+        return sum(n for k, n in self.reservations_on(node).items()
+                   if k in self.gprs and self.gprs[k].resource == resource)
 
     def free_for(self, node: NodeView, resource: str, gpr: str) -> int:
         """Devices a pod of ``gpr`` ("" for none) may still take on ``node``."""

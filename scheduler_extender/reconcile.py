@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_extender import gpr_resource as gr
-from scheduler_extender.cluster import GPU, NR1, NodeView, PodView
+from scheduler_extender.cluster import GPU, MODEL_LABEL, NR1, NodeView, PodView
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
 from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import make_policy
@@ -40,7 +40,6 @@ from scheduler_extender.core.waittime import Calibrator, Interval
 from scheduler_extender.predictor_store import job_key as history_key
 from scheduler_extender.workspaces import WorkspaceIndex
 
-MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 AUTO_LABEL = "accelstack.io/auto-gpr"
 ALLOCATED = (Phase.ADMITTED, Phase.RUNNING, Phase.EVICTING)

@@ -32,7 +32,7 @@ from aiohttp import web
 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.auth import Authorizer
-from scheduler_extender.cluster import ClusterView
+from scheduler_extender.cluster import ClusterView, model_of
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, loads, read_body
 from scheduler_extender.kube import Kube
 from scheduler_extender.portal import portal_routes
@@ -53,11 +53,9 @@ def inventory(view: ClusterView) -> dict[str, Any]:
             if capacity <= 0:
                 continue
             allocated = sum(e.requests.get(resource, 0) for e in node.ledger.values())
-            reserved = sum(n for k, n in view.reservations_on(node.name).items()
-                           if k in view.gprs and view.gprs[k].resource == resource)
+            reserved = view.reserved_devices(node.name, resource)
             healthy = not node.health_reason(resource)
-            model = node.labels.get("nvidia.com/gpu.product" if resource == "nvidia.com/gpu"
-                                    else "accelstack.io/nr1.product", "unknown")
+            model = model_of(node, resource)
             nodes.append({"node": node.name, "resource": resource, "model": model, "capacity": capacity,
                           "allocated": allocated, "reserved": reserved, "healthy": healthy,
                           "reason": node.health_reason(resource)})

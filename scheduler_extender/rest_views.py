@@ -33,7 +33,7 @@ from aiohttp import web
 
 from kubeapi.resources import EVENTS, GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, NODES, WORKSPACES
 from scheduler_extender import gpr_resource as gr
-from scheduler_extender.cluster import GPU, ClusterView, GPRView, NodeView
+from scheduler_extender.cluster import ClusterView, GPRView, NodeView, model_of
 from scheduler_extender.kube import ApiError, Kube
 from scheduler_extender.rest_http import api_error, error, json_response, query_int
 from scheduler_extender.workspaces import WORKSPACE_LABEL
@@ -46,8 +46,6 @@ T = TypeVar("T")
 
 DEFAULT_GROUP_LABEL = "node.kubernetes.io/instance-type"
 NO_GROUP = "(none)"
-MODEL_LABELS = {GPU: "nvidia.com/gpu.product"}
-OTHER_MODEL_LABEL = "accelstack.io/nr1.product"
 UNFINISHED = ("Queued", "Admitted", "Running", "Evicting")
 PHASE_ORDER = {"Queued": 0, "Evicting": 1, "Running": 2, "Admitted": 3}
 QUEUE_LIMIT, QUEUE_MAX_LIMIT = 100, 1000
@@ -66,10 +64,6 @@ ABILITIES: dict[str, tuple[str, str, str, bool]] = {
     "templates": ("list", GPR_TEMPLATES.group, GPR_TEMPLATES.plural, True),
     "templateBindings": ("list", GPR_TEMPLATE_BINDINGS.group, GPR_TEMPLATE_BINDINGS.plural, True),
 }
-
-
-def model_of(node: NodeView, resource: str) -> str:
-    return node.labels.get(MODEL_LABELS.get(resource, OTHER_MODEL_LABEL), "unknown")
 
 
 class NamespaceIndex:
@@ -160,11 +154,6 @@ def queue(view: ClusterView, index: NamespaceIndex, *, namespaces: Iterable[str]
 
 
 # ---- the inventory -----------------------------------------------------------------------------------------
-def _reserved(view: ClusterView, node: NodeView, resource: str) -> int:
-    return sum(n for k, n in view.reservations_on(node.name).items()
-               if k in view.gprs and view.gprs[k].resource == resource)
-
-
 def node_rows(view: ClusterView, node: NodeView, group_label: str) -> list[dict[str, Any]]:
     """One row per managed resource the node has (allocatable or capacity above 0)."""
     rows = []
@@ -176,7 +165,7 @@ def node_rows(view: ClusterView, node: NodeView, group_label: str) -> list[dict[
         reason = node.health_reason(resource) or node.ledger_error
         rows.append({"node": node.name, "group": node.labels.get(group_label) or NO_GROUP, "resource": resource,
                      "model": model_of(node, resource), "capacity": capacity, "allocatable": allocatable,
-                     "allocated": node.used.get(resource, 0), "reserved": _reserved(view, node, resource),
+                     "allocated": node.used.get(resource, 0), "reserved": view.reserved_devices(node.name, resource),
                      "free": 0 if reason else view.free_for(node, resource, ""), "healthy": not reason,
                      "reason": reason, "unhealthyDevices": capacity - allocatable if not reason else capacity})
     return rows

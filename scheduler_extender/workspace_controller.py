@@ -35,9 +35,8 @@ from kubeapi.resources import (
 )
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender import workspaces as wsp
-from scheduler_extender.cluster import ClusterView
+from scheduler_extender.cluster import MODEL_LABEL, ClusterView
 from scheduler_extender.kube import Kube
-from scheduler_extender.reconcile import MODEL_LABEL
 
 log = logging.getLogger("accelstack.workspaces")
 KINDS: dict[str, Resource] = {"Role": ROLES, "RoleBinding": ROLE_BINDINGS, "ServiceAccount": SERVICE_ACCOUNTS,
