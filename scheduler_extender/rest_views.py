@@ -26,7 +26,8 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
@@ -35,6 +36,7 @@ from kubeapi.resources import EVENTS, GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, NODE
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ClusterView, GPRView, NodeView, model_of
 from scheduler_extender.kube import ApiError, Kube
+from scheduler_extender.loop import slices
 from scheduler_extender.rest_http import api_error, error, json_response, query_int
 from scheduler_extender.workspaces import WORKSPACE_LABEL
 
@@ -123,22 +125,26 @@ def queue_row(g: GPRView, workspace: str, now: float) -> dict[str, Any]:
             "reason": g.reason, "reservedNodes": sorted(g.reservation)}
 
 
-def in_queue_order(view: ClusterView) -> list[GPRView]:
+async def in_queue_order(view: ClusterView) -> list[GPRView]:
     """Every GPR of the view in queue order: queued ones by the controller's position, then those holding
-    devices; ties by priority (higher first), then age."""
-    return sorted(view.gprs.values(), key=_queue_key)
+    devices; ties by priority (higher first), then age. The keys are made in slices (:mod:`.loop`); the key
+    ends with the GPR's unique name, so the sort never compares two GPRs."""
+    keyed: list[tuple[tuple[Any, ...], GPRView]] = []
+    async for part in slices(list(view.gprs.values())):
+        keyed += [(_queue_key(g), g) for g in part]
+    keyed.sort(key=itemgetter(0))
+    return [g for _, g in keyed]
 
 
-def queue(view: ClusterView, index: NamespaceIndex, *, namespaces: Iterable[str] | None, phases: Iterable[str],
-          resource: str, offset: int, limit: int, now: float,
-          ordered: list[GPRView] | None = None) -> dict[str, Any]:
-    """One page of the GPRs that match, in queue order (``ordered``: :func:`in_queue_order` of the view, when the
-    caller keeps it). ``counts`` are per phase over every GPR of the namespaces and resource asked for."""
+def queue(index: NamespaceIndex, ordered: list[GPRView], *, namespaces: Iterable[str] | None,
+          phases: Iterable[str], resource: str, offset: int, limit: int, now: float) -> dict[str, Any]:
+    """One page of the GPRs that match, in queue order (``ordered``: :func:`in_queue_order` of the view).
+    ``counts`` are per phase over every GPR of the namespaces and resource asked for."""
     wanted = set(namespaces) if namespaces is not None else None
     phase_set = set(phases)
     matching: list[GPRView] = []
     counts: dict[str, int] = {}
-    for g in ordered if ordered is not None else in_queue_order(view):
+    for g in ordered:
         if wanted is not None and g.key.split("/", 1)[0] not in wanted:
             continue
         if resource and g.resource != resource:
@@ -174,12 +180,12 @@ def node_rows(view: ClusterView, node: NodeView, group_label: str) -> list[dict[
 SUM_FIELDS = ("capacity", "allocatable", "allocated", "reserved", "free", "unhealthyDevices")
 
 
-def summary(view: ClusterView, group_label: str) -> dict[str, Any]:
+async def summary(view: ClusterView, group_label: str) -> dict[str, Any]:
     """The inventory as cells of (resource, model, node group): a heat map stays one cell per pair however many
-    nodes there are."""
+    nodes there are. Swept in slices (:mod:`.loop`)."""
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for node in view.nodes.values():
-        for row in node_rows(view, node, group_label):
+    async for part in slices(list(view.nodes.values())):
+        for row in (row for node in part for row in node_rows(view, node, group_label)):
             key = (row["resource"], row["model"], row["group"])
             cell = cells.get(key)
             if cell is None:
@@ -217,16 +223,18 @@ def node_detail(view: ClusterView, node: NodeView, group_label: str) -> dict[str
             "holders": sorted(holders, key=lambda h: h["pod"]), "reservations": reservations}
 
 
-def health(view: ClusterView, group_label: str) -> dict[str, Any]:
+async def health(view: ClusterView, group_label: str) -> dict[str, Any]:
     """Nodes with an unhealthy condition or taint, or fewer allocatable devices than the node has (devices the
-    plugin reports unhealthy), earliest first."""
+    plugin reports unhealthy), earliest first. Swept in slices (:mod:`.loop`)."""
     items = []
     devices = 0
-    for node in view.nodes.values():
+    sick_nodes = []
+    async for part in slices(list(view.nodes.values())):
+        sick_nodes += [n for n in part if n.unhealthy or n.ledger_error or any(
+            n.capacity.get(r, 0) > n.allocatable.get(r, 0) for r in n.capacity)]
+    for node in sick_nodes:
         lost = {r: node.capacity.get(r, 0) - node.allocatable.get(r, 0) for r in node.capacity
                 if node.capacity.get(r, 0) > node.allocatable.get(r, 0)}
-        if not node.unhealthy and not lost and not node.ledger_error:
-            continue
         problems = [{"resource": r, "reason": reason, "since": node.unhealthy_since.get(r) or None}
                     for r, reason in sorted(node.unhealthy.items())]
         problems += [{"resource": r, "reason": f"{n} of {node.capacity[r]} devices unhealthy (allocatable below "
@@ -255,7 +263,7 @@ class ViewRoutes:
         self.max_age = max_age
         self._memo: dict[str, tuple[int, float, Any]] = {}
 
-    def memo(self, name: str, compute: Callable[[], T]) -> T:
+    async def memo(self, name: str, compute: Callable[[], Awaitable[T]]) -> T:
         """``compute()`` of the view: kept while the informers leave the view unchanged (its version), and
         for ``max_age`` seconds at most after it was computed however busy the informers are (a dashboard
         half a second behind, at most one computation per ``max_age`` on a cluster whose GPRs change all the
@@ -264,7 +272,7 @@ class ViewRoutes:
         kept = self._memo.get(name)
         if kept is not None and (kept[0] == version or now - kept[1] < self.max_age):
             return kept[2]  # type: ignore[no-any-return]
-        value = compute()
+        value = await compute()
         self._memo[name] = (version, now, value)
         return value
 
@@ -310,9 +318,9 @@ class ViewRoutes:
                 return denied
         await self.index.refresh()
         view = self.api.view
-        return json_response(queue(view, self.index, namespaces=namespaces, phases=phases,
-                                   resource=q.get("resource", ""), offset=offset, limit=limit, now=self.api.clock(),
-                                   ordered=self.memo("queue", lambda: in_queue_order(view))))
+        ordered = await self.memo("queue", lambda: in_queue_order(view))
+        return json_response(queue(self.index, ordered, namespaces=namespaces, phases=phases,
+                                   resource=q.get("resource", ""), offset=offset, limit=limit, now=self.api.clock()))
 
     async def get_events(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -334,7 +342,7 @@ class ViewRoutes:
 
     async def get_summary(self, request: web.Request) -> web.Response:
         return await self.nodes_denied(request) or json_response(
-            self.memo("summary", lambda: summary(self.api.view, self.group_label)))
+            await self.memo("summary", lambda: summary(self.api.view, self.group_label)))
 
     async def get_group(self, request: web.Request) -> web.Response:
         denied = await self.nodes_denied(request)
@@ -364,7 +372,7 @@ class ViewRoutes:
 
     async def get_health(self, request: web.Request) -> web.Response:
         return await self.nodes_denied(request) or json_response(
-            self.memo("health", lambda: health(self.api.view, self.group_label)))
+            await self.memo("health", lambda: health(self.api.view, self.group_label)))
 
     async def whoami(self, request: web.Request) -> web.Response:
         """The caller's name and, per portal action, whether its RBAC allows it (cluster-wide, or in

@@ -11,8 +11,8 @@ false when no bound exists.
 estimates, free devices per node, holders by end bound), rebuilt in one sweep of O(nodes + GPRs) when the view
 has changed and the index is older than ``max_age`` seconds; an answer then costs O(log GPRs), so a burst of
 requests (a portal's live estimate as its user types) never costs a sweep each. The sweep runs on the event
-loop that also answers the scheduler, so it yields every ``CHUNK`` objects (a filter request waits at most for
-one chunk, about a millisecond), and a request that finds the index stale is answered from the previous one while
+loop that also answers the scheduler, so it runs in slices (:mod:`.loop`: a filter request waits at most for
+one slice, about a millisecond), and a request that finds the index stale is answered from the previous one while
 the next is built. The answer may lag the view by ``max_age`` plus one sweep, as the estimates it relays lag the
 controller's pass.
 """
@@ -29,6 +29,7 @@ from typing import Any
 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
+from scheduler_extender.loop import slices
 
 
 @dataclass
@@ -98,9 +99,6 @@ def _running(values: list[float | None]) -> tuple[list[float], list[int]]:
     return out_max, out_missing
 
 
-CHUNK = 1000  # objects swept between two yields to the event loop
-
-
 async def build_index(view: ClusterView, version: int, built: float) -> _Index:
     """One sweep of the view (over copies of its node and GPR lists: the view changes while the sweep yields)."""
     resources: dict[str, _Resource] = {}
@@ -108,14 +106,13 @@ async def build_index(view: ClusterView, version: int, built: float) -> _Index:
     everyone: list[int] = []
     holding = 0
     gprs, nodes = list(view.gprs.values()), list(view.nodes.values())
-    for i, g in enumerate(gprs):
-        if i % CHUNK == CHUNK - 1:
-            await asyncio.sleep(0)
-        if g.phase == "Queued":
-            everyone.append(-g.priority)
-            queued.setdefault(g.resource, []).append((-g.priority, g.estimated_start, g.estimated_range))
-        elif g.phase in HOLDING:
-            holding += 1
+    async for part in slices(gprs):
+        for g in part:
+            if g.phase == "Queued":
+                everyone.append(-g.priority)
+                queued.setdefault(g.resource, []).append((-g.priority, g.estimated_start, g.estimated_range))
+            elif g.phase in HOLDING:
+                holding += 1
     for resource in {*view.resources, *queued}:
         r = resources[resource] = _Resource()
         rows = sorted(queued.get(resource, ()), key=lambda row: row[0])
@@ -125,28 +122,26 @@ async def build_index(view: ClusterView, version: int, built: float) -> _Index:
         r.low_max, r.range_missing = _running([row[2][0] if row[2] is not None else None for row in rows])
         r.high_max, _ = _running([row[2][1] if row[2] is not None else None for row in rows])
         counts: list[int] = []
-        for i, node in enumerate(nodes):
-            if i % CHUNK == CHUNK - 1:
-                await asyncio.sleep(0)
-            alloc = node.allocatable.get(resource, 0)
-            if alloc <= 0 or node.health_reason(resource) or node.ledger_error:
-                continue
-            free = view.free_for(node, resource, "")
-            r.free[node.name] = (alloc, free)
-            if free >= len(counts):
-                counts += [0] * (free + 1 - len(counts))
-            counts[free] += 1
+        async for batch in slices(nodes):
+            for node in batch:
+                alloc = node.allocatable.get(resource, 0)
+                if alloc <= 0 or node.health_reason(resource) or node.ledger_error:
+                    continue
+                free = view.free_for(node, resource, "")
+                r.free[node.name] = (alloc, free)
+                if free >= len(counts):
+                    counts += [0] * (free + 1 - len(counts))
+                counts[free] += 1
         total = 0
         r.free_at_least = [0] * len(counts)
         for k in range(len(counts) - 1, -1, -1):
             total += counts[k]
             r.free_at_least[k] = total
-    for i, g in enumerate(gprs):
-        if i % CHUNK == CHUNK - 1:
-            await asyncio.sleep(0)
-        if g.phase in ALLOCATED and g.resource in resources:
-            r = resources[g.resource]
-            r.ends += [(g.end, name, n) for name, n in g.reservation.items() if name in r.free]
+    async for part in slices(gprs):
+        for g in part:
+            if g.phase in ALLOCATED and g.resource in resources:
+                r = resources[g.resource]
+                r.ends += [(g.end, name, n) for name, n in g.reservation.items() if name in r.free]
     for r in resources.values():
         r.ends.sort()
     everyone.sort()

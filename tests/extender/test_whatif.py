@@ -92,7 +92,7 @@ def random_view(rng: random.Random) -> ClusterView:
 
 
 async def test_index_answers_what_the_sweep_answers(monkeypatch: Any) -> None:
-    monkeypatch.setattr("scheduler_extender.whatif.CHUNK", 3)  # the sweep yields often: the copies must hold
+    monkeypatch.setattr("scheduler_extender.loop.SLICE", 3)  # the sweep yields often: the copies must hold
     rng = random.Random(11)
     checked = set()
     for _ in range(300):
