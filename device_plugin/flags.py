@@ -35,6 +35,26 @@ def adder(parser: argparse.ArgumentParser, environ: Mapping[str, str], prefix: s
     return add
 
 
+def add_api_flags(add: Any, environ: Mapping[str, str], lease_name: str = "", identity: bool = True,
+                  api_timeout: bool = True) -> None:
+    """The flags of a process that talks to the API server: its kubeconfig, the API call timeout and, with
+    ``lease_name``, the leader Lease (and ``--identity`` in it)."""
+    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
+    if lease_name:
+        add("lease-namespace", environ.get("POD_NAMESPACE", "accelstack-system"), "namespace of the leader Lease")
+        add("lease-name", lease_name, "name of the leader Lease")
+        if identity:
+            add("identity", environ.get("POD_NAME", ""), "leader-election identity (default: host-pid)")
+        add("lease-seconds", "15", "leader lease duration (renew deadline 2/3 of it, retry period 2/15)")
+    if api_timeout:
+        add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
+
+
+def add_logging_flags(add: Any) -> None:
+    add("log-level", "info", "debug, info, warning or error")
+    add("log-format", "json", "json or text")
+
+
 class Checked:
     """Parsed flags, read with checks whose errors name the flag (``--flag`` or ``--flag (env VAR)``)."""
 

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from device_plugin.flags import Checked, UsageError, adder
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
 from device_plugin.observability import setup_logging
 from scheduler_extender.main import POLICIES, RESOURCE_NAMES, resource_names
 
@@ -39,19 +39,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     add = adder(p, environ, ENV)
     add("listen", ":8081", "host:port for /healthz, /readyz and /metrics")
-    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
-    add("lease-namespace", environ.get("POD_NAMESPACE", "accelstack-system"), "namespace of the leader Lease")
-    add("lease-name", "accelstack-gpr-controller", "name of the leader Lease")
-    add("identity", environ.get("POD_NAME", ""), "leader-election identity (default: host-pid)")
-    add("lease-seconds", "15", "leader lease duration (renew deadline 2/3 of it, retry period 2/15)")
+    add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between passes when nothing changes")
     add("estimate-every", "30", "seconds between refreshes of queue positions and wait estimates")
     add("concurrency", "16", "API writes (status, ungate, evict) in flight at once")
-    add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
-    add("log-level", "info", "debug, info, warning or error")
-    add("log-format", "json", "json or text")
+    add_logging_flags(add)
     return p
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from device_plugin.flags import Checked, UsageError, adder
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
 from device_plugin.observability import setup_logging
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
@@ -61,23 +61,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-body-bytes", str(4 * 1024 * 1024), "largest request body accepted (413 above)")
     add("body-timeout", f"{DEFAULT_BODY_TIMEOUT:g}", "seconds a request body may take to arrive; a slower or "
         "truncated body (less than its Content-Length) is answered 408 and the connection closed")
-    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
-    add("lease-namespace", environ.get("POD_NAMESPACE", "accelstack-system"), "namespace of the leader Lease")
-    add("lease-name", "accelstack-gpr-controller", "name of the leader Lease")
-    add("identity", environ.get("POD_NAME", ""), "leader-election identity (default: host-pid)")
-    add("lease-seconds", "15", "leader lease duration in seconds")
+    add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between controller passes when nothing changes")
     add("controller", "true", "run the leader-elected GPR controller inside this process (its passes run in a worker "
         "thread); false when it runs as its own process, accelstack-controller, as the manifests ship it")
-    add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
     add("waittime-qps", "10", "REST API: wait-time estimates per second per caller (bursts of twice that); 429 above")
     add("node-group-label", DEFAULT_GROUP_LABEL, "REST API and portal: the node label whose values group nodes in "
         "the inventory summary (with the device model)")
     add("webhook", "true", "serve the admission webhook (POST /mutate-pods, /validate-gprs)")
     add("auto-gpr", "false", "webhook: create a GPR from the namespace's default template for unlabelled pods")
-    add("log-level", "info", "debug, info, warning or error")
-    add("log-format", "json", "json or text")
+    add_logging_flags(add)
     return p
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from device_plugin.flags import Checked, UsageError, adder
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
 from device_plugin.observability import setup_logging
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
@@ -39,7 +39,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("listen", ":8080", "host:port of the OpenAI API, /metrics, /healthz and /readyz")
     add("objects", "", "YAML file of InferenceEndpoints, EndpointSlices and API-key Secrets to serve instead of "
                        "watching the API server (re-read when it changes)")
-    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
+    add_api_flags(add, environ, api_timeout=False)
     add("namespaces", "", "watch only these namespaces (comma-separated); empty: all")
     add("auth", "true", "require an API key (Authorization: Bearer) on every API call")
     add("policy", "least-request", f"balancing policy: {', '.join(POLICIES)}")
@@ -57,8 +57,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("load-poll-interval", "1", "seconds between reads of the runtimes' queue metric (replicas without it count 0); 0: off")
     add("drain-seconds", "5", "after SIGTERM, seconds to answer /readyz 503 while still serving")
     add("shutdown-timeout", "30", "after draining, seconds to let requests in flight finish")
-    add("log-level", "info", "debug, info, warning or error")
-    add("log-format", "json", "json or text")
+    add_logging_flags(add)
     return p
 
 

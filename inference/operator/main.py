@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from device_plugin.flags import Checked, UsageError, adder
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
 from device_plugin.observability import setup_logging
 from inference.operator.objects import OperatorSettings
 
@@ -36,17 +36,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     add = adder(p, environ, ENV)
     add("listen", ":8082", "host:port for /healthz, /readyz and /metrics")
-    add("kubeconfig", "", "kubeconfig file; empty: in-cluster service account, then ~/.kube/config")
-    add("lease-namespace", "accelstack-system", "namespace of the leader Lease")
-    add("lease-name", "accelstack-inference-operator", "name of the leader Lease")
-    add("lease-seconds", "15", "leader lease duration (renew deadline 2/3 of it, retry period 2/15)")
+    add_api_flags(add, environ, lease_name="accelstack-inference-operator", identity=False)
     add("gateway-namespace", "accelstack-system", "namespace of accelstack-gateway (NetworkPolicies admit it)")
     add("gateway-url", "http://accelstack-gateway.accelstack-system.svc/v1", "the gateway's URL, shown in "
         "each endpoint's status")
     add("resync", "30", "seconds between passes over every endpoint when nothing changes")
-    add("api-timeout", "10", "seconds before an API server call is abandoned (reads are retried with backoff)")
-    add("log-level", "info", "debug, info, warning or error")
-    add("log-format", "json", "json or text")
+    add_logging_flags(add)
     return p
 
 
