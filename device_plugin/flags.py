@@ -1,15 +1,21 @@
 """Command-line flags of the accelstack processes, checked one way everywhere (as ``observability`` logs and serves
 metrics one way): each flag has an environment variable ``<PREFIX><FLAG>`` (upper case, ``-`` → ``_``) and the flag
 wins; a bad value raises :class:`UsageError` naming the flag — and its variable, for processes that say so — which
-the process's ``main`` turns into one line on stderr and exit code 2.
+the process's ``main`` turns into one line on stderr and exit code 2 (:func:`run_service` does it for the
+long-running API-server clients).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
+
+from device_plugin.observability import setup_logging
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("json", "text")
@@ -117,3 +123,26 @@ class Checked:
     def logging(self) -> tuple[str, str]:
         """(--log-level, --log-format)."""
         return self.one_of("log-level", LOG_LEVELS), self.one_of("log-format", LOG_FORMATS)
+
+
+def run_service(prog: str, argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], dict[str, Any]],
+                serve: Callable[[dict[str, Any]], Coroutine[Any, Any, None]], log: logging.Logger) -> int:
+    """A long-running process's ``main``: a usage error is one line on stderr and exit 2; otherwise logging is
+    set up and ``serve(opts)`` runs until it returns (exit 0, as after SIGTERM); failing to serve (a port or
+    certificate, an OSError) or to start at all (kubeconfig missing, API server unreachable) is one log line and
+    exit 1."""
+    try:
+        opts = parse(argv)
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(opts["log_level"], opts["log_format"])
+    try:
+        asyncio.run(serve(opts))
+    except OSError as exc:
+        log.error("cannot serve", extra={"error": str(exc)[:500]})
+        return 1
+    except Exception as exc:
+        log.error("cannot start", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return 1
+    return 0

@@ -15,15 +15,13 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
-from device_plugin.observability import setup_logging
+from device_plugin.flags import Checked, add_api_flags, add_logging_flags, adder, run_service
 from scheduler_extender.main import POLICIES, RESOURCE_NAMES, resource_names
 
 log = logging.getLogger("accelstack.controller")
@@ -174,21 +172,7 @@ async def serve(opts: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        opts = parse(argv)
-    except UsageError as exc:
-        print(f"accelstack-controller: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(opts["log_level"], opts["log_format"])
-    try:
-        asyncio.run(serve(opts))
-    except (OSError, RuntimeError) as exc:
-        log.error("cannot run", extra={"error": str(exc)[:500]})
-        return 1
-    except Exception as exc:
-        log.error("cannot start", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
-        return 1
-    return 0
+    return run_service("accelstack-controller", argv, parse, serve, log)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,10 @@ import logging
 import os
 import signal
 import ssl
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
-from device_plugin.observability import setup_logging
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
 
@@ -158,21 +156,7 @@ def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        opts = parse(argv)
-    except UsageError as exc:
-        print(f"accelstack-extender: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(opts["log_level"], opts["log_format"])
-    try:
-        asyncio.run(serve(opts))
-    except (OSError, ssl.SSLError) as exc:
-        log.error("cannot serve", extra={"error": str(exc)})
-        return 1
-    except Exception as exc:  # kubeconfig missing, API server unreachable at start
-        log.error("cannot start", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
-        return 1
-    return 0
+    return run_service("accelstack-extender", argv, parse, serve, log)
 
 
 if __name__ == "__main__":

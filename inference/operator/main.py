@@ -12,15 +12,13 @@ import logging
 import os
 import signal
 import socket
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
-from device_plugin.observability import setup_logging
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from inference.operator.objects import OperatorSettings
 
 log = logging.getLogger("accelstack.inference.operator")
@@ -115,21 +113,7 @@ async def serve(opts: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        opts = parse(argv)
-    except UsageError as exc:
-        print(f"accelstack-inference-operator: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(opts["log_level"], opts["log_format"])
-    try:
-        asyncio.run(serve(opts))
-    except OSError as exc:
-        log.error("cannot serve", extra={"error": str(exc)})
-        return 1
-    except Exception as exc:  # kubeconfig missing, API server unreachable at start
-        log.error("cannot start", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
-        return 1
-    return 0
+    return run_service("accelstack-inference-operator", argv, parse, serve, log)
 
 
 if __name__ == "__main__":
