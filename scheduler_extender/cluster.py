@@ -268,9 +268,11 @@ class ClusterView:
         self.pods: dict[str, PodView] = {}  # by UID
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
-        # node -> (the NodeView it was computed for, resource -> devices reserved here and not yet used): what
-        # free_for withholds, kept until the node or a reservation on it changes (filter asks per node per pod)
-        self._withheld: dict[str, tuple[NodeView, dict[str, int]]] = {}
+        # node -> (the NodeView they were computed for, facts of that node and the reservations on it): kept
+        # until the node or a reservation on it changes (filter asks per node per pod). Facts: resource -> devices
+        # reserved here and not yet used (what free_for withholds); ("verdict", resource, count) -> filter's
+        # verdict for a pod without a GPR (scheduler_extender.verbs)
+        self._withheld: dict[str, tuple[NodeView, dict[Any, Any]]] = {}
 
     # informer callbacks
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -362,13 +364,18 @@ class ClusterView:
                 free = min(free, reserved[gpr] - node.used_by.get((gpr, resource), 0))
         return max(0, free)
 
-    def _unused_reserved(self, node: NodeView, resource: str, reserved: dict[str, int]) -> int:
+    def node_facts(self, node: NodeView) -> dict[Any, Any]:
+        """A memo of facts derived from ``node`` and the reservations on it alone: emptied when either changes."""
         hit = self._withheld.get(node.name)
         if hit is None or hit[0] is not node:
             hit = self._withheld[node.name] = (node, {})
-        total = hit[1].get(resource)
+        return hit[1]
+
+    def _unused_reserved(self, node: NodeView, resource: str, reserved: dict[str, int]) -> int:
+        facts = self.node_facts(node)
+        total = facts.get(resource)
         if total is None:
-            total = hit[1][resource] = sum(
+            total = facts[resource] = sum(
                 max(0, count - node.used_by.get((other, resource), 0)) for other, count in reserved.items()
                 if (view := self.gprs.get(other)) is not None and view.resource == resource)
         return total

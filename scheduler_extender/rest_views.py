@@ -36,7 +36,7 @@ from kubeapi.resources import EVENTS, GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, NODE
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ClusterView, GPRView, NodeView, model_of
 from scheduler_extender.kube import ApiError, Kube
-from scheduler_extender.loop import slices
+from scheduler_extender.loop import kept_for, slices
 from scheduler_extender.rest_http import api_error, error, json_response, query_int
 from scheduler_extender.workspaces import WORKSPACE_LABEL
 
@@ -261,19 +261,20 @@ class ViewRoutes:
         self.whoami_ttl = whoami_ttl
         self._whoami: dict[str, tuple[float, dict[str, Any]]] = {}
         self.max_age = max_age
-        self._memo: dict[str, tuple[int, float, Any]] = {}
+        self._memo: dict[str, tuple[int, float, float, Any]] = {}  # name -> (version, at, cost, answer)
 
     async def memo(self, name: str, compute: Callable[[], Awaitable[T]]) -> T:
         """``compute()`` of the view: kept while the informers leave the view unchanged (its version), and
-        for ``max_age`` seconds at most after it was computed however busy the informers are (a dashboard
-        half a second behind, at most one computation per ``max_age`` on a cluster whose GPRs change all the
-        time)."""
+        for ``max_age`` seconds at most after it was computed however busy the informers are — longer when the
+        computation is costly (:func:`.loop.kept_for`: such sweeps take at most 5% of the loop). A dashboard is
+        half a second behind; at most one computation per ``max_age`` on a cluster whose GPRs change all the
+        time."""
         version, now = self.api.view.version, time.monotonic()
         kept = self._memo.get(name)
-        if kept is not None and (kept[0] == version or now - kept[1] < self.max_age):
-            return kept[2]  # type: ignore[no-any-return]
+        if kept is not None and (kept[0] == version or now - kept[1] < kept_for(self.max_age, kept[2])):
+            return kept[3]  # type: ignore[no-any-return]
         value = await compute()
-        self._memo[name] = (version, now, value)
+        self._memo[name] = (version, now, time.monotonic() - now, value)
         return value
 
     def forget(self) -> None:

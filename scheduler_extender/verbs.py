@@ -73,6 +73,9 @@ def filter_nodes(view: ClusterView, ask: PodAsk, names: list[str]) -> FilterOutc
     if ask.problem:
         out.unresolvable = dict.fromkeys(names, ask.problem)
         return out
+    if ask.gpr is None and len(ask.requests) == 1:
+        _filter_plain(view, ask, names, out)
+        return out
     for name in names:
         reason, resolvable = node_verdict(view, ask, name)
         if not reason:
@@ -82,6 +85,31 @@ def filter_nodes(view: ClusterView, ask: PodAsk, names: list[str]) -> FilterOutc
         else:
             out.unresolvable[name] = reason
     return out
+
+
+def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterOutcome) -> None:
+    """filter_nodes for a pod without a GPR that asks for one resource (most pods, and the scheduler sends
+    hundreds of names for each): a node's verdict depends only on the node and the reservations on it, so it is
+    kept in the view's memo of the node until either changes (the same verdict :func:`node_verdict` gives)."""
+    ((resource, count),) = ask.requests.items()
+    key = ("verdict", resource, count)
+    nodes, passed, failed, unresolvable = view.nodes, out.passed, out.failed, out.unresolvable
+    for name in names:
+        node = nodes.get(name)
+        if node is None:
+            unresolvable[name] = "node unknown to the accelstack extender"
+            continue
+        facts = view.node_facts(node)
+        verdict = facts.get(key)
+        if verdict is None:
+            verdict = facts[key] = node_verdict(view, ask, name)
+        reason, resolvable = verdict
+        if not reason:
+            passed.append(name)
+        elif resolvable:
+            failed[name] = reason
+        else:
+            unresolvable[name] = reason
 
 
 def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:

@@ -1,5 +1,6 @@
-"""ClusterView.free_for keeps what reservations withhold per node between changes: it must answer exactly what
-summing the reservations afresh answers, through GPR and node changes in any order."""
+"""ClusterView.free_for keeps what reservations withhold per node between changes, and filter keeps its verdict
+per node for pods without a GPR: they must answer exactly what summing the reservations afresh (and judging each
+node afresh) answers, through GPR and node changes in any order."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from scheduler_extender import ledger
 from scheduler_extender.cluster import ALLOCATED, GPU, NR1, ClusterView, NodeView
+from scheduler_extender.verbs import PodAsk, filter_nodes, node_verdict
 from tests.extender.harness import gpr, node
 
 
@@ -74,3 +76,13 @@ def test_free_devices_match_a_fresh_sum_through_any_sequence_of_changes() -> Non
             for resource in (GPU, NR1):
                 for key in ("", *keys, "default/unknown"):
                     assert view.free_for(n, resource, key) == afresh(view, n, resource, key), (step, n.name, key)
+        for resource in (GPU, NR1):
+            for count in (1, 3, 9):
+                ask = PodAsk({resource: count})
+                asked = [*names, "unknown"]
+                out = filter_nodes(view, ask, asked)  # the kept verdicts
+                for name in asked:
+                    reason, resolvable = node_verdict(view, ask, name)  # judged afresh
+                    where = out.failed if resolvable else out.unresolvable
+                    assert (name in out.passed) if not reason else where.get(name) == reason, (step, name, count)
+                assert len(out.passed) + len(out.failed) + len(out.unresolvable) == len(asked)

@@ -92,7 +92,8 @@ def random_view(rng: random.Random) -> ClusterView:
 
 
 async def test_index_answers_what_the_sweep_answers(monkeypatch: Any) -> None:
-    monkeypatch.setattr("scheduler_extender.loop.SLICE", 3)  # the sweep yields often: the copies must hold
+    monkeypatch.setattr("scheduler_extender.loop.STEP", 3)  # the sweep yields before every slice of 3 objects:
+    monkeypatch.setattr("scheduler_extender.loop.BUDGET", 0)  # the copies it sweeps must hold
     rng = random.Random(11)
     checked = set()
     for _ in range(300):
@@ -157,3 +158,31 @@ async def test_requests_arriving_during_a_sweep_share_it() -> None:
     fields = gr.check_spec({"devicesPerNode": 8, "nodeCount": 50})
     answers = await asyncio.gather(*(what_if.answer(fields, NOW) for _ in range(20)))
     assert what_if.builds == 1 and all(a["basis"] == "fits now" for a in answers)
+
+
+async def test_a_costly_sweep_is_kept_longer_so_sweeps_take_a_bounded_share_of_the_loop(monkeypatch: Any) -> None:
+    """A sweep that took 0.2 s is swept again only after 0.2 / DUTY = 4 s of a changing view, not every 0.5 s."""
+    from scheduler_extender import whatif
+
+    clock = [0.0]
+    real = whatif.build_index
+
+    async def slow(*args: Any) -> Any:
+        idx = await real(*args)
+        clock[0] += 0.2  # the sweep took 0.2 s
+        return idx
+
+    monkeypatch.setattr(whatif, "build_index", slow)
+    view = ClusterView()
+    view.on_node("ADDED", node("a", gpus=8))
+    what_if = WhatIf(view, max_age=0.5, monotonic=lambda: clock[0])
+    fields = gr.check_spec({"devicesPerNode": 8})
+    await what_if.answer(fields, NOW)
+    assert what_if.builds == 1
+    for at in (1.0, 2.0, 3.0, 4.1):  # the view changes all the time; kept for 4 s after the sweep began
+        view.on_node("ADDED", node(f"n{at}", gpus=8))
+        clock[0] = at
+        await what_if.answer(fields, NOW)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert what_if.builds == (1 if at < 4.0 else 2), at
