@@ -235,9 +235,12 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     return seconds, refreshes, estimates
 
 
-def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]]) -> dict[str, list[float]]:
+def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], noop_port: int
+                   ) -> dict[str, list[float]]:
     """filter, bind and /waittime, one request at a time over one kept-alive connection each (http.client: the
-    least client overhead Python has, so the figures are the extender's, not the bench's)."""
+    least client overhead Python has, so the figures are the extender's, not the bench's); beside them the same
+    filter request to a do-nothing extender (``noop``: aiohttp answering every name as passing), the floor that
+    HTTP on this machine sets."""
     import http.client
 
     from tests.extender.harness import filter_body
@@ -247,9 +250,10 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]]) -
              "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
     body = filter_body(probe, names)
     wait_body = json.dumps({"namespace": "default", "spec": {"devicesPerNode": 8}})
-    out: dict[str, list[float]] = {"filter": [], "bind": [], "waittime": []}
+    out: dict[str, list[float]] = {"filter": [], "bind": [], "waittime": [], "noop": []}
     free = [f"node-{i:04d}" for i in range(NODES - 200, NODES)]
-    conns = {verb: http.client.HTTPConnection("127.0.0.1", cluster.ext_port, timeout=30) for verb in out}
+    conns = {verb: http.client.HTTPConnection("127.0.0.1", noop_port if verb == "noop" else cluster.ext_port,
+                                              timeout=30) for verb in out}
 
     def call(verb: str, path: str, data: bytes | str, headers: dict[str, str] | None = None) -> bytes:
         t = time.perf_counter()
@@ -262,6 +266,7 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]]) -
 
     for i in range(samples):
         call("filter", "/scheduler/filter", body)
+        call("noop", "/scheduler/filter", body)
         if i < len(pods):
             p = pods[i]
             bind = {"PodName": p["metadata"]["name"], "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
@@ -274,25 +279,35 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]]) -
     return out
 
 
-async def controller_actions(cluster: Cluster) -> float:
-    """The controller's API writes so far (status, ungate, evict, ...: accelstack_controller_actions_total)."""
+async def controller_counts(cluster: Cluster) -> tuple[float, float]:
+    """(the controller's API writes so far: status, ungate, evict, ... (accelstack_controller_actions_total),
+    its passes so far (accelstack_controller_passes_total))."""
     import aiohttp
 
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{cluster.ctl_port}/metrics") as r:
         text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("accelstack_controller_actions_total{"))
+
+    def total(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+    return total("accelstack_controller_actions_total"), total("accelstack_controller_passes_total")
 
 
-async def settled(cluster: Cluster, quiet: float = 3.0, timeout: float = 300) -> int:
-    """Wait until the controller's first passes have written every GPR's status (its action counter stands still
-    for ``quiet`` seconds): the figures are of passes in a steady cluster, not of that first write storm."""
+async def controller_actions(cluster: Cluster) -> float:
+    return (await controller_counts(cluster))[0]
+
+
+async def settled(cluster: Cluster, quiet: float = 3.0, passes: int = 3, timeout: float = 300) -> int:
+    """Wait until the controller's first passes have written every GPR's status: ``passes`` passes done (the
+    first at 15,000 GPRs takes seconds) and its action counter standing still for ``quiet`` seconds. The figures
+    are of passes in a steady cluster, not of that first write storm."""
     deadline = time.monotonic() + timeout
-    last, since = await controller_actions(cluster), time.monotonic()
+    (last, done), since = await controller_counts(cluster), time.monotonic()
+    first = done
     while time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-        now = await controller_actions(cluster)
-        if now != last:
+        now, done = await controller_counts(cluster)
+        if now != last or done < first + passes:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
             return int(now)
@@ -321,18 +336,32 @@ def within(before: dict[tuple[str, str], float], after: dict[tuple[str, str], fl
     return (after.get((verb, le), 0) - before.get((verb, le), 0)) / total if total else float("nan")
 
 
+def threads(pid: int) -> list[int]:
+    """Every thread of a process: affinity and niceness are per thread on Linux, and a process's worker threads
+    (the controller's pass thread) exist before the bench pins it."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return [pid]
+
+
 def pin(cluster: Cluster, separate: bool) -> None:
     """``separate``: the extender (and this process, the scheduler's stand-in) on one core, the controller and the
     API-server peer on the other, as in a cluster, where the API server runs elsewhere and the controller's
-    container has a CPU request of its own; else every process may run on every core."""
+    container has a CPU request of its own; else every process may run on every core. Either way the
+    controller runs at the lowest CPU priority (nice 19): in a cluster its passes never take CPU from the API
+    server or the extender (here the API-server peer is a one-process stand-in that would otherwise queue the
+    extender's binds behind the controller's passes, which a real API server on its own nodes does not)."""
     cores = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
     everything = set(cores)
     front, back = ({cores[0]}, set(cores[1:]) or {cores[0]}) if separate else (everything, everything)
     assert cluster.peer.pid is not None
-    for pid in (cluster.controller.pid, cluster.peer.pid):
-        os.sched_setaffinity(pid, back)
-    for pid in (cluster.extender.pid, os.getpid()):
-        os.sched_setaffinity(pid, front)
+    for pid, where in ((cluster.controller.pid, back), (cluster.peer.pid, back), (cluster.extender.pid, front),
+                       (os.getpid(), front)):
+        for tid in threads(pid):
+            os.sched_setaffinity(tid, where)
+    for tid in threads(cluster.controller.pid):
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
 
 
 async def part_load(samples: int) -> list[str]:
@@ -349,23 +378,31 @@ async def part_load(samples: int) -> list[str]:
     writes: dict[tuple[bool, bool], int] = {}  # the controller's API writes meanwhile
     with tempfile.TemporaryDirectory() as folder:
         cluster = Cluster(seed, Path(folder), ["--resync", "0.05", "--estimate-every", "5"], [])
+        noop_port, (mine, theirs) = free_port(), mp.Pipe()
+        noop = mp.get_context("spawn").Process(target=run_trivial, args=(noop_port, cluster.url, theirs), daemon=True)
+        noop.start()
+        mine.recv()
         try:
             await cluster.ready()
             print(f"(the controller's first passes wrote {await settled(cluster)} statuses)", flush=True)
             for k, separate in enumerate((True, False)):
                 pin(cluster, separate)
+                assert noop.pid is not None
+                for tid in threads(noop.pid):  # the do-nothing extender where the extender is
+                    os.sched_setaffinity(tid, os.sched_getaffinity(cluster.extender.pid))
                 for running in (False, True):
                     os.kill(cluster.controller.pid, signal.SIGCONT if running else signal.SIGSTOP)
                     await asyncio.sleep(1)
                     part = bindable[(2 * k + running) * samples:(2 * k + running + 1) * samples]
                     # a stopped controller answers nothing, its metrics included: it writes nothing then
                     before, wrote = server_buckets(cluster), await controller_actions(cluster) if running else 0
-                    runs[separate, running] = await asyncio.to_thread(http_latencies, cluster, samples, part)
+                    runs[separate, running] = await asyncio.to_thread(http_latencies, cluster, samples, part, noop_port)
                     served[separate, running] = within(before, server_buckets(cluster), "filter")
                     writes[separate, running] = int(await controller_actions(cluster) - wrote) if running else 0
         finally:
             os.sched_setaffinity(os.getpid(), set(range(os.cpu_count() or 1)))
             cluster.stop()
+            noop.terminate()
     lines = [f"controller pass at {NODES:,} nodes, 10,000 queued + 4,800 running GPRs, p50 / p99 ms: steady "
              f"{ms(passes)}; with a queue refresh {ms(refreshes)} + wait estimates {ms(estimates)}"]
     for separate in (True, False):
@@ -374,8 +411,9 @@ async def part_load(samples: int) -> list[str]:
         lines.append(f"over HTTP, {where}; controller stopped vs running passes back to back:")
         lines.append(f"  {'p50 / p99 ms':<24} {'controller idle':>17} {'passes running':>17} {'ratio p99':>9}")
         idle, busy = runs[separate, False], runs[separate, True]
-        for verb in ("filter", "bind", "waittime"):
-            lines.append(f"  {verb:<24} {ms(idle[verb]):>17} {ms(busy[verb]):>17} "
+        for verb in ("filter", "noop", "bind", "waittime"):
+            label = "filter, do-nothing ext." if verb == "noop" else verb
+            lines.append(f"  {label:<24} {ms(idle[verb]):>17} {ms(busy[verb]):>17} "
                          f"{pct(busy[verb], 99) / pct(idle[verb], 99):8.2f}x")
         lines.append(f"  {'filter <= 2 ms in server':<24} {100 * served[separate, False]:>16.1f}% "
                      f"{100 * served[separate, True]:>16.1f}%")
