@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler_extender.cluster import GPR_LABEL, HOLDING, ClusterView, GPRView, PodView
+from scheduler_extender.cluster import GPR_LABEL, HOLDING, ClusterView, GPRView, NodeView, PodView
 from scheduler_extender.resources import pod_requests
 from scheduler_extender.wire import MetaPod, MetaVictims, Pod
 
@@ -141,6 +141,8 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
 
 def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[str, int]]:
     scores = []
+    plain = ask.gpr is None and len(ask.requests) == 1  # a node's score is kept in its memo, as filter's verdict
+    key = ("score", *next(iter(ask.requests.items()))) if plain else None
     for name in names:
         node = view.nodes.get(name)
         if node is None or not ask.requests:
@@ -149,16 +151,27 @@ def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[s
         if ask.gpr is not None:
             scores.append((name, MAX_SCORE if name in ask.gpr.reservation else 0))
             continue
-        score = MAX_SCORE
-        for resource, count in ask.requests.items():
-            capacity = node.allocatable.get(resource, 0)
-            left = view.free_for(node, resource, "") - count
-            if capacity <= 0 or left < 0:
-                score = 0
-                break
-            score = min(score, round(MAX_SCORE * (1 - left / capacity)))
-        scores.append((name, max(0, min(MAX_SCORE, score))))
+        facts = view.node_facts(node) if plain else {}
+        score = facts.get(key)
+        if score is None:
+            score = _packing_score(view, ask, node)
+            if plain:
+                facts[key] = score
+        scores.append((name, score))
     return scores
+
+
+def _packing_score(view: ClusterView, ask: PodAsk, node: NodeView) -> int:
+    """Best-fit packing for a pod without a GPR: the fewer devices the node has left after placing it, the
+    higher (0 when it does not fit)."""
+    score = MAX_SCORE
+    for resource, count in ask.requests.items():
+        capacity = node.allocatable.get(resource, 0)
+        left = view.free_for(node, resource, "") - count
+        if capacity <= 0 or left < 0:
+            return 0
+        score = min(score, round(MAX_SCORE * (1 - left / capacity)))
+    return max(0, min(MAX_SCORE, score))
 
 
 def _outranks(view: ClusterView, ask: PodAsk, victim: PodView) -> bool:

@@ -1,5 +1,5 @@
-"""ClusterView.free_for keeps what reservations withhold per node between changes, and filter keeps its verdict
-per node for pods without a GPR: they must answer exactly what summing the reservations afresh (and judging each
+"""ClusterView.free_for keeps what reservations withhold per node between changes, and filter and prioritize keep
+their verdict and score per node for pods without a GPR: they must answer exactly what summing the reservations afresh (and judging each
 node afresh) answers, through GPR and node changes in any order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from scheduler_extender import ledger
 from scheduler_extender.cluster import ALLOCATED, GPU, NR1, ClusterView, NodeView
-from scheduler_extender.verbs import PodAsk, filter_nodes, node_verdict
+from scheduler_extender.verbs import PodAsk, _packing_score, filter_nodes, node_verdict, prioritize
 from tests.extender.harness import gpr, node
 
 
@@ -86,3 +86,6 @@ def test_free_devices_match_a_fresh_sum_through_any_sequence_of_changes() -> Non
                     where = out.failed if resolvable else out.unresolvable
                     assert (name in out.passed) if not reason else where.get(name) == reason, (step, name, count)
                 assert len(out.passed) + len(out.failed) + len(out.unresolvable) == len(asked)
+                scores = dict(prioritize(view, ask, asked))  # kept scores against scores afresh
+                assert scores == {name: _packing_score(view, ask, view.nodes[name]) if name in view.nodes else 0
+                                  for name in asked}, (step, count)
