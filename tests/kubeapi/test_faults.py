@@ -303,3 +303,24 @@ async def test_a_crashed_background_task_is_restarted() -> None:
     await wait_until(lambda: len(runs) == 3)
     stop.set()
     await asyncio.wait_for(task, 2)
+
+
+def test_gc_pauses_are_measured_per_generation() -> None:
+    import gc
+
+    from prometheus_client import CollectorRegistry
+
+    from kubeapi.metrics import api_metrics
+
+    registry = CollectorRegistry()
+    api_metrics(registry)
+
+    def count(generation: str) -> float:
+        return registry.get_sample_value("accelstack_gc_pause_seconds_count", {"generation": generation}) or 0.0
+
+    before = count("2")
+    gc.collect(2)
+    gc.collect(2)
+    assert count("2") == before + 2
+    total = registry.get_sample_value("accelstack_gc_pause_seconds_sum", {"generation": "2"})
+    assert total is not None and total > 0
