@@ -13,8 +13,11 @@ start (they ask for a GPU model only the busy nodes have), 200 idle nodes of ano
   while it runs passes back to back (``--resync 0.05``), in the same run (targets: filter p99 <= 2 ms while
   passes run; bind p99 <= 1.2x idle; /waittime p99 <= 20 ms); once with the extender on a core of its own and
   the controller and the peer on the other (in a cluster the API server runs elsewhere and the controller's
-  container has its own CPU request), once with all processes sharing both cores. Beside the client's figures:
-  the share of filters the extender handled within 2 ms (its own histogram) and the controller's API writes.
+  container has its own CPU request), once with all processes sharing both cores; the controller at nice 19
+  either way (its passes never take the API server's or the extender's CPU in a cluster). Beside the client's
+  figures: the same filter request to a do-nothing extender in the same run (the floor HTTP sets on this
+  machine), the share of filters the extender handled within 2 ms (its own histogram) and the controller's API
+  writes. Measuring starts once the controller has finished its first passes (its first write storm over).
 
 Part ``e2e`` — 5,000 nodes, N one-GPU pods created at once, each going webhook -> GPR admission -> ungate ->
 filter -> prioritize -> bind, scheduled one pod at a time as kube-scheduler does; once with one GPR per pod
@@ -51,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 NODES, GPUS, BUSY_MODEL, FREE_MODEL = 5000, 8, "H200", "A100"
+FREE_NODES = 200  # idle nodes in part load (the bench's binds go there)
 GPRS = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
 TOKEN = "bench-token"
 
@@ -251,7 +255,7 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], n
     body = filter_body(probe, names)
     wait_body = json.dumps({"namespace": "default", "spec": {"devicesPerNode": 8}})
     out: dict[str, list[float]] = {"filter": [], "bind": [], "waittime": [], "noop": []}
-    free = [f"node-{i:04d}" for i in range(NODES - 200, NODES)]
+    free = [f"node-{i:04d}" for i in range(NODES - FREE_NODES, NODES)]
     conns = {verb: http.client.HTTPConnection("127.0.0.1", noop_port if verb == "noop" else cluster.ext_port,
                                               timeout=30) for verb in out}
 
@@ -367,7 +371,7 @@ def pin(cluster: Cluster, separate: bool) -> None:
 async def part_load(samples: int) -> list[str]:
     from tests.extender.harness import pod
 
-    seed = load_state(10_000, NODES - 200)
+    seed = load_state(10_000, NODES - FREE_NODES)
     t = time.perf_counter()
     passes, refreshes, estimates = pass_times(seed, 30)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
@@ -715,10 +719,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("load", "e2e", "all"), default="all")
     parser.add_argument("--pods", type=int, default=2000)
-    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--samples", type=int, default=300,
+                        help=f"requests per verb per phase, 1 to {FREE_NODES * GPUS // 4} (each of the 4 phases binds "
+                             f"that many one-GPU pods onto the {FREE_NODES} idle nodes)")
     parser.add_argument("--scheduler-qps", type=float, default=50.0,
                         help="kube-scheduler's client QPS (default 50, burst 100, as kube-scheduler's); 0: unlimited")
     args = parser.parse_args()
+    if not 0 < args.samples <= FREE_NODES * GPUS // 4:
+        parser.error(f"--samples: 1 to {FREE_NODES * GPUS // 4}")
+    if args.pods <= 0:
+        parser.error("--pods: at least 1")
     lines: list[str] = []
     if args.part in ("load", "all"):
         lines += asyncio.run(part_load(args.samples))
