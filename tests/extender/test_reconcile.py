@@ -104,6 +104,13 @@ def test_queue_refreshes_write_only_positions_and_estimates_that_moved_enough() 
     assert not moved(at, {**at, "estimatedStart": rfc3339(now + 35_000)})  # 1,000 s of a 10 h wait
     assert moved(at, {**at, "estimatedStart": rfc3339(now + 30_000)})
     assert moved(at, {"queuePosition": 500})  # an estimate appeared or went away
+    due = {"queuePosition": 5, "estimatedStart": rfc3339(now - 300),
+           "estimatedStartRange": {"earliest": rfc3339(now - 300), "latest": rfc3339(now - 300)}}
+    still_due = {"queuePosition": 5, "estimatedStart": rfc3339(now),
+                 "estimatedStartRange": {"earliest": rfc3339(now), "latest": rfc3339(now)}}
+    assert not moved(due, still_due)  # due five minutes ago and due now: "any moment", not worth a write
+    assert moved(due, {**still_due, "estimatedStart": rfc3339(now + 3600)})  # no longer due: written
+    assert moved(due, {**still_due, "estimatedStartRange": {"earliest": rfc3339(now), "latest": rfc3339(now + 900)}})
 
 
 def test_a_refresh_judges_a_queued_gpr_by_the_fields_it_would_write() -> None:
