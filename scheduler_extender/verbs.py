@@ -99,11 +99,14 @@ def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterO
         if node is None:
             unresolvable[name] = "node unknown to the accelstack extender"
             continue
-        facts = view.node_facts(node)
-        verdict = facts.get(key)
-        if verdict is None:
-            verdict = facts[key] = node_verdict(view, ask, name)
-        reason, resolvable = verdict
+        if count > node.allocatable.get(resource, 0):  # never fits: not kept (the memo stays small)
+            reason, resolvable = node_verdict(view, ask, name)
+        else:
+            facts = view.node_facts(node)
+            verdict = facts.get(key)
+            if verdict is None:
+                verdict = facts[key] = node_verdict(view, ask, name)
+            reason, resolvable = verdict
         if not reason:
             passed.append(name)
         elif resolvable:
@@ -141,8 +144,10 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
 
 def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[str, int]]:
     scores = []
-    plain = ask.gpr is None and len(ask.requests) == 1  # a node's score is kept in its memo, as filter's verdict
-    key = ("score", *next(iter(ask.requests.items()))) if plain else None
+    # a pod without a GPR asking for one resource: a node's score is kept in its memo, as filter's verdict is
+    plain = ask.gpr is None and len(ask.requests) == 1
+    resource, count = next(iter(ask.requests.items())) if plain else ("", 0)
+    key = ("score", resource, count)
     for name in names:
         node = view.nodes.get(name)
         if node is None or not ask.requests:
@@ -151,12 +156,13 @@ def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[s
         if ask.gpr is not None:
             scores.append((name, MAX_SCORE if name in ask.gpr.reservation else 0))
             continue
-        facts = view.node_facts(node) if plain else {}
+        if not plain or count > node.allocatable.get(resource, 0):  # (never fits: not kept)
+            scores.append((name, _packing_score(view, ask, node)))
+            continue
+        facts = view.node_facts(node)
         score = facts.get(key)
         if score is None:
-            score = _packing_score(view, ask, node)
-            if plain:
-                facts[key] = score
+            score = facts[key] = _packing_score(view, ask, node)
         scores.append((name, score))
     return scores
 

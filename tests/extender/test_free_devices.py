@@ -89,3 +89,18 @@ def test_free_devices_match_a_fresh_sum_through_any_sequence_of_changes() -> Non
                 scores = dict(prioritize(view, ask, asked))  # kept scores against scores afresh
                 assert scores == {name: _packing_score(view, ask, view.nodes[name]) if name in view.nodes else 0
                                   for name in asked}, (step, count)
+
+
+def test_verdicts_for_counts_no_node_can_hold_are_not_kept() -> None:
+    """A pod asking for more devices than a node has is judged afresh: pods with ever new huge counts cannot
+    grow the memo of every node."""
+    view = ClusterView()
+    view.on_node("ADDED", node("a", gpus=8))
+    a = view.nodes["a"]
+    for count in (1, 8, 9, 10**6):
+        ask = PodAsk({GPU: count})
+        out = filter_nodes(view, ask, ["a"])
+        assert (out.passed == ["a"]) == (count <= 8)
+        prioritize(view, ask, ["a"])
+    kept = {key for key in view.node_facts(a) if isinstance(key, tuple)}
+    assert kept == {("verdict", GPU, 1), ("verdict", GPU, 8), ("score", GPU, 1), ("score", GPU, 8)}
