@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler_extender.cluster import GPR_LABEL, HOLDING, ClusterView, GPRView, NodeView, PodView
 from scheduler_extender.resources import pod_requests
@@ -99,14 +100,13 @@ def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterO
         if node is None:
             unresolvable[name] = "node unknown to the accelstack extender"
             continue
-        if count > node.allocatable.get(resource, 0):  # never fits: not kept (the memo stays small)
-            reason, resolvable = node_verdict(view, ask, name)
-        else:
-            facts = view.node_facts(node)
-            verdict = facts.get(key)
-            if verdict is None:
-                verdict = facts[key] = node_verdict(view, ask, name)
-            reason, resolvable = verdict
+        facts = _memo(view, node, resource, count)
+        verdict = facts.get(key) if facts is not None else None
+        if verdict is None:
+            verdict = node_verdict(view, ask, name)
+            if facts is not None:
+                facts[key] = verdict
+        reason, resolvable = verdict
         if not reason:
             passed.append(name)
         elif resolvable:
@@ -156,15 +156,21 @@ def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[s
         if ask.gpr is not None:
             scores.append((name, MAX_SCORE if name in ask.gpr.reservation else 0))
             continue
-        if not plain or count > node.allocatable.get(resource, 0):  # (never fits: not kept)
-            scores.append((name, _packing_score(view, ask, node)))
-            continue
-        facts = view.node_facts(node)
-        score = facts.get(key)
+        facts = _memo(view, node, resource, count) if plain else None
+        score = facts.get(key) if facts is not None else None
         if score is None:
-            score = facts[key] = _packing_score(view, ask, node)
+            score = _packing_score(view, ask, node)
+            if facts is not None:
+                facts[key] = score
         scores.append((name, score))
     return scores
+
+
+def _memo(view: ClusterView, node: NodeView, resource: str, count: int) -> dict[Any, Any] | None:
+    """Where filter's verdict and prioritize's score for a pod without a GPR asking ``count`` of ``resource``
+    are kept on ``node`` (:meth:`ClusterView.node_facts`); None for a count the node can never hold, judged
+    afresh each time, so pods with ever new huge counts cannot grow every node's memo."""
+    return view.node_facts(node) if count <= node.allocatable.get(resource, 0) else None
 
 
 def _packing_score(view: ClusterView, ask: PodAsk, node: NodeView) -> int:

@@ -1,6 +1,6 @@
 """ClusterView.free_for keeps what reservations withhold per node between changes, and filter and prioritize keep
-their verdict and score per node for pods without a GPR: they must answer exactly what summing the reservations afresh (and judging each
-node afresh) answers, through GPR and node changes in any order."""
+their verdict and score per node for pods without a GPR: they must answer exactly what summing the reservations
+afresh (and judging each node afresh) answers, through GPR and node changes in any order."""
 
 from __future__ import annotations
 
