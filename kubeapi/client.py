@@ -3,7 +3,10 @@
 Built on a ``kubernetes_asyncio`` ``ApiClient`` (its configuration loading, TLS and credential refresh), but the
 requests go straight through the client's aiohttp session so that every call gets:
 
-- a client-side timeout (``timeout``; a watch gets a read timeout instead, so a half-open stream ends);
+- a client-side timeout (``timeout``; a watch gets a read timeout instead, so a half-open stream ends). It is an
+  ``asyncio.timeout`` around the call, not aiohttp's total timer: that timer, entered twice per request, swallowed
+  a caller's cancellation that landed in the same tick as its own expiry and retried instead, so a leader's
+  renewal bounded to 1 s ran 5 s and a cancelled leader-only task went on writing;
 - the HTTP status checked: an error answer raises :class:`~kubeapi.errors.ApiError` (by status: ``NotFound``,
   ``Conflict``, ``Expired``, ``Forbidden``, ``TooManyRequests``), never data;
 - retries of reads (and of writes marked idempotent) on 429, 5xx and transport errors, with exponential backoff
@@ -143,13 +146,13 @@ class KubeClient:
         params = {k: _param(v) for k, v in (query or {}).items() if v is not None and v != ""}
         limit = self.timeout if timeout is None else timeout
         kwargs: dict[str, Any] = {"params": params, "data": data, "headers": headers,
-                                  "timeout": aiohttp.ClientTimeout(total=limit), "proxy": self.proxy}
+                                  "timeout": aiohttp.ClientTimeout(total=None), "proxy": self.proxy}
         if self._server_hostname:
             kwargs["server_hostname"] = self._server_hostname
         started = time.perf_counter()
         code = "error"
         try:
-            async with self.session.request(method, self.host + path, **kwargs) as response:
+            async with asyncio.timeout(limit), self.session.request(method, self.host + path, **kwargs) as response:
                 raw = await response.read()
                 code = str(response.status)
                 if response.status >= 300:

@@ -55,7 +55,9 @@ async def test_all_replicas_failing_gives_openai_shaped_502(make_peers: Any, mak
 
 
 async def test_stream_stalled_before_first_byte_is_retried(make_peers: Any, make_gateway: Any) -> None:
-    settings = Settings(request_timeout=0.5, idle_timeout=5)
+    # round-robin, so the stalled replica is surely tried (the default picks at random between two idle
+    # replicas: one run in 16 never reached it, and no try was abandoned)
+    settings = Settings(request_timeout=0.5, idle_timeout=5, policy="round-robin")
     gw, peers = await serve(make_peers, make_gateway, count=2, settings=settings)
     peers[0].stall_after = 0  # headers, then silence
     c = client(gw.url)

@@ -199,6 +199,20 @@ async def test_calls_time_out_retry_reads_and_never_retry_writes_blindly(peer: A
     assert "accelstack-test" in {m["manager"] for m in written["metadata"]["managedFields"]}
 
 
+async def test_a_cancellation_that_lands_with_the_calls_own_timeout_is_not_swallowed(peer: APIServerPeer) -> None:
+    # the caller's deadline and the call's timeout expire in the same tick: the caller's cancellation wins, and
+    # the call is not retried past it (aiohttp's own total timer turned it into a retried timeout 17 times in 20)
+    await peer.put_object("api/v1/nodes", node("a"))
+    async with connected(peer.url, field_manager="t", timeout=0.1, backoff_base=0.01, backoff_cap=0.02,
+                         max_retries=20) as kube:
+        with peer.inject("GET", "nodes", name="a", hang=True):
+            for _ in range(8):
+                started = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(kube.get(NODES, "a"), 0.1)
+                assert time.monotonic() - started < 0.5  # 20 retries of 0.1 s would take over 2 s
+
+
 def elector(kube: KubeClient, identity: str, **kw: Any) -> LeaderElector:
     return LeaderElector(kube, "ns", "lease", identity, lease_duration=kw.get("lease", 1.5),
                          renew_deadline=kw.get("deadline", 1.0), retry_period=kw.get("retry", 0.2))
