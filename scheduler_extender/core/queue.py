@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Callable, Iterator
 
 from .gpr import GPR
@@ -78,7 +79,12 @@ class GPRQueue:
         return QueueWalk(self)
 
     def ordered(self) -> list[GPR]:
-        return list(self.walk())
+        """All queued GPRs in global order (the workspaces' sorted lists merged by one C-level sort of runs)."""
+        self._sort()
+        items = self._items
+        lists = [lst for lst in self._by_ws.values() if lst]
+        keys = lists[0] if len(lists) == 1 else sorted(itertools.chain.from_iterable(lists))
+        return [items[k[3]][2] for k in keys]
 
 
 class QueueWalk(Iterator[GPR]):

@@ -438,3 +438,36 @@ def test_estimates_use_predicted_ends_and_learn_their_error() -> None:
         cal.observe("low", 1000.0, 2060.0)
     later = cal.estimate("low", 0.0, 1000.0)
     assert later.start == pytest.approx(2060, rel=0.1) and later.low <= later.start <= later.high
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 300), st.integers(0, 5),
+                          st.integers(-2, 3), st.sampled_from([None, 1800.0, 7200.0])), min_size=0, max_size=40),
+       st.sampled_from(["size", "priority"]))
+def test_restoring_a_queue_equals_submitting_it(items: list, order: str) -> None:
+    """restore_queued (the controller rebuilds its queue from stored GPRs at every pass) leaves the scheduler
+    as submit() does: the same queue order, keys, backoffs and GPR fields; the queue's ordered() is its walk."""
+    now = 10_000.0
+
+    def gprs() -> list[tuple[GPR, float | None]]:
+        out = []
+        for i, (ws, priority, age, wait, exit_s) in enumerate(items):
+            g = GPR(f"{ws}/g{i}", workspace=ws, priority=priority, submitted_at=now - 60 * age,
+                    exit_duration_s=exit_s, devices_per_node=1 + i % 2)
+            out.append((g, now + 30 * wait if wait else None))
+        return out
+
+    a, b = _sched(4, 4, order=order), _sched(4, 4, order=order)
+    for g, not_before in gprs():
+        a.submit(g, now, not_before, validated=True)
+    for g, not_before in gprs():
+        b.restore_queued(g, now, not_before)
+    assert [g.name for g in a.queued()] == [g.name for g in b.queued()]
+    assert [a.queue.key(g.name) for g in a.queued()] == [b.queue.key(g.name) for g in b.queued()]
+    assert sorted(a._backoff) == sorted(b._backoff)
+    assert {n: vars(g) for n, g in a.gprs.items()} == {n: vars(g) for n, g in b.gprs.items()}
+    assert [g.name for g in b.queue.ordered()] == [g.name for g in b.queue.walk()]
+    assert kinds(a.tick(now + 100)) == kinds(b.tick(now + 100))
+    with pytest.raises(ValueError, match="already exists"):
+        b.restore_queued(GPR("x/dup"), now)
+        b.restore_queued(GPR("x/dup"), now)
