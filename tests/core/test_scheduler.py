@@ -471,3 +471,10 @@ def test_restoring_a_queue_equals_submitting_it(items: list, order: str) -> None
     with pytest.raises(ValueError, match="already exists"):
         b.restore_queued(GPR("x/dup"), now)
         b.restore_queued(GPR("x/dup"), now)
+
+
+def test_the_size_orders_level_is_the_priority_class() -> None:
+    s = _sched(1, order="size")
+    for p in range(1, 301):
+        g = GPR(f"default/p{p}", priority=p, exit_duration_s=60.0)
+        assert s._order_key(g)[0] == -LEVEL[g.priority_class], p
