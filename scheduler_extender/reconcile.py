@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_extender import gpr_resource as gr
-from scheduler_extender.cluster import GPU, MODEL_LABEL, NR1, NodeView, PodView
+from scheduler_extender.cluster import GPU, MODEL_LABEL, NR1, TERMINAL_POD_PHASES, NodeView, PodView
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
 from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import make_policy
@@ -111,7 +111,7 @@ class Plan:
     projections: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (PassCache.ordered)
 class Decoded:
     """What a pass reads of one GPR object version, decoded once (the object is immutable per resourceVersion)."""
 
@@ -142,6 +142,8 @@ class PassCache:
         self.decoded: dict[str, Decoded] = {}
         self.nodes: dict[str, tuple[NodeView, NodeSpec | None]] = {}
         self.base: tuple[Any, Inventory, dict[str, Placement]] | None = None
+        self.seen: list[Decoded] = []  # the last pass's decoded objects, as the snapshot listed them
+        self.sorted: list[Decoded] = []  # the same in creation order
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -171,6 +173,14 @@ class PassCache:
                     (meta.get("labels") or {}).get(AUTO_LABEL) == "true")
         self.decoded[uid] = d
         return d
+
+    def ordered(self, gprs: Mapping[str, dict[str, Any]], now: float) -> list[Decoded]:
+        """The GPRs decoded, in creation order; the last order again when every object is the one seen then."""
+        decode = self.decode
+        seen = [decode(uid, obj, now) for uid, obj in gprs.items()]
+        if seen != self.seen:  # a list compares its items by identity first: equal lists cost no Decoded.__eq__
+            self.seen, self.sorted = seen, sorted(seen, key=_ORDER)
+        return self.sorted
 
     def gpr(self, d: Decoded) -> GPR:
         """A fresh core GPR (spec and status restored) copied from the decoded prototype."""
@@ -306,8 +316,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     now = snap.now
     plan = Plan()
     specs = cache.node_specs(snap.nodes)
-    decode = cache.decode
-    decoded = sorted([decode(uid, obj, now) for uid, obj in snap.gprs.items()], key=_ORDER)
+    decoded = cache.ordered(snap.gprs, now)
     allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
     base_key = (tuple(specs), tuple((d.uid, d.version) for d in allocated))
     base = cache.base if cache.base is not None and cache.base[0] == base_key else None
@@ -481,36 +490,41 @@ def _node_lost(sched: Scheduler, g: GPR, now: float) -> list[Event]:
 
 
 def _hold_outside_reservations(sched: Scheduler, snap: Snapshot, pods_of: dict[str, list[PodView]]) -> None:
-    """Devices in use on each node that no allocated GPR's reservation covers become capacity nobody gets."""
+    """Devices in use on each node that no allocated GPR's reservation covers become capacity nobody gets.
+    (Runs over every pod and node at every pass: names are bound locally and PodView.live is inlined.)"""
     inv = sched.inv
+    index, specs, names = inv.index, inv.specs, inv.names
     covered: dict[tuple[str, str], int] = {}  # (gpr key, node) -> devices its reservation holds there
     for name, g in [*sched.holders.items(), *sched.evicting.items()]:
         for a in g.placement.assignments if g.placement else ():
-            covered[name, inv.names[a.node]] = len(a.devices)
+            covered[name, names[a.node]] = len(a.devices)
     used: dict[str, int] = {}
     seen: set[str] = set()
-    for p in snap.pods.values():
-        if not p.node or not p.live or p.node not in inv.index:
+    pods = snap.pods
+    for p in pods.values():
+        node = p.node
+        if not node or p.phase in TERMINAL_POD_PHASES or node not in index:
             continue
         seen.add(p.uid)
-        resource = inv.specs[inv.index[p.node]].resource
-        count = p.requests.get(resource, 0)
-        left = covered.get((p.gpr, p.node), 0)
-        if left and p.gpr:
-            take = min(left, count)
-            covered[p.gpr, p.node] = left - take
-            count -= take
+        count = p.requests.get(specs[index[node]].resource, 0)
+        if p.gpr:
+            left = covered.get((p.gpr, node), 0)
+            if left:
+                take = min(left, count)
+                covered[p.gpr, node] = left - take
+                count -= take
         if count > 0:
-            used[p.node] = used.get(p.node, 0) + count
-    for name, node in snap.nodes.items():
-        if name not in inv.index:
+            used[node] = used.get(node, 0) + count
+    for name, node_view in snap.nodes.items():
+        n = index.get(name)
+        if n is None:
             continue
-        if node.ledger_error:
-            used[name] = int(inv.ndev[inv.index[name]])  # unknown use: give this node to nobody
+        if node_view.ledger_error:
+            used[name] = int(inv.ndev[n])  # unknown use: give this node to nobody
             continue
-        resource = inv.specs[inv.index[name]].resource
-        for uid, entry in node.ledger.items():  # bound a moment ago, not in this replica's informer yet
-            if uid not in seen and uid not in snap.pods:
+        resource = specs[n].resource
+        for uid, entry in node_view.ledger.items():  # bound a moment ago, not in this replica's informer yet
+            if uid not in seen and uid not in pods:
                 left = covered.get((entry.gpr, name), 0)
                 count = entry.requests.get(resource, 0)
                 if left and entry.gpr:
@@ -525,14 +539,17 @@ def _hold_outside_reservations(sched: Scheduler, snap: Snapshot, pods_of: dict[s
 def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) -> list[Event]:
     events: list[Event] = []
     for key, g in list(sched.holders.items()):
+        group = pods_of.get(key)
+        if not group:
+            continue
         since = g.admitted_at or 0.0
         # pods of an earlier admission of this GPR (bound or ended before this one) say nothing about this one
-        pods = [p for p in pods_of.get(key, ()) if not (p.bound_at and p.bound_at < since)
-                and (p.live or not p.ended_at or p.ended_at >= since)]
+        pods = [p for p in group if not (p.bound_at and p.bound_at < since)
+                and (p.phase not in TERMINAL_POD_PHASES or not p.ended_at or p.ended_at >= since)]
         if not pods:
             continue
         phases = [p.phase for p in pods]
-        if all(not p.live for p in pods):
+        if all(ph in TERMINAL_POD_PHASES for ph in phases):
             failed = "Failed" in phases
             events += sched.finish(key, now, ok=not failed, reason="PodFailed" if failed else "Succeeded")
             if g.phase is Phase.QUEUED:

@@ -25,6 +25,7 @@ key dropped first). :meth:`to_state` / :meth:`from_state` give a JSON-able form 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -353,5 +354,12 @@ class DurationPredictor:
         return p
 
 
+@functools.lru_cache(maxsize=4096)  # few shapes, asked for every queued GPR and holder at every pass
 def shape_of(resource: str, devices_per_node: int, milli_per_device: int, node_count: int) -> str:
     return f"{resource}:{devices_per_node}x{milli_per_device}x{node_count}"
+
+
+def job_key(workspace: str, template: str, owner: str, shape: str) -> JobKey:
+    """``JobKey(...)`` built in C: a named tuple's own constructor is a Python function, and the controller
+    makes one per queued GPR and holder at every pass."""
+    return tuple.__new__(JobKey, (workspace, template, owner, shape))

@@ -46,6 +46,7 @@ from .gpr import GPR, Phase, backoff_delay
 from .inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from .placement import PlacementPolicy, Request, fits
 from .predictor import DurationPredictor, JobKey, shape_of
+from .predictor import job_key as make_job_key
 from .queue import GPRQueue, Key, queue_key
 from .waittime import Calibrator, Holder, Interval, Job, Release, earliest_fit, holder_order, project
 
@@ -137,8 +138,11 @@ class Scheduler:
         self._releases: dict[str, Release] = {}  # holder -> when it is predicted to release (see _predicted_end)
         self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
         self.projection: dict[str, float] = {}  # the last estimate's projected starts, before calibration
-        # workspace -> its holders as (end bound, name, milli), sorted; kept up to date by _hold/_unhold
+        # workspace -> its holders as (end bound, name, milli), sorted when read (_ends_of); kept up to date by
+        # _hold/_unhold. Appended out of order, a list is sorted once when next read: a driver adopting 4,800
+        # holders of one workspace would otherwise shift the list 4,800 times
         self._ws_ends: dict[str, list[tuple[float, str, int]]] = {}
+        self._ws_unsorted: set[str] = set()
         self._ws_entry: dict[str, tuple[float, str, int]] = {}
         self.holders: dict[str, GPR] = {}
         self.evicting: dict[str, GPR] = {}  # chosen for eviction, devices still held until their pods are gone
@@ -497,6 +501,10 @@ class Scheduler:
             assert cap is None or used <= cap, f"workspace {ws} over its {model} cap"
         assert set(self._held_models) == set(self.holders) | set(self.evicting), "the model usage is stale"
         assert set(self._ws_entry) == set(self.holders) | set(self.evicting), "the workspace index is stale"
+        for ws in self._ws_ends:
+            ends = self._ends_of(ws)
+            assert ends == sorted(e for n, e in self._ws_entry.items() if self.gprs[n].workspace == ws), (
+                f"the end-bound index of {ws} is stale or out of order")
 
     # ---------------------------------------------------------------- internals
     def _key(self, g: GPR) -> Key:
@@ -514,8 +522,8 @@ class Scheduler:
             return queue_key(g, False)
         if cfg.order == "priority":
             return queue_key(g, True)
-        job = JobKey(g.workspace, g.template, g.workload,
-                     shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
+        job = make_job_key(g.workspace, g.template, g.workload,
+                           shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
         pred = self._pred[g.name] = self.predictor.predict(job, g.exit_duration_s).mean
         size = pred * (g.devices_per_node * g.milli_per_device * g.node_count) / 1000.0  # g.milli_total()
         shift = cfg.ageing_s * math.log2(1.0 + size / SIZE_UNIT_GPU_S)
@@ -524,8 +532,8 @@ class Scheduler:
 
     @staticmethod
     def job_key(g: GPR) -> JobKey:
-        return JobKey(g.workspace, g.template, g.workload,
-                      shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
+        return make_job_key(g.workspace, g.template, g.workload,
+                           shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
 
     def predicted_hold(self, g: GPR) -> float:
         """Predicted hold time of a queued GPR (fixed while it stays queued)."""
@@ -569,15 +577,25 @@ class Scheduler:
         shadows): its end bound, or ``leaving_at`` for a GPR being evicted."""
         self._unhold(g)
         entry = (g.end_bound() if leaving_at is None else leaving_at, g.name, g.milli_total())
-        bisect.insort(self._ws_ends.setdefault(g.workspace, []), entry)
+        lst = self._ws_ends.setdefault(g.workspace, [])
+        if lst and entry < lst[-1]:
+            self._ws_unsorted.add(g.workspace)
+        lst.append(entry)
         self._ws_entry[g.name] = entry
+
+    def _ends_of(self, workspace: str) -> list[tuple[float, str, int]]:
+        lst = self._ws_ends.get(workspace, [])
+        if workspace in self._ws_unsorted:
+            lst.sort()
+            self._ws_unsorted.discard(workspace)
+        return lst
 
     def _unhold(self, g: GPR) -> None:
         """``g`` no longer holds anything: drop it from the indexes and predictions of holders."""
         self._releases.pop(g.name, None)
         entry = self._ws_entry.pop(g.name, None)
         if entry is not None:
-            lst = self._ws_ends[g.workspace]
+            lst = self._ends_of(g.workspace)
             del lst[bisect.bisect_left(lst, entry)]
 
     def _use(self, g: GPR) -> None:
@@ -704,7 +722,7 @@ class Scheduler:
         if need <= 0:
             return now
         acc = 0
-        for end, _, milli in self._ws_ends.get(g.workspace, ()):
+        for end, _, milli in self._ends_of(g.workspace):
             acc += milli
             if acc >= need:
                 return max(now, end)
