@@ -203,6 +203,7 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     (the controller does that every 30 s). (steady pass seconds, refresh pass seconds without the estimates,
     estimate seconds)."""
     from scheduler_extender.cluster import GPU, node_view, pod_view
+    from scheduler_extender.core.predictor import DurationPredictor
     from scheduler_extender.reconcile import PassCache, PassConfig, Snapshot, run_pass
 
     nodes, pods, gprs = {}, {}, {}
@@ -221,12 +222,13 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
         else:
             gprs[meta["uid"]] = obj
     cache, version = PassCache(), 10_000_000
+    predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
     seconds: list[float] = []
     refreshes: list[float] = []
     estimates: list[float] = []
     for i in range(passes + 2):
         plan = run_pass(Snapshot(time.time(), nodes, pods, gprs),
-                         PassConfig(refresh_queue=i % 3 == 0, refresh_on_change=False), cache)
+                         PassConfig(refresh_queue=i % 3 == 0, refresh_on_change=False, predictor=predictor), cache)
         for write in plan.writes:
             version += 1
             obj = gprs[write.uid]

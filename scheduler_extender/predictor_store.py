@@ -93,8 +93,8 @@ class PredictorStore:
     """Predictor + calibrator + what has been learned already; see the module docstring."""
 
     def __init__(self, predictor: DurationPredictor | None = None, calibrator: Calibrator | None = None) -> None:
-        self.predictor = predictor or DurationPredictor()
-        self.calibrator = calibrator or Calibrator()
+        self.predictor = predictor if predictor is not None else DurationPredictor()  # an empty one is falsy
+        self.calibrator = calibrator if calibrator is not None else Calibrator()
         self.learned: set[str] = set()  # UIDs of finished GPRs already learned from
         self.first: dict[str, tuple[float, float, str]] = {}  # UID -> first projection (when, wait, class)
         self.dirty = False

@@ -130,6 +130,8 @@ class Decoded:
     spot: Spot  # its place in the queue as stored
     source: dict[str, Any]  # the object it was decoded from
     auto: bool  # made by the webhook for a pod (see _orphans)
+    # (predictor, its epoch, workspace, ageing, Scheduler.size_rank) while queued: the rank kept between passes
+    rank: tuple[Any, int, str, float, tuple[int, float, float]] | None = None
 
 
 class PassCache:
@@ -329,6 +331,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if p.gpr:
             pods_of.setdefault(p.gpr, []).append(p)
 
+    # a queued GPR's place in the size order, kept in its decoded object while the predictor has learned nothing
+    predictor, ageing = sched.predictor, sched.cfg.ageing_s
+    size_ranked = sched.cfg.use_priority and sched.cfg.order == "size"
     uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
     objects: dict[str, Decoded] = {}
     final: dict[str, str] = {}  # key -> phase, for GPRs that hold nothing any more (their bound pods must go)
@@ -374,7 +379,16 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
             continue
         reason = g.reason if g.phase is Phase.QUEUED and not rejudged else ""
-        sched.restore_queued(g, now, g.not_before)
+        rank = None
+        if size_ranked:
+            kept = d.rank
+            if (kept is not None and kept[0] is predictor and kept[1] == predictor.epoch and kept[2] == g.workspace
+                    and kept[3] == ageing):
+                rank = kept[4]
+            else:
+                rank = sched.size_rank(g)
+                d.rank = (predictor, predictor.epoch, g.workspace, ageing, rank)
+        sched.restore_queued(g, now, g.not_before, rank)
         g.reason = reason
         if status.get("phase") == Phase.QUEUED:
             g.history = []  # nothing new: an empty history marks a GPR whose status needs no write
@@ -396,7 +410,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
 
     estimates: dict[str, Interval] = {}
     queued = sched.queued()
-    plan.queue = tuple(g.name for g in queued)
+    plan.queue = tuple([g.name for g in queued])
     refresh = cfg.refresh_queue or (cfg.refresh_on_change and plan.queue != cfg.last_queue)
     plan.refreshed = refresh
     if refresh and cfg.estimates and queued:
@@ -461,7 +475,7 @@ def _last_active(g: GPR, pods: Any, now: float) -> float:
     admission, else its start (or admission). An Admitted GPR whose pods never start is idle since admission."""
     since = g.started_at or g.admitted_at or now
     for p in pods:
-        if p.phase == "Running" and p.live:
+        if p.phase == "Running":
             return now
         if p.ended_at and p.ended_at > since:
             since = p.ended_at
@@ -549,15 +563,16 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) 
         if not pods:
             continue
         phases = [p.phase for p in pods]
-        if all(ph in TERMINAL_POD_PHASES for ph in phases):
+        running = phases.count("Running")
+        if not running and all(ph in TERMINAL_POD_PHASES for ph in phases):
             failed = "Failed" in phases
             events += sched.finish(key, now, ok=not failed, reason="PodFailed" if failed else "Succeeded")
             if g.phase is Phase.QUEUED:
                 g.reason = f"Requeued after failure {g.failures} (PodFailed)"
             continue
-        if g.phase is Phase.ADMITTED and all(ph == "Running" for ph in phases):
+        if g.phase is Phase.ADMITTED and running == len(phases):
             events += sched.start(key, now)
-        elif g.phase is Phase.RUNNING and any(ph == "Running" for ph in phases):
+        elif g.phase is Phase.RUNNING and running:
             sched.activity(key, now)
     for key in list(sched.evicting):
         if not any(p.live and p.node for p in pods_of.get(key, ())):

@@ -161,6 +161,7 @@ class DurationPredictor:
         # predict() is a pure function of what has been observed: memoized until the next observation (the
         # controller predicts every queued GPR at every pass; the history changes only when GPRs finish)
         self._memo: dict[tuple[JobKey, float | None], Prediction] = {}
+        self.epoch = 0  # +1 whenever what it predicts may change (observe, load_state): a key for callers' memos
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -169,6 +170,7 @@ class DurationPredictor:
     def observe(self, key: JobKey, hold_s: float, exit_s: float | None = None) -> None:
         """One finished GPR held its devices for ``hold_s`` seconds (``exit_s``: its exitDuration, if set)."""
         self._memo.clear()
+        self.epoch += 1
         if not math.isfinite(hold_s) or hold_s < 0:
             raise ValueError(f"hold time must be a finite non-negative number of seconds, got {hold_s!r}")
         if exit_s is not None and (not math.isfinite(exit_s) or exit_s <= 0):
@@ -319,6 +321,7 @@ class DurationPredictor:
         """Replace what is known with ``state`` (from :meth:`to_state`); ValueError naming what is wrong.
         A state written with other bins is refused (the caller starts empty)."""
         self._memo.clear()
+        self.epoch += 1
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"predictor state: version must be {STATE_VERSION}")
         if state.get("bins") != [PER_OCTAVE, DUR_BINS, RATIO_BINS]:

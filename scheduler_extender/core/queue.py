@@ -38,10 +38,12 @@ class GPRQueue:
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
-    def push(self, g: GPR) -> None:
+    def push(self, g: GPR, key: Key | None = None) -> None:
+        """Queue ``g`` under ``key`` (default: the queue's key function of ``g``)."""
         if g.name in self._items:
             raise ValueError(f"{g.name} is already queued")
-        key = self.key_of(g)
+        if key is None:
+            key = self.key_of(g)
         lst = self._by_ws.setdefault(g.workspace, [])
         if lst and key < lst[-1]:
             self._unsorted.add(g.workspace)

@@ -127,8 +127,8 @@ class Scheduler:
             raise ValueError(f"order: {self.cfg.order!r} is not one of {', '.join(ORDERS)}")
         if not self.cfg.ageing_s > 0:
             raise ValueError("ageing_s: must be positive")
-        self.predictor = predictor or DurationPredictor()
-        self.calibrator = calibrator or Calibrator()
+        self.predictor = predictor if predictor is not None else DurationPredictor()  # an empty one is falsy
+        self.calibrator = calibrator if calibrator is not None else Calibrator()
         self.gprs: dict[str, GPR] = {}
         # the queue keys through a weak reference: no reference cycle, so a scheduler built for one pass is freed
         # as soon as the pass drops it, without waiting for the cyclic garbage collector
@@ -181,10 +181,12 @@ class Scheduler:
             self.queue.push(g)
         return [Event(now, "submitted", g.name)]
 
-    def restore_queued(self, g: GPR, now: float, not_before: float | None = None) -> None:
+    def restore_queued(self, g: GPR, now: float, not_before: float | None = None,
+                       rank: tuple[int, float, float] | None = None) -> None:
         """:meth:`submit` for a driver rebuilding its queue from stored GPRs whose specs it checked, where
         nobody listens for the event: the same state at a fraction of the cost (the GPR controller restores
-        every queued GPR at every pass, 10,000 at the scale it is measured at)."""
+        every queued GPR at every pass, 10,000 at the scale it is measured at). ``rank``: the GPR's
+        :meth:`size_rank` as the driver kept it from an earlier pass (same spec, workspace and predictor epoch)."""
         gprs = self.gprs
         old = gprs.get(g.name)
         if old is not None and old.phase not in _ENDED:
@@ -197,6 +199,9 @@ class Scheduler:
         gprs[g.name] = g
         if g.not_before > now:
             heapq.heappush(self._backoff, (g.not_before, seq, g.name))
+        elif rank is not None and self.cfg.use_priority and self.cfg.order == "size":
+            self._pred[g.name] = rank[2]
+            self.queue.push(g, (rank[0], rank[1], seq, g.name))
         else:
             self.queue.push(g)
 
@@ -522,13 +527,20 @@ class Scheduler:
             return queue_key(g, False)
         if cfg.order == "priority":
             return queue_key(g, True)
+        level, at, self._pred[g.name] = self.size_rank(g)
+        return (level, at, g.seq, g.name)
+
+    def size_rank(self, g: GPR) -> tuple[int, float, float]:
+        """The size order's (-level, ageing-shifted submission time, predicted hold time) of ``g``: a function of
+        its spec, workspace, submission time, this configuration and the predictor's state (its ``epoch``)
+        alone, so a driver that restores the same GPR pass after pass may keep it."""
         job = make_job_key(g.workspace, g.template, g.workload,
                            shape_of(g.resource, g.devices_per_node, g.milli_per_device, g.node_count))
-        pred = self._pred[g.name] = self.predictor.predict(job, g.exit_duration_s).mean
+        pred = self.predictor.predict(job, g.exit_duration_s).mean
         size = pred * (g.devices_per_node * g.milli_per_device * g.node_count) / 1000.0  # g.milli_total()
-        shift = cfg.ageing_s * math.log2(1.0 + size / SIZE_UNIT_GPU_S)
+        shift = self.cfg.ageing_s * math.log2(1.0 + size / SIZE_UNIT_GPU_S)
         p = g.priority  # LEVEL[g.priority_class], without two Python calls per queued GPR
-        return (-3 if p > 200 else -2 if p > 100 else -1, g.submitted_at + shift, g.seq, g.name)
+        return (-3 if p > 200 else -2 if p > 100 else -1, g.submitted_at + shift, pred)
 
     @staticmethod
     def job_key(g: GPR) -> JobKey:

@@ -1,6 +1,7 @@
 """The pass is a pure function of the cluster's objects: what its caches keep between passes (decoded objects,
 specs, node specs, the inventory with allocated GPRs adopted) changes nothing — a pass planned with warm caches
-equals one planned from nothing, as after a restart or on a new leader (property test over random clusters)."""
+equals one planned from nothing, as after a restart or on a new leader (property test over random clusters, with
+the controller's duration predictor learning between passes)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_extender.cluster import GPU, node_view, pod_view
+from scheduler_extender.core.predictor import DurationPredictor, JobKey
 from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass, ungate_patch
 from tests.extender.harness import gpr, node, pod
 
@@ -57,16 +59,20 @@ def summary(plan: Plan) -> tuple[Any, ...]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 4))
-def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int) -> None:
+@given(st.integers(0, 10_000), st.integers(1, 4), st.sets(st.integers(0, 3)))
+def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn_before: set[int]) -> None:
     nodes, pods, gprs = world(seed)
     now = time.time()
     warm = PassCache()
     version = 1000
-    for _ in range(passes):
+    predictor = DurationPredictor()  # the controller's, which learns between passes (queue ranks are kept by it)
+    for i in range(passes):
+        if i in learn_before:
+            for k in range(4):
+                predictor.observe(JobKey("default", "", "", f"nvidia.com/gpu:{1 + k}x1000x1"), 500.0 * (i + 1) * (k + 1))
         snap = Snapshot(now, nodes, pods, gprs)
-        a = plan_pass(snap, PassConfig(), warm)
-        b = plan_pass(copy.deepcopy(snap), PassConfig(), PassCache())
+        a = plan_pass(snap, PassConfig(predictor=predictor), warm)
+        b = plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), PassCache())
         assert summary(a) == summary(b)
         for w in a.writes:  # the API server stores them: the next pass starts from there
             version += 1
