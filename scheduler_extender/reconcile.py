@@ -146,6 +146,8 @@ class PassCache:
         self.base: tuple[Any, Inventory, dict[str, Placement]] | None = None
         self.seen: list[Decoded] = []  # the last pass's decoded objects, as the snapshot listed them
         self.sorted: list[Decoded] = []  # the same in creation order
+        # (base key, pod views, node views, devices used outside reservations by node) of the last pass
+        self.outside: tuple[Any, list[PodView], list[NodeView], dict[str, int]] | None = None
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -395,7 +397,17 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     if base is None:
         cache.base = (base_key, inv.copy(), adopted)
 
-    _hold_outside_reservations(sched, snap, pods_of)
+    # devices held outside reservations: a function of the pods, the nodes and the allocated GPRs alone, so the
+    # last pass's answer stands while every pod and node object is the one seen then and the base is the same
+    pods_seen, nodes_seen = list(snap.pods.values()), list(snap.nodes.values())
+    kept = cache.outside
+    if base is not None and kept is not None and kept[0] == base_key and kept[1] == pods_seen and kept[2] == nodes_seen:
+        used = kept[3]
+    else:
+        used = _used_outside_reservations(sched, snap)
+        cache.outside = (base_key, pods_seen, nodes_seen, used) if base is not None else None
+    for name, count in used.items():
+        sched.hold(f"pods@{name}", name, count)
     for name, node in snap.nodes.items():
         if name in inv.index and node.health_reason(inv.specs[inv.index[name]].resource):
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
@@ -503,9 +515,9 @@ def _node_lost(sched: Scheduler, g: GPR, now: float) -> list[Event]:
     return [Event(now, "failed", g.name, "NodeLost")]
 
 
-def _hold_outside_reservations(sched: Scheduler, snap: Snapshot, pods_of: dict[str, list[PodView]]) -> None:
-    """Devices in use on each node that no allocated GPR's reservation covers become capacity nobody gets.
-    (Runs over every pod and node at every pass: names are bound locally and PodView.live is inlined.)"""
+def _used_outside_reservations(sched: Scheduler, snap: Snapshot) -> dict[str, int]:
+    """Devices in use on each node that no allocated GPR's reservation covers: capacity nobody gets (node ->
+    devices). Runs over every pod and node: names are bound locally and PodView.live is inlined."""
     inv = sched.inv
     index, specs, names = inv.index, inv.specs, inv.names
     covered: dict[tuple[str, str], int] = {}  # (gpr key, node) -> devices its reservation holds there
@@ -546,8 +558,7 @@ def _hold_outside_reservations(sched: Scheduler, snap: Snapshot, pods_of: dict[s
                     covered[entry.gpr, name] = left - take
                     count -= take
                 used[name] = used.get(name, 0) + max(0, count)
-    for name, count in used.items():
-        sched.hold(f"pods@{name}", name, count)
+    return used
 
 
 def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) -> list[Event]:

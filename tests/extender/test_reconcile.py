@@ -6,13 +6,16 @@ the controller's duration predictor learning between passes)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import time
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler_extender import ledger
 from scheduler_extender.cluster import GPU, node_view, pod_view
 from scheduler_extender.core.predictor import DurationPredictor, JobKey
 from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass, ungate_patch
@@ -59,8 +62,9 @@ def summary(plan: Plan) -> tuple[Any, ...]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 4), st.sets(st.integers(0, 3)))
-def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn_before: set[int]) -> None:
+@given(st.integers(0, 10_000), st.integers(1, 4), st.sets(st.integers(0, 3)), st.sets(st.integers(1, 3)))
+def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn_before: set[int],
+                                                   pod_before: set[int]) -> None:
     nodes, pods, gprs = world(seed)
     now = time.time()
     warm = PassCache()
@@ -70,6 +74,18 @@ def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn
         if i in learn_before:
             for k in range(4):
                 predictor.observe(JobKey("default", "", "", f"nvidia.com/gpu:{1 + k}x1000x1"), 500.0 * (i + 1) * (k + 1))
+        if i in pod_before:  # work outside GPRs starts on a node, or one of its pods ends
+            late = pod_view(pod(f"late-{i}", 1 + i % 2, uid=f"late{i}", node_name=sorted(nodes)[i % len(nodes)],
+                                phase="Running"), (GPU,))
+            assert late is not None
+            pods = {**pods, late.uid: late}
+            ended = next((p for p in pods.values() if p.phase == "Running" and p.uid != late.uid), None)
+            if ended is not None:
+                pods[ended.uid] = dataclasses.replace(ended, phase="Succeeded", ended_at=now - 1)
+            # and a pod bound a moment ago, in a node's ledger before this replica's informer has it
+            name = sorted(nodes)[-1]
+            entry = ledger.Entry(f"bound{i}", f"default/bound-{i}", {GPU: 1}, "", now)
+            nodes = {**nodes, name: dataclasses.replace(nodes[name], ledger={**nodes[name].ledger, entry.uid: entry})}
         snap = Snapshot(now, nodes, pods, gprs)
         a = plan_pass(snap, PassConfig(predictor=predictor), warm)
         b = plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), PassCache())
@@ -140,3 +156,30 @@ def test_a_refresh_judges_a_queued_gpr_by_the_fields_it_would_write() -> None:
         written = queue_fields(position, estimate.start if estimate else None,
                                (estimate.low, estimate.high) if estimate else None)
         assert new_spot(position, estimate) == spot_of(written), (position, estimate, written)
+
+
+@pytest.mark.parametrize("change", ["ledger", "pod"])
+def test_a_warm_pass_sees_devices_taken_outside_gprs_since_the_last(change: str) -> None:
+    """Devices used outside reservations are kept between passes only while every pod and node is the one seen:
+    a pod bound a moment ago (in the node's ledger) or one now running takes the device a new GPR would get."""
+    nodes = {"n0": node_view(node("n0", gpus=2), (GPU,))}
+    pods: dict[str, Any] = {}
+    gprs: dict[str, dict[str, Any]] = {}
+    now = time.time()
+    warm = PassCache()
+    for _ in range(2):  # the first builds the cached inventory, the second keeps what it finds outside GPRs
+        plan_pass(Snapshot(now, nodes, pods, gprs), PassConfig(), warm)
+    if change == "ledger":
+        entry = ledger.Entry("late", "default/late", {GPU: 1}, "", now)
+        nodes = {"n0": dataclasses.replace(nodes["n0"], ledger={"late": entry})}
+    else:
+        late = pod_view(pod("late", 1, uid="late", node_name="n0", phase="Running"), (GPU,))
+        assert late is not None
+        pods = {late.uid: late}
+    obj = gpr("g", phase=None, devices=2)
+    obj["metadata"].update(uid="ug", resourceVersion="7", creationTimestamp="2026-11-30T00:00:00Z")
+    gprs = {"ug": obj}
+    a = plan_pass(Snapshot(now + 30, nodes, pods, gprs), PassConfig(), warm)
+    b = plan_pass(Snapshot(now + 30, nodes, pods, gprs), PassConfig(), PassCache())
+    assert summary(a) == summary(b)
+    assert [w.status["phase"] for w in a.writes] == ["Queued"]  # one device is taken: two do not fit
