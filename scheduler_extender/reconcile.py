@@ -400,9 +400,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     # devices held outside reservations: a function of the pods, the nodes and the allocated GPRs alone, so the
     # last pass's answer stands while every pod and node object is the one seen then and the base is the same
     pods_seen, nodes_seen = list(snap.pods.values()), list(snap.nodes.values())
-    kept = cache.outside
-    if base is not None and kept is not None and kept[0] == base_key and kept[1] == pods_seen and kept[2] == nodes_seen:
-        used = kept[3]
+    last = cache.outside
+    if base is not None and last is not None and last[0] == base_key and last[1] == pods_seen and last[2] == nodes_seen:
+        used = last[3]
     else:
         used = _used_outside_reservations(sched, snap)
         cache.outside = (base_key, pods_seen, nodes_seen, used) if base is not None else None
