@@ -126,7 +126,10 @@ class Decoded:
     fields: dict[str, Any] | str
     proto: GPR | None
     reservation: dict[str, int]
-    quick: tuple[Any, ...]  # (phase, reason, failures, evictions, observedGeneration, has Idle/EvictionBlocked)
+    # (phase, reason, failures, evictions) as stored, when the stored status is complete (it observed this
+    # generation, carries no Idle/EvictionBlocked condition): a GPR the pass left at exactly these renders it
+    # unchanged; None when any pass must write it
+    settled: tuple[Any, ...] | None
     spot: Spot  # its place in the queue as stored
     source: dict[str, Any]  # the object it was decoded from
     auto: bool  # made by the webhook for a pod (see _orphans)
@@ -172,8 +175,9 @@ class PassCache:
         extra = any(isinstance(c, dict) and c.get("type") in _EXTRA_CONDITIONS for c in status.get("conditions") or ())
         d = Decoded(version, uid, key, _created(obj), bool(meta.get("deletionTimestamp")), gr.phase_of(obj), status,
                     meta.get("generation"), fields, proto, gr.reservation_of(obj),
-                    (status.get("phase"), status.get("reason"), status.get("failures", 0), status.get("evictions", 0),
-                     status.get("observedGeneration"), extra), spot_of(status), obj,
+                    (status.get("phase"), status.get("reason"), status.get("failures", 0), status.get("evictions", 0))
+                    if status and status.get("observedGeneration") == meta.get("generation") and not extra else None,
+                    spot_of(status), obj,
                     (meta.get("labels") or {}).get(AUTO_LABEL) == "true")
         self.decoded[uid] = d
         return d
@@ -356,7 +360,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             final[key] = Phase.FAILED.value
             continue
         # Phase is a StrEnum: its members equal their strings (no .value here: an enum property costs a Python
-        # call, and this loop and _unchanged run 15,000 times a pass)
+        # call, and these loops run 15,000 times a pass)
         rejudged = phase == Phase.FAILED and status.get("reason") == "InvalidSpec"
         if phase in gr.FINAL_PHASES and not rejudged:
             final[key] = phase
@@ -390,10 +394,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             else:
                 rank = sched.size_rank(g)
                 d.rank = (predictor, predictor.epoch, g.workspace, ageing, rank)
-        sched.restore_queued(g, now, g.not_before, rank)
+        # stored as Queued: nothing new (an empty history marks a GPR whose status needs no write)
+        sched.restore_queued(g, now, g.not_before, rank, news=status.get("phase") != Phase.QUEUED)
         g.reason = reason
-        if status.get("phase") == Phase.QUEUED:
-            g.history = []  # nothing new: an empty history marks a GPR whose status needs no write
     if base is None:
         cache.base = (base_key, inv.copy(), adopted)
 
@@ -440,7 +443,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         estimate = estimates.get(key) if estimates else None
         # nothing happened to it in this pass: at most its place in the queue moved (checked on a refresh only,
         # from those fields alone: rendering 10,000 whole statuses to find a few that moved cost 0.8 s a refresh)
-        if _unchanged(g, d, bool(refusal) or key in extra) and (
+        settled = d.settled
+        if (settled is not None and not g.history and not refusal and key not in extra
+                and settled == (g.phase, g.reason, g.failures, g.evictions)) and (
                 not refresh or g.phase is not Phase.QUEUED
                 or not _queue_moved(d.spot, new_spot(positions.get(key), estimate), now)):
             if g.phase in holding_phases:
@@ -632,15 +637,6 @@ def _orphans(decoded: list[Decoded], pods_of: dict[str, list[PodView]], now: flo
 
 
 _EXTRA_CONDITIONS = ("Idle", "EvictionBlocked")
-
-
-def _unchanged(g: GPR, d: Decoded, extra: bool) -> bool:
-    """Cheap test that the status ``g`` would render is the one stored: nothing happened to it in this pass."""
-    if g.history or extra or not d.status:
-        return False
-    phase, reason, failures, evictions, observed, has_extra = d.quick
-    return (phase == g.phase and reason == g.reason and failures == g.failures and evictions == g.evictions
-            and observed == d.generation and not has_extra)
 
 
 def _differs(current: Mapping[str, Any], new: Mapping[str, Any], queue_too: bool, now: float = 0.0) -> bool:

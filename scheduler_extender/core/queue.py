@@ -44,11 +44,14 @@ class GPRQueue:
             raise ValueError(f"{g.name} is already queued")
         if key is None:
             key = self.key_of(g)
-        lst = self._by_ws.setdefault(g.workspace, [])
-        if lst and key < lst[-1]:
-            self._unsorted.add(g.workspace)
+        ws = g.workspace
+        lst = self._by_ws.get(ws)
+        if lst is None:
+            lst = self._by_ws[ws] = []
+        elif lst and key < lst[-1]:
+            self._unsorted.add(ws)
         lst.append(key)
-        self._items[g.name] = (g.workspace, key, g)
+        self._items[g.name] = (ws, key, g)
 
     def _sort(self) -> None:
         for ws in self._unsorted:

@@ -125,6 +125,7 @@ class Scheduler:
         self.cfg = config or SchedulerConfig()
         if self.cfg.order not in ORDERS:
             raise ValueError(f"order: {self.cfg.order!r} is not one of {', '.join(ORDERS)}")
+        self._size_ranked = self.cfg.use_priority and self.cfg.order == "size"  # keys from size_rank
         if not self.cfg.ageing_s > 0:
             raise ValueError("ageing_s: must be positive")
         self.predictor = predictor if predictor is not None else DurationPredictor()  # an empty one is falsy
@@ -182,26 +183,31 @@ class Scheduler:
         return [Event(now, "submitted", g.name)]
 
     def restore_queued(self, g: GPR, now: float, not_before: float | None = None,
-                       rank: tuple[int, float, float] | None = None) -> None:
+                       rank: tuple[int, float, float] | None = None, news: bool = True) -> None:
         """:meth:`submit` for a driver rebuilding its queue from stored GPRs whose specs it checked, where
         nobody listens for the event: the same state at a fraction of the cost (the GPR controller restores
         every queued GPR at every pass, 10,000 at the scale it is measured at). ``rank``: the GPR's
-        :meth:`size_rank` as the driver kept it from an earlier pass (same spec, workspace and predictor epoch)."""
+        :meth:`size_rank` as the driver kept it from an earlier pass (same spec, workspace and predictor epoch).
+        ``news``: False for a GPR already stored as Queued (no Submitted step in its history)."""
+        name = g.name
         gprs = self.gprs
-        old = gprs.get(g.name)
+        old = gprs.get(name)
         if old is not None and old.phase not in _ENDED:
-            raise ValueError(f"{g.name} already exists ({old.phase.value})")
+            raise ValueError(f"{name} already exists ({old.phase.value})")
         self._seq = seq = self._seq + 1
         g.seq = seq
         g.phase = Phase.QUEUED
-        g.not_before = not_before if not_before is not None and not_before > now else now
-        g.history.append((now, Phase.QUEUED, "Submitted"))
-        gprs[g.name] = g
-        if g.not_before > now:
-            heapq.heappush(self._backoff, (g.not_before, seq, g.name))
-        elif rank is not None and self.cfg.use_priority and self.cfg.order == "size":
-            self._pred[g.name] = rank[2]
-            self.queue.push(g, (rank[0], rank[1], seq, g.name))
+        if news:
+            g.history.append((now, Phase.QUEUED, "Submitted"))
+        gprs[name] = g
+        if not_before is not None and not_before > now:
+            g.not_before = not_before
+            heapq.heappush(self._backoff, (not_before, seq, name))
+            return
+        g.not_before = now
+        if rank is not None and self._size_ranked:
+            self._pred[name] = rank[2]
+            self.queue.push(g, (rank[0], rank[1], seq, name))
         else:
             self.queue.push(g)
 
