@@ -179,6 +179,9 @@ class PassCache:
                     if status and status.get("observedGeneration") == meta.get("generation") and not extra else None,
                     spot_of(status), obj,
                     (meta.get("labels") or {}).get(AUTO_LABEL) == "true")
+        if hit is not None and hit.rank is not None and proto is not None and hit.proto is not None and (
+                _ranked_fields(proto) == _ranked_fields(hit.proto)):
+            d.rank = hit.rank  # a status write (queue position, estimate) leaves its place in the order as it was
         self.decoded[uid] = d
         return d
 
@@ -288,6 +291,12 @@ def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 _ORDER = operator.attrgetter("order")
+
+
+def _ranked_fields(g: GPR) -> tuple[Any, ...]:
+    """What Scheduler.size_rank reads of a GPR (besides the predictor and the configuration)."""
+    return (g.workspace, g.template, g.workload, g.resource, g.devices_per_node, g.milli_per_device, g.node_count,
+            g.exit_duration_s, g.priority, g.submitted_at)
 
 
 class _Positions:

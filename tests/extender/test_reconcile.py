@@ -17,8 +17,20 @@ from hypothesis import strategies as st
 
 from scheduler_extender import ledger
 from scheduler_extender.cluster import GPU, node_view, pod_view
+from scheduler_extender.core.gpr import GPR, Phase
+from scheduler_extender.core.inventory import Inventory, NodeSpec
+from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor, JobKey
-from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass, ungate_patch
+from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_extender.reconcile import (
+    PassCache,
+    PassConfig,
+    Plan,
+    Snapshot,
+    _ranked_fields,
+    plan_pass,
+    ungate_patch,
+)
 from tests.extender.harness import gpr, node, pod
 
 
@@ -183,3 +195,26 @@ def test_a_warm_pass_sees_devices_taken_outside_gprs_since_the_last(change: str)
     b = plan_pass(Snapshot(now + 30, nodes, pods, gprs), PassConfig(), PassCache())
     assert summary(a) == summary(b)
     assert [w.status["phase"] for w in a.writes] == ["Queued"]  # one device is taken: two do not fit
+
+
+def test_the_rank_kept_across_status_writes_reads_only_the_fields_it_is_checked_on() -> None:
+    """A queued GPR's size-order rank is carried to its next object version when _ranked_fields are equal: so
+    Scheduler.size_rank may read nothing else of the GPR (a field it starts to read must join _ranked_fields)."""
+    sched = Scheduler(Inventory([NodeSpec("n0", 8)]), make_policy("bestfit"), SchedulerConfig(order="size"))
+    base = GPR("default/g", exit_duration_s=3600.0, submitted_at=1000.0)
+    ranked: dict[str, Any] = {"workspace": "team", "template": "t", "workload": "w", "resource": "neureality.com/nr1",
+              "devices_per_node": 2, "milli_per_device": 500, "node_count": 2, "exit_duration_s": 60.0,
+              "priority": 250, "submitted_at": 5.0}
+    unranked: dict[str, Any] = {"name": "default/h", "phase": Phase.FAILED, "reason": "x", "failures": 3, "evictions": 2,
+                "not_before": 5e9, "admitted_at": 1.0, "started_at": 2.0, "last_active_at": 3.0, "seq": 99,
+                "finished_at": 4.0, "idle_timeout_s": 60.0, "enforce_idle_timeout": True, "enable_eviction": True,
+                "preemptible": False, "requeue_on_failure": True, "retry_limit": 9, "backoff_base_s": 1.0,
+                "backoff_cap_s": 2.0, "models": ("A",), "memory_mib_per_device": 5, "cpu_milli_per_node": 5,
+                "memory_mib_per_node": 5, "idle_reported": True, "history": [(1.0, Phase.QUEUED, "x")],
+                "placement": None}
+    assert set(ranked) | set(unranked) == set(vars(base)), "a new GPR field: say here whether size_rank reads it"
+    for name, value in unranked.items():
+        assert sched.size_rank(dataclasses.replace(base, **{name: value})) == sched.size_rank(base), name
+    for name, value in ranked.items():  # each of these is in _ranked_fields (and most move the rank)
+        other = dataclasses.replace(base, **{name: value})
+        assert _ranked_fields(other) != _ranked_fields(base), name
