@@ -5,6 +5,11 @@ own key function (:mod:`.scheduler` orders by priority level, then predicted siz
 sorted list per workspace so a pass can walk the global order and drop a whole workspace (for example one at
 its quota) without stepping over its entries. A push appends; a list is sorted when it is next read in order, so
 filling the queue with n GPRs costs one sort, not n insertions.
+
+An entry may hold a *prototype* instead (``push(..., shared=True)``): a GPR object its driver keeps between
+rebuilds and that nobody may change. The queue's ``fresh`` function makes the working copy the first time the
+entry is handed out (walk, get, remove, ordered), so a rebuild of 10,000 queued GPRs copies only the few that a
+pass looks at; ``names()`` reads the order without handing any out.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class GPRQueue:
         self._by_ws: dict[str, list[Key]] = {}
         self._items: dict[str, tuple[str, Key, GPR]] = {}
         self._unsorted: set[str] = set()  # workspaces whose list was appended to out of order
+        self._shared: set[str] = set()  # entries that still hold a prototype
+        self.fresh: Callable[[GPR, Key], GPR] | None = None  # prototype, its key -> the working GPR
 
     def __len__(self) -> int:
         return len(self._items)
@@ -38,8 +45,9 @@ class GPRQueue:
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
-    def push(self, g: GPR, key: Key | None = None) -> None:
-        """Queue ``g`` under ``key`` (default: the queue's key function of ``g``)."""
+    def push(self, g: GPR, key: Key | None = None, shared: bool = False) -> None:
+        """Queue ``g`` under ``key`` (default: the queue's key function of ``g``); ``shared``: ``g`` is a
+        prototype, copied by ``fresh`` when first handed out."""
         if g.name in self._items:
             raise ValueError(f"{g.name} is already queued")
         if key is None:
@@ -52,6 +60,20 @@ class GPRQueue:
             self._unsorted.add(ws)
         lst.append(key)
         self._items[g.name] = (ws, key, g)
+        if shared:
+            if self.fresh is None:
+                raise ValueError("a shared entry needs the queue's fresh function")
+            self._shared.add(g.name)
+
+    def _out(self, name: str) -> GPR:
+        """The entry's GPR, copied from its prototype the first time."""
+        ws, key, g = self._items[name]
+        if name in self._shared:
+            self._shared.discard(name)
+            assert self.fresh is not None
+            g = self.fresh(g, key)
+            self._items[name] = (ws, key, g)
+        return g
 
     def _sort(self) -> None:
         for ws in self._unsorted:
@@ -59,10 +81,10 @@ class GPRQueue:
         self._unsorted.clear()
 
     def remove(self, name: str) -> GPR | None:
-        item = self._items.pop(name, None)
-        if item is None:
+        if name not in self._items:
             return None
-        ws, key, g = item
+        g = self._out(name)
+        ws, key, _ = self._items.pop(name)
         if ws in self._unsorted:
             self._sort()
         lst = self._by_ws[ws]
@@ -75,21 +97,30 @@ class GPRQueue:
         return item[1] if item else None
 
     def get(self, name: str) -> GPR | None:
-        item = self._items.get(name)
-        return item[2] if item else None
+        return self._out(name) if name in self._items else None
 
     def walk(self) -> QueueWalk:
         """Iterate in global order; ``drop(workspace)`` skips the rest of a workspace. Do not mutate the
         queue while walking (collect removals and apply them afterwards)."""
         return QueueWalk(self)
 
-    def ordered(self) -> list[GPR]:
-        """All queued GPRs in global order (the workspaces' sorted lists merged by one C-level sort of runs)."""
+    def _keys(self) -> list[Key]:
+        """Every key in global order (the workspaces' sorted lists merged by one C-level sort of runs)."""
         self._sort()
-        items = self._items
         lists = [lst for lst in self._by_ws.values() if lst]
-        keys = lists[0] if len(lists) == 1 else sorted(itertools.chain.from_iterable(lists))
+        return lists[0] if len(lists) == 1 else sorted(itertools.chain.from_iterable(lists))
+
+    def ordered(self) -> list[GPR]:
+        """All queued GPRs in global order."""
+        keys = self._keys()
+        if self._shared:
+            return [self._out(k[3]) for k in keys]
+        items = self._items
         return [items[k[3]][2] for k in keys]
+
+    def names(self) -> list[str]:
+        """The queued GPRs' names in global order (no GPR handed out)."""
+        return [k[3] for k in self._keys()]
 
 
 class QueueWalk(Iterator[GPR]):
@@ -111,5 +142,5 @@ class QueueWalk(Iterator[GPR]):
             lst = self._q._by_ws[ws]
             if i + 1 < len(lst):
                 heapq.heappush(self._heap, (lst[i + 1], ws, i + 1))
-            return self._q._items[key[3]][2]
+            return self._q._out(key[3])
         raise StopIteration

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .eviction import Candidate, plan_eviction
-from .gpr import GPR, Phase, backoff_delay
+from .gpr import GPR, Phase, backoff_delay, clone
 from .inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from .placement import PlacementPolicy, Request, fits
 from .predictor import DurationPredictor, JobKey, shape_of
@@ -126,6 +126,7 @@ class Scheduler:
         if self.cfg.order not in ORDERS:
             raise ValueError(f"order: {self.cfg.order!r} is not one of {', '.join(ORDERS)}")
         self._size_ranked = self.cfg.use_priority and self.cfg.order == "size"  # keys from size_rank
+        self._restored_at = 0.0  # when shared queue entries were restored (restore_queued)
         if not self.cfg.ageing_s > 0:
             raise ValueError("ageing_s: must be positive")
         self.predictor = predictor if predictor is not None else DurationPredictor()  # an empty one is falsy
@@ -135,6 +136,7 @@ class Scheduler:
         # as soon as the pass drops it, without waiting for the cyclic garbage collector
         me = weakref.proxy(self)
         self.queue = GPRQueue(self.cfg.use_priority, key=lambda g: me._order_key(g))
+        self.queue.fresh = self._fresh
         self._pred: dict[str, float] = {}  # queued GPR -> predicted hold time (s), fixed when it joined the queue
         self._releases: dict[str, Release] = {}  # holder -> when it is predicted to release (see _predicted_end)
         self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
@@ -183,24 +185,38 @@ class Scheduler:
         return [Event(now, "submitted", g.name)]
 
     def restore_queued(self, g: GPR, now: float, not_before: float | None = None,
-                       rank: tuple[int, float, float] | None = None, news: bool = True) -> None:
+                       rank: tuple[int, float, float] | None = None, news: bool = True, shared: bool = False) -> None:
         """:meth:`submit` for a driver rebuilding its queue from stored GPRs whose specs it checked, where
         nobody listens for the event: the same state at a fraction of the cost (the GPR controller restores
         every queued GPR at every pass, 10,000 at the scale it is measured at). ``rank``: the GPR's
         :meth:`size_rank` as the driver kept it from an earlier pass (same spec, workspace and predictor epoch).
-        ``news``: False for a GPR already stored as Queued (no Submitted step in its history)."""
+        ``news``: False for a GPR already stored as Queued (no Submitted step in its history). ``shared``: ``g``
+        is the driver's prototype, which this scheduler never changes: it is copied the first time the queue
+        hands it out, and until then ``gprs`` holds the prototype, read-only (only for a GPR stored as Queued
+        and ready: not ``news``, no ``not_before`` ahead)."""
         name = g.name
         gprs = self.gprs
         old = gprs.get(name)
         if old is not None and old.phase not in _ENDED:
             raise ValueError(f"{name} already exists ({old.phase.value})")
+        ready = not_before is None or not_before <= now
+        if shared and (news or not ready or g.phase is not Phase.QUEUED or g.history):
+            raise ValueError(f"{name}: only a GPR stored as Queued, ready and with no history may be shared")
+        if shared and not self._size_ranked:
+            g, shared = clone(g), False
         self._seq = seq = self._seq + 1
+        gprs[name] = g
+        if shared:
+            self._restored_at = now
+            level, at, self._pred[name] = rank if rank is not None else self.size_rank(g)
+            self.queue.push(g, (level, at, seq, name), shared=True)
+            return
         g.seq = seq
         g.phase = Phase.QUEUED
         if news:
             g.history.append((now, Phase.QUEUED, "Submitted"))
-        gprs[name] = g
-        if not_before is not None and not_before > now:
+        if not ready:
+            assert not_before is not None
             g.not_before = not_before
             heapq.heappush(self._backoff, (not_before, seq, name))
             return
@@ -210,6 +226,13 @@ class Scheduler:
             self.queue.push(g, (rank[0], rank[1], seq, name))
         else:
             self.queue.push(g)
+
+    def _fresh(self, proto: GPR, key: Key) -> GPR:
+        """The working copy of a shared queue entry (see :meth:`restore_queued`), as restoring a copy made it."""
+        g = clone(proto)
+        g.seq, g.not_before = key[2], self._restored_at
+        self.gprs[g.name] = g
+        return g
 
     def adopt(self, g: GPR, placement: Placement, now: float, allocated: bool = False) -> bool:
         """Take over a GPR that already holds ``placement`` (Admitted or Running, e.g. after a controller
@@ -438,6 +461,12 @@ class Scheduler:
         if not extra:
             return order
         return sorted(order + list({g.name: g for g in extra}.values()), key=self._key)
+
+    def queued_names(self) -> list[str]:
+        """The names of :meth:`queued`, in its order, without handing the GPRs out of the queue."""
+        if not self._backoff:
+            return self.queue.names()
+        return [g.name for g in self.queued()]
 
     def estimates(self, now: float, upto: str | None = None) -> dict[str, float]:
         """Estimated start time per queued GPR (all of them, or only ``upto``); inf: cannot be estimated. The

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -478,3 +479,30 @@ def test_the_size_orders_level_is_the_priority_class() -> None:
     for p in range(1, 301):
         g = GPR(f"default/p{p}", priority=p, exit_duration_s=60.0)
         assert s._order_key(g)[0] == -LEVEL[g.priority_class], p
+
+
+def test_a_shared_queue_entry_is_copied_when_first_handed_out_and_never_changed() -> None:
+    """restore_queued(shared=True): the driver's prototype stays as it was whatever the pass does; the copy the
+    queue hands out is what restoring a copy would have queued (seq, not_before), and admitting it changes only
+    the copy."""
+    now = 1000.0
+    protos = [GPR(f"default/q{i}", priority=100 + i, submitted_at=10.0 * i, exit_duration_s=600.0,
+                  devices_per_node=2) for i in range(5)]
+    before = [dict(vars(p)) for p in protos]
+    a, b = _sched(4), _sched(4)
+    for p in protos:
+        a.restore_queued(p, now, None, news=False, shared=True)
+        copy = dataclasses.replace(p)
+        copy.history = []
+        b.restore_queued(copy, now, None, news=False)
+    assert a.queued_names() == b.queued_names() == [g.name for g in b.queued()]
+    assert all(a.gprs[p.name] is p for p in protos)  # nothing handed out yet: the prototypes, read-only
+    assert kinds(a.tick(now)) == kinds(b.tick(now))  # two of the five are admitted on the 4-GPU node
+    assert [vars(p) for p in protos] == before  # the pass changed none of the prototypes
+    admitted = [n for n, g in a.gprs.items() if g.phase is Phase.ADMITTED]
+    assert len(admitted) == 2 and all(a.gprs[n] is not p for n in admitted for p in protos)
+    assert {n: vars(g) for n, g in a.gprs.items() if g.phase is Phase.ADMITTED} == {
+        n: vars(g) for n, g in b.gprs.items() if g.phase is Phase.ADMITTED}
+    assert [vars(g) for g in a.queued()] == [vars(g) for g in b.queued()]  # handed out: as restored copies
+    with pytest.raises(ValueError, match="only a GPR stored as Queued"):
+        a.restore_queued(GPR("default/new"), now, None, news=True, shared=True)
