@@ -133,6 +133,7 @@ class Decoded:
     spot: Spot  # its place in the queue as stored
     source: dict[str, Any]  # the object it was decoded from
     auto: bool  # made by the webhook for a pod (see _orphans)
+    waiting: bool  # stored as Queued, valid, not being deleted (the pass may queue its prototype itself)
     # (predictor, its epoch, workspace, ageing, Scheduler.size_rank) while queued: the rank kept between passes
     rank: tuple[Any, int, str, float, tuple[int, float, float]] | None = None
 
@@ -178,7 +179,8 @@ class PassCache:
                     (status.get("phase"), status.get("reason"), status.get("failures", 0), status.get("evictions", 0))
                     if status and status.get("observedGeneration") == meta.get("generation") and not extra else None,
                     spot_of(status), obj,
-                    (meta.get("labels") or {}).get(AUTO_LABEL) == "true")
+                    (meta.get("labels") or {}).get(AUTO_LABEL) == "true",
+                    proto is not None and status.get("phase") == Phase.QUEUED and not meta.get("deletionTimestamp"))
         if hit is not None and hit.rank is not None and proto is not None and hit.proto is not None and (
                 _ranked_fields(proto) == _ranked_fields(hit.proto)):
             d.rank = hit.rank  # a status write (queue position, estimate) leaves its place in the order as it was
@@ -360,7 +362,17 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     final: dict[str, str] = {}  # key -> phase, for GPRs that hold nothing any more (their bound pods must go)
     deleting: set[str] = set()
     adopted: dict[str, Placement] = {}
+    workspaces = cfg.workspaces
     for d in decoded:
+        proto = d.proto
+        if (d.waiting and size_ranked and proto is not None and proto.not_before <= now
+                and (workspaces is None or workspaces.key(proto.workspace, proto.resource) == proto.workspace)):
+            # stored as Queued and ready: the scheduler queues the prototype itself and copies it only if the
+            # pass looks at it (most of 10,000 queued GPRs it never reaches)
+            uid_of[d.key] = d.uid
+            objects[d.key] = d
+            sched.restore_queued(proto, now, None, _rank(d, proto, sched), news=False, shared=True)
+            continue
         uid, key, status, phase = d.uid, d.key, d.status, d.phase
         if d.deleting:
             deleting.add(key)
@@ -380,19 +392,11 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if phase in gr.FINAL_PHASES and not rejudged:
             final[key] = phase
             continue
-        proto = d.proto
-        assert proto is not None
-        workspace = cfg.workspaces.key(proto.workspace, proto.resource) if cfg.workspaces is not None else proto.workspace
+        g = cache.gpr(d)
+        if workspaces is not None:
+            g.workspace = workspaces.key(g.workspace, g.resource)
         uid_of[key] = uid
         objects[key] = d
-        if (size_ranked and status.get("phase") == Phase.QUEUED and workspace == proto.workspace
-                and proto.not_before <= now):
-            # stored as Queued and ready: the scheduler queues the prototype itself and copies it only if the
-            # pass looks at it (most of 10,000 queued GPRs it never reaches)
-            sched.restore_queued(proto, now, None, _rank(d, proto, sched), news=False, shared=True)
-            continue
-        g = cache.gpr(d)
-        g.workspace = workspace
         if g.phase in ALLOCATED:
             if g.admitted_at is None:
                 g.admitted_at = now
