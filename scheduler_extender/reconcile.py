@@ -133,7 +133,7 @@ class Decoded:
     spot: Spot  # its place in the queue as stored
     source: dict[str, Any]  # the object it was decoded from
     auto: bool  # made by the webhook for a pod (see _orphans)
-    waiting: bool  # stored as Queued, valid, not being deleted (the pass may queue its prototype itself)
+    waiting: bool  # may be queued as its prototype (see decode)
     # (predictor, its epoch, workspace, ageing, Scheduler.size_rank) while queued: the rank kept between passes
     rank: tuple[Any, int, str, float, tuple[int, float, float]] | None = None
 
@@ -180,7 +180,11 @@ class PassCache:
                     if status and status.get("observedGeneration") == meta.get("generation") and not extra else None,
                     spot_of(status), obj,
                     (meta.get("labels") or {}).get(AUTO_LABEL) == "true",
-                    proto is not None and status.get("phase") == Phase.QUEUED and not meta.get("deletionTimestamp"))
+                    False)
+        # stored as Queued, valid, not being deleted, and its status is what the GPR renders while nothing happens
+        # to it: the pass may queue the prototype itself and needs to look at it again only if it was handed out
+        d.waiting = (proto is not None and status.get("phase") == Phase.QUEUED and not d.deleting and not proto.history
+                     and d.settled == (proto.phase, proto.reason, proto.failures, proto.evictions))
         if hit is not None and hit.rank is not None and proto is not None and hit.proto is not None and (
                 _ranked_fields(proto) == _ranked_fields(hit.proto)):
             d.rank = hit.rank  # a status write (queue position, estimate) leaves its place in the order as it was
@@ -457,6 +461,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
     for key, g in sched.gprs.items():
         d = objects[key]
+        if g is d.proto and not refresh:
+            continue  # queued as its prototype and never handed out: nothing happened to it, its status stands
         uid = d.uid
         refusal = refusals.get(uid) if refusals else None
         estimate = estimates.get(key) if estimates else None
