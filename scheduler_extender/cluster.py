@@ -364,6 +364,12 @@ class ClusterView:
                 free = min(free, reserved[gpr] - node.used_by.get((gpr, resource), 0))
         return max(0, free)
 
+    def memos(self) -> dict[str, tuple[NodeView, dict[Any, Any]]]:
+        """The memo table behind :meth:`node_facts` (node name -> (the NodeView its facts hold for, facts)), for
+        loops over hundreds of names that look a fact up inline; an entry counts only while its NodeView is the
+        node's current one, and only :meth:`node_facts` adds entries."""
+        return self._withheld
+
     def node_facts(self, node: NodeView) -> dict[Any, Any]:
         """A memo of facts derived from ``node`` and the reservations on it alone: emptied when either changes."""
         hit = self._withheld.get(node.name)

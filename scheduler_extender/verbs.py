@@ -94,16 +94,17 @@ def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterO
     kept in the view's memo of the node until either changes (the same verdict :func:`node_verdict` gives)."""
     ((resource, count),) = ask.requests.items()
     key = ("verdict", resource, count)
-    nodes, passed, failed, unresolvable = view.nodes, out.passed, out.failed, out.unresolvable
+    nodes, memos, passed, failed, unresolvable = view.nodes, view.memos(), out.passed, out.failed, out.unresolvable
     for name in names:
         node = nodes.get(name)
         if node is None:
             unresolvable[name] = "node unknown to the accelstack extender"
             continue
-        facts = _memo(view, node, resource, count)
-        verdict = facts.get(key) if facts is not None else None
+        hit = memos.get(name)  # ClusterView.node_facts inlined: the loop runs for every name of every filter
+        verdict = hit[1].get(key) if hit is not None and hit[0] is node else None
         if verdict is None:
             verdict = node_verdict(view, ask, name)
+            facts = _memo(view, node, resource, count)
             if facts is not None:
                 facts[key] = verdict
         reason, resolvable = verdict
@@ -148,18 +149,22 @@ def prioritize(view: ClusterView, ask: PodAsk, names: list[str]) -> list[tuple[s
     plain = ask.gpr is None and len(ask.requests) == 1
     resource, count = next(iter(ask.requests.items())) if plain else ("", 0)
     key = ("score", resource, count)
+    nodes, memos = view.nodes, view.memos()
     for name in names:
-        node = view.nodes.get(name)
+        node = nodes.get(name)
         if node is None or not ask.requests:
             scores.append((name, 0))
             continue
         if ask.gpr is not None:
             scores.append((name, MAX_SCORE if name in ask.gpr.reservation else 0))
             continue
-        facts = _memo(view, node, resource, count) if plain else None
-        score = facts.get(key) if facts is not None else None
+        score = None
+        if plain:  # ClusterView.node_facts inlined, as in filter
+            hit = memos.get(name)
+            score = hit[1].get(key) if hit is not None and hit[0] is node else None
         if score is None:
             score = _packing_score(view, ask, node)
+            facts = _memo(view, node, resource, count) if plain else None
             if facts is not None:
                 facts[key] = score
         scores.append((name, score))
