@@ -430,6 +430,7 @@ async def part_load(samples: int) -> list[str]:
 # ------------------------------------------------------------------------------------------------- part e2e
 def run_trivial(port: int, peer_url: str, ready: Any) -> None:
     """An extender that answers trivially: all nodes pass, equal scores; not a binder (the scheduler binds)."""
+    from device_plugin.flags import run_loop
 
     async def main() -> None:
         from aiohttp import web
@@ -450,7 +451,7 @@ def run_trivial(port: int, peer_url: str, ready: Any) -> None:
         ready.send(True)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    run_loop(main())  # the event loop the extender runs on, so the floor is the same HTTP stack's
 
 
 class TokenBucket:

@@ -172,7 +172,7 @@ async def serve(opts: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_service("accelstack-controller", argv, parse, serve, log)
+    return run_service("accelstack-controller", argv, parse, serve, log, fast_loop=True)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_service("accelstack-extender", argv, parse, serve, log)
+    return run_service("accelstack-extender", argv, parse, serve, log, fast_loop=True)
 
 
 if __name__ == "__main__":

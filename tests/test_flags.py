@@ -50,3 +50,35 @@ def test_bad_values_name_the_flag(argv: list[str], call: object, message: str) -
 def test_processes_that_name_the_variable_too() -> None:
     with pytest.raises(UsageError, match=r"^--count \(env X_COUNT\): not a number: 'x'$"):
         Checked.parse(parser({"X_COUNT": "x"}), [], "X_", name_env=True).number("count")
+
+
+def test_a_service_runs_on_uvloop_when_it_asks_and_on_asyncio_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extender and the controller serve on uvloop (half the cost of each request they answer); the device
+    plugins keep asyncio's loop, which grpc.aio supports. A failing service still exits 1 with one log line."""
+    import asyncio
+    import logging
+
+    import uvloop
+
+    from device_plugin import flags
+    from device_plugin.flags import run_loop, run_service
+
+    monkeypatch.setattr(flags, "setup_logging", lambda level, fmt: None)  # leave the test run's logging alone
+    seen: list[type] = []
+
+    async def probe() -> None:
+        seen.append(type(asyncio.get_running_loop()))
+
+    run_loop(probe())
+    run_loop(probe(), fast=False)
+    assert seen[0] is uvloop.Loop and not issubclass(seen[1], uvloop.Loop)
+
+    def parse(argv: object) -> dict[str, str]:
+        return {"log_level": "error", "log_format": "json"}
+
+    async def serve(opts: dict[str, str]) -> None:
+        seen.append(type(asyncio.get_running_loop()))
+        raise OSError("port taken")
+
+    assert run_service("x", [], parse, serve, logging.getLogger("x"), fast_loop=True) == 1
+    assert seen[2] is uvloop.Loop

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder
+from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_loop
 from device_plugin.observability import setup_logging
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
@@ -131,17 +131,6 @@ async def serve(opts: dict[str, Any]) -> None:
         for close in cleanup:
             await close()
         log.info("stopped")
-
-
-def run_loop(coro: Any) -> None:
-    """uvloop where it is installed (Linux, a dependency): it halves the gateway's cost per proxied request
-    (bench/bench_gateway.py); asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
