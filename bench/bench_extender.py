@@ -28,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from device_plugin.flags import run_loop  # noqa: E402
+
 NODES = 5000
 
 
@@ -75,7 +77,7 @@ def run_extender(conn: Any, binds: int) -> None:
         await api.close()
         await peer.stop()
 
-    asyncio.run(main())
+    run_loop(main())  # the loop the shipped extender serves on (uvloop)
 
 
 def run_noop(conn: Any) -> None:
@@ -103,7 +105,7 @@ def run_noop(conn: Any) -> None:
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)
         await runner.cleanup()
 
-    asyncio.run(main())
+    run_loop(main())  # the loop the shipped extender serves on (uvloop)
 
 
 async def load(port: int, verb: str, bodies: list[bytes], concurrency: int = 16) -> tuple[list[float], float]:
