@@ -321,7 +321,8 @@ async def settled(cluster: Cluster, quiet: float = 3.0, passes: int = 3, timeout
 
 
 def server_buckets(cluster: Cluster) -> dict[tuple[str, str], float]:
-    """The extender's own histogram of verb handling time (from request to response, in the server)."""
+    """The extender's own histograms of verb handling time (from request to response, in the server) and of
+    its event loop's lag (under the verb ``loop-lag``)."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{cluster.ext_port}/metrics", timeout=30) as r:
@@ -332,6 +333,9 @@ def server_buckets(cluster: Cluster) -> dict[tuple[str, str], float]:
             labels, value = line[line.index("{") + 1:line.index("}")], float(line.rsplit(" ", 1)[1])
             fields = dict(part.split("=", 1) for part in labels.split(","))
             out[fields["verb"].strip('"'), fields["le"].strip('"')] = value
+        elif line.startswith("accelstack_extender_loop_lag_seconds_bucket{"):
+            le = line[line.index('le="') + 4:line.index('"}')]
+            out["loop-lag", le] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -381,6 +385,7 @@ async def part_load(samples: int) -> list[str]:
     seed += [("api/v1/pods", p) for p in bindable]
     runs: dict[tuple[bool, bool], dict[str, list[float]]] = {}
     served: dict[tuple[bool, bool], float] = {}  # share of filters handled within 2 ms in the server
+    prompt: dict[tuple[bool, bool], float] = {}  # share of the extender's loop-lag samples within 2 ms
     writes: dict[tuple[bool, bool], int] = {}  # the controller's API writes meanwhile
     with tempfile.TemporaryDirectory() as folder:
         cluster = Cluster(seed, Path(folder), ["--resync", "0.05", "--estimate-every", "5"], [])
@@ -403,7 +408,9 @@ async def part_load(samples: int) -> list[str]:
                     # a stopped controller answers nothing, its metrics included: it writes nothing then
                     before, wrote = server_buckets(cluster), await controller_actions(cluster) if running else 0
                     runs[separate, running] = await asyncio.to_thread(http_latencies, cluster, samples, part, noop_port)
-                    served[separate, running] = within(before, server_buckets(cluster), "filter")
+                    after = server_buckets(cluster)
+                    served[separate, running] = within(before, after, "filter")
+                    prompt[separate, running] = within(before, after, "loop-lag")
                     writes[separate, running] = int(await controller_actions(cluster) - wrote) if running else 0
         finally:
             os.sched_setaffinity(os.getpid(), set(range(os.cpu_count() or 1)))
@@ -423,6 +430,8 @@ async def part_load(samples: int) -> list[str]:
                          f"{pct(busy[verb], 99) / pct(idle[verb], 99):8.2f}x")
         lines.append(f"  {'filter <= 2 ms in server':<24} {100 * served[separate, False]:>16.1f}% "
                      f"{100 * served[separate, True]:>16.1f}%")
+        lines.append(f"  {'ext. loop lag <= 2 ms':<24} {100 * prompt[separate, False]:>16.1f}% "
+                     f"{100 * prompt[separate, True]:>16.1f}%")
         lines.append(f"  {'controller API writes':<24} {writes[separate, False]:>17} {writes[separate, True]:>17}")
     return lines
 

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from kubeapi.client import backoff_delay
 from kubeapi.leader import LeaderElector
@@ -68,3 +69,20 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for w in waits:
             w.cancel()
+
+
+class _Observer(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+async def watch_loop_lag(lag: _Observer, stop: asyncio.Event, every: float = 0.1) -> None:
+    """Observe, ``every`` seconds, how late the event loop woke this task: how long anything scheduled on the
+    loop (a request the scheduler waits for included) had to wait behind whatever ran before it. A process
+    whose hot path must never wait for CPU-heavy work (the extender's verbs and webhooks) exports it, so that
+    a slow filter can be told from a busy loop (``accelstack_extender_loop_lag_seconds``)."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + every
+        await _wait(stop, every)
+        if not stop.is_set():
+            lag.observe(max(0.0, loop.time() - due))

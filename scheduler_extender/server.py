@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from kubeapi.informer import Informer
 from kubeapi.leader import LeaderElector
 from kubeapi.resources import GPRS, NODES, PODS
-from kubeapi.tasks import supervise, while_leading
+from kubeapi.tasks import supervise, watch_loop_lag, while_leading
 from scheduler_extender.auth import Authorizer
 from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import ClusterView, PodView
@@ -289,6 +289,7 @@ class ExtenderServer:
             await self.stop()
             raise
         gc.freeze()  # the synced cluster view is long-lived: keep it out of the collector's full passes
+        self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag, self.stop_event), name="loop-lag"))
         if self.service is not None:
             self.service.start(self.stop_event)
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)

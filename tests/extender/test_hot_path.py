@@ -4,7 +4,9 @@ are triggered only by changes that matter; the core's idle timers stay bounded."
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 from kubeapi.client import connected
 from scheduler_extender import ledger
@@ -98,3 +100,22 @@ def test_idle_timers_stay_bounded_under_constant_activity() -> None:
         for name in list(sched.holders):
             sched.activity(name, 2.0 + t)
     assert len(sched._idle) <= 2 * len(sched.holders) + 64
+
+
+async def test_the_loop_lag_metric_sees_work_that_blocks_the_loop_serving_the_verbs() -> None:
+    """accelstack_extender_loop_lag_seconds: how late the loop that answers filter and bind ran a timer due now,
+    so an operator can tell a slow verb from a busy loop. A 120 ms block on the loop is observed as such."""
+    async with stack() as (_, server):
+        registry = server.metrics.registry
+
+        def over_50ms() -> float:
+            total = registry.get_sample_value("accelstack_extender_loop_lag_seconds_count") or 0.0
+            return total - (registry.get_sample_value("accelstack_extender_loop_lag_seconds_bucket", {"le": "0.05"})
+                            or 0.0)
+
+        await asyncio.sleep(0.25)
+        assert (registry.get_sample_value("accelstack_extender_loop_lag_seconds_count") or 0) >= 1  # it samples
+        before = over_50ms()
+        time.sleep(0.12)  # CPU-heavy work on the loop, as a pass there would be
+        await asyncio.sleep(0.25)
+        assert over_50ms() >= before + 1
