@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -80,9 +81,9 @@ async def watch_loop_lag(lag: _Observer, stop: asyncio.Event, every: float = 0.1
     loop (a request the scheduler waits for included) had to wait behind whatever ran before it. A process
     whose hot path must never wait for CPU-heavy work (the extender's verbs and webhooks) exports it, so that
     a slow filter can be told from a busy loop (``accelstack_extender_loop_lag_seconds``)."""
-    loop = asyncio.get_running_loop()
     while not stop.is_set():
-        due = loop.time() + every
+        # the clock itself, not loop.time(): uvloop's is libuv's, cached per loop iteration in whole milliseconds
+        due = time.perf_counter() + every
         await _wait(stop, every)
         if not stop.is_set():
-            lag.observe(max(0.0, loop.time() - due))
+            lag.observe(max(0.0, time.perf_counter() - due))
