@@ -431,7 +431,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         used = last[3]
     else:
         used = _used_outside_reservations(sched, snap)
-        cache.outside = (base_key, pods_seen, nodes_seen, used) if base is not None else None
+        cache.outside = (base_key, pods_seen, nodes_seen, used)  # a fresh base is the inventory the next pass copies
     for name, count in used.items():
         sched.hold(f"pods@{name}", name, count)
     for name, node in snap.nodes.items():
