@@ -7,7 +7,11 @@ The pass itself is pure and CPU-bound, so it runs in a worker thread on a snapsh
 serving informers, the Lease and HTTP meanwhile. Then, concurrently and bounded:
 
 1. status writes (PUT ``status`` with the object's resourceVersion; a conflict is left to the next pass, which
-   sees the fresh object);
+   sees the fresh object). Writes that only move a queued GPR's position or wait estimate are news, not
+   decisions: they are paced by a token bucket (``refresh_qps`` / ``refresh_burst``), those nearest the head of
+   the queue first, and one left out is planned again at the next refresh (the stored status still differs);
+   estimates drifting together (every queued GPR's, after a restart) never turn into a burst of thousands of
+   writes at the API server;
 2. for GPRs whose *stored* status says Admitted/Running: each gated pod's node affinity is narrowed to the
    reserved nodes and the gate lifted, in one patch (so kube-scheduler's own filters and node sampling work for
    the reservation, and the extender only sees feasible nodes);
@@ -35,7 +39,15 @@ from scheduler_extender.cluster import ClusterView
 from scheduler_extender.core.scheduler import Event, SchedulerConfig
 from scheduler_extender.kube import Kube
 from scheduler_extender.predictor_store import PredictorStore
-from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, run_pass, ungate_patch
+from scheduler_extender.reconcile import (
+    PassCache,
+    PassConfig,
+    Plan,
+    Snapshot,
+    StatusWrite,
+    run_pass,
+    ungate_patch,
+)
 from scheduler_extender.workspaces import WorkspaceIndex
 
 log = logging.getLogger("accelstack.controller")
@@ -66,7 +78,8 @@ class GPRController:
                  namespace_events: bool = True, concurrency: int = 16, estimate_every: float = 30.0,
                  evict_every: float = 10.0, orphan_grace: float = 120.0,
                  registry: CollectorRegistry | None = None, history: PredictorStore | None = None,
-                 history_namespace: str | None = None, history_every: float = 60.0) -> None:
+                 history_namespace: str | None = None, history_every: float = 60.0,
+                 refresh_qps: float = 20.0, refresh_burst: int = 100) -> None:
         self.kube = kube
         self.view = view
         self.policy = policy
@@ -82,6 +95,8 @@ class GPRController:
         self.clock = clock
         self.emit_events = namespace_events
         self.concurrency = concurrency
+        self.refresh_qps, self.refresh_burst = refresh_qps, refresh_burst
+        self._refresh_tokens, self._refresh_at = float(refresh_burst), -math.inf  # the token bucket of news writes
         self.estimate_every = estimate_every
         self.evict_every = evict_every
         self.orphan_grace = orphan_grace
@@ -167,9 +182,25 @@ class GPRController:
 
         return await asyncio.gather(*(one(j) for j in jobs))
 
+    def paced(self, writes: list[StatusWrite]) -> list[StatusWrite]:
+        """The status writes to make now: every decision, and as many position/estimate-only writes as the token
+        bucket holds, those nearest the head of the queue first (the rest wait for a later refresh)."""
+        news = [w for w in writes if w.queue_only]
+        if not news:
+            return writes
+        now = self.clock()
+        tokens = min(float(self.refresh_burst), self._refresh_tokens + max(0.0, now - self._refresh_at) * self.refresh_qps)
+        take = min(len(news), int(tokens + 1e-9))  # 0.3 s at 10/s is three tokens, not 2.999...
+        self._refresh_tokens, self._refresh_at = tokens - take, now
+        if take < len(news):
+            self.metrics.actions.labels("status", "deferred").inc(len(news) - take)
+            news.sort(key=lambda w: _position(w.status))
+        return [w for w in writes if not w.queue_only] + news[:take]
+
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
-        results = await self._bounded(self._write(w.uid, w.status) for w in plan.writes)
-        written = {w.uid for w, ok in zip(plan.writes, results, strict=True) if ok}
+        writes = self.paced(plan.writes)
+        results = await self._bounded(self._write(w.uid, w.status) for w in writes)
+        written = {w.uid for w, ok in zip(writes, results, strict=True) if ok}
         by_gpr: dict[str, list[Any]] = {}
         for pod in snap.pods.values():
             if pod.gpr and gr.SCHEDULING_GATE in pod.gates:
@@ -324,3 +355,8 @@ def _older(new: dict[str, Any], current: dict[str, Any] | None) -> bool:
             (current.get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
         return False
+
+
+def _position(status: dict[str, Any]) -> float:
+    position = status.get("queuePosition")
+    return float(position) if isinstance(position, int) else math.inf

@@ -43,6 +43,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("resync", "5", "seconds between passes when nothing changes")
     add("estimate-every", "30", "seconds between refreshes of queue positions and wait estimates")
     add("concurrency", "16", "API writes (status, ungate, evict) in flight at once")
+    add("refresh-qps", "20", "status writes per second that only move a queued GPR's position or wait estimate "
+                             "(the rest wait for a later refresh, those nearest the head of the queue first)")
+    add("refresh-burst", "100", "such writes at once after a quiet spell")
     add_logging_flags(add)
     return p
 
@@ -62,6 +65,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             "resync": flags.number("resync", float, 0.05),
             "estimate_every": flags.number("estimate-every", float, 1),
             "concurrency": flags.number("concurrency", int, 1),
+            "refresh_qps": flags.number("refresh-qps", float, 0.1),
+            "refresh_burst": flags.number("refresh-burst", int, 1),
             "api_timeout": flags.number("api-timeout", float, 0.1),
             "log_level": log_level, "log_format": log_format}
 
@@ -80,7 +85,8 @@ class ControllerProcess:
                                          lease_name=opts["lease_name"], identity=opts["identity"],
                                          policy=opts["policy"], resync=opts["resync"],
                                          lease_seconds=opts["lease_seconds"], registry=self.registry,
-                                         estimate_every=opts["estimate_every"], concurrency=opts["concurrency"])
+                                         estimate_every=opts["estimate_every"], concurrency=opts["concurrency"],
+                                         refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"])
         self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr,
                                         self._sync_gprs) + self.service.informers
         self.stop_event = asyncio.Event()

@@ -84,6 +84,9 @@ class StatusWrite:
     key: str
     status: dict[str, Any]
     holding: bool = False  # the status says Admitted/Running: its gated pods may be ungated once written
+    # only the queue position or the wait estimate moved (a refresh): news for the user, not a decision, so the
+    # controller may pace these writes; one left unwritten is planned again at the next refresh
+    queue_only: bool = False
 
 
 @dataclass
@@ -501,7 +504,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                         body[k] = current[k]
                     else:
                         body.pop(k, None)
-            plan.writes.append(StatusWrite(uid, key, body, holding))
+            plan.writes.append(StatusWrite(uid, key, body, holding, refresh and g.phase is Phase.QUEUED
+                                           and not _differs(current, body, False, now)))
     plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of)
     plan.orphans = _orphans(decoded, pods_of, now, cfg.orphan_grace)
     plan.queued = len(plan.queue)

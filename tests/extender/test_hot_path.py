@@ -119,3 +119,33 @@ async def test_the_loop_lag_metric_sees_work_that_blocks_the_loop_serving_the_ve
         time.sleep(0.12)  # CPU-heavy work on the loop, as a pass there would be
         await asyncio.sleep(0.25)
         assert over_50ms() >= before + 1
+
+
+def test_news_writes_are_paced_head_of_the_queue_first_and_decisions_never() -> None:
+    """Writes that only move a queued GPR's place are paced by a token bucket (refresh_qps, refresh_burst), the
+    head of the queue first; decisions (first statuses, phase changes) are never held back. One left out is
+    planned again at the next refresh, as its stored status still differs (test_reconcile)."""
+    from scheduler_extender.controller import GPRController
+    from scheduler_extender.reconcile import StatusWrite
+
+    clock = [1000.0]
+    ctl = GPRController(None, ClusterView(), clock=lambda: clock[0], refresh_qps=10, refresh_burst=5)  # type: ignore[arg-type]
+    decisions = [StatusWrite(f"d{i}", f"default/d{i}", {"phase": "Admitted"}, True) for i in range(3)]
+    order = [7, 2, 11, 5, 1, 9, 3, 12, 4, 8, 6, 10]
+    news = [StatusWrite(f"q{p}", f"default/q{p}", {"phase": "Queued", "queuePosition": p}, queue_only=True)
+            for p in order]
+    now = ctl.paced(decisions + news)
+    assert now[:3] == decisions and [w.status["queuePosition"] for w in now[3:]] == [1, 2, 3, 4, 5]
+
+    def deferred() -> float:
+        return ctl.metrics.registry.get_sample_value("accelstack_controller_actions_total",
+                                                     {"action": "status", "result": "deferred"}) or 0.0
+
+    assert deferred() == 7
+    left = [w for w in news if w not in now]
+    clock[0] += 0.3  # three tokens back
+    later = ctl.paced(left + decisions)
+    assert later[:3] == decisions and [w.status["queuePosition"] for w in later[3:]] == [6, 7, 8]
+    assert ctl.paced(decisions) == decisions  # decisions pass with no tokens left
+    clock[0] += 3600  # a quiet hour refills the bucket to its burst, not beyond
+    assert len([w for w in ctl.paced(news) if w.queue_only]) == 5

@@ -218,3 +218,49 @@ def test_the_rank_kept_across_status_writes_reads_only_the_fields_it_is_checked_
     for name, value in ranked.items():  # each of these is in _ranked_fields (and most move the rank)
         other = dataclasses.replace(base, **{name: value})
         assert _ranked_fields(other) != _ranked_fields(base), name
+
+
+def test_a_write_that_only_moves_a_queued_gprs_place_is_marked_as_news() -> None:
+    """StatusWrite.queue_only marks a write whose only change is the position or the estimate (the controller
+    paces those); a decision (a new GPR's first status, a phase change) never is."""
+    now = time.time()
+    nodes = {"n0": node_view(node("n0", gpus=8), (GPU,))}
+    run = gpr("run", phase="Running", reservation={"n0": 8}, devices=8, exitDuration="1h")
+    run["metadata"].update(uid="u-run", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
+    from scheduler_extender.gpr_resource import rfc3339
+
+    run["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))  # ends within the hour
+    gprs = {"u-run": run}
+    for i in range(5):
+        q = gpr(f"q{i}", phase=None, devices=8, exitDuration="1h")
+        q["metadata"].update(uid=f"u-q{i}", resourceVersion=str(2 + i), creationTimestamp=f"2026-11-30T00:02:0{i}Z")
+        gprs[f"u-q{i}"] = q
+    running = pod_view(pod("run-0", 8, gpr="run", uid="p-run", node_name="n0", phase="Running"), (GPU,))
+    assert running is not None
+    pods = {"p-run": running}
+    cache, version = PassCache(), 100
+
+    def apply(plan: Plan) -> None:
+        nonlocal version
+        for w in plan.writes:
+            version += 1
+            obj = gprs[w.uid]
+            gprs[w.uid] = {**obj, "status": w.status, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+
+    first = plan_pass(Snapshot(now, nodes, pods, gprs), PassConfig(refresh_queue=True), cache)
+    assert {f"default/q{i}" for i in range(5)} <= {w.key for w in first.writes}
+    assert not any(w.queue_only for w in first.writes)  # a first status is a decision
+    apply(first)
+    urgent = gpr("urgent", phase=None, devices=8, priority=300, exitDuration="1h")
+    urgent["metadata"].update(uid="u-urgent", resourceVersion="999", creationTimestamp="2026-11-30T00:03:00Z")
+    gprs["u-urgent"] = urgent
+    before = {uid: obj.get("status") or {} for uid, obj in gprs.items()}
+    second = plan_pass(Snapshot(now + 5, nodes, pods, gprs), PassConfig(refresh_queue=True), cache)
+    news = {w.key for w in second.writes if w.queue_only}
+    assert news == {f"default/q{i}" for i in range(5)}  # each moved one place back, behind the urgent one
+    assert [w.key for w in second.writes if not w.queue_only] == ["default/urgent"]
+    for w in second.writes:
+        if w.queue_only:
+            moved = {k for k in w.status.keys() | before[w.uid].keys() if w.status.get(k) != before[w.uid].get(k)}
+            assert moved <= {"queuePosition", "estimatedStart", "estimatedStartRange", "message"}, moved
+            assert w.status["queuePosition"] == before[w.uid]["queuePosition"] + 1
