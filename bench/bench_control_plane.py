@@ -16,8 +16,9 @@ start (they ask for a GPU model only the busy nodes have), 200 idle nodes of ano
   container has its own CPU request), once with all processes sharing both cores; the controller at nice 19
   either way (its passes never take the API server's or the extender's CPU in a cluster). Beside the client's
   figures: the same filter request to a do-nothing extender in the same run (the floor HTTP sets on this
-  machine), the share of filters the extender handled within 2 ms (its own histogram) and the controller's API
-  writes. Measuring starts once the controller has finished its first passes (its first write storm over).
+  machine), a GET of a node at the API-server peer (the floor under bind), the share of filters the extender
+  handled within 2 ms (its own histogram), the share of its event loop's lag samples within 2 ms and the
+  controller's API writes. Measuring starts once the controller has finished its first passes (its first write storm over).
 
 Part ``e2e`` — 5,000 nodes, N one-GPU pods created at once, each going webhook -> GPR admission -> ungate ->
 filter -> prioritize -> bind, scheduled one pod at a time as kube-scheduler does; once with one GPR per pod
@@ -246,7 +247,8 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], n
     """filter, bind and /waittime, one request at a time over one kept-alive connection each (http.client: the
     least client overhead Python has, so the figures are the extender's, not the bench's); beside them the same
     filter request to a do-nothing extender (``noop``: aiohttp answering every name as passing), the floor that
-    HTTP on this machine sets."""
+    HTTP on this machine sets, and a GET of a node at the API-server peer (``peer``), the floor under bind (the
+    peer's own pace: on this machine it slows while the controller runs on the other core too)."""
     import http.client
 
     from tests.extender.harness import filter_body
@@ -256,14 +258,16 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], n
              "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
     body = filter_body(probe, names)
     wait_body = json.dumps({"namespace": "default", "spec": {"devicesPerNode": 8}})
-    out: dict[str, list[float]] = {"filter": [], "bind": [], "waittime": [], "noop": []}
+    out: dict[str, list[float]] = {"filter": [], "bind": [], "waittime": [], "noop": [], "peer": []}
     free = [f"node-{i:04d}" for i in range(NODES - FREE_NODES, NODES)]
-    conns = {verb: http.client.HTTPConnection("127.0.0.1", noop_port if verb == "noop" else cluster.ext_port,
-                                              timeout=30) for verb in out}
+    ports = {"noop": noop_port, "peer": cluster.peer_port}
+    conns = {verb: http.client.HTTPConnection("127.0.0.1", ports.get(verb, cluster.ext_port), timeout=30)
+             for verb in out}
 
-    def call(verb: str, path: str, data: bytes | str, headers: dict[str, str] | None = None) -> bytes:
+    def call(verb: str, path: str, data: bytes | str | None, headers: dict[str, str] | None = None) -> bytes:
         t = time.perf_counter()
-        conns[verb].request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
+        conns[verb].request("POST" if data is not None else "GET", path, data,
+                            {"Content-Type": "application/json", **(headers or {})})
         r = conns[verb].getresponse()
         answer = r.read()
         out[verb].append(time.perf_counter() - t)
@@ -280,6 +284,7 @@ def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], n
             answer = json.loads(call("bind", "/scheduler/bind", json.dumps(bind)))
             assert not answer.get("Error"), answer
         call("waittime", "/api/v1/waittime", wait_body, {"Authorization": f"Bearer {TOKEN}"})
+        call("peer", f"/api/v1/nodes/{free[i % len(free)]}", None)  # the API server's own pace, bind's floor
     for c in conns.values():
         c.close()
     return out
@@ -294,7 +299,8 @@ async def controller_counts(cluster: Cluster) -> tuple[float, float]:
         text = await r.text()
 
     def total(name: str) -> float:
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()  # writes made, not those deferred
+                   if line.startswith(name + "{") and 'result="deferred"' not in line)
 
     return total("accelstack_controller_actions_total"), total("accelstack_controller_passes_total")
 
@@ -424,8 +430,8 @@ async def part_load(samples: int) -> list[str]:
         lines.append(f"over HTTP, {where}; controller stopped vs running passes back to back:")
         lines.append(f"  {'p50 / p99 ms':<24} {'controller idle':>17} {'passes running':>17} {'ratio p99':>9}")
         idle, busy = runs[separate, False], runs[separate, True]
-        for verb in ("filter", "noop", "bind", "waittime"):
-            label = "filter, do-nothing ext." if verb == "noop" else verb
+        for verb in ("filter", "noop", "bind", "peer", "waittime"):
+            label = {"noop": "filter, do-nothing ext.", "peer": "GET node at the peer"}.get(verb, verb)
             lines.append(f"  {label:<24} {ms(idle[verb]):>17} {ms(busy[verb]):>17} "
                          f"{pct(busy[verb], 99) / pct(idle[verb], 99):8.2f}x")
         lines.append(f"  {'filter <= 2 ms in server':<24} {100 * served[separate, False]:>16.1f}% "
