@@ -11,7 +11,10 @@ A pass over the queue (in :meth:`tick`):
    (``order="priority"``). While nothing is blocked, each one that fits is admitted. A workspace at its quota is skipped for the rest of the pass (its requests wait for its own
    usage to drop; they reserve no capacity).
 2. The first request that does not fit may evict (``enableEviction``): the cheapest set of lower-priority,
-   preemptible holders whose removal makes it fit (:mod:`.eviction`), or nobody.
+   preemptible holders whose removal makes it fit (:mod:`.eviction`), or nobody. A holder admitted in the same
+   tick is never a victim: it has done no work yet, and evicting it would waste whatever was evicted to admit it
+   (within a priority level the queue is in size order, so a later, higher-priority request of the same level
+   could otherwise take back a reservation made moments before).
 3. Otherwise it is *blocked* and gets a reservation: the earliest time it would fit if holders release at their
    end bound (admission + exitDuration), and the devices it would take then. Every later blocked request gets
    one too, with the earlier reservations held.
@@ -149,6 +152,7 @@ class Scheduler:
         self._ws_entry: dict[str, tuple[float, str, int]] = {}
         self.holders: dict[str, GPR] = {}
         self.evicting: dict[str, GPR] = {}  # chosen for eviction, devices still held until their pods are gone
+        self._tick_admitted: set[str] = set()  # admitted during the current tick: never evicted in it
         self.external: dict[str, Placement] = {}  # devices held by work outside any GPR (see :meth:`hold`)
         self.usage: dict[str, int] = {}
         self.model_usage: dict[tuple[str, str], int] = {}  # (workspace, device model) -> milli held
@@ -417,6 +421,7 @@ class Scheduler:
     def tick(self, now: float) -> list[Event]:
         """Apply exitDuration expiry, idle timeouts and finished backoffs at ``now``, then run a pass."""
         events: list[Event] = []
+        self._tick_admitted = set()
         while self._expiry and self._expiry[0][0] <= now:
             entry = heapq.heappop(self._expiry)
             if self._live(self._expiry, entry):
@@ -723,6 +728,7 @@ class Scheduler:
         if g.exit_duration_s is not None:
             heapq.heappush(self._expiry, (g.end_bound(), g.name, now))
         st.admitted.append(g.name)
+        self._tick_admitted.add(g.name)
         if st.bounds is not None:
             bisect.insort(st.bounds, Holder(g.name, g.end_bound()), key=holder_order)
         st.masked = None
@@ -758,7 +764,7 @@ class Scheduler:
         cands = [
             Candidate(h.name, h.priority, h.preemptible, (now - (h.admitted_at or now)) * h.milli_total(), h.milli_total())
             for h in self.holders.values()
-            if quota is None or h.workspace == g.workspace
+            if (quota is None or h.workspace == g.workspace) and h.name not in self._tick_admitted
         ]
         need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
         return plan_eviction(self.inv, req, g.priority, cands, need_milli=need)

@@ -506,3 +506,20 @@ def test_a_shared_queue_entry_is_copied_when_first_handed_out_and_never_changed(
     assert [vars(g) for g in a.queued()] == [vars(g) for g in b.queued()]  # handed out: as restored copies
     with pytest.raises(ValueError, match="only a GPR stored as Queued"):
         a.restore_queued(GPR("default/new"), now, None, news=True, shared=True)
+
+
+def test_a_request_admitted_in_a_tick_is_not_evicted_in_the_same_tick() -> None:
+    """Within a priority level the queue is in size order, so a small priority-201 request comes before a large
+    priority-202 one. The small one evicts a low-priority holder to fit; the large one may then not take that
+    reservation back in the same tick (the first eviction would have been for nothing): it waits, and nothing
+    is evicted on behalf of a GPR that does not end the tick holding devices."""
+    s = _sched(4, order="size")
+    s.submit(GPR("low", devices_per_node=4, priority=1, preemptible=True), 0)
+    assert kinds(s.tick(0)) == [("admitted", "low")]
+    s.submit(GPR("small", devices_per_node=1, priority=201, preemptible=True, enable_eviction=True), 10)
+    s.submit(GPR("large", devices_per_node=4, priority=202, enable_eviction=True), 10)
+    events = s.tick(10)
+    assert [(e.kind, e.gpr, e.detail) for e in events if e.kind == "evicted"] == [("evicted", "low", "small")]
+    assert s.gprs["small"].holding and s.gprs["large"].phase.value == "Queued"
+    later = s.tick(20)  # a later tick: the higher priority takes its place, as priority says
+    assert ("evicted", "small") in kinds(later) and s.gprs["large"].holding
