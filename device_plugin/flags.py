@@ -129,8 +129,8 @@ def run_loop(coro: Coroutine[Any, Any, None], fast: bool = True) -> None:
     """Run ``coro`` to completion on uvloop where it is installed (Linux, a dependency) and ``fast`` is asked for,
     else on asyncio's own loop. uvloop cuts the cost of each HTTP request a process serves by a third to a half
     (the gateway's proxied requests: bench/bench_gateway.py; the extender's filter, 1.66 -> 1.08 ms p50 over
-    HTTP: bench/bench_control_plane.py); processes
-    whose loop drives grpc.aio (the device plugins) keep asyncio's loop, the one grpc.aio supports."""
+    HTTP: bench/bench_control_plane.py); processes whose loop drives grpc.aio (the device plugins) keep
+    asyncio's loop, the one grpc.aio supports."""
     if fast:
         try:
             import uvloop
