@@ -23,6 +23,7 @@ identically after a restart.
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import operator
 import time
@@ -36,7 +37,7 @@ from scheduler_extender.core.gpr import GPR, Phase, backoff_delay, clone
 from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor
-from scheduler_extender.core.scheduler import Event, Scheduler, SchedulerConfig
+from scheduler_extender.core.scheduler import Event, QueuedBlock, Scheduler, SchedulerConfig
 from scheduler_extender.core.waittime import Calibrator, Interval
 from scheduler_extender.predictor_store import job_key as history_key
 from scheduler_extender.workspaces import WorkspaceIndex
@@ -155,6 +156,11 @@ class PassCache:
         self.sorted: list[Decoded] = []  # the same in creation order
         # (base key, pod views, node views, devices used outside reservations by node) of the last pass
         self.outside: tuple[Any, list[PodView], list[NodeView], dict[str, int]] | None = None
+        self.changed: set[str] = set()  # UIDs decoded anew since the waiting block last looked
+        self.same = False  # the last ordered() listed the very objects the one before it listed
+        self.waiting: Waiting | None = None
+        # (decoded list, waiting block, its version, the decoded objects not in it)
+        self.rest: tuple[list[Decoded], Waiting, int, list[Decoded]] | None = None
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -177,6 +183,7 @@ class PassCache:
             hist = history_key(obj)  # what the duration predictor knows it by
             proto.template, proto.workload = hist.template, hist.owner
         extra = any(isinstance(c, dict) and c.get("type") in _EXTRA_CONDITIONS for c in status.get("conditions") or ())
+        self.changed.add(uid)
         d = Decoded(version, uid, key, _created(obj), bool(meta.get("deletionTimestamp")), gr.phase_of(obj), status,
                     meta.get("generation"), fields, proto, gr.reservation_of(obj),
                     (status.get("phase"), status.get("reason"), status.get("failures", 0), status.get("evictions", 0))
@@ -198,7 +205,9 @@ class PassCache:
         """The GPRs decoded, in creation order; the last order again when every object is the one seen then."""
         decode = self.decode
         seen = [decode(uid, obj, now) for uid, obj in gprs.items()]
-        if seen != self.seen:  # a list compares its items by identity first: equal lists cost no Decoded.__eq__
+        # a list compares its items by identity first: equal lists cost no Decoded.__eq__
+        self.same = seen == self.seen
+        if not self.same:
             self.seen, self.sorted = seen, sorted(seen, key=_ORDER)
         return self.sorted
 
@@ -246,6 +255,84 @@ class PassCache:
             if len(table) > len(live):
                 for uid in [u for u in table if u not in live]:
                     del table[uid]
+
+
+class Waiting:
+    """The queued GPRs a pass queues as shared prototypes, kept between passes as one :class:`QueuedBlock` and
+    patched by UID as their objects change (10,000 queued GPRs then cost a pass a few copies, not a restore
+    each). Whether a GPR belongs is a function of its object, the time and the pass's configuration alone
+    (:func:`_shareable`), so a patched block equals the one a fresh start builds."""
+
+    def __init__(self, predictor: DurationPredictor, key: tuple[Any, ...]) -> None:
+        # what the members' ranks and membership were judged under (see _waiting)
+        self.predictor, self.key = predictor, key
+        self.block = QueuedBlock()
+        self.members: dict[str, Decoded] = {}  # UID -> the decoded object its entry was made from
+        self.uid_of: dict[str, str] = {}  # core name -> UID
+        self.objects: dict[str, Decoded] = {}  # core name -> decoded object
+        self.later: list[tuple[float, str]] = []  # (retry time, UID): stored Queued, still in their backoff
+        self.version = 0  # +1 at every change of membership
+        self.now = -math.inf  # the latest time it was judged at (a clock set back rebuilds it)
+
+    def add(self, d: Decoded, rank: tuple[int, float, float]) -> None:
+        assert d.proto is not None
+        self.block.add(d.proto, rank)
+        self.members[d.uid], self.uid_of[d.key], self.objects[d.key] = d, d.uid, d
+        self.version += 1
+
+    def discard(self, d: Decoded) -> None:
+        self.block.discard(d.key)
+        del self.members[d.uid], self.uid_of[d.key], self.objects[d.key]
+        self.version += 1
+
+
+def _shareable(d: Decoded, now: float, workspaces: WorkspaceIndex | None) -> bool:
+    """Stored as Queued, ready and in its namespace's own workspace: queued as its prototype (see Decoded.waiting)."""
+    proto = d.proto
+    return (d.waiting and proto is not None and proto.not_before <= now
+            and (workspaces is None or workspaces.key(proto.workspace, proto.resource) == proto.workspace))
+
+
+def _waiting(cache: PassCache, decoded: list[Decoded], gprs: Mapping[str, Any], sched: Scheduler,
+             workspaces: WorkspaceIndex | None, now: float) -> Waiting | None:
+    """The block of shared prototypes for this pass (None when the queue is not in size order): the last pass's,
+    patched with the GPRs decoded anew since, those gone and those whose backoff has ended; built afresh when
+    the ranks' inputs (the predictor and its epoch, the ageing) or the workspaces changed."""
+    changed, cache.changed = cache.changed, set()
+    if not (sched.cfg.use_priority and sched.cfg.order == "size"):
+        cache.waiting = None
+        return None
+    predictor = sched.predictor
+    key = (predictor.epoch, sched.cfg.ageing_s, None if workspaces is None else dict(workspaces.owner))
+    w = cache.waiting
+    candidates: Any
+    if w is None or w.predictor is not predictor or w.key != key or now < w.now:
+        w = cache.waiting = Waiting(predictor, key)
+        candidates = decoded
+    else:
+        candidates = [d for d in (cache.decoded.get(uid) for uid in changed) if d is not None and d.uid in gprs]
+        if not cache.same:
+            for uid in w.members.keys() - gprs.keys():
+                w.discard(w.members[uid])
+        while w.later and w.later[0][0] <= now:
+            d = cache.decoded.get(heapq.heappop(w.later)[1])
+            if d is not None and d.uid in gprs:
+                candidates.append(d)
+    w.now = now
+    members, objects = w.members, w.objects
+    for d in candidates:
+        old = members.get(d.uid)
+        if old is d:
+            continue
+        if old is not None:
+            w.discard(old)
+        if _shareable(d, now, workspaces):
+            if d.key not in objects:  # (names are unique in the API server; a second one is left to the pass)
+                assert d.proto is not None
+                w.add(d, _rank(d, d.proto, sched))
+        elif d.waiting and d.proto is not None and d.proto.not_before > now:
+            heapq.heappush(w.later, (d.proto.not_before, d.uid))
+    return w
 
 
 def live_cluster_limitation() -> str:
@@ -370,16 +457,22 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     deleting: set[str] = set()
     adopted: dict[str, Placement] = {}
     workspaces = cfg.workspaces
-    for d in decoded:
-        proto = d.proto
-        if (d.waiting and size_ranked and proto is not None and proto.not_before <= now
-                and (workspaces is None or workspaces.key(proto.workspace, proto.resource) == proto.workspace)):
-            # stored as Queued and ready: the scheduler queues the prototype itself and copies it only if the
-            # pass looks at it (most of 10,000 queued GPRs it never reaches)
-            uid_of[d.key] = d.uid
-            objects[d.key] = d
-            sched.restore_queued(proto, now, None, _rank(d, proto, sched), news=False, shared=True)
-            continue
+    # stored as Queued and ready: the scheduler queues the prototypes themselves and copies one only if the pass
+    # looks at it (most of 10,000 queued GPRs it never reaches); the rest are restored one by one
+    rest = decoded
+    w = _waiting(cache, decoded, snap.gprs, sched, workspaces, now)
+    if w is not None:
+        sched.restore_block(w.block, now)
+        uid_of.update(w.uid_of)
+        objects.update(w.objects)
+        kept = cache.rest
+        if kept is not None and kept[0] is decoded and kept[1] is w and kept[2] == w.version:
+            rest = kept[3]
+        else:
+            members = w.members
+            rest = [d for d in decoded if d.uid not in members]
+            cache.rest = (decoded, w, w.version, rest)
+    for d in rest:
         uid, key, status, phase = d.uid, d.key, d.status, d.phase
         if d.deleting:
             deleting.add(key)

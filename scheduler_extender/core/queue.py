@@ -65,6 +65,23 @@ class GPRQueue:
                 raise ValueError("a shared entry needs the queue's fresh function")
             self._shared.add(g.name)
 
+    def merge_shared(self, items: dict[str, tuple[str, Key, GPR]], by_ws: dict[str, list[Key]]) -> None:
+        """Queue prototypes kept as this queue keeps its entries (``items``; ``by_ws``: each workspace's keys,
+        sorted), as ``push(g, key, shared=True)`` of each would: a few copies in C instead of a push each."""
+        if self.fresh is None:
+            raise ValueError("a shared entry needs the queue's fresh function")
+        if not self._items.keys().isdisjoint(items):
+            raise ValueError("an entry is already queued")
+        self._items.update(items)
+        for ws, keys in by_ws.items():
+            lst = self._by_ws.get(ws)
+            if not lst:
+                self._by_ws[ws] = keys.copy()
+            elif keys:
+                lst += keys
+                self._unsorted.add(ws)
+        self._shared.update(items)
+
     def _out(self, name: str) -> GPR:
         """The entry's GPR, copied from its prototype the first time."""
         ws, key, g = self._items[name]

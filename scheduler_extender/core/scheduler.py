@@ -114,6 +114,55 @@ class _Pass:
     reqs: dict[str, Request] = field(default_factory=dict)  # GPR -> its request narrowed by model caps
 
 
+class QueuedBlock:
+    """Queued prototypes kept together by a driver between rebuilds: what ``restore_queued(g, now, None, rank,
+    news=False, shared=True)`` of each would queue, under arrival number 0 (ties in the size order then fall to
+    the name). The driver keeps it up to date as its GPRs change (:meth:`add`, :meth:`discard`) and restores it
+    into each fresh scheduler at the cost of a few dictionary and list copies (:meth:`Scheduler.restore_block`):
+    the GPR controller queues 10,000 stored GPRs at every pass, and only a few of them change between passes."""
+
+    def __init__(self) -> None:
+        self.gprs: dict[str, GPR] = {}
+        self.pred: dict[str, float] = {}  # predicted hold times (the rank's third part)
+        self.items: dict[str, tuple[str, Key, GPR]] = {}  # as GPRQueue keeps its entries
+        self._by_ws: dict[str, list[Key]] = {}
+        self._unsorted: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.gprs)
+
+    def add(self, g: GPR, rank: tuple[int, float, float]) -> None:
+        """Queue ``g`` (a prototype nobody changes) under its :meth:`Scheduler.size_rank`."""
+        name = g.name
+        if g.phase is not Phase.QUEUED or g.history:
+            raise ValueError(f"{name}: only a GPR stored as Queued, ready and with no history may be shared")
+        if name in self.gprs:
+            raise ValueError(f"{name} is already in the block")
+        level, at, pred = rank
+        key: Key = (level, at, 0, name)
+        self.gprs[name], self.pred[name], self.items[name] = g, pred, (g.workspace, key, g)
+        lst = self._by_ws.setdefault(g.workspace, [])
+        if lst and key < lst[-1]:
+            self._unsorted.add(g.workspace)
+        lst.append(key)
+
+    def discard(self, name: str) -> None:
+        item = self.items.pop(name, None)
+        if item is None:
+            return
+        del self.gprs[name], self.pred[name]
+        ws, key, _ = item
+        lst = self.by_ws()[ws]
+        del lst[bisect.bisect_left(lst, key)]
+
+    def by_ws(self) -> dict[str, list[Key]]:
+        """Each workspace's keys, sorted."""
+        for ws in self._unsorted:
+            self._by_ws[ws].sort()
+        self._unsorted.clear()
+        return self._by_ws
+
+
 class Scheduler:
     def __init__(
         self,
@@ -230,6 +279,20 @@ class Scheduler:
             self.queue.push(g, (rank[0], rank[1], seq, name))
         else:
             self.queue.push(g)
+
+    def restore_block(self, block: QueuedBlock, now: float) -> None:
+        """Queue every prototype of ``block`` (each as :meth:`restore_queued` with ``shared=True`` would, under
+        arrival number 0) into a scheduler that knows none of their names."""
+        if not self._size_ranked:
+            raise ValueError("shared queue entries need the size order")
+        if not block.gprs:
+            return
+        if not self.gprs.keys().isdisjoint(block.gprs):
+            raise ValueError("a GPR of the block is known already")
+        self.queue.merge_shared(block.items, block.by_ws())
+        self.gprs.update(block.gprs)
+        self._pred.update(block.pred)
+        self._restored_at = now
 
     def _fresh(self, proto: GPR, key: Key) -> GPR:
         """The working copy of a shared queue entry (see :meth:`restore_queued`), as restoring a copy made it."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
 from scheduler_extender.core.inventory import Inventory, NodeSpec
 from scheduler_extender.core.placement import BestFit, make_policy
-from scheduler_extender.core.scheduler import LEVEL, Scheduler, SchedulerConfig
+from scheduler_extender.core.scheduler import LEVEL, QueuedBlock, Scheduler, SchedulerConfig
 
 
 def _sched(*devs: int, **cfg: object) -> Scheduler:
@@ -506,6 +506,57 @@ def test_a_shared_queue_entry_is_copied_when_first_handed_out_and_never_changed(
     assert [vars(g) for g in a.queued()] == [vars(g) for g in b.queued()]  # handed out: as restored copies
     with pytest.raises(ValueError, match="only a GPR stored as Queued"):
         a.restore_queued(GPR("default/new"), now, None, news=True, shared=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 300), st.integers(1, 4)), min_size=0,
+                max_size=30, unique_by=lambda t: t), st.sets(st.integers(0, 29)))
+def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: list, dropped: set[int]) -> None:
+    """A block of prototypes (kept by the controller between passes, some discarded again as their objects
+    change) restores the queue that restore_queued(shared=True) of each kept prototype builds: the same order,
+    the same admissions, the prototypes unchanged; a GPR handed out is a copy with arrival number 0."""
+    now = 10_000.0
+    protos = [GPR(f"{ws}/g{i}", workspace=ws, priority=p, submitted_at=100.0 * i, exit_duration_s=600.0,
+                  devices_per_node=d) for i, (ws, p, d) in enumerate(items)]
+    before = [dict(vars(p)) for p in protos]
+    a, b = _sched(4, 4), _sched(4, 4)
+    block = QueuedBlock()
+    for p in protos:
+        block.add(p, a.size_rank(p))
+    kept = [p for i, p in enumerate(protos) if i not in dropped]
+    for i in sorted(dropped):
+        if i < len(protos):
+            block.discard(protos[i].name)
+    for p in kept:
+        b.restore_queued(p, now, None, news=False, shared=True)
+    a.restore_block(block, now)
+    assert len(block) == len(kept)
+    assert a.queued_names() == b.queued_names() == [g.name for g in a.queued()]
+    assert kinds(a.tick(now)) == kinds(b.tick(now))
+    assert [vars(p) for p in protos] == before  # neither pass changed a prototype
+    assert all(a.gprs[p.name] is not p for p in kept if a.gprs[p.name].phase is Phase.ADMITTED)
+    assert all(g.seq == 0 and g.not_before == now for g in a.queued())  # handed out by queued(): copies
+    a2, b2 = _sched(4, 4), _sched(4, 4)
+    a2.restore_block(block, now + 1)  # the block serves pass after pass
+    for p in kept:
+        b2.restore_queued(p, now + 1, None, news=False, shared=True)
+    assert a2.queued_names() == b2.queued_names() and len(a2.queue) == len(kept)
+
+
+def test_a_queued_block_refuses_what_restore_queued_refuses() -> None:
+    block = QueuedBlock()
+    with pytest.raises(ValueError, match="only a GPR stored as Queued"):
+        block.add(GPR("default/run", phase=Phase.RUNNING), (-1, 0.0, 60.0))
+    block.add(GPR("default/q"), (-1, 0.0, 60.0))
+    with pytest.raises(ValueError, match="already in the block"):
+        block.add(GPR("default/q"), (-1, 0.0, 60.0))
+    with pytest.raises(ValueError, match="size order"):
+        _sched(4, order="priority").restore_block(block, 0.0)
+    s = _sched(4)
+    s.submit(GPR("default/q"), 0.0)
+    with pytest.raises(ValueError, match="known already"):
+        s.restore_block(block, 0.0)
+    assert s.queued_names() == ["default/q"] and s.gprs["default/q"].seq == 1  # unchanged
 
 
 def test_a_request_admitted_in_a_tick_is_not_evicted_in_the_same_tick() -> None:

@@ -73,16 +73,53 @@ def summary(plan: Plan) -> tuple[Any, ...]:
             sorted((e.pod.uid, e.why) for e in plan.evictions), plan.queue)
 
 
+def churn(gprs: dict[str, dict[str, Any]], rng: random.Random, now: float, i: int) -> dict[str, dict[str, Any]]:
+    """What users and the API server do to GPRs between two passes: delete one, create one under the name of one
+    deleted (a new UID), raise a queued one's priority (a new generation), put one into a backoff that ends
+    within the next passes."""
+    from scheduler_extender.gpr_resource import rfc3339
+
+    gprs = dict(gprs)
+    uids = sorted(gprs)
+    if not uids:
+        return gprs
+    what = rng.choice(["delete", "recreate", "edit", "backoff"])
+    queued = [u for u in uids if (gprs[u].get("status") or {}).get("phase") == "Queued"]
+    uid = rng.choice(queued if queued and rng.random() < 0.7 else uids)  # mostly the shared queue's members
+    obj = copy.deepcopy(gprs[uid])
+    meta = obj["metadata"]
+    meta["resourceVersion"] = f"{meta['resourceVersion']}-{i}"
+    if what in ("delete", "recreate"):
+        del gprs[uid]
+        if what == "recreate":
+            obj.pop("status", None)
+            meta.update(uid=f"{uid}-again{i}", resourceVersion=f"r{i}", generation=1)
+            gprs[meta["uid"]] = obj
+        return gprs
+    if what == "edit":
+        obj["spec"]["priority"] = rng.choice([60, 150, 290])
+        meta["generation"] = meta.get("generation", 1) + 1
+    elif obj.get("status", {}).get("phase") == "Queued":
+        obj["status"]["nextRetryTime"] = rfc3339(now + rng.choice([10, 45, 75]))
+    gprs[uid] = obj
+    return gprs
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 4), st.sets(st.integers(0, 3)), st.sets(st.integers(1, 3)))
+@given(st.integers(0, 10_000), st.integers(1, 4), st.sets(st.integers(0, 3)), st.sets(st.integers(1, 3)),
+       st.sets(st.integers(1, 5)))
 def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn_before: set[int],
-                                                   pod_before: set[int]) -> None:
+                                                   pod_before: set[int], churn_before: set[int]) -> None:
     nodes, pods, gprs = world(seed)
+    rng = random.Random(seed)
     now = time.time()
     warm = PassCache()
     version = 1000
     predictor = DurationPredictor()  # the controller's, which learns between passes (queue ranks are kept by it)
-    for i in range(passes):
+    for i in range(passes + 2):
+        if i in churn_before:
+            for _ in range(rng.randint(1, 3)):
+                gprs = churn(gprs, rng, now, i)
         if i in learn_before:
             for k in range(4):
                 predictor.observe(JobKey("default", "", "", f"nvidia.com/gpu:{1 + k}x1000x1"), 500.0 * (i + 1) * (k + 1))
@@ -100,8 +137,14 @@ def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn
             nodes = {**nodes, name: dataclasses.replace(nodes[name], ledger={**nodes[name].ledger, entry.uid: entry})}
         snap = Snapshot(now, nodes, pods, gprs)
         a = plan_pass(snap, PassConfig(predictor=predictor), warm)
-        b = plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), PassCache())
+        cold = PassCache()
+        b = plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), cold)
         assert summary(a) == summary(b)
+        # the block of queued prototypes, patched pass after pass, is the one a fresh start builds
+        assert warm.waiting is not None and cold.waiting is not None
+        assert warm.waiting.block.items == cold.waiting.block.items or (
+            {k: (ws, key) for k, (ws, key, _) in warm.waiting.block.items.items()}
+            == {k: (ws, key) for k, (ws, key, _) in cold.waiting.block.items.items()})
         for w in a.writes:  # the API server stores them: the next pass starts from there
             version += 1
             obj = gprs[w.uid]
@@ -264,3 +307,62 @@ def test_a_write_that_only_moves_a_queued_gprs_place_is_marked_as_news() -> None
             moved = {k for k in w.status.keys() | before[w.uid].keys() if w.status.get(k) != before[w.uid].get(k)}
             assert moved <= {"queuePosition", "estimatedStart", "estimatedStartRange", "message"}, moved
             assert w.status["queuePosition"] == before[w.uid]["queuePosition"] + 1
+
+
+def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -> None:
+    """The queued prototypes kept between passes (PassCache.waiting) follow each kind of change by UID: a deleted
+    GPR leaves, a GPR created under a deleted one's name joins once its status is written, an edited one is
+    ranked again, one in a backoff leaves and comes back when the backoff ends; after each change the warm pass
+    plans what a fresh start plans."""
+    from scheduler_extender.gpr_resource import rfc3339
+
+    nodes = {"n0": node_view(node("n0", gpus=1), (GPU,))}
+    gprs: dict[str, dict[str, Any]] = {}
+    for i in range(6):
+        obj = gpr(f"q{i}", phase=None, devices=2, exitDuration="1h")  # never fits: stays queued
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1), creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        gprs[f"u{i}"] = obj
+    now, version, warm = time.time(), 100, PassCache()
+    predictor = DurationPredictor()  # kept across passes, as the controller keeps its own
+
+    def step(expected: set[str]) -> Plan:
+        nonlocal version, gprs
+        snap = Snapshot(now, nodes, {}, gprs)
+        plan = plan_pass(snap, PassConfig(predictor=predictor), warm)
+        cold = PassCache()
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), cold))
+        assert warm.waiting is not None and cold.waiting is not None
+        assert set(warm.waiting.members) == set(cold.waiting.members) == expected
+        for w in plan.writes:
+            version += 1
+            obj = gprs[w.uid]
+            gprs = {**gprs, w.uid: {**obj, "status": w.status,
+                                    "metadata": {**obj["metadata"], "resourceVersion": str(version)}}}
+        return plan
+
+    def edit(uid: str, change: Any) -> None:
+        nonlocal version, gprs
+        version += 1
+        obj = copy.deepcopy(gprs[uid])
+        change(obj)
+        obj["metadata"]["resourceVersion"] = str(version)
+        gprs = {**gprs, uid: obj}
+
+    step(set())  # new GPRs: their first status is written
+    everyone = {f"u{i}" for i in range(6)}
+    step(everyone)
+    kept = warm.waiting
+    gprs = {u: o for u, o in gprs.items() if u != "u0"}  # deleted
+    again = copy.deepcopy(gprs["u1"])  # u1 deleted and created again under its name
+    del gprs["u1"]
+    again.pop("status")
+    again["metadata"].update(uid="u1b", resourceVersion="1")
+    gprs["u1b"] = again
+    edit("u2", lambda o: (o["spec"].update(priority=250), o["metadata"].update(generation=2)))
+    edit("u3", lambda o: o["status"].update(nextRetryTime=rfc3339(now + 45)))
+    step({"u4", "u5"})  # u2's status no longer observes its generation; u3 waits
+    now += 30
+    step({"u1b", "u2", "u4", "u5"})  # statuses written: both back, u3 still in its backoff
+    now += 30
+    step({"u1b", "u2", "u3", "u4", "u5"})  # the backoff ended
+    assert warm.waiting is kept  # patched pass after pass, never built afresh
