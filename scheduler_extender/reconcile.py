@@ -34,10 +34,10 @@ from typing import Any
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import GPU, MODEL_LABEL, NR1, TERMINAL_POD_PHASES, NodeView, PodView
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay, clone
-from scheduler_extender.core.inventory import Inventory, NodeAssignment, NodeSpec, Placement
+from scheduler_extender.core.inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor
-from scheduler_extender.core.scheduler import Event, QueuedBlock, Scheduler, SchedulerConfig
+from scheduler_extender.core.scheduler import Event, HolderState, QueuedBlock, Scheduler, SchedulerConfig
 from scheduler_extender.core.waittime import Calibrator, Interval
 from scheduler_extender.predictor_store import job_key as history_key
 from scheduler_extender.workspaces import WorkspaceIndex
@@ -159,8 +159,9 @@ class PassCache:
         self.changed: set[str] = set()  # UIDs decoded anew since the waiting block last looked
         self.same = False  # the last ordered() listed the very objects the one before it listed
         self.waiting: Waiting | None = None
-        # (decoded list, waiting block, its version, the decoded objects not in it)
-        self.rest: tuple[list[Decoded], Waiting, int, list[Decoded]] | None = None
+        # (decoded list, waiting block, its version, holders block, the decoded objects in neither)
+        self.rest: tuple[list[Decoded], Waiting | None, int, Holders | None, list[Decoded]] | None = None
+        self.holders: Holders | None = None
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -357,23 +358,42 @@ def node_specs(nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
     return [spec for spec in (node_spec(nodes[name]) for name in sorted(nodes)) if spec is not None]
 
 
-def _restore(sched: Scheduler, g: GPR, reservation: dict[str, int], now: float) -> bool:
-    """Adopt an Admitted/Running/Evicting GPR with its recorded reservation (whole devices: the first free ones
-    of each node; the kubelet picks the physical ones); False when it no longer fits (a node left or shrank).
-    Called before node health is applied to the fresh inventory."""
-    inv = sched.inv
+def _reserve(inv: Inventory, g: GPR, reservation: dict[str, int]) -> Placement | None:
+    """Allocate an Admitted/Running/Evicting GPR's recorded reservation in the inventory (whole devices: the
+    first free ones of each node; the kubelet picks the physical ones), for the scheduler to adopt; None when it
+    no longer fits (a node left or shrank). Called before node health is applied to the fresh inventory:
+    existing work stays."""
     assignments = []
     for node, count in sorted(reservation.items()):
         n = inv.index.get(node)
         if n is None:
-            return False
+            return None
         free = inv.whole_free(n, count, healthy_only=False)
         if len(free) < count:
-            return False
+            return None
         assignments.append(NodeAssignment(n, free, 1000))
     if not assignments:
-        return False
-    return sched.adopt(g, Placement(tuple(assignments)), now)  # health is applied after: existing work stays
+        return None
+    placement = Placement(tuple(assignments))
+    try:
+        inv.allocate(g.name, placement)
+    except AllocationError:
+        return None
+    return placement
+
+
+class Holders:
+    """The allocated GPRs of a cached base that hold their devices (Admitted, Running; their admission recorded),
+    adopted once and kept as the scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be
+    restored into each pass's scheduler while the base and the workspace map and model caps stay the same: 4,800
+    holders then cost a pass a copy each, not an adoption each."""
+
+    def __init__(self, base: Any, key: tuple[Any, ...], state: HolderState, gprs: list[GPR],
+                 uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
+        self.base, self.key, self.state = base, key, state
+        self.templates = [(g.name, clone(g)) for g in gprs]  # as adopted; their last activity is set per pass
+        self.uid_of, self.objects = uid_of, objects
+        self.members = {d.uid for d in objects.values()}
 
 
 def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -465,13 +485,26 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         sched.restore_block(w.block, now)
         uid_of.update(w.uid_of)
         objects.update(w.objects)
+    # the holders of a cached base, adopted as the pass that cached them adopted them (see Holders)
+    caps = sched.cfg.model_caps or {}
+    holders_key = (None if workspaces is None else dict(workspaces.owner), {k: dict(v) for k, v in caps.items()})
+    hb = cache.holders
+    if hb is None or base is None or hb.base is not base or hb.key != holders_key:
+        hb = None
+    else:
+        uid_of.update(hb.uid_of)
+        objects.update(hb.objects)
+    if w is not None or hb is not None:
         kept = cache.rest
-        if kept is not None and kept[0] is decoded and kept[1] is w and kept[2] == w.version:
-            rest = kept[3]
+        if (kept is not None and kept[0] is decoded and kept[1] is w and kept[2] == (w.version if w else 0)
+                and kept[3] is hb):
+            rest = kept[4]
         else:
-            members = w.members
-            rest = [d for d in decoded if d.uid not in members]
-            cache.rest = (decoded, w, w.version, rest)
+            skip = (w.members.keys() if w is not None else set()) | (hb.members if hb is not None else set())
+            rest = [d for d in decoded if d.uid not in skip]
+            cache.rest = (decoded, w, w.version if w else 0, hb, rest)
+    keeping: list[tuple[GPR, Placement]] = []  # adopted after the loop: holders first, then the rest
+    leaving: list[tuple[GPR, Placement]] = []
     for d in rest:
         uid, key, status, phase = d.uid, d.key, d.status, d.phase
         if d.deleting:
@@ -498,26 +531,42 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         uid_of[key] = uid
         objects[key] = d
         if g.phase in ALLOCATED:
-            if g.admitted_at is None:
+            stamped = g.admitted_at is None
+            if stamped:
                 g.admitted_at = now
             g.last_active_at = _last_active(g, pods_of.get(key, ()), now)
-            placement = base[2].get(key) if base else None
-            if placement is not None:
-                sched.adopt(g, placement, now, allocated=True)
-                adopted[key] = placement
+            placement = base[2].get(key) if base else _reserve(inv, g, d.reservation)
+            if placement is None:
+                plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
                 continue
-            if base is None and _restore(sched, g, d.reservation, now):
-                adopted[key] = g.placement  # type: ignore[assignment]
-                continue
-            plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
+            adopted[key] = placement
+            (leaving if stamped or g.phase is Phase.EVICTING else keeping).append((g, placement))
             continue
         reason = g.reason if g.phase is Phase.QUEUED and not rejudged else ""
         # stored as Queued: nothing new (an empty history marks a GPR whose status needs no write)
         sched.restore_queued(g, now, g.not_before, _rank(d, g, sched) if size_ranked else None,
                              news=status.get("phase") != Phase.QUEUED)
         g.reason = reason
+    # adopted under arrival number 0, whatever came before them: the same in a warm and a cold pass
+    if hb is not None:
+        assert not keeping, "a holder of the cached base was left to the loop"
+        fresh: dict[str, GPR] = {}
+        for name, template in hb.templates:
+            g = clone(template)
+            g.last_active_at = _last_active(g, pods_of.get(name, ()), now)
+            fresh[name] = g
+        sched.restore_holders(hb.state, fresh, now)
+    else:
+        for g, placement in keeping:
+            sched.adopt(g, placement, now, allocated=True, seq=0)
     if base is None:
         cache.base = (base_key, inv.copy(), adopted)
+    if hb is None:
+        cache.holders = Holders(cache.base, holders_key, sched.holder_state(), [g for g, _ in keeping],
+                                {g.name: uid_of[g.name] for g, _ in keeping},
+                                {g.name: objects[g.name] for g, _ in keeping})
+    for g, placement in leaving:
+        sched.adopt(g, placement, now, allocated=True, seq=0)
 
     # devices held outside reservations: a function of the pods, the nodes and the allocated GPRs alone, so the
     # last pass's answer stands while every pod and node object is the one seen then and the base is the same

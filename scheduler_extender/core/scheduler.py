@@ -114,6 +114,20 @@ class _Pass:
     reqs: dict[str, Request] = field(default_factory=dict)  # GPR -> its request narrowed by model caps
 
 
+@dataclass
+class HolderState:
+    """The indexes of holders that adopting them leaves (see :meth:`Scheduler.holder_state`)."""
+
+    holders: list[str]  # in the order they were adopted
+    usage: dict[str, int]
+    held_models: dict[str, dict[str, int]]
+    model_usage: dict[tuple[str, str], int]
+    ws_ends: dict[str, list[tuple[float, str, int]]]
+    ws_unsorted: set[str]
+    ws_entry: dict[str, tuple[float, str, int]]
+    expiry: list[tuple[float, str, float]]
+
+
 class QueuedBlock:
     """Queued prototypes kept together by a driver between rebuilds: what ``restore_queued(g, now, None, rank,
     news=False, shared=True)`` of each would queue, under arrival number 0 (ties in the size order then fall to
@@ -294,6 +308,40 @@ class Scheduler:
         self._pred.update(block.pred)
         self._restored_at = now
 
+    def holder_state(self) -> HolderState:
+        """What :meth:`adopt` of the holders (Admitted and Running GPRs) left, for :meth:`restore_holders`; taken
+        from a scheduler that has done nothing else to holders yet (no tick, release or eviction)."""
+        if self.evicting or self._releases:
+            raise ValueError("a holder state is taken right after adopting holders, before anything else")
+        return HolderState(list(self.holders), dict(self.usage), dict(self._held_models), dict(self.model_usage),
+                           {ws: list(lst) for ws, lst in self._ws_ends.items()}, set(self._ws_unsorted),
+                           dict(self._ws_entry), list(self._expiry))
+
+    def restore_holders(self, state: HolderState, gprs: dict[str, GPR], now: float) -> None:
+        """Adopt again the holders ``state`` was taken after (:meth:`holder_state`), as fresh copies ``gprs`` (by
+        name; placements, arrival numbers and admission times as then, their last activity as now): the state
+        adopting each of them in turn leaves, at the cost of a few copies, into a scheduler that holds nothing
+        yet and whose inventory records their placements (a driver's cached inventory)."""
+        if self.holders or self.evicting or self.usage or self._ws_entry:
+            raise ValueError("holders are restored into a scheduler that holds nothing yet")
+        if len(gprs) != len(state.holders) or not gprs.keys() >= set(state.holders):
+            raise ValueError("restore_holders needs a copy of each holder of the state, by name")
+        if not self.gprs.keys().isdisjoint(gprs):
+            raise ValueError("a holder of the state is known already")
+        self.gprs.update(gprs)
+        self.holders = {name: gprs[name] for name in state.holders}
+        self.usage, self._held_models = dict(state.usage), dict(state.held_models)
+        self.model_usage = dict(state.model_usage)
+        self._ws_ends = {ws: list(lst) for ws, lst in state.ws_ends.items()}
+        self._ws_unsorted, self._ws_entry = set(state.ws_unsorted), dict(state.ws_entry)
+        self._expiry = list(state.expiry)
+        running = Phase.RUNNING
+        for g in self.holders.values():  # what adopt does that depends on the time
+            if g.phase is running and g.last_active_at is None:
+                g.last_active_at = now
+            if g.idle_timeout_s is not None:
+                self._arm_idle(g)
+
     def _fresh(self, proto: GPR, key: Key) -> GPR:
         """The working copy of a shared queue entry (see :meth:`restore_queued`), as restoring a copy made it."""
         g = clone(proto)
@@ -301,10 +349,11 @@ class Scheduler:
         self.gprs[g.name] = g
         return g
 
-    def adopt(self, g: GPR, placement: Placement, now: float, allocated: bool = False) -> bool:
+    def adopt(self, g: GPR, placement: Placement, now: float, allocated: bool = False, seq: int | None = None) -> bool:
         """Take over a GPR that already holds ``placement`` (Admitted or Running, e.g. after a controller
         restart). False, changing nothing, when the placement no longer fits the inventory; the caller then
-        queues the GPR again with :meth:`submit`. ``allocated``: the inventory already records it."""
+        queues the GPR again with :meth:`submit`. ``allocated``: the inventory already records it. ``seq``: its
+        arrival number (default: the next one)."""
         if not g.holding and g.phase is not Phase.EVICTING:
             raise ValueError(f"{g.name}: only Admitted, Running or Evicting GPRs can be adopted ({g.phase.value})")
         if allocated:  # the inventory was built with this very allocation recorded (a driver's cache)
@@ -316,8 +365,9 @@ class Scheduler:
                 self.inv.allocate(g.name, placement)
             except AllocationError:
                 return False
-        self._seq += 1
-        g.seq = self._seq
+        if seq is None:
+            self._seq = seq = self._seq + 1
+        g.seq = seq
         g.placement = placement
         if g.admitted_at is None:
             g.admitted_at = now

@@ -543,6 +543,56 @@ def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: lis
     assert a2.queued_names() == b2.queued_names() and len(a2.queue) == len(kept)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 300), st.sampled_from([1, 2]),
+                          st.sampled_from([None, 600.0, 3600.0]), st.sampled_from([None, 90.0, 1800.0]),
+                          st.booleans(), st.integers(0, 3000)), min_size=0, max_size=8),
+       st.sampled_from([None, {"a": {"X": 2000}}]))
+def test_restored_holders_equal_holders_adopted_one_by_one(items: list, caps: dict | None) -> None:
+    """holder_state + restore_holders (the controller restores 4,800 holders each pass from the state one
+    adoption left) leave what adopting each copy in turn leaves: the same indexes, and the same expiries, idle
+    timeouts, admissions and evictions as time passes."""
+    from scheduler_extender.core.gpr import clone
+    from scheduler_extender.core.inventory import NodeAssignment, Placement
+
+    now = 10_000.0
+    nodes = [NodeSpec(f"n{i}", 2, "X" if i % 2 else "Y") for i in range(8)]
+
+    def build() -> tuple[Scheduler, list[tuple[GPR, Placement]]]:
+        s = Scheduler(Inventory(nodes), BestFit(), SchedulerConfig(audit=True, model_caps=caps))
+        out = []
+        for i, (ws, prio, devs, exit_s, idle_s, running, age) in enumerate(items):
+            g = GPR(f"{ws}/h{i}", workspace=ws, priority=prio, devices_per_node=devs, exit_duration_s=exit_s,
+                    idle_timeout_s=idle_s, enforce_idle_timeout=True, preemptible=True,
+                    phase=Phase.RUNNING if running else Phase.ADMITTED, admitted_at=now - age,
+                    last_active_at=now - age / 2 if running else None)
+            p = Placement((NodeAssignment(i, tuple(range(devs)), 1000),))
+            s.inv.allocate(g.name, p)
+            out.append((g, p))
+        return s, out
+
+    a, adopted = build()
+    for g, p in adopted:
+        a.adopt(g, p, now, allocated=True, seq=0)
+    state, templates = a.holder_state(), [clone(g) for g, _ in adopted]  # as adopted (placement, seq)
+    b, _ = build()
+    b.restore_holders(state, {t.name: clone(t) for t in templates}, now)
+    assert list(a.holders) == list(b.holders) and a.usage == b.usage and a.model_usage == b.model_usage
+    assert a._held_models == b._held_models and a._ws_entry == b._ws_entry
+    assert {ws: a._ends_of(ws) for ws in a._ws_ends} == {ws: b._ends_of(ws) for ws in b._ws_ends}
+    assert sorted(a._expiry) == sorted(b._expiry) and sorted(a._idle) == sorted(b._idle)
+    for s in (a, b):
+        s.submit(GPR("c/big", priority=300, devices_per_node=2, node_count=8, enable_eviction=True), now)
+    for t in (now, now + 100, now + 1000, now + 4000):
+        assert kinds(a.tick(t)) == kinds(b.tick(t))
+        assert {n: vars(g) for n, g in a.gprs.items()} == {n: vars(g) for n, g in b.gprs.items()}
+    assert b.holders  # c/big at least
+    with pytest.raises(ValueError, match="holds nothing yet"):
+        b.restore_holders(state, {t.name: clone(t) for t in templates}, now)
+    with pytest.raises(ValueError, match="a copy of each holder"):
+        _sched(2).restore_holders(dataclasses.replace(state, holders=[*state.holders, "x/y"]), {}, now)
+
+
 def test_a_queued_block_refuses_what_restore_queued_refuses() -> None:
     block = QueuedBlock()
     with pytest.raises(ValueError, match="only a GPR stored as Queued"):

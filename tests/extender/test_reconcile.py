@@ -22,6 +22,7 @@ from scheduler_extender.core.inventory import Inventory, NodeSpec
 from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor, JobKey
 from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
+from scheduler_extender.gpr_resource import rfc3339
 from scheduler_extender.reconcile import (
     PassCache,
     PassConfig,
@@ -31,6 +32,7 @@ from scheduler_extender.reconcile import (
     plan_pass,
     ungate_patch,
 )
+from scheduler_extender.workspaces import WorkspaceIndex
 from tests.extender.harness import gpr, node, pod
 
 
@@ -42,15 +44,18 @@ def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str
     pods: dict[str, Any] = {}
     gprs: dict[str, dict[str, Any]] = {}
     for i in range(rng.randint(0, 12)):
+        idle: dict[str, Any] = {"idleTimeout": "90s", "enforceIdleTimeout": rng.random() < 0.5} if rng.random() < 0.3 else {}
         phase = rng.choice([None, "Queued", "Admitted", "Running", "Evicting", "Complete", "Failed"])
         target = rng.choice(sorted(nodes))
         obj = gpr(f"g{i}", phase=phase, devices=rng.choice([1, 2, 4]), priority=rng.choice([50, 100, 250]),
                   reservation={target: 2} if phase in ("Admitted", "Running", "Evicting") else None,
-                  requeueOnFailure=rng.random() < 0.5, enableEviction=rng.random() < 0.5, exitDuration="1h")
+                  requeueOnFailure=rng.random() < 0.5, enableEviction=rng.random() < 0.5, exitDuration="1h",
+                  **idle)
         obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1),
                                creationTimestamp=f"2026-11-30T00:00:{i:02d}Z")
-        if phase in ("Admitted", "Running", "Evicting"):
-            obj["status"]["admittedAt"] = "2026-11-30T00:01:00Z"
+        if phase in ("Admitted", "Running", "Evicting"):  # long past its exitDuration, or still within it
+            obj["status"]["admittedAt"] = rng.choice(["2026-11-30T00:01:00Z", rfc3339(time.time() - 600),
+                                                      rfc3339(time.time() - 3600 + 45)])  # expires in pass 2
         gprs[obj["metadata"]["uid"]] = obj
         for k in range(rng.randint(0, 2)):
             state = rng.choice(["Pending", "Running", "Succeeded", "Failed"])
@@ -77,7 +82,6 @@ def churn(gprs: dict[str, dict[str, Any]], rng: random.Random, now: float, i: in
     """What users and the API server do to GPRs between two passes: delete one, create one under the name of one
     deleted (a new UID), raise a queued one's priority (a new generation), put one into a backoff that ends
     within the next passes."""
-    from scheduler_extender.gpr_resource import rfc3339
 
     gprs = dict(gprs)
     uids = sorted(gprs)
@@ -107,9 +111,10 @@ def churn(gprs: dict[str, dict[str, Any]], rng: random.Random, now: float, i: in
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 4), st.sets(st.integers(0, 3)), st.sets(st.integers(1, 3)),
-       st.sets(st.integers(1, 5)))
+       st.sets(st.integers(1, 5)), st.sets(st.integers(0, 5)))
 def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn_before: set[int],
-                                                   pod_before: set[int], churn_before: set[int]) -> None:
+                                                   pod_before: set[int], churn_before: set[int],
+                                                   in_workspace: set[int]) -> None:
     nodes, pods, gprs = world(seed)
     rng = random.Random(seed)
     now = time.time()
@@ -136,9 +141,12 @@ def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn
             entry = ledger.Entry(f"bound{i}", f"default/bound-{i}", {GPU: 1}, "", now)
             nodes = {**nodes, name: dataclasses.replace(nodes[name], ledger={**nodes[name].ledger, entry.uid: entry})}
         snap = Snapshot(now, nodes, pods, gprs)
-        a = plan_pass(snap, PassConfig(predictor=predictor), warm)
+        # passes in which the namespace belongs to a workspace with a quota (its GPRs change quota unit)
+        index = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 6000}) if i in in_workspace else None
+        core = SchedulerConfig(instant_eviction=False, learn=False, quotas=dict(index.quotas) if index else None)
+        a = plan_pass(snap, PassConfig(core=core, predictor=predictor, workspaces=index), warm)
         cold = PassCache()
-        b = plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), cold)
+        b = plan_pass(copy.deepcopy(snap), PassConfig(core=core, predictor=predictor, workspaces=index), cold)
         assert summary(a) == summary(b)
         # the block of queued prototypes, patched pass after pass, is the one a fresh start builds
         assert warm.waiting is not None and cold.waiting is not None
@@ -167,7 +175,6 @@ def test_ungate_patch_narrows_and_lifts_in_one_request() -> None:
 
 
 def test_queue_refreshes_write_only_positions_and_estimates_that_moved_enough() -> None:
-    from scheduler_extender.gpr_resource import rfc3339
     from scheduler_extender.reconcile import _queue_moved, spot_of
 
     def moved(a: dict[str, object], b: dict[str, object]) -> bool:
@@ -270,7 +277,6 @@ def test_a_write_that_only_moves_a_queued_gprs_place_is_marked_as_news() -> None
     nodes = {"n0": node_view(node("n0", gpus=8), (GPU,))}
     run = gpr("run", phase="Running", reservation={"n0": 8}, devices=8, exitDuration="1h")
     run["metadata"].update(uid="u-run", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
-    from scheduler_extender.gpr_resource import rfc3339
 
     run["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))  # ends within the hour
     gprs = {"u-run": run}
@@ -314,7 +320,6 @@ def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -
     GPR leaves, a GPR created under a deleted one's name joins once its status is written, an edited one is
     ranked again, one in a backoff leaves and comes back when the backoff ends; after each change the warm pass
     plans what a fresh start plans."""
-    from scheduler_extender.gpr_resource import rfc3339
 
     nodes = {"n0": node_view(node("n0", gpus=1), (GPU,))}
     gprs: dict[str, dict[str, Any]] = {}
@@ -366,3 +371,53 @@ def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -
     now += 30
     step({"u1b", "u2", "u3", "u4", "u5"})  # the backoff ended
     assert warm.waiting is kept  # patched pass after pass, never built afresh
+
+
+def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> None:
+    """The holders adopted once per cached base (PassCache.holders) are restored pass after pass with what
+    depends on the pass: their last activity (from their pods: one stops, one idles out), the time (one
+    reaches its exitDuration) and the workspace map (a namespace joins a workspace with a quota); after each
+    change the warm pass plans what a fresh start plans."""
+    now = time.time()
+    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(4)}
+    gprs: dict[str, dict[str, Any]] = {}
+    pods: dict[str, Any] = {}
+    for i in range(4):
+        obj = gpr(f"h{i}", phase="Running", reservation={f"n{i}": 2}, devices=2, exitDuration="1h",
+                  idleTimeout="60s", enforceIdleTimeout=i == 1)
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1), creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        admitted = now - (3600 - 45 if i == 3 else 600)  # h3 reaches its exitDuration in the second pass
+        obj["status"].update(admittedAt=rfc3339(admitted), startedAt=rfc3339(admitted))
+        gprs[f"u{i}"] = obj
+        view = pod_view(pod(f"h{i}-0", 2, gpr=f"h{i}", uid=f"p{i}", node_name=f"n{i}", phase="Running"), (GPU,))
+        assert view is not None
+        pods[view.uid] = view
+    queued = gpr("q", phase=None, devices=2, nodes=2, priority=250, enableEviction=True, exitDuration="1h")
+    queued["metadata"].update(uid="uq", resourceVersion="9", creationTimestamp="2026-11-30T00:01:00Z")
+    gprs["uq"] = queued
+    warm, predictor = PassCache(), DurationPredictor()
+    team = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 6000})
+
+    def step(index: WorkspaceIndex | None = None) -> Plan:
+        core = SchedulerConfig(instant_eviction=False, learn=False, quotas=dict(index.quotas) if index else None)
+        snap = Snapshot(now, nodes, pods, gprs)
+        plan = plan_pass(snap, PassConfig(core=core, predictor=predictor, workspaces=index), warm)
+        cold = plan_pass(copy.deepcopy(snap), PassConfig(core=core, predictor=predictor, workspaces=index),
+                         PassCache())
+        assert summary(plan) == summary(cold)
+        return plan
+
+    step()
+    kept = warm.holders
+    assert kept is not None and len(kept.templates) == 4
+    pods["p1"] = dataclasses.replace(pods["p1"], phase="Pending")  # h1's pod stops running: idle since it started
+    now += 30
+    plan = step()
+    assert warm.holders is kept  # nothing allocated changed: restored, not adopted again
+    assert ("completed", "default/h1", "IdleTimeout") in [(e.kind, e.gpr, e.detail) for _, e in plan.events]
+    now += 60  # past h3's exitDuration
+    plan = step()
+    assert warm.holders is kept
+    assert ("expired", "default/h3") in [(e.kind, e.gpr) for _, e in plan.events]
+    step(team)  # the namespace joins a workspace: its holders count against the workspace's quota
+    assert warm.holders is not kept
