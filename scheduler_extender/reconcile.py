@@ -384,7 +384,8 @@ def _reserve(inv: Inventory, g: GPR, reservation: dict[str, int]) -> Placement |
 
 class Holders:
     """The allocated GPRs of a cached base that hold their devices (Admitted, Running; their admission recorded),
-    adopted once and kept as the scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be
+    as the second pass on that base adopted them (a base that changes at every pass pays no copies), kept as the
+    scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be
     restored into each pass's scheduler while the base and the workspace map and model caps stay the same: 4,800
     holders then cost a pass a copy each, not an adoption each."""
 
@@ -561,7 +562,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             sched.adopt(g, placement, now, allocated=True, seq=0)
     if base is None:
         cache.base = (base_key, inv.copy(), adopted)
-    if hb is None:
+    if hb is None and base is not None:  # kept from the second pass on the same base: churn pays no copies
         cache.holders = Holders(cache.base, holders_key, sched.holder_state(), [g for g, _ in keeping],
                                 {g.name: uid_of[g.name] for g, _ in keeping},
                                 {g.name: objects[g.name] for g, _ in keeping})

@@ -408,10 +408,13 @@ def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> 
         return plan
 
     step()
+    assert warm.holders is None  # the first pass on a base keeps no holders (churn pays no copies)
+    now += 10
+    step()
     kept = warm.holders
     assert kept is not None and len(kept.templates) == 4
     pods["p1"] = dataclasses.replace(pods["p1"], phase="Pending")  # h1's pod stops running: idle since it started
-    now += 30
+    now += 20
     plan = step()
     assert warm.holders is kept  # nothing allocated changed: restored, not adopted again
     assert ("completed", "default/h1", "IdleTimeout") in [(e.kind, e.gpr, e.detail) for _, e in plan.events]
