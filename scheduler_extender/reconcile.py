@@ -597,7 +597,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     refresh = cfg.refresh_queue or (cfg.refresh_on_change and plan.queue != cfg.last_queue)
     plan.refreshed = refresh
     if refresh and cfg.estimates and plan.queue:
-        queued = sched.queued()
+        queued = sched.peek_queued()  # read only: prototypes stay unhanded (the loop below skips them cheaply)
         t0 = time.perf_counter()
         estimates = sched.estimate_ranges(now)
         plan.estimate_seconds = time.perf_counter() - t0
@@ -607,8 +607,12 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
     for key, g in sched.gprs.items():
         d = objects[key]
-        if g is d.proto and not refresh:
-            continue  # queued as its prototype and never handed out: nothing happened to it, its status stands
+        if g is d.proto and (not refresh or (
+                not (refusals and d.uid in refusals) and key not in extra and not _queue_moved(
+                    d.spot, new_spot(positions.get(key), estimates.get(key) if estimates else None), now))):
+            # queued as its prototype and never handed out: nothing happened to it, its status stands (stored
+            # settled: see Decoded.waiting), or on a refresh, at most its place in the queue moved, too little
+            continue
         uid = d.uid
         refusal = refusals.get(uid) if refusals else None
         estimate = estimates.get(key) if estimates else None

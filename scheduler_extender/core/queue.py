@@ -135,6 +135,16 @@ class GPRQueue:
         items = self._items
         return [items[k[3]][2] for k in keys]
 
+    def peek(self) -> list[GPR]:
+        """All queued GPRs in global order as stored, without handing any out: a shared entry is its prototype,
+        which nobody may change (see :meth:`is_shared`)."""
+        items = self._items
+        return [items[k[3]][2] for k in self._keys()]
+
+    def is_shared(self, name: str) -> bool:
+        """Whether the entry still holds its prototype (never handed out)."""
+        return name in self._shared
+
     def names(self) -> list[str]:
         """The queued GPRs' names in global order (no GPR handed out)."""
         return [k[3] for k in self._keys()]

@@ -570,7 +570,14 @@ class Scheduler:
     # ---------------------------------------------------------------- queries
     def queued(self) -> list[GPR]:
         """Queued GPRs in order, including those waiting out a backoff."""
-        order = self.queue.ordered()
+        return self._queued(self.queue.ordered())
+
+    def peek_queued(self) -> list[GPR]:
+        """:meth:`queued` without handing any GPR out of the queue: a shared entry is its prototype, read-only
+        (a refresh reads 10,000 queued GPRs and changes none)."""
+        return self._queued(self.queue.peek())
+
+    def _queued(self, order: list[GPR]) -> list[GPR]:
         if not self._backoff:
             return order
         seen = {g.name for g in order}
@@ -584,7 +591,7 @@ class Scheduler:
         """The names of :meth:`queued`, in its order, without handing the GPRs out of the queue."""
         if not self._backoff:
             return self.queue.names()
-        return [g.name for g in self.queued()]
+        return [g.name for g in self.peek_queued()]
 
     def estimates(self, now: float, upto: str | None = None) -> dict[str, float]:
         """Estimated start time per queued GPR (all of them, or only ``upto``); inf: cannot be estimated. The
@@ -602,20 +609,24 @@ class Scheduler:
         projected wait by what past projections got wrong (median) and gives the range (10th-90th
         percentile). Cost: O(n log n) in holders and queued GPRs, no placement calls."""
         order: list[GPR] = []
-        for g in self.queue.walk():
-            order.append(g)
-            if g.name == upto:
-                break
+        if upto is None:  # read, none handed out: a prototype's working copy would wait from _restored_at
+            order = self.peek_queued()
         else:
-            backing = [self.gprs[n] for _, _, n in self._backoff if self.gprs[n].phase is Phase.QUEUED]
-            backing = [g for g in {g.name: g for g in backing}.values() if g.name not in self.queue]
-            if backing:
-                order = sorted(order + backing, key=self._key)
-            if upto is not None:
+            for g in self.queue.walk():
+                order.append(g)
+                if g.name == upto:
+                    break
+            else:
+                backing = [self.gprs[n] for _, _, n in self._backoff if self.gprs[n].phase is Phase.QUEUED]
+                backing = [g for g in {g.name: g for g in backing}.values() if g.name not in self.queue]
+                if backing:
+                    order = sorted(order + backing, key=self._key)
                 names = [g.name for g in order]
                 order = order[: names.index(upto) + 1] if upto in names else []
+        shared, restored_at = self.queue.is_shared, self._restored_at
         jobs = [
-            Job(g.name, g.milli_total(), self.predicted_hold(g), g.not_before, i, g.resource, g.workspace)
+            Job(g.name, g.milli_total(), self.predicted_hold(g), restored_at if shared(g.name) else g.not_before, i,
+                g.resource, g.workspace)
             for i, g in enumerate(order)
         ]
         releases = []

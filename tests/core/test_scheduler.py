@@ -593,6 +593,27 @@ def test_restored_holders_equal_holders_adopted_one_by_one(items: list, caps: di
         _sched(2).restore_holders(dataclasses.replace(state, holders=[*state.holders, "x/y"]), {}, now)
 
 
+def test_reading_the_queue_hands_no_prototype_out() -> None:
+    """A refresh reads every queued GPR (positions, estimates, projections) and changes none: peek_queued,
+    queued_names and estimate_ranges leave the prototypes in place, with a GPR in its backoff beside them, and
+    estimate as a queue of handed-out copies does."""
+    now = 10_000.0
+    a, b = _sched(2, 2), _sched(2, 2)
+    block = QueuedBlock()
+    protos = [GPR(f"default/q{i}", priority=50 + 50 * i, submitted_at=100.0 * i, exit_duration_s=600.0,
+                  devices_per_node=2) for i in range(6)]
+    for p in protos:
+        block.add(p, a.size_rank(p))
+        b.restore_queued(dataclasses.replace(p, history=[]), now, None, news=False)
+    a.restore_block(block, now)
+    for s in (a, b):
+        s.submit(GPR("default/later", devices_per_node=2, exit_duration_s=600.0), now, not_before=now + 300)
+    assert [g.name for g in a.peek_queued()] == a.queued_names() == b.queued_names()
+    assert a.estimate_ranges(now) == b.estimate_ranges(now)
+    assert all(a.queue.is_shared(p.name) and a.gprs[p.name] is p for p in protos)
+    assert [g.name for g in a.queued()] == b.queued_names() and not any(a.queue.is_shared(p.name) for p in protos)
+
+
 def test_a_queued_block_refuses_what_restore_queued_refuses() -> None:
     block = QueuedBlock()
     with pytest.raises(ValueError, match="only a GPR stored as Queued"):

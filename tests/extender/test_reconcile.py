@@ -424,3 +424,44 @@ def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> 
     assert ("expired", "default/h3") in [(e.kind, e.gpr) for _, e in plan.events]
     step(team)  # the namespace joins a workspace: its holders count against the workspace's quota
     assert warm.holders is not kept
+
+
+def test_a_refresh_rewrites_the_positions_of_queued_prototypes_that_moved_and_no_others() -> None:
+    """A refresh reads the queued prototypes without copying them (estimates and projections included) and still
+    writes each one whose place moved: after the head of the queue is deleted, every other GPR moved up one
+    place (any move counts in the first ten); a refresh with nothing moved writes nothing."""
+    nodes = {"n0": node_view(node("n0", gpus=2), (GPU,))}
+    held = gpr("run", phase="Running", reservation={"n0": 2}, devices=2, exitDuration="8h")
+    held["metadata"].update(uid="ur", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
+    held["status"].update(admittedAt=rfc3339(time.time() - 60), startedAt=rfc3339(time.time() - 60))
+    gprs: dict[str, dict[str, Any]] = {"ur": held}
+    for i in range(20):  # behind the holder; the pass looks at the first few only, the rest stay prototypes
+        obj = gpr(f"q{i:02d}", phase=None, devices=2, exitDuration="1h")
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 2), creationTimestamp=f"2026-11-30T00:01:{i:02d}Z")
+        gprs[f"u{i}"] = obj
+    now, version, warm, predictor = time.time(), 100, PassCache(), DurationPredictor()
+
+    def step() -> Plan:
+        nonlocal version, gprs
+        snap = Snapshot(now, nodes, {}, gprs)
+        plan = plan_pass(snap, PassConfig(predictor=predictor, refresh_queue=True), warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor,
+                                                                                   refresh_queue=True), PassCache()))
+        for w in plan.writes:
+            version += 1
+            obj = gprs[w.uid]
+            gprs = {**gprs, w.uid: {**obj, "status": w.status,
+                                    "metadata": {**obj["metadata"], "resourceVersion": str(version)}}}
+        return plan
+
+    def positions(plan: Plan) -> dict[str, Any]:
+        return {w.uid: w.status.get("queuePosition") for w in plan.writes if w.uid != "ur"}
+
+    assert positions(step()) == {f"u{i}": i + 1 for i in range(20)}
+    step()  # statuses as stored: from now on queued as prototypes
+    assert positions(step()) == {}  # a refresh with nothing moved
+    gprs = {u: o for u, o in gprs.items() if u != "u0"}
+    moved = step()
+    # one place counts up to position 19 (a tenth of it, at least one); u19 moved from 20 to 19: too little
+    assert positions(moved) == {f"u{i}": i for i in range(1, 19)}
+    assert all(w.queue_only for w in moved.writes)  # news for the user, not a decision
