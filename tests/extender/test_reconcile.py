@@ -78,6 +78,17 @@ def summary(plan: Plan) -> tuple[Any, ...]:
             sorted((e.pod.uid, e.why) for e in plan.evictions), plan.queue)
 
 
+def stored(gprs: dict[str, dict[str, Any]], plan: Plan, version: int) -> tuple[dict[str, dict[str, Any]], int]:
+    """The GPR objects once the API server has stored the plan's status writes (each under a new
+    resourceVersion), and the last version given."""
+    out = dict(gprs)
+    for w in plan.writes:
+        version += 1
+        obj = out[w.uid]
+        out[w.uid] = {**obj, "status": w.status, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+    return out, version
+
+
 def churn(gprs: dict[str, dict[str, Any]], rng: random.Random, now: float, i: int) -> dict[str, dict[str, Any]]:
     """What users and the API server do to GPRs between two passes: delete one, create one under the name of one
     deleted (a new UID), raise a queued one's priority (a new generation), put one into a backoff that ends
@@ -153,10 +164,7 @@ def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn
         assert warm.waiting.block.items == cold.waiting.block.items or (
             {k: (ws, key) for k, (ws, key, _) in warm.waiting.block.items.items()}
             == {k: (ws, key) for k, (ws, key, _) in cold.waiting.block.items.items()})
-        for w in a.writes:  # the API server stores them: the next pass starts from there
-            version += 1
-            obj = gprs[w.uid]
-            gprs[w.uid] = {**obj, "status": w.status, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+        gprs, version = stored(gprs, a, version)  # the API server stores the writes: the next pass starts there
         now += 30
 
 
@@ -338,11 +346,7 @@ def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -
         assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor), cold))
         assert warm.waiting is not None and cold.waiting is not None
         assert set(warm.waiting.members) == set(cold.waiting.members) == expected
-        for w in plan.writes:
-            version += 1
-            obj = gprs[w.uid]
-            gprs = {**gprs, w.uid: {**obj, "status": w.status,
-                                    "metadata": {**obj["metadata"], "resourceVersion": str(version)}}}
+        gprs, version = stored(gprs, plan, version)
         return plan
 
     def edit(uid: str, change: Any) -> None:
@@ -447,11 +451,7 @@ def test_a_refresh_rewrites_the_positions_of_queued_prototypes_that_moved_and_no
         plan = plan_pass(snap, PassConfig(predictor=predictor, refresh_queue=True), warm)
         assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(predictor=predictor,
                                                                                    refresh_queue=True), PassCache()))
-        for w in plan.writes:
-            version += 1
-            obj = gprs[w.uid]
-            gprs = {**gprs, w.uid: {**obj, "status": w.status,
-                                    "metadata": {**obj["metadata"], "resourceVersion": str(version)}}}
+        gprs, version = stored(gprs, plan, version)
         return plan
 
     def positions(plan: Plan) -> dict[str, Any]:
