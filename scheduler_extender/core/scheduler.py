@@ -642,13 +642,16 @@ class Scheduler:
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
         raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
         out: dict[str, Interval] = {}
-        first = self._first_est
+        first, estimate = self._first_est, self.calibrator.estimate
         for g in order:
-            start = raw[g.name]
-            if g.name not in first and start < math.inf:
-                first[g.name] = (now, start - now, g.priority_class)
-            if upto is None or g.name == upto:
-                out[g.name] = self.calibrator.estimate(g.priority_class, now, start)
+            name = g.name
+            start = raw[name]
+            prio = g.priority  # g.priority_class, without two Python calls per queued GPR
+            cls = "low" if prio <= 100 else "medium" if prio <= 200 else "high"
+            if name not in first and start < math.inf:
+                first[name] = (now, start - now, cls)
+            if upto is None or name == upto:
+                out[name] = estimate(cls, now, start)
         if upto is None:  # forget GPRs that left the queue otherwise (cancelled)
             for memo in (self._first_est, self._pred):
                 if len(memo) > len(out):

@@ -316,6 +316,8 @@ class Calibrator:
         self.max_count = max_count
         self._hist: dict[tuple[str, ...], list[float]] = {}  # bucket -> counts (CAL_BINS) + [total]
         self._q: dict[tuple[str, ...], tuple[float, float, float]] = {}
+        # (class, decade) -> what ratios() answers for it, until the next observation (10,000 estimates a refresh)
+        self._answer: dict[tuple[str, int], tuple[float, float, float] | None] = {}
 
     @staticmethod
     def _decade(wait: float) -> str:
@@ -339,9 +341,18 @@ class Calibrator:
                 for k in range(CAL_BINS + 1):
                     h[k] *= 0.5
             self._q.pop(key, None)
+        self._answer.clear()
 
     def ratios(self, cls: str, projected_wait: float) -> tuple[float, float, float] | None:
         """(P10, P50, P90) of the log ratio for this bucket, or None when nothing is known."""
+        decade = min(6, max(0, int(math.log10(max(projected_wait, 1.0)))))  # as _decade, without the string
+        try:
+            return self._answer[cls, decade]
+        except KeyError:
+            answer = self._answer[cls, decade] = self._ratios(cls, projected_wait)
+            return answer
+
+    def _ratios(self, cls: str, projected_wait: float) -> tuple[float, float, float] | None:
         for key in self._buckets(cls, projected_wait):
             q = self._q.get(key)
             if q is not None:
@@ -385,7 +396,7 @@ class Calibrator:
                 hist[tuple(str(x) for x in item["k"])] = h
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"calibrator state: {exc}") from exc
-        self._hist, self._q = hist, {}
+        self._hist, self._q, self._answer = hist, {}, {}
 
     def estimate(self, cls: str, now: float, projected_start: float) -> Interval:
         if not math.isfinite(projected_start):

@@ -435,6 +435,7 @@ def test_estimates_use_predicted_ends_and_learn_their_error() -> None:
     assert iv.low <= iv.start <= iv.high
     # starts that come twice as late as projected, again and again: the calibrated estimate follows
     cal = s.calibrator
+    assert cal.estimate("low", 0.0, 1000.0).start == 1000.0  # nothing learned yet: the projection as it is
     for _ in range(100):
         cal.observe("low", 1000.0, 2060.0)
     later = cal.estimate("low", 0.0, 1000.0)
