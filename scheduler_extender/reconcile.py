@@ -272,6 +272,7 @@ class Waiting:
         self.uid_of: dict[str, str] = {}  # core name -> UID
         self.objects: dict[str, Decoded] = {}  # core name -> decoded object
         self.later: list[tuple[float, str]] = []  # (retry time, UID): stored Queued, still in their backoff
+        self.later_at: dict[str, float] = {}  # UID -> its live entry's retry time (one per UID: no growth)
         self.version = 0  # +1 at every change of membership
         self.now = -math.inf  # the latest time it was judged at (a clock set back rebuilds it)
 
@@ -316,8 +317,12 @@ def _waiting(cache: PassCache, decoded: list[Decoded], gprs: Mapping[str, Any], 
             for uid in w.members.keys() - gprs.keys():
                 w.discard(w.members[uid])
         while w.later and w.later[0][0] <= now:
-            d = cache.decoded.get(heapq.heappop(w.later)[1])
-            if d is not None and d.uid in gprs:
+            at, uid = heapq.heappop(w.later)
+            if w.later_at.get(uid) != at:
+                continue  # superseded by a later entry of the same GPR
+            del w.later_at[uid]
+            d = cache.decoded.get(uid)
+            if d is not None and uid in gprs:
                 candidates.append(d)
     w.now = now
     members, objects = w.members, w.objects
@@ -331,7 +336,9 @@ def _waiting(cache: PassCache, decoded: list[Decoded], gprs: Mapping[str, Any], 
             if d.key not in objects:  # (names are unique in the API server; a second one is left to the pass)
                 assert d.proto is not None
                 w.add(d, _rank(d, d.proto, sched))
-        elif d.waiting and d.proto is not None and d.proto.not_before > now:
+        elif d.waiting and d.proto is not None and d.proto.not_before > now and (
+                w.later_at.get(d.uid) != d.proto.not_before):
+            w.later_at[d.uid] = d.proto.not_before
             heapq.heappush(w.later, (d.proto.not_before, d.uid))
     return w
 

@@ -370,6 +370,10 @@ def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -
     edit("u2", lambda o: (o["spec"].update(priority=250), o["metadata"].update(generation=2)))
     edit("u3", lambda o: o["status"].update(nextRetryTime=rfc3339(now + 45)))
     step({"u4", "u5"})  # u2's status no longer observes its generation; u3 waits
+    for k in range(3):  # u3 changes while it waits (a label): one entry to wake it, however often it changes
+        edit("u3", lambda o, k=k: o["metadata"].setdefault("labels", {}).update(touched=str(k)))
+        step({"u1b", "u2", "u4", "u5"})  # (the statuses of u1b and u2 are written by now)
+    assert warm.waiting is not None and len(warm.waiting.later) == 1
     now += 30
     step({"u1b", "u2", "u4", "u5"})  # statuses written: both back, u3 still in its backoff
     now += 30
