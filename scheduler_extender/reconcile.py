@@ -392,9 +392,9 @@ def _reserve(inv: Inventory, g: GPR, reservation: dict[str, int]) -> Placement |
 class Holders:
     """The allocated GPRs of a cached base that hold their devices (Admitted, Running; their admission recorded),
     as the second pass on that base adopted them (a base that changes at every pass pays no copies), kept as the
-    scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be
-    restored into each pass's scheduler while the base and the workspace map and model caps stay the same: 4,800
-    holders then cost a pass a copy each, not an adoption each."""
+    scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be restored into each pass's
+    scheduler while the base, the workspace map and the model caps stay the same: 4,800 holders then cost a pass
+    a copy each, not an adoption each."""
 
     def __init__(self, base: Any, key: tuple[Any, ...], state: HolderState, gprs: list[GPR],
                  uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
