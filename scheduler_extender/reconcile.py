@@ -296,16 +296,17 @@ def _shareable(d: Decoded, now: float, workspaces: WorkspaceIndex | None) -> boo
 
 
 def _waiting(cache: PassCache, decoded: list[Decoded], gprs: Mapping[str, Any], sched: Scheduler,
-             workspaces: WorkspaceIndex | None, now: float) -> Waiting | None:
+             workspaces: WorkspaceIndex | None, owner: dict[str, str] | None, now: float) -> Waiting | None:
     """The block of shared prototypes for this pass (None when the queue is not in size order): the last pass's,
     patched with the GPRs decoded anew since, those gone and those whose backoff has ended; built afresh when
-    the ranks' inputs (the predictor and its epoch, the ageing) or the workspaces changed."""
+    the ranks' inputs (the predictor and its epoch, the ageing) or the workspace map (``owner``, a copy of
+    ``workspaces.owner``) changed."""
     changed, cache.changed = cache.changed, set()
     if not (sched.cfg.use_priority and sched.cfg.order == "size"):
         cache.waiting = None
         return None
     predictor = sched.predictor
-    key = (predictor.epoch, sched.cfg.ageing_s, None if workspaces is None else dict(workspaces.owner))
+    key = (predictor.epoch, sched.cfg.ageing_s, owner)
     w = cache.waiting
     candidates: Any
     if w is None or w.predictor is not predictor or w.key != key or now < w.now:
@@ -488,14 +489,15 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     # stored as Queued and ready: the scheduler queues the prototypes themselves and copies one only if the pass
     # looks at it (most of 10,000 queued GPRs it never reaches); the rest are restored one by one
     rest = decoded
-    w = _waiting(cache, decoded, snap.gprs, sched, workspaces, now)
+    owner = None if workspaces is None else dict(workspaces.owner)  # what both kept blocks were built under
+    w = _waiting(cache, decoded, snap.gprs, sched, workspaces, owner, now)
     if w is not None:
         sched.restore_block(w.block, now)
         uid_of.update(w.uid_of)
         objects.update(w.objects)
     # the holders of a cached base, adopted as the pass that cached them adopted them (see Holders)
     caps = sched.cfg.model_caps or {}
-    holders_key = (None if workspaces is None else dict(workspaces.owner), {k: dict(v) for k, v in caps.items()})
+    holders_key = (owner, {k: dict(v) for k, v in caps.items()})
     hb = cache.holders
     if hb is None or base is None or hb.base is not base or hb.key != holders_key:
         hb = None

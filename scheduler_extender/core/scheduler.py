@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from .eviction import Candidate, plan_eviction
-from .gpr import GPR, Phase, backoff_delay, clone
+from .gpr import GPR, Phase, backoff_delay, clone, priority_class
 from .inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from .placement import PlacementPolicy, Request, fits
 from .predictor import DurationPredictor, JobKey, shape_of
@@ -646,8 +646,7 @@ class Scheduler:
         for g in order:
             name = g.name
             start = raw[name]
-            prio = g.priority  # g.priority_class, without two Python calls per queued GPR
-            cls = "low" if prio <= 100 else "medium" if prio <= 200 else "high"
+            cls = priority_class(g.priority)  # once per GPR, not through the property twice
             if name not in first and start < math.inf:
                 first[name] = (now, start - now, cls)
             if upto is None or name == upto:

@@ -320,8 +320,12 @@ class Calibrator:
         self._answer: dict[tuple[str, int], tuple[float, float, float] | None] = {}
 
     @staticmethod
-    def _decade(wait: float) -> str:
-        return str(min(6, max(0, int(math.log10(max(wait, 1.0))))))
+    def _decade_of(wait: float) -> int:
+        return min(6, max(0, int(math.log10(max(wait, 1.0)))))
+
+    @classmethod
+    def _decade(cls, wait: float) -> str:
+        return str(cls._decade_of(wait))
 
     def _buckets(self, cls: str, wait: float) -> list[tuple[str, ...]]:
         return [(cls, self._decade(wait)), (cls,), ()]
@@ -345,11 +349,11 @@ class Calibrator:
 
     def ratios(self, cls: str, projected_wait: float) -> tuple[float, float, float] | None:
         """(P10, P50, P90) of the log ratio for this bucket, or None when nothing is known."""
-        decade = min(6, max(0, int(math.log10(max(projected_wait, 1.0)))))  # as _decade, without the string
+        key = (cls, self._decade_of(projected_wait))
         try:
-            return self._answer[cls, decade]
+            return self._answer[key]
         except KeyError:
-            answer = self._answer[cls, decade] = self._ratios(cls, projected_wait)
+            answer = self._answer[key] = self._ratios(cls, projected_wait)
             return answer
 
     def _ratios(self, cls: str, projected_wait: float) -> tuple[float, float, float] | None:
