@@ -140,7 +140,10 @@ class QueuedBlock:
         self.pred: dict[str, float] = {}  # predicted hold times (the rank's third part)
         self.items: dict[str, tuple[str, Key, GPR]] = {}  # as GPRQueue keeps its entries
         self._by_ws: dict[str, list[Key]] = {}
-        self._unsorted: set[str] = set()
+        self._unsorted: set[str] = set()  # workspaces whose list was appended to out of order
+        # workspace -> keys discarded but still listed, taken out when the lists are next read: a pass that
+        # re-ranks thousands of changed GPRs (discard then add each) must not sort or shift a list per GPR
+        self._gone: dict[str, set[Key]] = {}
 
     def __len__(self) -> int:
         return len(self.gprs)
@@ -154,10 +157,15 @@ class QueuedBlock:
             raise ValueError(f"{name} is already in the block")
         level, at, pred = rank
         key: Key = (level, at, 0, name)
-        self.gprs[name], self.pred[name], self.items[name] = g, pred, (g.workspace, key, g)
-        lst = self._by_ws.setdefault(g.workspace, [])
+        ws = g.workspace
+        self.gprs[name], self.pred[name], self.items[name] = g, pred, (ws, key, g)
+        gone = self._gone.get(ws)
+        if gone is not None and key in gone:  # re-added under the key it still has listed: that entry stands
+            gone.discard(key)
+            return
+        lst = self._by_ws.setdefault(ws, [])
         if lst and key < lst[-1]:
-            self._unsorted.add(g.workspace)
+            self._unsorted.add(ws)
         lst.append(key)
 
     def discard(self, name: str) -> None:
@@ -166,11 +174,15 @@ class QueuedBlock:
             return
         del self.gprs[name], self.pred[name]
         ws, key, _ = item
-        lst = self.by_ws()[ws]
-        del lst[bisect.bisect_left(lst, key)]
+        self._gone.setdefault(ws, set()).add(key)
 
     def by_ws(self) -> dict[str, list[Key]]:
-        """Each workspace's keys, sorted."""
+        """Each workspace's keys, sorted (one filter and one sort per changed workspace since the last read)."""
+        for ws, gone in self._gone.items():
+            if gone:
+                lst = self._by_ws[ws]
+                lst[:] = [k for k in lst if k not in gone]
+        self._gone.clear()
         for ws in self._unsorted:
             self._by_ws[ws].sort()
         self._unsorted.clear()

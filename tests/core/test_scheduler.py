@@ -509,13 +509,16 @@ def test_a_shared_queue_entry_is_copied_when_first_handed_out_and_never_changed(
         a.restore_queued(GPR("default/new"), now, None, news=True, shared=True)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 300), st.integers(1, 4)), min_size=0,
-                max_size=30, unique_by=lambda t: t), st.sets(st.integers(0, 29)))
-def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: list, dropped: set[int]) -> None:
+                max_size=30, unique_by=lambda t: t), st.sets(st.integers(0, 29)),
+       st.lists(st.tuples(st.integers(0, 29), st.booleans(), st.booleans()), max_size=24))
+def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: list, dropped: set[int],
+                                                                      churn: list) -> None:
     """A block of prototypes (kept by the controller between passes, some discarded again as their objects
-    change) restores the queue that restore_queued(shared=True) of each kept prototype builds: the same order,
-    the same admissions, the prototypes unchanged; a GPR handed out is a copy with arrival number 0."""
+    change, changed ones discarded and added again, under the same rank or an edited one, with or without a
+    read in between) restores the queue that restore_queued(shared=True) of each prototype in it builds: the
+    same order, the same admissions, the prototypes unchanged; a GPR handed out is a copy with arrival number 0."""
     now = 10_000.0
     protos = [GPR(f"{ws}/g{i}", workspace=ws, priority=p, submitted_at=100.0 * i, exit_duration_s=600.0,
                   devices_per_node=d) for i, (ws, p, d) in enumerate(items)]
@@ -524,10 +527,27 @@ def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: lis
     block = QueuedBlock()
     for p in protos:
         block.add(p, a.size_rank(p))
-    kept = [p for i, p in enumerate(protos) if i not in dropped]
+    current = {p.name: p for i, p in enumerate(protos) if i not in dropped}  # what the block holds
     for i in sorted(dropped):
         if i < len(protos):
             block.discard(protos[i].name)
+
+    def change(steps: list) -> None:
+        """As the pass does for each GPR whose object changed: out of the block, then in again (same rank, or
+        its priority edited), or out for good."""
+        for i, edit, gone in steps:
+            if i >= len(protos):
+                continue
+            p = protos[i]
+            block.discard(p.name)
+            current.pop(p.name, None)
+            if not gone:
+                q = dataclasses.replace(p, priority=p.priority + 100) if edit else p
+                block.add(q, a.size_rank(q))
+                current[p.name] = q
+
+    change(churn[:len(churn) // 2])
+    kept = list(current.values())
     for p in kept:
         b.restore_queued(p, now, None, news=False, shared=True)
     a.restore_block(block, now)
@@ -537,11 +557,13 @@ def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: lis
     assert [vars(p) for p in protos] == before  # neither pass changed a prototype
     assert all(a.gprs[p.name] is not p for p in kept if a.gprs[p.name].phase is Phase.ADMITTED)
     assert all(g.seq == 0 and g.not_before == now for g in a.queued())  # handed out by queued(): copies
+    change(churn[len(churn) // 2:])  # changes after the block was read: it serves pass after pass
     a2, b2 = _sched(4, 4), _sched(4, 4)
-    a2.restore_block(block, now + 1)  # the block serves pass after pass
-    for p in kept:
+    a2.restore_block(block, now + 1)
+    for p in current.values():
         b2.restore_queued(p, now + 1, None, news=False, shared=True)
-    assert a2.queued_names() == b2.queued_names() and len(a2.queue) == len(kept)
+    assert a2.queued_names() == b2.queued_names() and len(a2.queue) == len(current) == len(block)
+    assert kinds(a2.tick(now + 1)) == kinds(b2.tick(now + 1))
 
 
 @settings(max_examples=60, deadline=None)
