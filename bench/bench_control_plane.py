@@ -7,7 +7,8 @@ extender (``accelstack-extender --controller=false``: verbs, webhook, REST API) 
 Part ``load`` — 5,000 nodes (8 GPUs each), 4,800 Running GPRs with their pods, 10,000 queued GPRs that cannot
 start (they ask for a GPU model only the busy nodes have), 200 idle nodes of another model:
 - one controller pass and the wait estimates, planned on that very state in this process (same code, same data
-  as the controller's snapshot), p50/p99 (targets: a pass <= 200 ms);
+  as the controller's snapshot), p50/p99 (targets: a pass <= 200 ms); beside them the pass that takes in a
+  new version of every queued GPR at once (a bulk label), against a cold pass on the same state (a restart);
 - over HTTP: ``filter`` (500 node names, the scheduler's sampling at 5,000 nodes), ``bind`` (ledger patch +
   Binding) and ``POST /api/v1/waittime`` p50/p99 while the controller process is stopped (SIGSTOP: idle) and
   while it runs passes back to back (``--resync 0.05``), in the same run (targets: filter p99 <= 2 ms while
@@ -200,14 +201,9 @@ class Cluster:
 
 
 # ------------------------------------------------------------------------------------------------ part load
-def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[list[float], list[float], list[float]]:
-    """Plan passes on the seeded state (as the controller would), applying each pass's writes like the API
-    server would, so later passes see a steady state. Every third pass refreshes queue positions and estimates
-    (the controller does that every 30 s). (steady pass seconds, refresh pass seconds without the estimates,
-    estimate seconds)."""
+def planned_state(seed: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(nodes, pods, GPR objects) of the seed as the controller's snapshot holds them."""
     from scheduler_extender.cluster import GPU, node_view, pod_view
-    from scheduler_extender.core.predictor import DurationPredictor
-    from scheduler_extender.reconcile import PassCache, PassConfig, Snapshot, run_pass
 
     nodes, pods, gprs = {}, {}, {}
     for i, (path, obj) in enumerate(seed):
@@ -224,24 +220,76 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
                 pods[view.uid] = view
         else:
             gprs[meta["uid"]] = obj
-    cache, version = PassCache(), 10_000_000
-    predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
+    return nodes, pods, gprs
+
+
+class Planner:
+    """Passes planned on the seeded state as the controller plans them, each pass's writes applied as the API
+    server would apply them (new resourceVersions), so later passes see a steady state."""
+
+    def __init__(self, seed: list[tuple[str, dict[str, Any]]]) -> None:
+        from scheduler_extender.core.predictor import DurationPredictor
+        from scheduler_extender.reconcile import PassCache
+
+        self.nodes, self.pods, self.gprs = planned_state(seed)
+        self.cache, self.version = PassCache(), 10_000_000
+        self.predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
+
+    def plan(self, refresh: bool, cache: Any = None) -> Any:
+        from scheduler_extender.reconcile import PassConfig, Snapshot, run_pass
+
+        plan = run_pass(Snapshot(time.time(), self.nodes, self.pods, self.gprs),
+                        PassConfig(refresh_queue=refresh, refresh_on_change=False, predictor=self.predictor),
+                        self.cache if cache is None else cache)
+        for write in plan.writes:
+            self.touch(write.uid, status=write.status)
+        return plan
+
+    def touch(self, uid: str, **fields: Any) -> None:
+        """A new version of a GPR object: ``fields`` replaced (``labels`` go into its metadata)."""
+        self.version += 1
+        obj = self.gprs[uid]
+        meta = {**obj["metadata"], "resourceVersion": str(self.version)}
+        if "labels" in fields:
+            meta["labels"] = fields.pop("labels")
+        self.gprs[uid] = {**obj, **fields, "metadata": meta}
+
+
+def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[list[float], list[float], list[float]]:
+    """Plan passes on the seeded state (as the controller would). Every third pass refreshes queue positions
+    and estimates (the controller does that every 30 s). (steady pass seconds, refresh pass seconds without
+    the estimates, estimate seconds)."""
+    planner = Planner(seed)
     seconds: list[float] = []
     refreshes: list[float] = []
     estimates: list[float] = []
     for i in range(passes + 2):
-        plan = run_pass(Snapshot(time.time(), nodes, pods, gprs),
-                         PassConfig(refresh_queue=i % 3 == 0, refresh_on_change=False, predictor=predictor), cache)
-        for write in plan.writes:
-            version += 1
-            obj = gprs[write.uid]
-            gprs[write.uid] = {**obj, "status": write.status,
-                               "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+        plan = planner.plan(refresh=i % 3 == 0)
         if i > 1:  # the first pass writes every new GPR's status once, the second decodes all 14,800 new versions
             (refreshes if plan.refreshed else seconds).append(plan.seconds - plan.estimate_seconds)
             if plan.estimate_seconds:
                 estimates.append(plan.estimate_seconds)
     return seconds, refreshes, estimates
+
+
+def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[list[float], list[float]]:
+    """(pass seconds after every queued GPR's object changed at once (a bulk ``kubectl label``: 10,000 new
+    versions to take in, by a controller that keeps its queued block between passes), a cold pass's seconds
+    on the same state (a restart or a new leader: nothing kept))."""
+    from scheduler_extender.reconcile import PassCache
+
+    planner = Planner(seed)
+    for i in range(3):  # settled: statuses written, the new versions taken in
+        planner.plan(refresh=i == 0)
+    queued = [uid for uid, obj in planner.gprs.items() if (obj.get("status") or {}).get("phase") == "Queued"]
+    warm: list[float] = []
+    cold: list[float] = []
+    for r in range(rounds):
+        for uid in queued:
+            planner.touch(uid, labels={"team": f"t{r}"})
+        warm.append(planner.plan(refresh=False).seconds)
+        cold.append(planner.plan(refresh=False, cache=PassCache()).seconds)
+    return warm, cold
 
 
 def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], noop_port: int
@@ -388,6 +436,7 @@ async def part_load(samples: int) -> list[str]:
     seed = load_state(10_000, NODES - FREE_NODES)
     t = time.perf_counter()
     passes, refreshes, estimates = pass_times(seed, 30)
+    churned, cold = churn_times(seed, 5)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
     bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(4 * samples)]
     seed += [("api/v1/pods", p) for p in bindable]
@@ -428,7 +477,10 @@ async def part_load(samples: int) -> list[str]:
             cluster.stop()
             noop.terminate()
     lines = [f"controller pass at {NODES:,} nodes, 10,000 queued + 4,800 running GPRs, p50 / p99 ms: steady "
-             f"{ms(passes)}; with a queue refresh {ms(refreshes)} + wait estimates {ms(estimates)}"]
+             f"{ms(passes)}; with a queue refresh {ms(refreshes)} + wait estimates {ms(estimates)}",
+             f"  after all 10,000 queued GPRs changed at once (a bulk label), p50 {ms(churned)}; a cold pass (a "
+             f"restart: nothing kept) on the same state {ms(cold)}; "
+             f"{statistics.median(churned) / statistics.median(cold):.2f}x"]
     for separate in (True, False):
         where = ("extender on a core of its own, controller and API-server peer on the other" if separate
                  else "every process on both cores")

@@ -617,8 +617,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     for key, g in sched.gprs.items():
         d = objects[key]
         if g is d.proto and (not refresh or (
-                not (refusals and d.uid in refusals) and key not in extra and not _queue_moved(
-                    d.spot, new_spot(positions.get(key), estimates.get(key) if estimates else None), now))):
+                not (refusals and d.uid in refusals) and key not in extra and not _spot_moved(
+                    d.spot, positions.get(key), estimates.get(key) if estimates else None, now))):
             # queued as its prototype and never handed out: nothing happened to it, its status stands (stored
             # settled: see Decoded.waiting), or on a refresh, at most its place in the queue moved, too little
             continue
@@ -631,7 +631,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if (settled is not None and not g.history and not refusal and key not in extra
                 and settled == (g.phase, g.reason, g.failures, g.evictions)) and (
                 not refresh or g.phase is not Phase.QUEUED
-                or not _queue_moved(d.spot, new_spot(positions.get(key), estimate), now)):
+                or not _spot_moved(d.spot, positions.get(key), estimate, now)):
             if g.phase in holding_phases:
                 plan.ungate[uid] = [names[a.node] for a in g.placement.assignments] if g.placement else []
             continue
@@ -877,6 +877,31 @@ def _queue_moved(old: Spot, new: Spot, now: float) -> bool:
                 abs(new_at - old_at) >= max(60.0, max(new_at - now, 0) / 10)):
             return True
     return False
+
+
+def _spot_moved(old: Spot, position: int | None, estimate: Interval | None, now: float) -> bool:
+    """``_queue_moved(old, new_spot(position, estimate), now)`` without building the new spot, and stopping at the
+    first field that moved: a refresh asks it of every queued GPR (10,000: 50 ms the long way)."""
+    old_pos = old[0]
+    if (old_pos is None) != (position is None):
+        return True
+    if position is not None and isinstance(old_pos, int) and abs(position - old_pos) >= max(1, old_pos // 10):
+        return True
+    at, low_at, high_at = old[1], old[2], old[3]
+    if estimate is None or not math.isfinite(start := estimate.start):
+        return at is not None or low_at is not None or high_at is not None
+    if at is None or _time_moved(at, math.floor(start), now):
+        return True
+    low, high = estimate.low, estimate.high
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return low_at is not None or high_at is not None
+    return (low_at is None or high_at is None or _time_moved(low_at, math.floor(min(low, start)), now)
+            or _time_moved(high_at, math.floor(max(high, start)), now))
+
+
+def _time_moved(old_at: float, new_at: float, now: float) -> bool:
+    """One time of :func:`_queue_moved`, both known."""
+    return not (old_at <= now and new_at <= now) and abs(new_at - old_at) >= max(60.0, max(new_at - now, 0) / 10)
 
 
 NODE_NAME_FIELD = "metadata.name"

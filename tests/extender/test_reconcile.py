@@ -230,6 +230,40 @@ def test_a_refresh_judges_a_queued_gpr_by_the_fields_it_would_write() -> None:
         assert new_spot(position, estimate) == spot_of(written), (position, estimate, written)
 
 
+_times = st.one_of(st.just(float("inf")), st.just(float("nan")), st.floats(-2_000, 100_000))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(st.none(), st.integers(1, 2_000), st.just("7")), st.one_of(st.none(), st.integers(1, 2_000)),
+       st.one_of(st.none(), st.tuples(_times, _times, _times)),
+       st.tuples(*[st.one_of(st.none(), st.floats(-2_000, 100_000), st.integers(-60, 60)) for _ in range(3)]))
+def test_the_refresh_check_equals_comparing_whole_spots(old_pos: Any, position: int | None, times: Any,
+                                                        olds: tuple[Any, ...]) -> None:
+    """_spot_moved (what a refresh asks of each queued GPR) answers as _queue_moved of the spot it would write,
+    whatever was stored (a position that is not a number included), at and around every threshold (stored times
+    drawn as offsets of the new ones)."""
+    import math
+
+    from scheduler_extender.core.waittime import Interval
+    from scheduler_extender.reconcile import _queue_moved, _spot_moved, new_spot
+
+    now = 1_800_000_000.0
+    estimate = Interval(*(now + t for t in times)) if times is not None else None
+    new = new_spot(position, estimate)
+
+    def stored(offset: Any, at: Any) -> Any:
+        """An int: ten times that many seconds from what would be written now (across the 60 s threshold); a
+        float: that many seconds from now; None: no time stored."""
+        if isinstance(offset, int):
+            return None if at is None else at + 10 * offset
+        return None if offset is None else now + offset
+
+    old = (old_pos, *(stored(o, n) for o, n in zip(olds, new[1:], strict=True)))
+    assert _spot_moved(old, position, estimate, now) == _queue_moved(old, new, now), (old, new)
+    if estimate is not None and all(math.isfinite(t) for t in (estimate.start, estimate.low, estimate.high)):
+        assert not _spot_moved(new, position, estimate, now)  # what it would write has not moved
+
+
 @pytest.mark.parametrize("change", ["ledger", "pod"])
 def test_a_warm_pass_sees_devices_taken_outside_gprs_since_the_last(change: str) -> None:
     """Devices used outside reservations are kept between passes only while every pod and node is the one seen:
