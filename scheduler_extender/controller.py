@@ -157,7 +157,8 @@ class GPRController:
         self.history.learn(snap.gprs, index.key if index is not None else None)
         cfg = PassConfig(self.policy, core, workspaces=index, refresh_queue=due, orphan_grace=self.orphan_grace,
                          last_queue=self._queue, refresh_on_change=snap.now - self._queue_at >= self.min_refresh,
-                         predictor=self.history.predictor, calibrator=self.history.calibrator)
+                         predictor=self.history.predictor, calibrator=self.history.calibrator,
+                         noted=frozenset(self.history.first))
         plan = await asyncio.to_thread(run_pass, snap, cfg, self.cache)
         if plan.refreshed:
             self._queue_at, self._queue = snap.now, plan.queue

@@ -27,7 +27,7 @@ import heapq
 import math
 import operator
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,8 @@ class PassConfig:
     orphan_grace: float = 120.0  # an auto-created GPR that no pod names is deleted after this long
     # namespace -> workspace (the core's quota unit; scheduler_extender.workspaces); None: namespace = workspace
     workspaces: WorkspaceIndex | None = None
+    # UIDs of GPRs whose first projection the driver keeps already (predictor_store): not projected again
+    noted: Container[str] = frozenset()
 
 
 @dataclass
@@ -111,7 +113,8 @@ class Plan:
     refreshed: bool = False
     seconds: float = 0.0
     estimate_seconds: float = 0.0
-    # GPR UID -> (projected start, predicted hold time, priority) of queued GPRs when estimates were refreshed
+    # GPR UID -> (projected start, predicted hold time, priority) of queued GPRs when estimates were refreshed,
+    # but those in PassConfig.noted
     projections: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
 
@@ -441,9 +444,12 @@ class _Positions:
         self._index: dict[str, int] | None = None
 
     def get(self, key: str) -> int | None:
+        return self.index().get(key)
+
+    def index(self) -> dict[str, int]:
         if self._index is None:
             self._index = {name: i + 1 for i, name in enumerate(self._queued)}
-        return self._index.get(key)
+        return self._index
 
 
 def run_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
@@ -610,15 +616,18 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         t0 = time.perf_counter()
         estimates = sched.estimate_ranges(now)
         plan.estimate_seconds = time.perf_counter() - t0
-        plan.projections = {uid_of[g.name]: (sched.projection.get(g.name, math.inf), sched.predicted_hold(g), g.priority)
-                            for g in queued if g.name in uid_of}
+        noted = cfg.noted
+        unnoted = [g for g in queued if (u := uid_of.get(g.name)) is not None and u not in noted]
+        plan.projections = {uid_of[name]: at for name, at in sched.projections(unnoted).items()}
     positions = _Positions(plan.queue)
+    # a refresh asks every queued GPR where it stands: plain dictionary lookups, bound once
+    position_of, estimate_of = (positions.index().get if refresh else positions.get), estimates.get
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
     for key, g in sched.gprs.items():
         d = objects[key]
         if g is d.proto and (not refresh or (
                 not (refusals and d.uid in refusals) and key not in extra and not _spot_moved(
-                    d.spot, positions.get(key), estimates.get(key) if estimates else None, now))):
+                    d.spot, position_of(key), estimate_of(key), now))):
             # queued as its prototype and never handed out: nothing happened to it, its status stands (stored
             # settled: see Decoded.waiting), or on a refresh, at most its place in the queue moved, too little
             continue

@@ -732,6 +732,18 @@ class Scheduler:
             p = self._pred[g.name] = self.predictor.predict(self.job_key(g), g.exit_duration_s).mean
         return p
 
+    def projections(self, queued: list[GPR]) -> dict[str, tuple[float, float, int]]:
+        """Name -> (projected start at the last estimate (inf: none), predicted hold time, priority) of each of
+        ``queued``."""
+        projection, pred, hold = self.projection, self._pred, self.predicted_hold
+        inf = math.inf
+        out: dict[str, tuple[float, float, int]] = {}
+        for g in queued:
+            name = g.name
+            p = pred.get(name)
+            out[name] = (projection.get(name, inf), hold(g) if p is None else p, g.priority)
+        return out
+
     def _predicted_end(self, g: GPR, now: float) -> Release:
         """When a holder is predicted to release: now + the predicted remaining hold time given how long it
         has held (the caller re-asks once that time has passed); never past its end bound."""

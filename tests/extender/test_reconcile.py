@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
 import time
 from typing import Any
@@ -242,7 +243,6 @@ def test_the_refresh_check_equals_comparing_whole_spots(old_pos: Any, position: 
     """_spot_moved (what a refresh asks of each queued GPR) answers as _queue_moved of the spot it would write,
     whatever was stored (a position that is not a number included), at and around every threshold (stored times
     drawn as offsets of the new ones)."""
-    import math
 
     from scheduler_extender.core.waittime import Interval
     from scheduler_extender.reconcile import _queue_moved, _spot_moved, new_spot
@@ -468,6 +468,36 @@ def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> 
     assert ("expired", "default/h3") in [(e.kind, e.gpr) for _, e in plan.events]
     step(team)  # the namespace joins a workspace: its holders count against the workspace's quota
     assert warm.holders is not kept
+
+
+def test_a_refresh_projects_only_the_gprs_whose_first_projection_is_not_kept_yet() -> None:
+    """The first projection of each queued GPR calibrates the estimates (predictor_store keeps it until the GPR
+    is admitted); a refresh hands the driver the projections of the GPRs it has not noted yet, and the same
+    numbers for them as when it notes none."""
+    nodes = {"n0": node_view(node("n0", gpus=2), (GPU,))}
+    held = gpr("run", phase="Running", reservation={"n0": 2}, devices=2, exitDuration="1h")
+    held["metadata"].update(uid="ur", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
+    now = time.time()
+    held["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
+    gprs: dict[str, dict[str, Any]] = {"ur": held}
+    for i in range(6):
+        obj = gpr(f"q{i}", phase=None, devices=2, exitDuration="1h", priority=50 + 100 * (i % 3))
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 2), creationTimestamp=f"2026-11-30T00:01:0{i}Z")
+        gprs[f"u{i}"] = obj
+    predictor, cache, version = DurationPredictor(), PassCache(), 100
+    for _ in range(2):  # statuses stored, then queued as prototypes
+        plan = plan_pass(Snapshot(now, nodes, {}, gprs), PassConfig(predictor=predictor), cache)
+        gprs, version = stored(gprs, plan, version)
+    every = plan_pass(Snapshot(now, nodes, {}, gprs), PassConfig(predictor=predictor), cache).projections
+    assert set(every) == {f"u{i}" for i in range(6)}
+    assert all(math.isfinite(start) and hold > 0 for start, hold, _ in every.values())
+    assert [every[f"u{i}"][2] for i in range(6)] == [50, 150, 250, 50, 150, 250]
+    some = plan_pass(Snapshot(now, nodes, {}, gprs), PassConfig(predictor=predictor, noted={"u1", "u4", "gone"}),
+                     cache).projections
+    assert some == {u: v for u, v in every.items() if u not in ("u1", "u4")}
+    quiet = plan_pass(Snapshot(now, nodes, {}, gprs), PassConfig(predictor=predictor, refresh_queue=False,
+                                                                 refresh_on_change=False), cache)
+    assert quiet.projections == {}  # no refresh, no estimates: nothing projected
 
 
 def test_a_refresh_rewrites_the_positions_of_queued_prototypes_that_moved_and_no_others() -> None:
