@@ -234,13 +234,16 @@ class Planner:
         self.nodes, self.pods, self.gprs = planned_state(seed)
         self.cache, self.version = PassCache(), 10_000_000
         self.predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
+        self.noted: set[str] = set()  # GPRs whose first projection is kept (the controller's history.first)
 
     def plan(self, refresh: bool, cache: Any = None) -> Any:
         from scheduler_extender.reconcile import PassConfig, Snapshot, run_pass
 
         plan = run_pass(Snapshot(time.time(), self.nodes, self.pods, self.gprs),
-                        PassConfig(refresh_queue=refresh, refresh_on_change=False, predictor=self.predictor),
+                        PassConfig(refresh_queue=refresh, refresh_on_change=False, predictor=self.predictor,
+                                   noted=frozenset(self.noted)),
                         self.cache if cache is None else cache)
+        self.noted.update(uid for uid, (start, _, _) in plan.projections.items() if start < float("inf"))
         for write in plan.writes:
             self.touch(write.uid, status=write.status)
         return plan
