@@ -874,27 +874,32 @@ def _queue_moved(old: Spot, new: Spot, now: float) -> bool:
     new now every minute told the user nothing, and cost a write a minute for every GPR whose predicted start
     had come (200 a minute at 10,000 queued). Rewriting every position behind each admission would cost the API
     server a write per queued GPR per refresh; this keeps the numbers a user reads honest at a fraction of it."""
-    old_pos, new_pos = old[0], new[0]
-    if (old_pos is None) != (new_pos is None):
-        return True
-    if isinstance(old_pos, int) and isinstance(new_pos, int) and abs(new_pos - old_pos) >= max(1, old_pos // 10):
+    if _position_moved(old[0], new[0]):
         return True
     for old_at, new_at in zip(old[1:], new[1:], strict=True):
         if (old_at is None) != (new_at is None):
             return True
-        if old_at is not None and new_at is not None and not (old_at <= now and new_at <= now) and (
-                abs(new_at - old_at) >= max(60.0, max(new_at - now, 0) / 10)):
+        if old_at is not None and new_at is not None and _time_moved(old_at, new_at, now):
             return True
     return False
 
 
+def _position_moved(old_pos: Any, new_pos: int | None) -> bool:
+    """The position rule of :func:`_queue_moved` (a stored position that is not a number never moves)."""
+    if (old_pos is None) != (new_pos is None):
+        return True
+    return isinstance(old_pos, int) and isinstance(new_pos, int) and abs(new_pos - old_pos) >= max(1, old_pos // 10)
+
+
+def _time_moved(old_at: float, new_at: float, now: float) -> bool:
+    """The rule of :func:`_queue_moved` for one time, both known."""
+    return not (old_at <= now and new_at <= now) and abs(new_at - old_at) >= max(60.0, max(new_at - now, 0) / 10)
+
+
 def _spot_moved(old: Spot, position: int | None, estimate: Interval | None, now: float) -> bool:
     """``_queue_moved(old, new_spot(position, estimate), now)`` without building the new spot, and stopping at the
-    first field that moved: a refresh asks it of every queued GPR (10,000: 50 ms the long way)."""
-    old_pos = old[0]
-    if (old_pos is None) != (position is None):
-        return True
-    if position is not None and isinstance(old_pos, int) and abs(position - old_pos) >= max(1, old_pos // 10):
+    first field that moved: a refresh asks it of every queued GPR."""
+    if _position_moved(old[0], position):
         return True
     at, low_at, high_at = old[1], old[2], old[3]
     if estimate is None or not math.isfinite(start := estimate.start):
@@ -906,11 +911,6 @@ def _spot_moved(old: Spot, position: int | None, estimate: Interval | None, now:
         return low_at is not None or high_at is not None
     return (low_at is None or high_at is None or _time_moved(low_at, math.floor(min(low, start)), now)
             or _time_moved(high_at, math.floor(max(high, start)), now))
-
-
-def _time_moved(old_at: float, new_at: float, now: float) -> bool:
-    """One time of :func:`_queue_moved`, both known."""
-    return not (old_at <= now and new_at <= now) and abs(new_at - old_at) >= max(60.0, max(new_at - now, 0) / 10)
 
 
 NODE_NAME_FIELD = "metadata.name"
