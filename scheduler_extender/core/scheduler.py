@@ -635,10 +635,11 @@ class Scheduler:
                     order = sorted(order + backing, key=self._key)
                 names = [g.name for g in order]
                 order = order[: names.index(upto) + 1] if upto in names else []
-        shared, restored_at = self.queue.is_shared, self._restored_at
+        shared, restored_at, pred, hold = self.queue.is_shared, self._restored_at, self._pred, self.predicted_hold
         jobs = [
-            Job(g.name, g.milli_total(), self.predicted_hold(g), restored_at if shared(g.name) else g.not_before, i,
-                g.resource, g.workspace)
+            Job(g.name, g.devices_per_node * g.milli_per_device * g.node_count,  # g.milli_total()
+                hold(g) if (held := pred.get(g.name)) is None else held,
+                restored_at if shared(g.name) else g.not_before, i, g.resource, g.workspace)
             for i, g in enumerate(order)
         ]
         releases = []
@@ -653,8 +654,8 @@ class Scheduler:
             releases.append(Release(math.inf, p.milli_total(), res, ""))
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
         raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
-        out: dict[str, Interval] = {}
-        first, estimate = self._first_est, self.calibrator.estimate
+        first = self._first_est
+        asked: list[tuple[str, float]] = []
         for g in order:
             name = g.name
             start = raw[name]
@@ -662,7 +663,9 @@ class Scheduler:
             if name not in first and start < math.inf:
                 first[name] = (now, start - now, cls)
             if upto is None or name == upto:
-                out[name] = estimate(cls, now, start)
+                asked.append((cls, start))
+        names = [g.name for g in order] if upto is None else [upto] if asked else []
+        out = dict(zip(names, self.calibrator.estimate_all(now, asked), strict=True))
         if upto is None:  # forget GPRs that left the queue otherwise (cancelled)
             for memo in (self._first_est, self._pred):
                 if len(memo) > len(out):

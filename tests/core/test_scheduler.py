@@ -442,6 +442,49 @@ def test_estimates_use_predicted_ends_and_learn_their_error() -> None:
     assert later.start == pytest.approx(2060, rel=0.1) and later.low <= later.start <= later.high
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["low", "medium", "high"]), st.floats(0, 2e6), st.floats(0, 4e6)),
+                max_size=60),
+       st.lists(st.tuples(st.sampled_from(["low", "medium", "high"]),
+                          st.one_of(st.just(math.inf), st.floats(-100, 3e6))), max_size=40))
+def test_calibrated_estimates_scale_each_wait_by_what_its_class_and_decade_got_wrong(observed: list,
+                                                                                    asked: list) -> None:
+    """estimate_all (a refresh calibrates every queued GPR at once) answers, for each projected start, the wait
+    scaled by the median, 10th and 90th percentile ratio that its class and decade of wait have shown
+    (ratios()), with the slack; the projection as it is, with a range of half to twice the wait, where nothing
+    is known; no estimate for a start that cannot be projected."""
+    from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Interval
+
+    cal = Calibrator(min_samples=3)
+    for cls, projected, actual in observed:
+        cal.observe(cls, projected, actual)
+    now = 1_000.0
+
+    def expected(cls: str, start: float) -> Interval:
+        if not math.isfinite(start):
+            return Interval(math.inf, math.inf, math.inf)
+        wait = max(0.0, start - now)
+        q = cal.ratios(cls, wait)
+        if q is None:
+            return Interval(now + wait, now + wait / 2, now + 2 * wait)
+
+        def at(lr: float) -> float:
+            return now + max(0.0, (wait + CAL_SLACK_S) * math.exp(lr) - CAL_SLACK_S)
+
+        return Interval(at(q[1]), at(q[0]), at(q[2]))
+
+    assert cal.estimate_all(now, asked) == [expected(cls, start) for cls, start in asked]
+    assert [cal.estimate(cls, now, start) for cls, start in asked] == [expected(cls, start) for cls, start in asked]
+    # one class, two decades that went wrong in opposite ways: each wait is scaled by its own decade's error
+    cal = Calibrator(min_samples=3)
+    for _ in range(20):
+        cal.observe("low", 300.0, 600.0)  # waits of hundreds of seconds came twice as late
+        cal.observe("low", 300_000.0, 150_000.0)  # waits of days came twice as early
+    short, long = cal.estimate_all(now, [("low", now + 300.0), ("low", now + 300_000.0)])
+    assert short.start - now == pytest.approx(600, rel=0.2) and long.start - now == pytest.approx(150_000, rel=0.2)
+    assert (short, long) == (expected("low", now + 300.0), expected("low", now + 300_000.0))
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 300), st.integers(0, 5),
                           st.integers(-2, 3), st.sampled_from([None, 1800.0, 7200.0])), min_size=0, max_size=40),
