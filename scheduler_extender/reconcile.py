@@ -143,12 +143,16 @@ class Decoded:
     waiting: bool  # may be queued as its prototype (see decode)
     # (predictor, its epoch, workspace, ageing, Scheduler.size_rank) while queued: the rank kept between passes
     rank: tuple[Any, int, str, float, tuple[int, float, float]] | None = None
+    # (UID, key, reservation as sorted (node, devices)): all the cached inventory depends on of an allocated GPR
+    placed: tuple[str, str, tuple[tuple[str, int], ...]] = ("", "", ())
 
 
 class PassCache:
     """Pure functions of immutable inputs, cached so a pass does not redo them: decoded objects by (UID,
     resourceVersion), specs by (UID, generation), node specs by node view, and the inventory with every
-    allocated GPR adopted, by (node specs, their object versions). A restart rebuilds all of it identically."""
+    allocated GPR adopted, by (node specs, each allocated GPR's UID, name and reservation: a status write that
+    leaves its reservation as it was, Admitted to Running say, keeps it). A restart rebuilds all of it
+    identically."""
 
     def __init__(self) -> None:
         self.specs: dict[str, tuple[Any, dict[str, Any] | str]] = {}
@@ -165,6 +169,7 @@ class PassCache:
         # (decoded list, waiting block, its version, holders block, the decoded objects in neither)
         self.rest: tuple[list[Decoded], Waiting | None, int, Holders | None, list[Decoded]] | None = None
         self.holders: Holders | None = None
+        self.versions: tuple[Decoded, ...] = ()  # the last pass's allocated GPRs, as decoded (see Holders)
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -195,6 +200,7 @@ class PassCache:
                     spot_of(status), obj,
                     (meta.get("labels") or {}).get(AUTO_LABEL) == "true",
                     False)
+        d.placed = (uid, key, tuple(sorted(d.reservation.items())))
         # stored as Queued, valid, not being deleted, and its status is what the GPR renders while nothing happens
         # to it: the pass may queue the prototype itself and needs to look at it again only if it was handed out
         d.waiting = (proto is not None and status.get("phase") == Phase.QUEUED and not d.deleting and not proto.history
@@ -395,14 +401,14 @@ def _reserve(inv: Inventory, g: GPR, reservation: dict[str, int]) -> Placement |
 
 class Holders:
     """The allocated GPRs of a cached base that hold their devices (Admitted, Running; their admission recorded),
-    as the second pass on that base adopted them (a base that changes at every pass pays no copies), kept as the
-    scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be restored into each pass's
-    scheduler while the base, the workspace map and the model caps stay the same: 4,800 holders then cost a pass
-    a copy each, not an adoption each."""
+    as the second pass on the same allocated objects adopted them (objects that change at every pass pay no
+    copies), kept as the scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be restored
+    into each pass's scheduler while the base, every allocated GPR's object (``versions``), the workspace map
+    and the model caps stay the same: 4,800 holders then cost a pass a copy each, not an adoption each."""
 
-    def __init__(self, base: Any, key: tuple[Any, ...], state: HolderState, gprs: list[GPR],
-                 uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
-        self.base, self.key, self.state = base, key, state
+    def __init__(self, base: Any, key: tuple[Any, ...], versions: tuple[Decoded, ...], state: HolderState,
+                 gprs: list[GPR], uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
+        self.base, self.key, self.versions, self.state = base, key, versions, state
         self.templates = [(g.name, clone(g)) for g in gprs]  # as adopted; their last activity is set per pass
         self.uid_of, self.objects = uid_of, objects
         self.members = {d.uid for d in objects.values()}
@@ -474,7 +480,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     specs = cache.node_specs(snap.nodes)
     decoded = cache.ordered(snap.gprs, now)
     allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
-    base_key = (tuple(specs), tuple((d.uid, d.version) for d in allocated))
+    base_key = (tuple(specs), tuple(d.placed for d in allocated))
+    versions = tuple(allocated)  # the objects themselves (one Decoded per version, compared by identity)
     base = cache.base if cache.base is not None and cache.base[0] == base_key else None
     sched = Scheduler(base[1].copy() if base else Inventory(specs), make_policy(cfg.policy), cfg.core,
                       cfg.predictor, cfg.calibrator)
@@ -505,7 +512,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     caps = sched.cfg.model_caps or {}
     holders_key = (owner, {k: dict(v) for k, v in caps.items()})
     hb = cache.holders
-    if hb is None or base is None or hb.base is not base or hb.key != holders_key:
+    if hb is None or base is None or hb.base is not base or hb.key != holders_key or hb.versions != versions:
         hb = None
     else:
         uid_of.update(hb.uid_of)
@@ -577,10 +584,12 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             sched.adopt(g, placement, now, allocated=True, seq=0)
     if base is None:
         cache.base = (base_key, inv.copy(), adopted)
-    if hb is None and base is not None:  # kept from the second pass on the same base: churn pays no copies
-        cache.holders = Holders(cache.base, holders_key, sched.holder_state(), [g for g, _ in keeping],
+    if hb is None and base is not None and versions == cache.versions:
+        # kept from the second pass on the same objects: a holder that changes at every pass pays no copies
+        cache.holders = Holders(cache.base, holders_key, versions, sched.holder_state(), [g for g, _ in keeping],
                                 {g.name: uid_of[g.name] for g, _ in keeping},
                                 {g.name: objects[g.name] for g, _ in keeping})
+    cache.versions = versions
     for g, placement in leaving:
         sched.adopt(g, placement, now, allocated=True, seq=0)
 

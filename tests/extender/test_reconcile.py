@@ -445,6 +445,57 @@ def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -
     assert warm.waiting is kept  # patched pass after pass, never built afresh
 
 
+def test_a_holders_status_write_keeps_the_cached_inventory_and_a_new_reservation_does_not() -> None:
+    """The cached inventory depends on each allocated GPR's UID, name and reservation alone: a holder's status
+    write that keeps its reservation (its pods started: Admitted to Running) keeps it, and the holders block is
+    rebuilt from the second pass on the new objects; a reservation that changes rebuilds the inventory. Every
+    warm pass plans what a fresh start plans."""
+    now = time.time()
+    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(3)}
+    gprs: dict[str, dict[str, Any]] = {}
+    for i in range(2):
+        obj = gpr(f"h{i}", phase="Admitted", reservation={f"n{i}": 2}, devices=2, exitDuration="1h")
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1), creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        obj["status"].update(admittedAt=rfc3339(now - 60))
+        gprs[f"u{i}"] = obj
+    queued = gpr("q", phase=None, devices=2, nodes=2, exitDuration="1h")  # two whole nodes: only n2 is free
+    queued["metadata"].update(uid="uq", resourceVersion="9", creationTimestamp="2026-11-30T00:01:00Z")
+    gprs["uq"] = queued
+    warm, version = PassCache(), 100
+
+    def step() -> Plan:
+        nonlocal gprs, version
+        snap = Snapshot(now, nodes, {}, gprs)
+        plan = plan_pass(snap, PassConfig(), warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
+        gprs, version = stored(gprs, plan, version)
+        return plan
+
+    def rewrite(uid: str, **status: Any) -> None:
+        nonlocal version
+        version += 1
+        obj = gprs[uid]
+        gprs[uid] = {**obj, "status": {**obj["status"], **status},
+                     "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+
+    for _ in range(3):
+        step()
+    base, holders = warm.base, warm.holders
+    assert base is not None and holders is not None
+    rewrite("u0", phase="Running", startedAt=rfc3339(now - 30))
+    step()
+    assert warm.base is base and warm.holders is holders  # the inventory kept; the block left unused
+    step()
+    assert warm.base is base and warm.holders is not holders  # the block rebuilt on the new objects
+    assert warm.holders is not None and warm.holders.objects["default/h0"].status["phase"] == "Running"
+    rewrite("u1", reservation=[{"node": "n2", "devices": 2}])  # h1's devices recorded on n2 now
+    step()
+    assert warm.base is not None and warm.base is not base
+    inv, adopted = warm.base[1], warm.base[2]
+    assert [inv.names[a.node] for a in adopted["default/h1"].assignments] == ["n2"]
+    assert gprs["uq"]["status"]["phase"] == "Queued"
+
+
 def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> None:
     """The holders adopted once per cached base (PassCache.holders) are restored pass after pass with what
     depends on the pass: their last activity (from their pods: one stops, one idles out), the time (one
