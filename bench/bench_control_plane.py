@@ -8,7 +8,8 @@ Part ``load`` — 5,000 nodes (8 GPUs each), 4,800 Running GPRs with their pods,
 start (they ask for a GPU model only the busy nodes have), 200 idle nodes of another model:
 - one controller pass and the wait estimates, planned on that very state in this process (same code, same data
   as the controller's snapshot), p50/p99 (targets: a pass <= 200 ms); beside them the pass that takes in a
-  new version of every queued GPR at once (a bulk label), against a cold pass on the same state (a restart);
+  new version of every queued GPR at once (a bulk label), against a cold pass on the same state (a restart),
+  and the two passes after one running GPR's status write;
 - over HTTP: ``filter`` (500 node names, the scheduler's sampling at 5,000 nodes), ``bind`` (ledger patch +
   Binding) and ``POST /api/v1/waittime`` p50/p99 while the controller process is stopped (SIGSTOP: idle) and
   while it runs passes back to back (``--resync 0.05``), in the same run (targets: filter p99 <= 2 ms while
@@ -275,24 +276,31 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     return seconds, refreshes, estimates
 
 
-def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[list[float], list[float]]:
+def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[list[float], list[float], list[float]]:
     """(pass seconds after every queued GPR's object changed at once (a bulk ``kubectl label``: 10,000 new
     versions to take in, by a controller that keeps its queued block between passes), a cold pass's seconds
-    on the same state (a restart or a new leader: nothing kept))."""
+    on the same state (a restart or a new leader: nothing kept), pass seconds after one running GPR's object
+    changed (a status write: its pods started, a condition) and the pass after that)."""
     from scheduler_extender.reconcile import PassCache
 
     planner = Planner(seed)
     for i in range(3):  # settled: statuses written, the new versions taken in
         planner.plan(refresh=i == 0)
-    queued = [uid for uid, obj in planner.gprs.items() if (obj.get("status") or {}).get("phase") == "Queued"]
+    phases = {uid: (obj.get("status") or {}).get("phase") for uid, obj in planner.gprs.items()}
+    queued = [uid for uid, phase in phases.items() if phase == "Queued"]
+    running = [uid for uid, phase in phases.items() if phase == "Running"]
     warm: list[float] = []
     cold: list[float] = []
+    holder: list[float] = []
     for r in range(rounds):
         for uid in queued:
             planner.touch(uid, labels={"team": f"t{r}"})
         warm.append(planner.plan(refresh=False).seconds)
         cold.append(planner.plan(refresh=False, cache=PassCache()).seconds)
-    return warm, cold
+        for k in range(4):
+            planner.touch(running[(4 * r + k) * 97 % len(running)], labels={"seen": f"{r}-{k}"})
+            holder += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
+    return warm, cold, holder
 
 
 def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], noop_port: int
@@ -443,7 +451,7 @@ async def part_load(samples: int) -> list[str]:
     seed = load_state(10_000, NODES - FREE_NODES)
     t = time.perf_counter()
     passes, refreshes, estimates = pass_times(seed, 30)
-    churned, cold = churn_times(seed, 5)
+    churned, cold, holder = churn_times(seed, 5)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
     bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(4 * samples)]
     seed += [("api/v1/pods", p) for p in bindable]
@@ -487,7 +495,8 @@ async def part_load(samples: int) -> list[str]:
              f"{ms(passes)}; with a queue refresh {ms(refreshes)} + wait estimates {ms(estimates)}",
              f"  after all 10,000 queued GPRs changed at once (a bulk label), p50 {ms(churned)}; a cold pass (a "
              f"restart: nothing kept) on the same state {ms(cold)}; "
-             f"{statistics.median(churned) / statistics.median(cold):.2f}x"]
+             f"{statistics.median(churned) / statistics.median(cold):.2f}x",
+             f"  after one running GPR's object changed (a status write), that pass and the next: {ms(holder)}"]
     for separate in (True, False):
         where = ("extender on a core of its own, controller and API-server peer on the other" if separate
                  else "every process on both cores")
