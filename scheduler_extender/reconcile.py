@@ -413,6 +413,45 @@ class Holders:
         self.uid_of, self.objects = uid_of, objects
         self.members = {d.uid for d in objects.values()}
 
+    def patch(self, versions: tuple[Decoded, ...], cache: PassCache, workspaces: WorkspaceIndex | None) -> bool:
+        """Take in new objects of the same allocated GPRs (``versions``, on the same base: the same UIDs in the
+        same order, the same reservations) where that leaves the block as adopting them would: each changed
+        member still holds (Admitted or Running, its admission recorded) and still counts the same in the
+        scheduler's indexes (workspace, devices, admission time, exitDuration), and no other allocated GPR
+        became one. A holder's status write (its pods started, a condition) then costs a copy, not 4,800
+        adoptions. False, changing nothing, otherwise (the block is built again)."""
+        if len(versions) != len(self.versions):
+            return False
+        index = {name: i for i, (name, _) in enumerate(self.templates)}
+        fresh: list[tuple[int, GPR, Decoded]] = []
+        for old, new in zip(self.versions, versions, strict=True):
+            if old is new:
+                continue
+            if old.uid != new.uid or new.proto is None:
+                return False
+            g = cache.gpr(new)  # as the pass's loop sees it
+            holds = g.phase in (Phase.ADMITTED, Phase.RUNNING) and g.admitted_at is not None
+            if old.uid not in self.members:
+                if holds:  # it joins the holders: adopted in another order than the block's
+                    return False
+                continue
+            if not holds:
+                return False
+            i = index[new.key]
+            template = self.templates[i][1]
+            if workspaces is not None:
+                g.workspace = workspaces.key(g.workspace, g.resource)
+            if (g.workspace, g.milli_total(), g.admitted_at, g.exit_duration_s) != (
+                    template.workspace, template.milli_total(), template.admitted_at, template.exit_duration_s):
+                return False
+            g.seq, g.placement = template.seq, template.placement  # what adopting it sets
+            fresh.append((i, g, new))
+        for i, g, new in fresh:
+            self.templates[i] = (g.name, g)
+            self.objects[new.key] = new
+        self.versions = versions
+        return True
+
 
 def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
     meta = obj.get("metadata") or {}
@@ -512,7 +551,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     caps = sched.cfg.model_caps or {}
     holders_key = (owner, {k: dict(v) for k, v in caps.items()})
     hb = cache.holders
-    if hb is None or base is None or hb.base is not base or hb.key != holders_key or hb.versions != versions:
+    if (hb is None or base is None or hb.base is not base or hb.key != holders_key
+            or (hb.versions != versions and not hb.patch(versions, cache, workspaces))):
         hb = None
     else:
         uid_of.update(hb.uid_of)

@@ -445,11 +445,12 @@ def test_the_shared_queue_block_follows_deletes_recreates_edits_and_backoffs() -
     assert warm.waiting is kept  # patched pass after pass, never built afresh
 
 
-def test_a_holders_status_write_keeps_the_cached_inventory_and_a_new_reservation_does_not() -> None:
+def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new_reservation_does_not() -> None:
     """The cached inventory depends on each allocated GPR's UID, name and reservation alone: a holder's status
-    write that keeps its reservation (its pods started: Admitted to Running) keeps it, and the holders block is
-    rebuilt from the second pass on the new objects; a reservation that changes rebuilds the inventory. Every
-    warm pass plans what a fresh start plans."""
+    write that keeps its reservation (its pods started: Admitted to Running) keeps it and patches the holders
+    block in place; an edit that changes how a holder counts (its exitDuration) builds the block again from the
+    second pass on the new objects; a reservation that changes rebuilds the inventory. Every warm pass plans
+    what a fresh start plans."""
     now = time.time()
     nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(3)}
     gprs: dict[str, dict[str, Any]] = {}
@@ -484,16 +485,71 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_a_new_reservation
     assert base is not None and holders is not None
     rewrite("u0", phase="Running", startedAt=rfc3339(now - 30))
     step()
-    assert warm.base is base and warm.holders is holders  # the inventory kept; the block left unused
+    # the inventory kept, the block patched with h0's new object in the same pass
+    assert warm.base is base and warm.holders is holders
+    assert holders.objects["default/h0"].status["phase"] == "Running"
+    assert dict(holders.templates)["default/h0"].started_at == pytest.approx(now - 30, abs=1)
+    version += 1  # h1's exitDuration edited: it counts differently in the indexes, so the block is built again
+    edited = gprs["u1"]
+    gprs["u1"] = {**edited, "spec": {**edited["spec"], "exitDuration": "2h"},
+                  "metadata": {**edited["metadata"], "resourceVersion": str(version), "generation": 2}}
+    plan = step()
+    assert warm.base is base and warm.holders is holders  # not patched, not used
+    assert [w.uid for w in plan.writes] == ["u1"]  # the edit observed: one more version of h1 to take in
     step()
-    assert warm.base is base and warm.holders is not holders  # the block rebuilt on the new objects
-    assert warm.holders is not None and warm.holders.objects["default/h0"].status["phase"] == "Running"
+    step()  # the second pass on the same objects builds the block again
+    assert warm.base is base and warm.holders is not holders and warm.holders is not None
+    assert dict(warm.holders.templates)["default/h1"].exit_duration_s == 7200.0
     rewrite("u1", reservation=[{"node": "n2", "devices": 2}])  # h1's devices recorded on n2 now
     step()
     assert warm.base is not None and warm.base is not base
     inv, adopted = warm.base[1], warm.base[2]
     assert [inv.names[a.node] for a in adopted["default/h1"].assignments] == ["n2"]
     assert gprs["uq"]["status"]["phase"] == "Queued"
+
+
+def test_the_holders_block_is_not_patched_when_a_gpr_starts_or_stops_holding() -> None:
+    """A GPR whose admission time was not yet written (its stamp write failed) is adopted apart from the block;
+    once the stamp is stored it holds, and the block is built again with it rather than patched (it would be
+    adopted out of the block's order). A holder whose status turns Evicting (same reservation) stops holding:
+    not patched either. Every warm pass plans what a fresh start plans."""
+    now = time.time()
+    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(3)}
+    gprs: dict[str, dict[str, Any]] = {}
+    for i in range(2):
+        obj = gpr(f"h{i}", phase="Running" if i == 0 else "Admitted", reservation={f"n{i}": 2}, devices=2,
+                  exitDuration="1h")
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1), creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        if i == 0:
+            obj["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
+        gprs[f"u{i}"] = obj
+    warm, version = PassCache(), 100
+
+    def step(lose: frozenset[str] = frozenset()) -> Plan:
+        nonlocal gprs, version
+        snap = Snapshot(now, nodes, {}, gprs)
+        plan = plan_pass(snap, PassConfig(), warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
+        kept = dataclasses.replace(plan, writes=[w for w in plan.writes if w.uid not in lose])
+        gprs, version = stored(gprs, kept, version)
+        return plan
+
+    for _ in range(3):
+        step(lose=frozenset({"u1"}))  # h1's admission time never stored
+    assert warm.holders is not None and warm.holders.members == {"u0"}
+    before = warm.holders
+    step()  # the stamp stored
+    step()  # h1 holds now: not patched in, adopted with the rest
+    assert warm.holders is before
+    step()
+    assert warm.holders is not before and warm.holders is not None and warm.holders.members == {"u0", "u1"}
+    block = warm.holders
+    version += 1
+    obj = gprs["u0"]
+    gprs["u0"] = {**obj, "status": {**obj["status"], "phase": "Evicting"},
+                  "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+    step()
+    assert warm.holders is block  # not patched, not used
 
 
 def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> None:
