@@ -9,7 +9,7 @@ start (they ask for a GPU model only the busy nodes have), 200 idle nodes of ano
 - one controller pass and the wait estimates, planned on that very state in this process (same code, same data
   as the controller's snapshot), p50/p99 (targets: a pass <= 200 ms); beside them the pass that takes in a
   new version of every queued GPR at once (a bulk label), against a cold pass on the same state (a restart),
-  and the two passes after one running GPR's status write;
+  and the two passes after one running GPR's status write, and after an admission is stored;
 - over HTTP: ``filter`` (500 node names, the scheduler's sampling at 5,000 nodes), ``bind`` (ledger patch +
   Binding) and ``POST /api/v1/waittime`` p50/p99 while the controller process is stopped (SIGSTOP: idle) and
   while it runs passes back to back (``--resync 0.05``), in the same run (targets: filter p99 <= 2 ms while
@@ -276,11 +276,13 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     return seconds, refreshes, estimates
 
 
-def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[list[float], list[float], list[float]]:
+def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
+                ) -> tuple[list[float], list[float], list[float], list[float]]:
     """(pass seconds after every queued GPR's object changed at once (a bulk ``kubectl label``: 10,000 new
     versions to take in, by a controller that keeps its queued block between passes), a cold pass's seconds
     on the same state (a restart or a new leader: nothing kept), pass seconds after one running GPR's object
-    changed (a status write: its pods started, a condition) and the pass after that)."""
+    changed (a status write: its pods started, a condition) and the pass after that, the same after a queued
+    GPR's admission was stored (a new reservation on an idle node))."""
     from scheduler_extender.reconcile import PassCache
 
     planner = Planner(seed)
@@ -292,6 +294,8 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[li
     warm: list[float] = []
     cold: list[float] = []
     holder: list[float] = []
+    admitted: list[float] = []
+    free = iter(range(NODES - FREE_NODES, NODES))
     for r in range(rounds):
         for uid in queued:
             planner.touch(uid, labels={"team": f"t{r}"})
@@ -300,7 +304,15 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[li
         for k in range(4):
             planner.touch(running[(4 * r + k) * 97 % len(running)], labels={"seen": f"{r}-{k}"})
             holder += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
-    return warm, cold, holder
+        for k in range(4):  # as the controller stores an admission: Admitted, a whole idle node reserved
+            uid = queued[(4 * r + k) * 89 % len(queued)]
+            status = {key: value for key, value in planner.gprs[uid]["status"].items()
+                      if key not in ("queuePosition", "estimatedStart", "estimatedStartRange")}
+            status.update(phase="Admitted", admittedAt=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          reservation=[{"node": f"node-{next(free):04d}", "devices": GPUS}])
+            planner.touch(uid, status=status)
+            admitted += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
+    return warm, cold, holder, admitted
 
 
 def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], noop_port: int
@@ -451,7 +463,7 @@ async def part_load(samples: int) -> list[str]:
     seed = load_state(10_000, NODES - FREE_NODES)
     t = time.perf_counter()
     passes, refreshes, estimates = pass_times(seed, 30)
-    churned, cold, holder = churn_times(seed, 5)
+    churned, cold, holder, admitted = churn_times(seed, 5)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
     bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(4 * samples)]
     seed += [("api/v1/pods", p) for p in bindable]
@@ -496,7 +508,8 @@ async def part_load(samples: int) -> list[str]:
              f"  after all 10,000 queued GPRs changed at once (a bulk label), p50 {ms(churned)}; a cold pass (a "
              f"restart: nothing kept) on the same state {ms(cold)}; "
              f"{statistics.median(churned) / statistics.median(cold):.2f}x",
-             f"  after one running GPR's object changed (a status write), that pass and the next: {ms(holder)}"]
+             f"  after one running GPR's object changed (a status write), that pass and the next: {ms(holder)}",
+             f"  after a queued GPR's admission was stored (a new reservation), that pass and the next: {ms(admitted)}"]
     for separate in (True, False):
         where = ("extender on a core of its own, controller and API-server peer on the other" if separate
                  else "every process on both cores")
