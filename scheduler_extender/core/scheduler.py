@@ -637,8 +637,7 @@ class Scheduler:
                 order = order[: names.index(upto) + 1] if upto in names else []
         shared, restored_at, pred, hold = self.queue.is_shared, self._restored_at, self._pred, self.predicted_hold
         jobs = [
-            Job(g.name, g.devices_per_node * g.milli_per_device * g.node_count,  # g.milli_total()
-                hold(g) if (held := pred.get(g.name)) is None else held,
+            Job(g.name, g.milli_total(), hold(g) if (held := pred.get(g.name)) is None else held,
                 restored_at if shared(g.name) else g.not_before, i, g.resource, g.workspace)
             for i, g in enumerate(order)
         ]
