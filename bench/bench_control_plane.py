@@ -283,6 +283,7 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
     on the same state (a restart or a new leader: nothing kept), pass seconds after one running GPR's object
     changed (a status write: its pods started, a condition) and the pass after that, the same after a queued
     GPR's admission was stored (a new reservation on an idle node))."""
+    from scheduler_extender.gpr_resource import rfc3339
     from scheduler_extender.reconcile import PassCache
 
     planner = Planner(seed)
@@ -308,7 +309,7 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
             uid = queued[(4 * r + k) * 89 % len(queued)]
             status = {key: value for key, value in planner.gprs[uid]["status"].items()
                       if key not in ("queuePosition", "estimatedStart", "estimatedStartRange")}
-            status.update(phase="Admitted", admittedAt=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            status.update(phase="Admitted", admittedAt=rfc3339(time.time()),
                           reservation=[{"node": f"node-{next(free):04d}", "devices": GPUS}])
             planner.touch(uid, status=status)
             admitted += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]

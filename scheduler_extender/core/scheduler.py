@@ -633,12 +633,12 @@ class Scheduler:
                 backing = [g for g in {g.name: g for g in backing}.values() if g.name not in self.queue]
                 if backing:
                     order = sorted(order + backing, key=self._key)
-                names = [g.name for g in order]
-                order = order[: names.index(upto) + 1] if upto in names else []
-        shared, restored_at, pred, hold = self.queue.is_shared, self._restored_at, self._pred, self.predicted_hold
+                listed = [g.name for g in order]
+                order = order[: listed.index(upto) + 1] if upto in listed else []
+        shared, restored_at, hold = self.queue.is_shared, self._restored_at, self.predicted_hold
         jobs = [
-            Job(g.name, g.milli_total(), hold(g) if (held := pred.get(g.name)) is None else held,
-                restored_at if shared(g.name) else g.not_before, i, g.resource, g.workspace)
+            Job(g.name, g.milli_total(), hold(g), restored_at if shared(g.name) else g.not_before, i, g.resource,
+                g.workspace)
             for i, g in enumerate(order)
         ]
         releases = []
@@ -654,6 +654,7 @@ class Scheduler:
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
         raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
         first = self._first_est
+        names: list[str] = []  # those asked about, in order
         asked: list[tuple[str, float]] = []
         for g in order:
             name = g.name
@@ -662,8 +663,8 @@ class Scheduler:
             if name not in first and start < math.inf:
                 first[name] = (now, start - now, cls)
             if upto is None or name == upto:
+                names.append(name)
                 asked.append((cls, start))
-        names = [g.name for g in order] if upto is None else [upto] if asked else []
         out = dict(zip(names, self.calibrator.estimate_all(now, asked), strict=True))
         if upto is None:  # forget GPRs that left the queue otherwise (cancelled)
             for memo in (self._first_est, self._pred):
@@ -737,14 +738,8 @@ class Scheduler:
     def projections(self, queued: list[GPR]) -> dict[str, tuple[float, float, int]]:
         """Name -> (projected start at the last estimate (inf: none), predicted hold time, priority) of each of
         ``queued``."""
-        projection, pred, hold = self.projection, self._pred, self.predicted_hold
-        inf = math.inf
-        out: dict[str, tuple[float, float, int]] = {}
-        for g in queued:
-            name = g.name
-            p = pred.get(name)
-            out[name] = (projection.get(name, inf), hold(g) if p is None else p, g.priority)
-        return out
+        projection, hold, inf = self.projection, self.predicted_hold, math.inf
+        return {g.name: (projection.get(g.name, inf), hold(g), g.priority) for g in queued}
 
     def _predicted_end(self, g: GPR, now: float) -> Release:
         """When a holder is predicted to release: now + the predicted remaining hold time given how long it
