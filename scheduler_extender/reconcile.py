@@ -158,11 +158,11 @@ class PassCache:
         self.specs: dict[str, tuple[Any, dict[str, Any] | str]] = {}
         self.decoded: dict[str, Decoded] = {}
         self.nodes: dict[str, tuple[NodeView, NodeSpec | None]] = {}
-        self.base: tuple[Any, Inventory, dict[str, Placement]] | None = None
+        self.base: Base | None = None
         self.seen: list[Decoded] = []  # the last pass's decoded objects, as the snapshot listed them
         self.sorted: list[Decoded] = []  # the same in creation order
-        # (base key, pod views, node views, devices used outside reservations by node) of the last pass
-        self.outside: tuple[Any, list[PodView], list[NodeView], dict[str, int]] | None = None
+        # (base, pod views, node views, devices used outside reservations by node) of the last pass
+        self.outside: tuple[Base, list[PodView], list[NodeView], dict[str, int]] | None = None
         self.changed: set[str] = set()  # UIDs decoded anew since the waiting block last looked
         self.same = False  # the last ordered() listed the very objects the one before it listed
         self.waiting: Waiting | None = None
@@ -375,13 +375,13 @@ def node_specs(nodes: Mapping[str, NodeView]) -> list[NodeSpec]:
     return [spec for spec in (node_spec(nodes[name]) for name in sorted(nodes)) if spec is not None]
 
 
-def _reserve(inv: Inventory, g: GPR, reservation: dict[str, int]) -> Placement | None:
-    """Allocate an Admitted/Running/Evicting GPR's recorded reservation in the inventory (whole devices: the
-    first free ones of each node; the kubelet picks the physical ones), for the scheduler to adopt; None when it
-    no longer fits (a node left or shrank). Called before node health is applied to the fresh inventory:
-    existing work stays."""
+def _reserve(inv: Inventory, owner: str, reservation: tuple[tuple[str, int], ...]) -> Placement | None:
+    """Allocate an Admitted/Running/Evicting GPR's recorded reservation ((node, devices) pairs, sorted) in the
+    inventory (whole devices: the first free ones of each node; the kubelet picks the physical ones), for the
+    scheduler to adopt; None when it no longer fits (a node left or shrank). Called before node health is
+    applied to the fresh inventory: existing work stays."""
     assignments = []
-    for node, count in sorted(reservation.items()):
+    for node, count in reservation:
         n = inv.index.get(node)
         if n is None:
             return None
@@ -393,64 +393,182 @@ def _reserve(inv: Inventory, g: GPR, reservation: dict[str, int]) -> Placement |
         return None
     placement = Placement(tuple(assignments))
     try:
-        inv.allocate(g.name, placement)
+        inv.allocate(owner, placement)
     except AllocationError:
         return None
     return placement
 
 
+Entry = tuple[str, str, tuple[tuple[str, int], ...]]  # an allocated GPR's UID, key and sorted reservation
+DERIVE_LIMIT = 64  # a base is derived from the last one when at most this many entries changed
+
+
+class Base:
+    """The inventory with every allocated GPR's recorded reservation allocated in creation order (:func:`_reserve`),
+    and the placement of each that fits, by key: a function of ``key`` = (node specs, each allocated GPR's
+    :data:`Entry` in creation order) alone, which each pass copies before anything else touches it."""
+
+    def __init__(self, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]], inv: Inventory,
+                 adopted: dict[str, Placement], touched: frozenset[str] | None = None) -> None:
+        self.key, self.inv, self.adopted = key, inv, adopted
+        self.touched = touched  # derived: the nodes whose allocations may differ from the base it came from
+
+    @classmethod
+    def build(cls, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]]) -> Base:
+        inv = Inventory(key[0])
+        adopted: dict[str, Placement] = {}
+        for _, owner, reservation in key[1]:
+            placement = _reserve(inv, owner, reservation)
+            if placement is not None:
+                adopted[owner] = placement
+        return cls(key, inv, adopted)
+
+    def derive(self, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]]) -> Base | None:
+        """``Base.build(key)``, worked out from this base when that gives the very same inventory: the same node
+        specs, at most :data:`DERIVE_LIMIT` entries gone, added or changed (an admission stored, a GPR finished),
+        and on each node they name, those come after every unchanged entry naming it in both lists. Each
+        unchanged entry then gets the devices it got here (devices are taken first-free, in creation order),
+        so releasing the old entries and reserving the new ones in order ends where building afresh does.
+        None otherwise (the caller builds afresh)."""
+        if key[0] != self.key[0]:
+            return None
+        old_entries, entries = self.key[1], key[1]
+        old_of = {e[0]: e for e in old_entries}  # (one entry per UID: the snapshot is keyed by UID)
+        new_of = {e[0]: e for e in entries}
+        gone = [e for e in old_entries if new_of.get(e[0]) != e]
+        added = [e for e in entries if old_of.get(e[0]) != e]
+        if not (gone or added) or len(gone) + len(added) > DERIVE_LIMIT:
+            return None
+        owners = {e[1] for e in gone} | {e[1] for e in added}
+        if any(e[1] in owners for e in entries if old_of.get(e[0]) == e):
+            return None  # an unchanged entry shares an owner name with a changed one
+        touched = frozenset(node for e in (*gone, *added) for node, _ in e[2])
+        if not (_at_tail(old_entries, set(gone), touched) and _at_tail(entries, set(added), touched)):
+            return None
+        inv, adopted = self.inv.copy(), dict(self.adopted)
+        for e in gone:
+            inv.release(e[1])
+            adopted.pop(e[1], None)
+        for _, owner, reservation in added:
+            placement = _reserve(inv, owner, reservation)
+            if placement is not None:
+                adopted[owner] = placement
+        return Base(key, inv, adopted, touched)
+
+
+def _at_tail(entries: tuple[Entry, ...], changed: set[Entry], nodes: frozenset[str]) -> bool:
+    """Whether, on each of ``nodes``, the ``changed`` entries naming it come after every other entry naming it."""
+    late: set[str] = set()
+    for e in entries:
+        for node, _ in e[2]:
+            if node in nodes:
+                if e in changed:
+                    late.add(node)
+                elif node in late:
+                    return False
+    return True
+
+
 class Holders:
     """The allocated GPRs of a cached base that hold their devices (Admitted, Running; their admission recorded),
     as the second pass on the same allocated objects adopted them (objects that change at every pass pay no
-    copies), kept as the scheduler's indexes of them (:class:`HolderState`) and a copy of each, to be restored
-    into each pass's scheduler while the base, every allocated GPR's object (``versions``), the workspace map
-    and the model caps stay the same: 4,800 holders then cost a pass a copy each, not an adoption each."""
+    copies), kept as the scheduler's indexes of them (:class:`HolderState`) and a copy of each (``templates``,
+    in adoption order, never edited), to be restored into each pass's scheduler while the base, every
+    allocated GPR's object (``versions``), the workspace map and the model caps stay the same: 4,800 holders
+    then cost a pass a copy each, not an adoption each. :meth:`revise` keeps it through the changes a few
+    holders make."""
 
-    def __init__(self, base: Any, key: tuple[Any, ...], versions: tuple[Decoded, ...], state: HolderState,
-                 gprs: list[GPR], uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
+    def __init__(self, base: Base, key: tuple[Any, ...], versions: tuple[Decoded, ...], state: HolderState,
+                 templates: list[tuple[str, GPR]], uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
         self.base, self.key, self.versions, self.state = base, key, versions, state
-        self.templates = [(g.name, clone(g)) for g in gprs]  # as adopted; their last activity is set per pass
+        self.templates = templates  # as adopted; their last activity is set per pass
         self.uid_of, self.objects = uid_of, objects
         self.members = {d.uid for d in objects.values()}
 
-    def patch(self, versions: tuple[Decoded, ...], cache: PassCache, workspaces: WorkspaceIndex | None) -> bool:
-        """Take in new objects of the same allocated GPRs (``versions``, on the same base: the same UIDs in the
-        same order, the same reservations) where that leaves the block as adopting them would: each changed
-        member still holds (Admitted or Running, its admission recorded) and still counts the same in the
-        scheduler's indexes (workspace, devices, admission time, exitDuration), and no other allocated GPR
-        became one. A holder's status write (its pods started, a condition) then costs a copy, not 4,800
-        adoptions. False, changing nothing, otherwise (the block is built again)."""
-        if len(versions) != len(self.versions):
-            return False
-        index = {name: i for i, (name, _) in enumerate(self.templates)}
+    @classmethod
+    def adopted(cls, base: Base, key: tuple[Any, ...], versions: tuple[Decoded, ...], state: HolderState,
+                gprs: list[GPR], uid_of: dict[str, str], objects: dict[str, Decoded]) -> Holders:
+        return cls(base, key, versions, state, [(g.name, clone(g)) for g in gprs], uid_of, objects)
+
+    def revise(self, base: Base, versions: tuple[Decoded, ...], cache: PassCache,
+               workspaces: WorkspaceIndex | None, sched: Scheduler, now: float) -> Holders | None:
+        """The block for new objects of the allocated GPRs (``versions``) on ``base`` (this block's, or one
+        derived from it: see :meth:`Base.derive`), equal to the one adopting them afresh builds:
+
+        - a member whose object changed and still holds, with the same placement, and counts the same in the
+          scheduler's indexes (workspace, devices, admission time, exitDuration), gets its new copy (a status
+          write: its pods started, a condition);
+        - a member that no longer holds (gone, finished, Evicting, its placement lost) leaves the indexes;
+        - a GPR that starts to hold joins them, when it comes after every remaining member in creation order
+          (adopted last, as afresh; an admission stored is usually the newest holder).
+
+        Returns this block (patched) when the members and the base stay, a new block when they change, None when
+        a change is none of these (the block is built again)."""
+        templates = self.templates
+        index = {name: i for i, (name, _) in enumerate(templates)}
+        old_of = {d.uid: d for d in self.versions}
+        members, adopted, moved = self.members, base.adopted, base is not self.base
         fresh: list[tuple[int, GPR, Decoded]] = []
-        for old, new in zip(self.versions, versions, strict=True):
-            if old is new:
+        staying: set[str] = set()
+        joining: list[tuple[GPR, Decoded, Placement]] = []
+        for d in versions:
+            old = old_of.get(d.uid)
+            member = d.uid in members
+            if old is d and not member:
+                continue  # allocated, not holding, and as it was
+            if old is d:
+                staying.add(d.uid)
+                if moved and adopted.get(d.key) is not templates[index[d.key]][1].placement:
+                    return None  # (not expected: a derived base keeps unchanged entries' placements)
+                if joining:
+                    return None  # a joiner before a member: adopted in another order than afresh
                 continue
-            if old.uid != new.uid or new.proto is None:
-                return False
-            g = cache.gpr(new)  # as the pass's loop sees it
-            holds = g.phase in (Phase.ADMITTED, Phase.RUNNING) and g.admitted_at is not None
-            if old.uid not in self.members:
-                if holds:  # it joins the holders: adopted in another order than the block's
-                    return False
-                continue
-            if not holds:
-                return False
-            i = index[new.key]
-            template = self.templates[i][1]
+            if d.proto is None:
+                return None
+            g = cache.gpr(d)  # as the pass's loop sees it
+            placement = adopted.get(d.key)
+            holds = g.phase in (Phase.ADMITTED, Phase.RUNNING) and g.admitted_at is not None and placement is not None
             if workspaces is not None:
                 g.workspace = workspaces.key(g.workspace, g.resource)
-            if (g.workspace, g.milli_total(), g.admitted_at, g.exit_duration_s) != (
+            if not member:
+                if holds:
+                    assert placement is not None
+                    joining.append((g, d, placement))
+                continue
+            if not holds:
+                continue  # it leaves
+            i = index[d.key]
+            template = templates[i][1]
+            if placement is not template.placement or (
+                    g.workspace, g.milli_total(), g.admitted_at, g.exit_duration_s) != (
                     template.workspace, template.milli_total(), template.admitted_at, template.exit_duration_s):
-                return False
+                return None
+            if joining:
+                return None
             g.seq, g.placement = template.seq, template.placement  # what adopting it sets
-            fresh.append((i, g, new))
-        for i, g, new in fresh:
-            self.templates[i] = (g.name, g)
-            self.objects[new.key] = new
-        self.versions = versions
-        return True
+            fresh.append((i, g, d))
+            staying.add(d.uid)
+        if len(staying) == len(members) and not joining:
+            block = self if not moved else Holders(base, self.key, versions, self.state, list(templates),
+                                                   dict(self.uid_of), dict(self.objects))
+            for i, g, d in fresh:
+                block.templates[i] = (g.name, g)
+                block.objects[d.key] = d
+            block.versions = versions
+            return block
+        leaving = [template for name, template in templates if self.uid_of[name] not in staying]
+        state = sched.revised_holder_state(self.state, leaving, [(g, p) for g, _, p in joining], now)
+        kept = list(templates)
+        gone = {g.name for g in leaving}
+        uid_of = {name: uid for name, uid in self.uid_of.items() if name not in gone}
+        objects = {name: d for name, d in self.objects.items() if name not in gone}
+        for i, g, d in fresh:
+            kept[i] = (g.name, g)
+            objects[d.key] = d
+        for g, d, _ in joining:  # adopted by the scratch scheduler: seq, placement set as adopting them sets
+            uid_of[g.name], objects[g.name] = d.uid, d
+        return Holders(base, self.key, versions, state,
+                       [t for t in kept if t[0] not in gone] + [(g.name, g) for g, _, _ in joining], uid_of, objects)
 
 
 def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -521,9 +639,15 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
     base_key = (tuple(specs), tuple(d.placed for d in allocated))
     versions = tuple(allocated)  # the objects themselves (one Decoded per version, compared by identity)
-    base = cache.base if cache.base is not None and cache.base[0] == base_key else None
-    sched = Scheduler(base[1].copy() if base else Inventory(specs), make_policy(cfg.policy), cfg.core,
-                      cfg.predictor, cfg.calibrator)
+    # the inventory with every allocated GPR's reservation: the last pass's, derived from it (a few entries
+    # changed: an admission stored, a GPR finished), or built afresh
+    previous, derived = cache.base, None
+    if previous is not None and previous.key == base_key:
+        base = previous
+    else:
+        derived = previous.derive(base_key) if previous is not None else None
+        base = cache.base = derived or Base.build(base_key)
+    sched = Scheduler(base.inv.copy(), make_policy(cfg.policy), cfg.core, cfg.predictor, cfg.calibrator)
     inv = sched.inv
 
     pods_of: dict[str, list[PodView]] = {}
@@ -536,7 +660,6 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     objects: dict[str, Decoded] = {}
     final: dict[str, str] = {}  # key -> phase, for GPRs that hold nothing any more (their bound pods must go)
     deleting: set[str] = set()
-    adopted: dict[str, Placement] = {}
     workspaces = cfg.workspaces
     # stored as Queued and ready: the scheduler queues the prototypes themselves and copies one only if the pass
     # looks at it (most of 10,000 queued GPRs it never reaches); the rest are restored one by one
@@ -551,10 +674,12 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     caps = sched.cfg.model_caps or {}
     holders_key = (owner, {k: dict(v) for k, v in caps.items()})
     hb = cache.holders
-    if (hb is None or base is None or hb.base is not base or hb.key != holders_key
-            or (hb.versions != versions and not hb.patch(versions, cache, workspaces))):
+    if hb is not None and (hb.key != holders_key or not (hb.base is base or (derived and hb.base is previous))):
         hb = None
-    else:
+    elif hb is not None and (hb.versions != versions or hb.base is not base):
+        hb = hb.revise(base, versions, cache, workspaces, sched, now)
+    cache.holders = hb  # (one that no longer serves is dropped)
+    if hb is not None:
         uid_of.update(hb.uid_of)
         objects.update(hb.objects)
     if w is not None or hb is not None:
@@ -598,11 +723,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             if stamped:
                 g.admitted_at = now
             g.last_active_at = _last_active(g, pods_of.get(key, ()), now)
-            placement = base[2].get(key) if base else _reserve(inv, g, d.reservation)
+            placement = base.adopted.get(key)
             if placement is None:
                 plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
                 continue
-            adopted[key] = placement
             (leaving if stamped or g.phase is Phase.EVICTING else keeping).append((g, placement))
             continue
         reason = g.reason if g.phase is Phase.QUEUED and not rejudged else ""
@@ -622,11 +746,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     else:
         for g, placement in keeping:
             sched.adopt(g, placement, now, allocated=True, seq=0)
-    if base is None:
-        cache.base = (base_key, inv.copy(), adopted)
-    if hb is None and base is not None and versions == cache.versions:
+    if hb is None and versions == cache.versions:
         # kept from the second pass on the same objects: a holder that changes at every pass pays no copies
-        cache.holders = Holders(cache.base, holders_key, versions, sched.holder_state(), [g for g, _ in keeping],
+        cache.holders = Holders.adopted(base, holders_key, versions, sched.holder_state(), [g for g, _ in keeping],
                                 {g.name: uid_of[g.name] for g, _ in keeping},
                                 {g.name: objects[g.name] for g, _ in keeping})
     cache.versions = versions
@@ -638,12 +760,18 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     # (a status heartbeat, ~17 node updates a second at 5,000 nodes, changes nothing) and the base is the same
     pods_seen, nodes_seen = list(snap.pods.values()), list(snap.nodes.values())
     last = cache.outside
-    if (base is not None and last is not None and last[0] == base_key and last[1] == pods_seen
-            and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen))):
+    same = (last is not None and last[1] == pods_seen
+            and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen)))
+    if same and last is not None and last[0] is base:
         used = last[3]
+    elif same and last is not None and derived is not None and last[0] is previous:
+        # a derived base: only the nodes its changed entries name can count differently
+        touched = derived.touched or frozenset()
+        used = {name: count for name, count in last[3].items() if name not in touched}
+        used.update(_used_outside_reservations(sched, snap, touched))
     else:
         used = _used_outside_reservations(sched, snap)
-    cache.outside = (base_key, pods_seen, nodes_seen, used)  # a fresh base is the inventory the next pass copies
+    cache.outside = (base, pods_seen, nodes_seen, used)
     for name, count in used.items():
         sched.hold(f"pods@{name}", name, count)
     for name, node in snap.nodes.items():
@@ -773,9 +901,11 @@ def _same_ledgers(old: list[NodeView], new: list[NodeView]) -> bool:
         for a, b in zip(old, new, strict=True))
 
 
-def _used_outside_reservations(sched: Scheduler, snap: Snapshot) -> dict[str, int]:
+def _used_outside_reservations(sched: Scheduler, snap: Snapshot, only: frozenset[str] | None = None
+                               ) -> dict[str, int]:
     """Devices in use on each node that no allocated GPR's reservation covers: capacity nobody gets (node ->
-    devices). Runs over every pod and node: names are bound locally and PodView.live is inlined."""
+    devices); on the nodes in ``only`` alone, when given (each node's count depends on its own pods, ledger and
+    reservations alone). Runs over every pod and node: names are bound locally and PodView.live is inlined."""
     inv = sched.inv
     index, specs, names = inv.index, inv.specs, inv.names
     covered: dict[tuple[str, str], int] = {}  # (gpr key, node) -> devices its reservation holds there
@@ -787,7 +917,7 @@ def _used_outside_reservations(sched: Scheduler, snap: Snapshot) -> dict[str, in
     pods = snap.pods
     for p in pods.values():
         node = p.node
-        if not node or p.phase in TERMINAL_POD_PHASES or node not in index:
+        if not node or p.phase in TERMINAL_POD_PHASES or node not in index or (only is not None and node not in only):
             continue
         seen.add(p.uid)
         count = p.requests.get(specs[index[node]].resource, 0)
@@ -799,7 +929,8 @@ def _used_outside_reservations(sched: Scheduler, snap: Snapshot) -> dict[str, in
                 count -= take
         if count > 0:
             used[node] = used.get(node, 0) + count
-    for name, node_view in snap.nodes.items():
+    views = snap.nodes
+    for name, node_view in (views.items() if only is None else ((n, views[n]) for n in only if n in views)):
         n = index.get(name)
         if n is None:
             continue

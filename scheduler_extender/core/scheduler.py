@@ -39,6 +39,7 @@ import dataclasses
 import heapq
 import math
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,6 +329,39 @@ class Scheduler:
         return HolderState(list(self.holders), dict(self.usage), dict(self._held_models), dict(self.model_usage),
                            {ws: list(lst) for ws, lst in self._ws_ends.items()}, set(self._ws_unsorted),
                            dict(self._ws_entry), list(self._expiry))
+
+    def revised_holder_state(self, state: HolderState, leaving: Iterable[GPR],
+                             joining: Iterable[tuple[GPR, Placement]], now: float) -> HolderState:
+        """What :meth:`holder_state` returns after adopting the holders of ``state`` but ``leaving`` (each as it
+        was adopted), then each of ``joining`` in turn (``adopt(g, placement, now, allocated=True, seq=0)``: ``g``
+        is adopted). Worked out in a scratch scheduler on this one's inventory (which records the joiners'
+        placements); this one is left as it was. A driver keeps its holders' state this way when a few GPRs
+        start or stop holding; it equals adopting the remaining holders and then the joiners afresh."""
+        scratch = Scheduler(self.inv, self.policy, self.cfg, self.predictor, self.calibrator)
+        scratch.holders = dict.fromkeys(state.holders)  # type: ignore[assignment]  # holder_state reads names only
+        scratch.usage, scratch._held_models = dict(state.usage), dict(state.held_models)
+        scratch.model_usage = dict(state.model_usage)
+        scratch._ws_ends = {ws: list(lst) for ws, lst in state.ws_ends.items()}
+        scratch._ws_unsorted, scratch._ws_entry = set(state.ws_unsorted), dict(state.ws_entry)
+        gone: set[str] = set()
+        for g in leaving:
+            if g.name not in scratch.holders:
+                raise ValueError(f"{g.name} is not a holder of the state")
+            del scratch.holders[g.name]
+            scratch._unuse(g)
+            scratch._unhold(g)
+            gone.add(g.name)
+        if gone:  # what adopting the rest afresh leaves: no entry for a workspace (or model) nobody holds
+            scratch._ws_ends = {ws: lst for ws, lst in scratch._ws_ends.items() if lst}
+            scratch._ws_unsorted &= scratch._ws_ends.keys()
+            scratch.usage = {ws: milli for ws, milli in scratch.usage.items() if ws in scratch._ws_ends}
+            scratch.model_usage = {k: milli for k, milli in scratch.model_usage.items() if milli}
+        scratch._expiry = [e for e in state.expiry if e[1] not in gone]
+        if gone:
+            heapq.heapify(scratch._expiry)
+        for g, placement in joining:
+            scratch.adopt(g, placement, now, allocated=True, seq=0)
+        return scratch.holder_state()
 
     def restore_holders(self, state: HolderState, gprs: dict[str, GPR], now: float) -> None:
         """Adopt again the holders ``state`` was taken after (:meth:`holder_state`), as fresh copies ``gprs`` (by

@@ -12,6 +12,7 @@ import random
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,8 @@ from scheduler_extender.core.predictor import DurationPredictor, JobKey
 from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
 from scheduler_extender.gpr_resource import rfc3339
 from scheduler_extender.reconcile import (
+    Base,
+    Holders,
     PassCache,
     PassConfig,
     Plan,
@@ -71,6 +74,31 @@ def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str
         if view is not None:
             pods[view.uid] = view
     return nodes, pods, gprs
+
+
+def assert_kept_as_afresh(warm: PassCache, snap: Snapshot, cfg: PassConfig) -> None:
+    """The inventory and holders block ``warm`` kept after planning ``snap`` are the ones a fresh start builds
+    (the block from its second pass on the same objects)."""
+    cold = PassCache()
+    again = copy.deepcopy(snap)
+    plan_pass(again, cfg, cold)
+    plan_pass(again, cfg, cold)
+    assert warm.base is not None and cold.base is not None
+    assert warm.base.key == cold.base.key and warm.base.adopted == cold.base.adopted
+    assert np.array_equal(warm.base.inv.free, cold.base.inv.free)
+    assert warm.base.inv.allocations == cold.base.inv.allocations
+    if warm.holders is None:
+        return
+    assert cold.holders is not None
+
+    def block(h: Holders) -> tuple[Any, ...]:
+        s = h.state
+        return (s.holders, s.usage, s.held_models, s.model_usage, {ws: sorted(lst) for ws, lst in s.ws_ends.items()},
+                s.ws_entry, sorted(s.expiry), h.uid_of, {k: d.version for k, d in h.objects.items()}, h.members,
+                [(name, g.seq, g.placement, g.workspace, g.milli_total(), g.admitted_at, g.exit_duration_s, g.phase)
+                 for name, g in h.templates])
+
+    assert block(warm.holders) == block(cold.holders)
 
 
 def summary(plan: Plan) -> tuple[Any, ...]:
@@ -161,6 +189,7 @@ def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn
         cold = PassCache()
         b = plan_pass(copy.deepcopy(snap), PassConfig(core=core, predictor=predictor, workspaces=index), cold)
         assert summary(a) == summary(b)
+        assert_kept_as_afresh(warm, snap, PassConfig(core=core, predictor=predictor, workspaces=index))
         # the block of queued prototypes, patched pass after pass, is the one a fresh start builds (the size
         # order only: the priority order queues every GPR as itself)
         assert (warm.waiting is None) == (cold.waiting is None) == (order != "size")
@@ -494,33 +523,34 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new
     gprs["u1"] = {**edited, "spec": {**edited["spec"], "exitDuration": "2h"},
                   "metadata": {**edited["metadata"], "resourceVersion": str(version), "generation": 2}}
     plan = step()
-    assert warm.base is base and warm.holders is holders  # not patched, not used
+    assert warm.base is base and warm.holders is None  # not patched: dropped
     assert [w.uid for w in plan.writes] == ["u1"]  # the edit observed: one more version of h1 to take in
     step()
     step()  # the second pass on the same objects builds the block again
-    assert warm.base is base and warm.holders is not holders and warm.holders is not None
+    assert warm.base is base and warm.holders is not None
     assert dict(warm.holders.templates)["default/h1"].exit_duration_s == 7200.0
     rewrite("u1", reservation=[{"node": "n2", "devices": 2}])  # h1's devices recorded on n2 now
     step()
     assert warm.base is not None and warm.base is not base
-    inv, adopted = warm.base[1], warm.base[2]
+    inv, adopted = warm.base.inv, warm.base.adopted
     assert [inv.names[a.node] for a in adopted["default/h1"].assignments] == ["n2"]
     assert gprs["uq"]["status"]["phase"] == "Queued"
 
 
-def test_the_holders_block_is_not_patched_when_a_gpr_starts_or_stops_holding() -> None:
-    """A GPR whose admission time was not yet written (its stamp write failed) is adopted apart from the block;
-    once the stamp is stored it holds, and the block is built again with it rather than patched (it would be
-    adopted out of the block's order). A holder whose status turns Evicting (same reservation) stops holding:
-    not patched either. Every warm pass plans what a fresh start plans."""
+def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stops_holding() -> None:
+    """An admission stored (a new reservation) derives the cached inventory from the last one and adds the GPR to
+    the holders block when it is the newest holder; a holder that stops holding (Evicting, deleted) leaves the
+    block; a GPR that starts holding before a newer holder (its admission time stored late) is not taken in
+    (adopted afresh it comes before that holder) and the block is built again. Every warm pass plans what a
+    fresh start plans, and its inventory and holders block are the ones a fresh start builds."""
     now = time.time()
-    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(3)}
+    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(5)}
     gprs: dict[str, dict[str, Any]] = {}
-    for i in range(2):
-        obj = gpr(f"h{i}", phase="Running" if i == 0 else "Admitted", reservation={f"n{i}": 2}, devices=2,
-                  exitDuration="1h")
+    for i in range(3):  # h2 alone in its namespace (its workspace)
+        obj = gpr(f"h{i}", phase="Running" if i != 1 else "Admitted", reservation={f"n{i}": 2}, devices=2,
+                  exitDuration="1h", namespace="other" if i == 2 else "default")
         obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1), creationTimestamp=f"2026-11-30T00:00:0{i}Z")
-        if i == 0:
+        if i != 1:
             obj["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
         gprs[f"u{i}"] = obj
     warm, version = PassCache(), 100
@@ -530,26 +560,94 @@ def test_the_holders_block_is_not_patched_when_a_gpr_starts_or_stops_holding() -
         snap = Snapshot(now, nodes, {}, gprs)
         plan = plan_pass(snap, PassConfig(), warm)
         assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
+        assert_kept_as_afresh(warm, snap, PassConfig())
         kept = dataclasses.replace(plan, writes=[w for w in plan.writes if w.uid not in lose])
         gprs, version = stored(gprs, kept, version)
         return plan
 
+    def rewrite(uid: str, **status: Any) -> None:
+        nonlocal version
+        version += 1
+        obj = gprs[uid]
+        gprs[uid] = {**obj, "status": {**obj["status"], **status},
+                     "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+
     for _ in range(3):
         step(lose=frozenset({"u1"}))  # h1's admission time never stored
-    assert warm.holders is not None and warm.holders.members == {"u0"}
-    before = warm.holders
+    assert warm.holders is not None and warm.holders.members == {"u0", "u2"}
     step()  # the stamp stored
-    step()  # h1 holds now: not patched in, adopted with the rest
-    assert warm.holders is before
+    step()  # h1 holds now, but before h2: not taken in
+    assert warm.holders is None
+    step()  # built again on the same objects
+    assert warm.holders is not None and warm.holders.members == {"u0", "u1", "u2"}
+    base, block = warm.base, warm.holders
+    # an admission stored: h3, the newest, on n3
+    obj = gpr("h3", phase="Admitted", reservation={"n3": 2}, devices=2, exitDuration="1h")
+    obj["metadata"].update(uid="u3", resourceVersion="50", creationTimestamp="2026-11-30T00:00:09Z")
+    obj["status"].update(admittedAt=rfc3339(now - 1))
+    gprs["u3"] = obj
     step()
-    assert warm.holders is not before and warm.holders is not None and warm.holders.members == {"u0", "u1"}
-    block = warm.holders
+    assert warm.base is not base and warm.base is not None and warm.base.touched == {"n3"}
+    assert warm.holders is not None and warm.holders is not block and warm.holders.base is warm.base
+    assert [name for name, _ in warm.holders.templates] == ["default/h0", "default/h1", "other/h2", "default/h3"]
+    base = warm.base
+    del gprs["u2"]  # deleted: its devices freed
+    step()
+    assert warm.base is not base and warm.base is not None and warm.base.touched == {"n2"}
+    assert warm.holders is not None and warm.holders.members == {"u0", "u1", "u3"}
+    assert "other" not in warm.holders.state.usage and "other" not in warm.holders.state.ws_ends
+    base = warm.base
+    rewrite("u0", phase="Evicting")  # same reservation: the same inventory, one holder fewer
+    step()
+    assert warm.base is base and warm.holders is not None and warm.holders.members == {"u1", "u3"}
+    # its pods are gone (it has none): the same pass queued it again and admitted it at once
+    assert gprs["u0"]["status"]["phase"] == "Admitted"
+    step()  # adopted afresh it comes before h1: not taken in
+    assert warm.holders is None
+    step()
+    assert warm.holders is not None and warm.holders.members == {"u0", "u1", "u3"}
+
+
+def test_a_gpr_that_finishes_while_its_pod_runs_frees_its_reservation_but_not_the_pods_devices() -> None:
+    """A holder's status says Complete while its pod still runs (stopping, or not yet evicted): the inventory
+    derived from the last one frees its reservation, and the pod's devices count again as used outside GPRs on
+    that node, so a queued GPR is not admitted there until the pod is gone. Warm passes plan what a fresh
+    start plans."""
+    now = time.time()
+    nodes = {"n0": node_view(node("n0", gpus=2), (GPU,))}
+    held = gpr("h", phase="Running", reservation={"n0": 2}, devices=2, exitDuration="1h")
+    held["metadata"].update(uid="uh", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
+    held["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
+    queued = gpr("q", phase=None, devices=2, exitDuration="1h")
+    queued["metadata"].update(uid="uq", resourceVersion="2", creationTimestamp="2026-11-30T00:01:00Z")
+    gprs: dict[str, dict[str, Any]] = {"uh": held, "uq": queued}
+    running = pod_view(pod("h-0", 2, gpr="h", uid="p0", node_name="n0", phase="Running"), (GPU,))
+    assert running is not None
+    pods: dict[str, Any] = {"p0": running}
+    warm, version = PassCache(), 100
+
+    def step() -> Plan:
+        nonlocal gprs, version
+        snap = Snapshot(now, nodes, pods, gprs)
+        plan = plan_pass(snap, PassConfig(), warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
+        assert_kept_as_afresh(warm, snap, PassConfig())
+        gprs, version = stored(gprs, plan, version)
+        return plan
+
+    for _ in range(3):
+        step()
+    base = warm.base
     version += 1
-    obj = gprs["u0"]
-    gprs["u0"] = {**obj, "status": {**obj["status"], "phase": "Evicting"},
-                  "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+    gprs["uh"] = {**held, "status": {**held["status"], "phase": "Complete", "finishedAt": rfc3339(now)},
+                  "metadata": {**held["metadata"], "resourceVersion": str(version)}}
+    plan = step()
+    assert warm.base is not base and warm.base is not None and warm.base.touched == {"n0"}
+    assert gprs["uq"]["status"]["phase"] == "Queued"
+    assert [e.pod.uid for e in plan.evictions] == ["p0"]  # the finished GPR's pod must go
+    pods = {"p0": dataclasses.replace(running, phase="Succeeded", ended_at=now)}
     step()
-    assert warm.holders is block  # not patched, not used
+    assert gprs["uq"]["status"]["phase"] == "Admitted"
 
 
 def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> None:
@@ -670,3 +768,42 @@ def test_a_refresh_rewrites_the_positions_of_queued_prototypes_that_moved_and_no
     # one place counts up to position 19 (a tenth of it, at least one); u19 moved from 20 to 19: too little
     assert positions(moved) == {f"u{i}": i for i in range(1, 19)}
     assert all(w.queue_only for w in moved.writes)  # news for the user, not a decision
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 100_000))
+def test_a_derived_inventory_is_the_one_built_afresh(seed: int) -> None:
+    """Base.derive, when it derives, ends exactly where Base.build does (the same free devices, allocations and
+    placements), over random entry lists on a few small nodes: entries gone, added, moved to other nodes, names
+    reused by a new UID, reservations that no longer fit; and it derives whenever only the newest entries change
+    on whole nodes of their own."""
+    rng = random.Random(seed)
+    specs = tuple(NodeSpec(f"n{i}", rng.choice([1, 2, 4])) for i in range(rng.randint(1, 5)))
+
+    def entry(k: int) -> tuple[str, str, tuple[tuple[str, int], ...]]:
+        nodes = sorted(rng.sample([s.name for s in specs], rng.randint(1, min(2, len(specs)))))
+        return (f"u{k}", f"default/g{rng.randint(0, 8)}", tuple((n, rng.randint(1, 3)) for n in nodes))
+
+    old = [entry(k) for k in range(rng.randint(0, 8))]
+    new = list(old)
+    for k in range(rng.randint(1, 4)):
+        what = rng.choice(["gone", "added", "moved"])
+        if what == "gone" and new:
+            new.pop(rng.randrange(len(new)))
+        elif what == "moved" and new:
+            i = rng.randrange(len(new))
+            new[i] = (new[i][0], new[i][1], entry(0)[2])
+        else:
+            new.insert(rng.randint(0, len(new)), entry(100 + k))
+    last = Base.build((specs, tuple(old)))
+    key = (specs, tuple(new))
+    derived, afresh = last.derive(key), Base.build(key)
+    if derived is not None:
+        assert np.array_equal(derived.inv.free, afresh.inv.free)
+        assert derived.inv.allocations == afresh.inv.allocations and derived.adopted == afresh.adopted
+        assert derived.touched is not None and derived.key == key
+    # the newest entries added on nodes nobody else names: always derived
+    spare = [NodeSpec(f"spare{i}", 2) for i in range(3)]
+    wide = Base.build(((*specs, *spare), tuple(old)))
+    grown = (*old, *((f"v{i}", f"default/new{i}", ((s.name, 2),)) for i, s in enumerate(spare)))
+    assert wide.derive(((*specs, *spare), grown)) is not None
