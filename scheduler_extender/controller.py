@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -178,8 +178,12 @@ class GPRController:
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(job: Awaitable[Any]) -> Any:
-            async with gate:
-                return await job
+            try:
+                async with gate:
+                    return await job
+            finally:  # cancelled while waiting for the gate (leadership lost, shutdown): never started, dropped
+                if isinstance(job, Coroutine):
+                    job.close()
 
         return await asyncio.gather(*(one(j) for j in jobs))
 

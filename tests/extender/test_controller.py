@@ -4,11 +4,16 @@ through the Eviction API with a PodDisruptionBudget refusal, leader election, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
+import types
+import warnings
 from typing import Any
 
 import aiohttp
 
+from scheduler_extender.controller import GPRController
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, stack, wait_until
 
@@ -252,3 +257,28 @@ async def test_unhealthy_node_fails_its_gprs_and_evicts_their_pods() -> None:
         await wait_until(lambda: status(peer, "job").get("failures") == 1)
         assert status(peer, "job")["phase"] == "Queued"  # requeued with backoff, not on the sick node
         await wait_until(lambda: "default/job-0" in peer.evicted)
+
+
+def test_writes_cancelled_before_their_turn_are_dropped_without_a_warning() -> None:
+    """A pass's bounded writes and Events cancelled while they wait for their turn (leadership lost, shutdown)
+    are dropped cleanly: the ones never started are closed, not left as 'coroutine was never awaited'."""
+    started: list[int] = []
+
+    async def job(i: int) -> None:
+        started.append(i)
+        await asyncio.sleep(10)
+
+    async def main() -> None:
+        owner = types.SimpleNamespace(concurrency=1)
+        task = asyncio.ensure_future(GPRController._bounded(owner, (job(i) for i in range(3))))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+        gc.collect()
+    assert started == [0]
+    assert not [w for w in caught if "never awaited" in str(w.message)]
