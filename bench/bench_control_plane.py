@@ -277,12 +277,13 @@ def pass_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
 
 
 def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
-                ) -> tuple[list[float], list[float], list[float], list[float]]:
+                ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """(pass seconds after every queued GPR's object changed at once (a bulk ``kubectl label``: 10,000 new
     versions to take in, by a controller that keeps its queued block between passes), a cold pass's seconds
     on the same state (a restart or a new leader: nothing kept), pass seconds after one running GPR's object
     changed (a status write: its pods started, a condition) and the pass after that, the same after a queued
-    GPR's admission was stored (a new reservation on an idle node))."""
+    GPR's admission was stored (a new reservation on an idle node), the same after a running GPR's completion
+    was stored (its reservation freed; its pod still stopping))."""
     from scheduler_extender.gpr_resource import rfc3339
     from scheduler_extender.reconcile import PassCache
 
@@ -296,6 +297,7 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
     cold: list[float] = []
     holder: list[float] = []
     admitted: list[float] = []
+    finished: list[float] = []
     free = iter(range(NODES - FREE_NODES, NODES))
     for r in range(rounds):
         for uid in queued:
@@ -313,7 +315,12 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
                           reservation=[{"node": f"node-{next(free):04d}", "devices": GPUS}])
             planner.touch(uid, status=status)
             admitted += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
-    return warm, cold, holder, admitted
+        for k in range(4):  # as the controller stores a completion: Complete, the reservation freed
+            uid = running[-1 - (4 * r + k)]
+            status = {**planner.gprs[uid]["status"], "phase": "Complete", "finishedAt": rfc3339(time.time())}
+            planner.touch(uid, status=status)
+            finished += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
+    return warm, cold, holder, admitted, finished
 
 
 def http_latencies(cluster: Cluster, samples: int, pods: list[dict[str, Any]], noop_port: int
@@ -464,7 +471,7 @@ async def part_load(samples: int) -> list[str]:
     seed = load_state(10_000, NODES - FREE_NODES)
     t = time.perf_counter()
     passes, refreshes, estimates = pass_times(seed, 30)
-    churned, cold, holder, admitted = churn_times(seed, 5)
+    churned, cold, holder, admitted, finished = churn_times(seed, 5)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
     bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(4 * samples)]
     seed += [("api/v1/pods", p) for p in bindable]
@@ -510,7 +517,9 @@ async def part_load(samples: int) -> list[str]:
              f"restart: nothing kept) on the same state {ms(cold)}; "
              f"{statistics.median(churned) / statistics.median(cold):.2f}x",
              f"  after one running GPR's object changed (a status write), that pass and the next: {ms(holder)}",
-             f"  after a queued GPR's admission was stored (a new reservation), that pass and the next: {ms(admitted)}"]
+             f"  after a queued GPR's admission was stored (a new reservation), that pass and the next: {ms(admitted)}",
+             f"  after a running GPR's completion was stored (its reservation freed), that pass and the next: "
+             f"{ms(finished)}"]
     for separate in (True, False):
         where = ("extender on a core of its own, controller and API-server peer on the other" if separate
                  else "every process on both cores")

@@ -409,9 +409,12 @@ class Base:
     :data:`Entry` in creation order) alone, which each pass copies before anything else touches it."""
 
     def __init__(self, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]], inv: Inventory,
-                 adopted: dict[str, Placement], touched: frozenset[str] | None = None) -> None:
+                 adopted: dict[str, Placement], touched: frozenset[str] | None = None,
+                 on_node: dict[str, list[Entry]] | None = None) -> None:
         self.key, self.inv, self.adopted = key, inv, adopted
         self.touched = touched  # derived: the nodes whose allocations may differ from the base it came from
+        self._on_node = on_node  # node -> the entries naming it, in creation order (made when first asked)
+        self.unique = len({e[1] for e in key[1]}) == len(key[1])  # no owner name listed twice
 
     @classmethod
     def build(cls, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]]) -> Base:
@@ -423,28 +426,53 @@ class Base:
                 adopted[owner] = placement
         return cls(key, inv, adopted)
 
+    def on_node(self) -> dict[str, list[Entry]]:
+        if self._on_node is None:
+            self._on_node = {}
+            for e in self.key[1]:
+                for node, _ in e[2]:
+                    self._on_node.setdefault(node, []).append(e)
+        return self._on_node
+
     def derive(self, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]]) -> Base | None:
         """``Base.build(key)``, worked out from this base when that gives the very same inventory: the same node
-        specs, at most :data:`DERIVE_LIMIT` entries gone, added or changed (an admission stored, a GPR finished),
-        and on each node they name, those come after every unchanged entry naming it in both lists. Each
-        unchanged entry then gets the devices it got here (devices are taken first-free, in creation order),
-        so releasing the old entries and reserving the new ones in order ends where building afresh does.
-        None otherwise (the caller builds afresh)."""
+        specs, owner names listed once, at most :data:`DERIVE_LIMIT` entries gone, added or changed (an
+        admission stored, a GPR finished), and on each node they name, those come after every unchanged entry
+        naming it in both lists. Each unchanged entry then gets the devices it got here (devices are taken
+        first-free, in creation order), so releasing the old entries and reserving the new ones in order ends
+        where building afresh does. None otherwise (the caller builds afresh)."""
         if key[0] != self.key[0]:
             return None
         old_entries, entries = self.key[1], key[1]
-        old_of = {e[0]: e for e in old_entries}  # (one entry per UID: the snapshot is keyed by UID)
-        new_of = {e[0]: e for e in entries}
-        gone = [e for e in old_entries if new_of.get(e[0]) != e]
-        added = [e for e in entries if old_of.get(e[0]) != e]
+        # an unchanged object's entry is the very tuple: compared by identity first, by value where it is not
+        old_ids, new_ids = {id(e) for e in old_entries}, {id(e) for e in entries}
+        fresh = {e[0]: e for e in entries if id(e) not in old_ids}
+        stale = {e[0]: e for e in old_entries if id(e) not in new_ids}
+        if len(fresh) + len(stale) > 2 * DERIVE_LIMIT:
+            return None
+        gone = [e for e in stale.values() if fresh.get(e[0]) != e]
+        added = [e for e in fresh.values() if stale.get(e[0]) != e]  # (in creation order)
         if not (gone or added) or len(gone) + len(added) > DERIVE_LIMIT:
             return None
-        owners = {e[1] for e in gone} | {e[1] for e in added}
-        if any(e[1] in owners for e in entries if old_of.get(e[0]) == e):
-            return None  # an unchanged entry shares an owner name with a changed one
+        new = Base(key, self.inv, self.adopted)
+        if not (self.unique and new.unique):
+            return None  # (names are unique in the API server) one owner's devices could be taken for another's
         touched = frozenset(node for e in (*gone, *added) for node, _ in e[2])
-        if not (_at_tail(old_entries, set(gone), touched) and _at_tail(entries, set(added), touched)):
-            return None
+        on_node = dict(self.on_node())  # (by UID from here: an unchanged entry may be an equal, newer tuple)
+        position = {e[0]: i for i, e in enumerate(entries)} if added else {}
+        gone_uids = {e[0] for e in gone}
+        for node in touched:
+            listed = on_node.get(node, [])
+            kept = [e for e in listed if e[0] not in gone_uids]
+            if any(e[0] in gone_uids for e in listed[:len(kept)]):
+                return None  # a gone entry before an unchanged one on this node
+            arrived = [e for e in added if any(n == node for n, _ in e[2])]
+            if kept and arrived and position[arrived[0][0]] < position[kept[-1][0]]:
+                return None  # an added entry before an unchanged one on this node
+            if kept or arrived:
+                on_node[node] = kept + arrived
+            else:
+                on_node.pop(node, None)
         inv, adopted = self.inv.copy(), dict(self.adopted)
         for e in gone:
             inv.release(e[1])
@@ -453,20 +481,8 @@ class Base:
             placement = _reserve(inv, owner, reservation)
             if placement is not None:
                 adopted[owner] = placement
-        return Base(key, inv, adopted, touched)
-
-
-def _at_tail(entries: tuple[Entry, ...], changed: set[Entry], nodes: frozenset[str]) -> bool:
-    """Whether, on each of ``nodes``, the ``changed`` entries naming it come after every other entry naming it."""
-    late: set[str] = set()
-    for e in entries:
-        for node, _ in e[2]:
-            if node in nodes:
-                if e in changed:
-                    late.add(node)
-                elif node in late:
-                    return False
-    return True
+        new.inv, new.adopted, new.touched, new._on_node = inv, adopted, touched, on_node
+        return new
 
 
 class Holders:
@@ -479,11 +495,13 @@ class Holders:
     holders make."""
 
     def __init__(self, base: Base, key: tuple[Any, ...], versions: tuple[Decoded, ...], state: HolderState,
-                 templates: list[tuple[str, GPR]], uid_of: dict[str, str], objects: dict[str, Decoded]) -> None:
+                 templates: list[tuple[str, GPR]], uid_of: dict[str, str], objects: dict[str, Decoded],
+                 members: set[str] | None = None) -> None:
         self.base, self.key, self.versions, self.state = base, key, versions, state
         self.templates = templates  # as adopted; their last activity is set per pass
         self.uid_of, self.objects = uid_of, objects
-        self.members = {d.uid for d in objects.values()}
+        self.members = members if members is not None else {d.uid for d in objects.values()}
+        self.index: dict[str, int] | None = None
 
     @classmethod
     def adopted(cls, base: Base, key: tuple[Any, ...], versions: tuple[Decoded, ...], state: HolderState,
@@ -493,7 +511,8 @@ class Holders:
     def revise(self, base: Base, versions: tuple[Decoded, ...], cache: PassCache,
                workspaces: WorkspaceIndex | None, sched: Scheduler, now: float) -> Holders | None:
         """The block for new objects of the allocated GPRs (``versions``) on ``base`` (this block's, or one
-        derived from it: see :meth:`Base.derive`), equal to the one adopting them afresh builds:
+        derived from it: see :meth:`Base.derive`, which keeps every unchanged entry's placement), equal to the
+        one adopting them afresh builds:
 
         - a member whose object changed and still holds, with the same placement, and counts the same in the
           scheduler's indexes (workspace, devices, admission time, exitDuration), gets its new copy (a status
@@ -504,25 +523,15 @@ class Holders:
 
         Returns this block (patched) when the members and the base stay, a new block when they change, None when
         a change is none of these (the block is built again)."""
-        templates = self.templates
-        index = {name: i for i, (name, _) in enumerate(templates)}
-        old_of = {d.uid: d for d in self.versions}
-        members, adopted, moved = self.members, base.adopted, base is not self.base
+        templates, members, adopted = self.templates, self.members, base.adopted
+        old_ids, new_ids = {id(d) for d in self.versions}, {id(d) for d in versions}
+        changed = [d for d in versions if id(d) not in old_ids]  # (in creation order)
+        replaced = {d.uid for d in changed}
+        leaving = {d.uid for d in self.versions if id(d) not in new_ids and d.uid in members and d.uid not in replaced}
+        index = self._index()
         fresh: list[tuple[int, GPR, Decoded]] = []
-        staying: set[str] = set()
         joining: list[tuple[GPR, Decoded, Placement]] = []
-        for d in versions:
-            old = old_of.get(d.uid)
-            member = d.uid in members
-            if old is d and not member:
-                continue  # allocated, not holding, and as it was
-            if old is d:
-                staying.add(d.uid)
-                if moved and adopted.get(d.key) is not templates[index[d.key]][1].placement:
-                    return None  # (not expected: a derived base keeps unchanged entries' placements)
-                if joining:
-                    return None  # a joiner before a member: adopted in another order than afresh
-                continue
+        for d in changed:
             if d.proto is None:
                 return None
             g = cache.gpr(d)  # as the pass's loop sees it
@@ -530,45 +539,60 @@ class Holders:
             holds = g.phase in (Phase.ADMITTED, Phase.RUNNING) and g.admitted_at is not None and placement is not None
             if workspaces is not None:
                 g.workspace = workspaces.key(g.workspace, g.resource)
-            if not member:
+            if d.uid not in members:
                 if holds:
                     assert placement is not None
                     joining.append((g, d, placement))
                 continue
             if not holds:
-                continue  # it leaves
+                leaving.add(d.uid)
+                continue
             i = index[d.key]
             template = templates[i][1]
             if placement is not template.placement or (
                     g.workspace, g.milli_total(), g.admitted_at, g.exit_duration_s) != (
                     template.workspace, template.milli_total(), template.admitted_at, template.exit_duration_s):
                 return None
-            if joining:
-                return None
             g.seq, g.placement = template.seq, template.placement  # what adopting it sets
             fresh.append((i, g, d))
-            staying.add(d.uid)
-        if len(staying) == len(members) and not joining:
-            block = self if not moved else Holders(base, self.key, versions, self.state, list(templates),
-                                                   dict(self.uid_of), dict(self.objects))
+        if joining:  # adopted afresh, a joiner comes after every member older than it: none may stay
+            first = joining[0][1].order
+            for name, _ in reversed(templates):
+                d = self.objects[name]
+                if d.uid not in leaving:
+                    if d.order > first:
+                        return None
+                    break
+        if not leaving and not joining:
+            block = self if base is self.base else Holders(base, self.key, versions, self.state, list(templates),
+                                                           dict(self.uid_of), dict(self.objects), members)
             for i, g, d in fresh:
                 block.templates[i] = (g.name, g)
                 block.objects[d.key] = d
             block.versions = versions
             return block
-        leaving = [template for name, template in templates if self.uid_of[name] not in staying]
-        state = sched.revised_holder_state(self.state, leaving, [(g, p) for g, _, p in joining], now)
+        gone = {name for name, uid in self.uid_of.items() if uid in leaving} if leaving else set()
+        state = sched.revised_holder_state(self.state, [templates[index[name]][1] for name in gone],
+                                           [(g, p) for g, _, p in joining], now)
         kept = list(templates)
-        gone = {g.name for g in leaving}
-        uid_of = {name: uid for name, uid in self.uid_of.items() if name not in gone}
-        objects = {name: d for name, d in self.objects.items() if name not in gone}
+        objects = dict(self.objects)
         for i, g, d in fresh:
             kept[i] = (g.name, g)
             objects[d.key] = d
+        uid_of = dict(self.uid_of)
+        for name in gone:
+            del uid_of[name], objects[name]
         for g, d, _ in joining:  # adopted by the scratch scheduler: seq, placement set as adopting them sets
             uid_of[g.name], objects[g.name] = d.uid, d
         return Holders(base, self.key, versions, state,
-                       [t for t in kept if t[0] not in gone] + [(g.name, g) for g, _, _ in joining], uid_of, objects)
+                       [t for t in kept if t[0] not in gone] + [(g.name, g) for g, _, _ in joining], uid_of, objects,
+                       (members - leaving) | {d.uid for _, d, _ in joining})
+
+    def _index(self) -> dict[str, int]:
+        """Each template's place in :attr:`templates` by name (the names and their order never change)."""
+        if self.index is None:
+            self.index = {name: i for i, (name, _) in enumerate(self.templates)}
+        return self.index
 
 
 def _created(obj: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -644,6 +668,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     previous, derived = cache.base, None
     if previous is not None and previous.key == base_key:
         base = previous
+        base.key = base_key  # equal; its entries are this pass's very tuples (the next derive compares by identity)
     else:
         derived = previous.derive(base_key) if previous is not None else None
         base = cache.base = derived or Base.build(base_key)
@@ -768,7 +793,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         # a derived base: only the nodes its changed entries name can count differently
         touched = derived.touched or frozenset()
         used = {name: count for name, count in last[3].items() if name not in touched}
-        used.update(_used_outside_reservations(sched, snap, touched))
+        on_node = derived.on_node()
+        used.update(_used_outside_reservations(sched, snap, (touched, {e[1] for n in touched for e in on_node.get(n, ())})))
     else:
         used = _used_outside_reservations(sched, snap)
     cache.outside = (base, pods_seen, nodes_seen, used)
@@ -901,23 +927,28 @@ def _same_ledgers(old: list[NodeView], new: list[NodeView]) -> bool:
         for a, b in zip(old, new, strict=True))
 
 
-def _used_outside_reservations(sched: Scheduler, snap: Snapshot, only: frozenset[str] | None = None
-                               ) -> dict[str, int]:
+def _used_outside_reservations(sched: Scheduler, snap: Snapshot,
+                               only: tuple[frozenset[str], set[str]] | None = None) -> dict[str, int]:
     """Devices in use on each node that no allocated GPR's reservation covers: capacity nobody gets (node ->
-    devices); on the nodes in ``only`` alone, when given (each node's count depends on its own pods, ledger and
-    reservations alone). Runs over every pod and node: names are bound locally and PodView.live is inlined."""
+    devices). With ``only`` = (nodes, the GPRs whose reservations name them), on those nodes alone: each node's
+    count depends on its own pods, ledger and reservations alone. Runs over every pod and node: names are bound
+    locally and PodView.live is inlined."""
     inv = sched.inv
     index, specs, names = inv.index, inv.specs, inv.names
     covered: dict[tuple[str, str], int] = {}  # (gpr key, node) -> devices its reservation holds there
-    for name, g in [*sched.holders.items(), *sched.evicting.items()]:
+    holders, evicting = sched.holders, sched.evicting
+    holding = ([*holders.items(), *evicting.items()] if only is None else
+               [(name, g) for name in only[1] if (g := holders.get(name) or evicting.get(name)) is not None])
+    for name, g in holding:
         for a in g.placement.assignments if g.placement else ():
             covered[name, names[a.node]] = len(a.devices)
     used: dict[str, int] = {}
     seen: set[str] = set()
     pods = snap.pods
+    nodes: Container[str] = index if only is None else only[0]
     for p in pods.values():
         node = p.node
-        if not node or p.phase in TERMINAL_POD_PHASES or node not in index or (only is not None and node not in only):
+        if node not in nodes or p.phase in TERMINAL_POD_PHASES or node not in index:
             continue
         seen.add(p.uid)
         count = p.requests.get(specs[index[node]].resource, 0)
@@ -930,7 +961,7 @@ def _used_outside_reservations(sched: Scheduler, snap: Snapshot, only: frozenset
         if count > 0:
             used[node] = used.get(node, 0) + count
     views = snap.nodes
-    for name, node_view in (views.items() if only is None else ((n, views[n]) for n in only if n in views)):
+    for name, node_view in (views.items() if only is None else ((n, views[n]) for n in only[0] if n in views)):
         n = index.get(name)
         if n is None:
             continue

@@ -650,6 +650,37 @@ def test_a_gpr_that_finishes_while_its_pod_runs_frees_its_reservation_but_not_th
     assert gprs["uq"]["status"]["phase"] == "Admitted"
 
 
+def test_an_admission_stored_after_its_pod_was_seen_covers_the_pods_devices() -> None:
+    """A GPR's pod already runs when its admission is first seen (the informer had the pod first): the derived
+    inventory reserves the GPR's devices and the pod's devices are counted again, now covered by the
+    reservation, so the node's other devices stay free for a queued GPR. Warm passes plan what a fresh start
+    plans."""
+    now = time.time()
+    nodes = {"n0": node_view(node("n0", gpus=4), (GPU,))}
+    running = pod_view(pod("h-0", 2, gpr="h", uid="p0", node_name="n0", phase="Running"), (GPU,))
+    assert running is not None
+    pods: dict[str, Any] = {"p0": running}
+    warm = PassCache()
+
+    def step(gprs: dict[str, dict[str, Any]]) -> Plan:
+        snap = Snapshot(now, nodes, pods, gprs)
+        plan = plan_pass(snap, PassConfig(), warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
+        assert_kept_as_afresh(warm, snap, PassConfig())
+        return plan
+
+    step({})  # the pod's two devices are held outside any GPR
+    held = gpr("h", phase="Admitted", reservation={"n0": 2}, devices=2, exitDuration="1h")
+    held["metadata"].update(uid="uh", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
+    held["status"].update(admittedAt=rfc3339(now - 5))
+    queued = gpr("q", phase=None, devices=2, exitDuration="1h")
+    queued["metadata"].update(uid="uq", resourceVersion="2", creationTimestamp="2026-11-30T00:01:00Z")
+    base = warm.base
+    plan = step({"uh": held, "uq": queued})
+    assert warm.base is not base and warm.base is not None and warm.base.touched == {"n0"}
+    assert {w.uid: w.status["phase"] for w in plan.writes}.get("uq") == "Admitted"
+
+
 def test_the_cached_holders_follow_their_pods_the_clock_and_the_workspaces() -> None:
     """The holders adopted once per cached base (PassCache.holders) are restored pass after pass with what
     depends on the pass: their last activity (from their pods: one stops, one idles out), the time (one
@@ -774,36 +805,44 @@ def test_a_refresh_rewrites_the_positions_of_queued_prototypes_that_moved_and_no
 @given(st.integers(0, 100_000))
 def test_a_derived_inventory_is_the_one_built_afresh(seed: int) -> None:
     """Base.derive, when it derives, ends exactly where Base.build does (the same free devices, allocations and
-    placements), over random entry lists on a few small nodes: entries gone, added, moved to other nodes, names
-    reused by a new UID, reservations that no longer fit; and it derives whenever only the newest entries change
-    on whole nodes of their own."""
+    placements), over random changes of the entries on a few small nodes, a derived base deriving again:
+    entries gone, added, moved to other nodes, a name reused by a new UID, a name listed twice, reservations
+    that no longer fit; and it derives whenever only the newest entries change, on nodes of their own."""
     rng = random.Random(seed)
     specs = tuple(NodeSpec(f"n{i}", rng.choice([1, 2, 4])) for i in range(rng.randint(1, 5)))
 
-    def entry(k: int) -> tuple[str, str, tuple[tuple[str, int], ...]]:
+    def reservation() -> tuple[tuple[str, int], ...]:
         nodes = sorted(rng.sample([s.name for s in specs], rng.randint(1, min(2, len(specs)))))
-        return (f"u{k}", f"default/g{rng.randint(0, 8)}", tuple((n, rng.randint(1, 3)) for n in nodes))
+        return tuple((n, rng.randint(1, 3)) for n in nodes)
 
-    old = [entry(k) for k in range(rng.randint(0, 8))]
-    new = list(old)
-    for k in range(rng.randint(1, 4)):
-        what = rng.choice(["gone", "added", "moved"])
-        if what == "gone" and new:
-            new.pop(rng.randrange(len(new)))
-        elif what == "moved" and new:
-            i = rng.randrange(len(new))
-            new[i] = (new[i][0], new[i][1], entry(0)[2])
-        else:
-            new.insert(rng.randint(0, len(new)), entry(100 + k))
-    last = Base.build((specs, tuple(old)))
-    key = (specs, tuple(new))
-    derived, afresh = last.derive(key), Base.build(key)
-    if derived is not None:
-        assert np.array_equal(derived.inv.free, afresh.inv.free)
-        assert derived.inv.allocations == afresh.inv.allocations and derived.adopted == afresh.adopted
-        assert derived.touched is not None and derived.key == key
-    # the newest entries added on nodes nobody else names: always derived
-    spare = [NodeSpec(f"spare{i}", 2) for i in range(3)]
-    wide = Base.build(((*specs, *spare), tuple(old)))
-    grown = (*old, *((f"v{i}", f"default/new{i}", ((s.name, 2),)) for i, s in enumerate(spare)))
-    assert wide.derive(((*specs, *spare), grown)) is not None
+    entries = [(f"u{k}", f"default/g{k}", reservation()) for k in range(rng.randint(0, 8))]
+    last = Base.build((specs, tuple(entries)))
+    for step in range(3):
+        freed: list[str] = []
+        for k in range(rng.randint(1, 4)):
+            what = rng.choice(["gone", "added", "moved", "status"])
+            if what == "gone" and entries:
+                freed.append(entries.pop(rng.randrange(len(entries)))[1])
+            elif what == "moved" and entries:
+                i = rng.randrange(len(entries))
+                entries[i] = (entries[i][0], entries[i][1], reservation())
+            elif what == "status" and entries:  # a status write: an equal entry, a new tuple
+                i = rng.randrange(len(entries))
+                entries[i] = (entries[i][0], entries[i][1], tuple(entries[i][2]))
+            else:
+                owner = rng.choice([*freed, f"default/h{step}-{k}", f"default/h{step}-{k}", f"default/g{k}"])
+                entries.insert(rng.randint(0, len(entries)), (f"v{step}-{k}", owner, reservation()))
+        key = (specs, tuple(entries))
+        derived, afresh = last.derive(key), Base.build(key)
+        if derived is not None:
+            assert np.array_equal(derived.inv.free, afresh.inv.free)
+            assert derived.inv.allocations == afresh.inv.allocations and derived.adopted == afresh.adopted
+            assert derived.touched is not None and derived.key == key
+            assert derived.on_node() == afresh.on_node()
+        last = derived or afresh
+    # the newest entries added on nodes nobody else names: derived whenever names are listed once
+    if last.unique:
+        spare = [NodeSpec(f"spare{i}", 2) for i in range(3)]
+        wide = Base.build(((*specs, *spare), tuple(entries)))
+        grown = (*entries, *((f"w{i}", f"default/new{i}", ((s.name, 2),)) for i, s in enumerate(spare)))
+        assert wide.derive(((*specs, *spare), grown)) is not None
