@@ -31,6 +31,8 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import GPU, MODEL_LABEL, NR1, TERMINAL_POD_PHASES, NodeView, PodView
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay, clone
@@ -145,6 +147,7 @@ class Decoded:
     rank: tuple[Any, int, str, float, tuple[int, float, float]] | None = None
     # (UID, key, reservation as sorted (node, devices)): all the cached inventory depends on of an allocated GPR
     placed: tuple[str, str, tuple[tuple[str, int], ...]] = ("", "", ())
+    spot_numbers: tuple[float, float, float, float, float] = (0.0, 0.0, math.nan, math.nan, math.nan)  # see _spots_moved
 
 
 class PassCache:
@@ -201,6 +204,7 @@ class PassCache:
                     (meta.get("labels") or {}).get(AUTO_LABEL) == "true",
                     False)
         d.placed = (uid, key, tuple(sorted(d.reservation.items())))
+        d.spot_numbers = _spot_numbers(d.spot)
         # stored as Queued, valid, not being deleted, and its status is what the GPR renders while nothing happens
         # to it: the pass may queue the prototype itself and needs to look at it again only if it was handed out
         d.waiting = (proto is not None and status.get("phase") == Phase.QUEUED and not d.deleting and not proto.history
@@ -827,12 +831,17 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     positions = _Positions(plan.queue)
     # a refresh asks every queued GPR where it stands: plain dictionary lookups, bound once
     position_of, estimate_of = (positions.index().get if refresh else positions.get), estimates.get
+    # a refresh asks every queued prototype whether its stored spot moved enough: all at once, by queue position
+    queue = plan.queue
+    moved = (_spots_moved([objects[key].spot_numbers for key in queue], [estimate_of(key) for key in queue], now).tolist()
+             if refresh else [])
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
     for key, g in sched.gprs.items():
         d = objects[key]
         if g is d.proto and (not refresh or (
-                not (refusals and d.uid in refusals) and key not in extra and not _spot_moved(
-                    d.spot, position_of(key), estimate_of(key), now))):
+                not (refusals and d.uid in refusals) and key not in extra and not (
+                    moved[place - 1] if (place := position_of(key)) is not None
+                    else _spot_moved(d.spot, None, estimate_of(key), now)))):
             # queued as its prototype and never handed out: nothing happened to it, its status stands (stored
             # settled: see Decoded.waiting), or on a refresh, at most its place in the queue moved, too little
             continue
@@ -845,7 +854,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if (settled is not None and not g.history and not refusal and key not in extra
                 and settled == (g.phase, g.reason, g.failures, g.evictions)) and (
                 not refresh or g.phase is not Phase.QUEUED
-                or not _spot_moved(d.spot, positions.get(key), estimate, now)):
+                or not (moved[place - 1] if (place := positions.get(key)) is not None
+                        else _spot_moved(d.spot, None, estimate, now))):
             if g.phase in holding_phases:
                 plan.ungate[uid] = [names[a.node] for a in g.placement.assignments] if g.placement else []
             continue
@@ -1132,6 +1142,51 @@ def _spot_moved(old: Spot, position: int | None, estimate: Interval | None, now:
         return low_at is not None or high_at is not None
     return (low_at is None or high_at is None or _time_moved(low_at, math.floor(min(low, start)), now)
             or _time_moved(high_at, math.floor(max(high, start)), now))
+
+
+POSITION_CLIP = 2 ** 52  # stored positions beyond it move as it does (either way: by more than a tenth), exactly
+
+
+def _spot_numbers(spot: Spot) -> tuple[float, float, float, float, float]:
+    """A stored spot as numbers for :func:`_spots_moved`: the position's kind (0 none, 1 an integer, 2 anything
+    else), the position (clipped), and each time (NaN: none)."""
+    pos = spot[0]
+    kind, value = (0.0, 0.0) if pos is None else (
+        (1.0, float(max(-POSITION_CLIP, min(POSITION_CLIP, pos)))) if isinstance(pos, int) else (2.0, 0.0))
+    return (kind, value, *(math.nan if t is None else float(t) for t in spot[1:]))  # type: ignore[return-value]
+
+
+def _spots_moved(spots: list[tuple[float, float, float, float, float]], estimates: list[Interval | None],
+                 now: float) -> np.ndarray:
+    """``[_spot_moved(old, i + 1, estimate, now) for i, ...]`` over a whole queue (``spots``: each queued GPR's
+    :func:`_spot_numbers`, in queue order), in a few array operations instead of 10,000 calls."""
+    n = len(spots)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    old = np.array(spots, dtype=np.float64).reshape(n, 5)
+    nan = math.nan
+    est = np.array([(e.start, e.low, e.high) if e is not None else (nan, nan, nan) for e in estimates],
+                   dtype=np.float64).reshape(n, 3)
+    kind, pos = old[:, 0], old[:, 1]
+    new_pos = np.arange(1, n + 1, dtype=np.float64)
+    moved = (kind == 0) | ((kind == 1) & (np.abs(new_pos - pos) >= np.maximum(1.0, np.floor_divide(pos, 10.0))))
+    at, low_at, high_at = old[:, 2], old[:, 3], old[:, 4]
+    no_at, no_low, no_high = np.isnan(at), np.isnan(low_at), np.isnan(high_at)
+    start, low, high = est[:, 0], est[:, 1], est[:, 2]
+    finite = np.isfinite(start)
+    ranged = finite & np.isfinite(low) & np.isfinite(high)
+    with np.errstate(invalid="ignore"):
+        def shifted(old_at: np.ndarray, new_at: np.ndarray) -> np.ndarray:  # _time_moved, element-wise
+            return ~((old_at <= now) & (new_at <= now)) & (
+                np.abs(new_at - old_at) >= np.maximum(60.0, np.maximum(new_at - now, 0.0) / 10))
+
+        floor_start = np.floor(start)
+        moved |= ~finite & ~(no_at & no_low & no_high)
+        moved |= finite & (no_at | shifted(at, floor_start))
+        moved |= finite & ~ranged & ~(no_low & no_high)
+        moved |= ranged & (no_low | no_high | shifted(low_at, np.floor(np.minimum(low, start)))
+                           | shifted(high_at, np.floor(np.maximum(high, start))))
+    return moved
 
 
 NODE_NAME_FIELD = "metadata.name"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler_extender import ledger
@@ -291,6 +291,64 @@ def test_the_refresh_check_equals_comparing_whole_spots(old_pos: Any, position: 
     assert _spot_moved(old, position, estimate, now) == _queue_moved(old, new, now), (old, new)
     if estimate is not None and all(math.isfinite(t) for t in (estimate.start, estimate.low, estimate.high)):
         assert not _spot_moved(new, position, estimate, now)  # what it would write has not moved
+
+
+_stored_positions = st.one_of(st.none(), st.just("same"), st.tuples(st.just("from"), st.integers(-5, 5)),
+                              st.integers(1, 2_000), st.just("7"), st.just(True),
+                              st.just(3.0), st.integers(-(2 ** 70), 2 ** 70), st.integers(-(10 ** 400), 10 ** 400))
+_estimates = st.one_of(st.none(), st.tuples(_times, _times, _times),  # due, soon, or later
+                       st.tuples(*[st.one_of(st.integers(-700, 700), st.integers(600, 7_000)).map(float)
+                                   for _ in range(3)]))
+# a stored time: none; seconds from now (0: now itself); whole seconds from what would be written now (across the
+# 60 s threshold); or a share of the wait from it (across a tenth of the wait)
+_offset = st.one_of(st.just(("sec", 0)), st.just(("sec", 0)), st.just(("sec", 0)),  # as it would be written: often
+                    st.none(), st.tuples(st.just("now"), st.one_of(st.just(0.0), st.floats(-2_000, 100_000))),
+                    st.tuples(st.just("sec"), st.one_of(st.integers(-700, 700), st.sampled_from([-61, -60, -59, 59, 60, 61]))),
+                    st.tuples(st.just("wait"), st.sampled_from([-0.11, -0.1, -0.09, 0.09, 0.1, 0.11])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_stored_positions, _estimates, st.tuples(_offset, _offset, _offset)), max_size=40))
+@example([("same", (100.0, 100.0, 100.0), (("sec", 59), ("sec", 0), ("sec", 0))),  # each threshold, exactly
+          ("same", (100.0, 100.0, 100.0), (("sec", -60), ("sec", 0), ("sec", 0))),
+          ("same", (-100.0, -200.0, -50.0), (("now", 0.0), ("sec", 0), ("sec", 0))),
+          ("same", (-100.0, -200.0, -50.0), (("sec", 0), ("now", 0.0), ("sec", 0))),
+          ("same", (2000.0, 1000.0, 3000.0), (("wait", 0.1), ("wait", 0.09), ("sec", 0))),
+          ("same", (2000.0, 1000.0, 3000.0), (("sec", 0), ("sec", 0), ("wait", -0.11))),
+          *[("same", None, (None, None, None))] * 18, (27, None, (None, None, None)),  # places 25 and 28: a tenth
+          ("same", None, (None, None, None)), ("same", None, (None, None, None)), (30, None, (None, None, None))])
+def test_a_refresh_checks_the_whole_queue_at_once_as_it_checks_each_gpr(queue: list[Any]) -> None:
+    """_spots_moved (the refresh's check of every queued GPR at once, in queue order) answers for each exactly as
+    _spot_moved does: positions that are not numbers, booleans, floats and integers beyond 2**52 included, times
+    at and around every threshold, estimates with no start or no range."""
+    from scheduler_extender.core.waittime import Interval
+    from scheduler_extender.reconcile import _spot_moved, _spot_numbers, _spots_moved, new_spot
+
+    now = 1_800_000_000.0
+
+    def stored(offset: Any, at: float | None) -> float | None:
+        if offset is None:
+            return None
+        how, value = offset
+        if how == "now":
+            return now + value
+        if at is None:
+            return None
+        return at + value if how == "sec" else at + value * max(at - now, 0.0)
+
+    spots: list[Any] = []
+    estimates: list[Any] = []
+    for i, (old_pos, times, offsets) in enumerate(queue):
+        estimate = Interval(*(now + t for t in times)) if times is not None else None
+        new = new_spot(i + 1, estimate)
+        if isinstance(old_pos, tuple):  # a few places from where it is now
+            old_pos = i + 1 + old_pos[1]
+        spots.append((i + 1 if old_pos == "same" else old_pos,
+                      *(stored(o, at) for o, at in zip(offsets, new[1:], strict=True))))
+        estimates.append(estimate)
+    expected = [_spot_moved(spot, i + 1, estimate, now)
+                for i, (spot, estimate) in enumerate(zip(spots, estimates, strict=True))]
+    assert _spots_moved([_spot_numbers(spot) for spot in spots], estimates, now).tolist() == expected
 
 
 @pytest.mark.parametrize("change", ["ledger", "pod"])
