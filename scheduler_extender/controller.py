@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -174,16 +175,14 @@ class GPRController:
         self.last_plan = plan
         return plan
 
-    async def _bounded(self, jobs: Iterable[Awaitable[Any]]) -> list[Any]:
+    async def _bounded(self, jobs: Iterable[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        """Each job's result, in order, at most ``concurrency`` running at once. A job is started (its coroutine
+        made) only at its turn, so a batch cancelled midway (leadership lost, shutdown) leaves none unawaited."""
         gate = asyncio.Semaphore(self.concurrency)
 
-        async def one(job: Awaitable[Any]) -> Any:
-            try:
-                async with gate:
-                    return await job
-            finally:  # cancelled while waiting for the gate (leadership lost, shutdown): never started, dropped
-                if isinstance(job, Coroutine):
-                    job.close()
+        async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+            async with gate:
+                return await job()
 
         return await asyncio.gather(*(one(j) for j in jobs))
 
@@ -204,7 +203,7 @@ class GPRController:
 
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
         writes = self.paced(plan.writes)
-        results = await self._bounded(self._write(w.uid, w.status) for w in writes)
+        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in writes)
         written = {w.uid for w, ok in zip(writes, results, strict=True) if ok}
         by_gpr: dict[str, list[Any]] = {}
         for pod in snap.pods.values():
@@ -219,10 +218,10 @@ class GPRController:
                 continue
             meta = obj.get("metadata") or {}
             ungates += [(pod, nodes) for pod in by_gpr.get(gr.gpr_key(meta.get("namespace", ""), meta.get("name", "")), ())]
-        await self._bounded(self._ungate(pod, nodes) for pod, nodes in ungates)
+        await self._bounded(functools.partial(self._ungate, pod, nodes) for pod, nodes in ungates)
         now = self.clock()
         due = [e for e in plan.evictions if now - self._evicted_at.get(e.pod.uid, -math.inf) >= self.evict_every]
-        outcomes = await self._bounded(self._evict(e.pod, e.why) for e in due)
+        outcomes = await self._bounded(functools.partial(self._evict, e.pod, e.why) for e in due)
         refusals: dict[str, list[str]] = {}
         for e, refusal in zip(due, outcomes, strict=True):
             self._evicted_at[e.pod.uid] = now
@@ -234,8 +233,9 @@ class GPRController:
         live = set(snap.pods)
         self._evicted_at = {uid: t for uid, t in self._evicted_at.items() if uid in live}
         if self.emit_events:
-            await self._bounded(self._event(uid, e) for uid, e in plan.events if uid in written and e.kind != "submitted")
-        await self._bounded(self._delete_orphan(*o) for o in plan.orphans)
+            await self._bounded(functools.partial(self._event, uid, e) for uid, e in plan.events
+                                if uid in written and e.kind != "submitted")
+        await self._bounded(functools.partial(self._delete_orphan, *o) for o in plan.orphans)
 
     async def _write(self, uid: str, status: dict[str, Any]) -> bool:
         obj = self.objects.get(uid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import time
 import types
@@ -260,8 +261,8 @@ async def test_unhealthy_node_fails_its_gprs_and_evicts_their_pods() -> None:
 
 
 def test_writes_cancelled_before_their_turn_are_dropped_without_a_warning() -> None:
-    """A pass's bounded writes and Events cancelled while they wait for their turn (leadership lost, shutdown)
-    are dropped cleanly: the ones never started are closed, not left as 'coroutine was never awaited'."""
+    """A pass's bounded writes and Events cancelled while they wait for their turn, or before any took a step
+    (leadership lost, shutdown), are dropped cleanly: none is left as 'coroutine was never awaited'."""
     started: list[int] = []
 
     async def job(i: int) -> None:
@@ -270,11 +271,17 @@ def test_writes_cancelled_before_their_turn_are_dropped_without_a_warning() -> N
 
     async def main() -> None:
         owner = types.SimpleNamespace(concurrency=1)
-        task = asyncio.ensure_future(GPRController._bounded(owner, (job(i) for i in range(3))))  # type: ignore[arg-type]
+        jobs = (functools.partial(job, i) for i in range(3))
+        task = asyncio.ensure_future(GPRController._bounded(owner, jobs))  # type: ignore[arg-type]
         await asyncio.sleep(0.05)
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        cancelled_at_once = asyncio.ensure_future(
+            GPRController._bounded(owner, (functools.partial(job, 9),)))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # cancelled before its jobs took a step
+        cancelled_at_once.cancel()
+        for t in (task, cancelled_at_once):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
