@@ -798,7 +798,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         touched = derived.touched or frozenset()
         used = {name: count for name, count in last[3].items() if name not in touched}
         on_node = derived.on_node()
-        used.update(_used_outside_reservations(sched, snap, (touched, {e[1] for n in touched for e in on_node.get(n, ())})))
+        naming = {e[1] for n in touched for e in on_node.get(n, ())}  # the GPRs whose reservations name them
+        used.update(_used_outside_reservations(sched, snap, (touched, naming)))
     else:
         used = _used_outside_reservations(sched, snap)
     cache.outside = (base, pods_seen, nodes_seen, used)

@@ -101,6 +101,12 @@ def assert_kept_as_afresh(warm: PassCache, snap: Snapshot, cfg: PassConfig) -> N
     assert block(warm.holders) == block(cold.holders)
 
 
+def with_status(obj: dict[str, Any], version: int, **status: Any) -> dict[str, Any]:
+    """A new version of a GPR object: ``status`` fields replaced, under resourceVersion ``version``."""
+    return {**obj, "status": {**obj["status"], **status},
+            "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+
+
 def summary(plan: Plan) -> tuple[Any, ...]:
     return (sorted((w.uid, repr(sorted(w.status.items()))) for w in plan.writes),
             sorted((k, tuple(v)) for k, v in plan.ungate.items()),
@@ -562,9 +568,7 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new
     def rewrite(uid: str, **status: Any) -> None:
         nonlocal version
         version += 1
-        obj = gprs[uid]
-        gprs[uid] = {**obj, "status": {**obj["status"], **status},
-                     "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+        gprs[uid] = with_status(gprs[uid], version, **status)
 
     for _ in range(3):
         step()
@@ -626,9 +630,7 @@ def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stop
     def rewrite(uid: str, **status: Any) -> None:
         nonlocal version
         version += 1
-        obj = gprs[uid]
-        gprs[uid] = {**obj, "status": {**obj["status"], **status},
-                     "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+        gprs[uid] = with_status(gprs[uid], version, **status)
 
     for _ in range(3):
         step(lose=frozenset({"u1"}))  # h1's admission time never stored
@@ -697,8 +699,7 @@ def test_a_gpr_that_finishes_while_its_pod_runs_frees_its_reservation_but_not_th
         step()
     base = warm.base
     version += 1
-    gprs["uh"] = {**held, "status": {**held["status"], "phase": "Complete", "finishedAt": rfc3339(now)},
-                  "metadata": {**held["metadata"], "resourceVersion": str(version)}}
+    gprs["uh"] = with_status(held, version, phase="Complete", finishedAt=rfc3339(now))
     plan = step()
     assert warm.base is not base and warm.base is not None and warm.base.touched == {"n0"}
     assert gprs["uq"]["status"]["phase"] == "Queued"
