@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay
@@ -657,6 +657,56 @@ def test_restored_holders_equal_holders_adopted_one_by_one(items: list, caps: di
         b.restore_holders(state, {t.name: clone(t) for t in templates}, now)
     with pytest.raises(ValueError, match="a copy of each holder"):
         _sched(2).restore_holders(dataclasses.replace(state, holders=[*state.holders, "x/y"]), {}, now)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([1, 2]), st.sampled_from([None, 600.0, 3600.0]),
+                          st.integers(0, 3000)), min_size=0, max_size=8),
+       st.sets(st.integers(0, 7)), st.integers(0, 3), st.sampled_from([None, {"a": {"X": 2000}}]))
+@example(items=[("a", 1, None, 0), ("b", 2, 600.0, 10)], leaving={0}, joining=1, caps={"a": {"X": 2000}})
+def test_a_revised_holder_state_is_the_one_adopting_afresh_leaves(items: list, leaving: set[int], joining: int,
+                                                                   caps: dict | None) -> None:
+    """revised_holder_state (a driver's kept holders when some stop holding and the newest start) equals the state
+    adopting the remaining holders and then the joiners one by one leaves: the same holders in the same order,
+    counts (no entry left for a workspace or model nobody holds any more), workspace ends and expiries; and the
+    scheduler it is asked of is left as it was."""
+    from scheduler_extender.core.gpr import clone
+    from scheduler_extender.core.inventory import NodeAssignment, Placement
+
+    now = 10_000.0
+    nodes = [NodeSpec(f"n{i}", 2, "X" if i % 2 else "Y") for i in range(12)]
+    gprs = []
+    for i, (ws, devs, exit_s, age) in enumerate([*items, ("b", 1, 600.0, 5), ("a", 2, None, 1), ("a", 1, 3600.0, 0)]):
+        g = GPR(f"{ws}/h{i}", workspace=ws, devices_per_node=devs, exit_duration_s=exit_s, phase=Phase.ADMITTED,
+                admitted_at=now - age)
+        gprs.append((g, Placement((NodeAssignment(i, tuple(range(devs)), 1000),))))
+    old, new = gprs[:len(items)], gprs[len(items):len(items) + joining]  # the joiners: the newest
+
+    def scheduler(holding: list[tuple[GPR, Placement]]) -> Scheduler:
+        s = Scheduler(Inventory(nodes), BestFit(), SchedulerConfig(model_caps=caps))
+        for g, p in holding:
+            s.inv.allocate(g.name, p)
+        return s
+
+    a = scheduler(old + new)
+    for g, p in old:
+        a.adopt(clone(g), p, now, allocated=True, seq=0)
+    state = a.holder_state()
+    gone = [clone(a.gprs[g.name]) for i, (g, _) in enumerate(old) if i in leaving]
+    asked = scheduler(old + new)
+    revised = asked.revised_holder_state(state, gone, [(clone(g), p) for g, p in new], now)
+    assert not asked.holders and not asked.usage and not asked._ws_entry  # left as it was
+    b = scheduler(old + new)
+    for g, p in [(g, p) for i, (g, p) in enumerate(old) if i not in leaving] + new:
+        b.adopt(clone(g), p, now, allocated=True, seq=0)
+    afresh = b.holder_state()
+    assert revised.holders == afresh.holders
+    assert revised.usage == afresh.usage and revised.held_models == afresh.held_models
+    assert revised.model_usage == afresh.model_usage and revised.ws_entry == afresh.ws_entry
+    assert {ws: sorted(lst) for ws, lst in revised.ws_ends.items()} == {ws: sorted(lst) for ws, lst in afresh.ws_ends.items()}
+    assert sorted(revised.expiry) == sorted(afresh.expiry)
+    with pytest.raises(ValueError, match="not a holder"):
+        asked.revised_holder_state(state, [GPR("x/y")], [], now)
 
 
 def test_reading_the_queue_hands_no_prototype_out() -> None:
