@@ -404,7 +404,9 @@ def _reserve(inv: Inventory, owner: str, reservation: tuple[tuple[str, int], ...
 
 
 Entry = tuple[str, str, tuple[tuple[str, int], ...]]  # an allocated GPR's UID, key and sorted reservation
-DERIVE_LIMIT = 64  # a base is derived from the last one when at most this many entries changed
+# a base is derived from the last one when at most this many entries changed, or this share of them: each costs
+# about what it costs to build afresh, which then reserves every entry
+DERIVE_LIMIT, DERIVE_SHARE = 64, 0.25
 
 
 class Base:
@@ -440,9 +442,9 @@ class Base:
 
     def derive(self, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]]) -> Base | None:
         """``Base.build(key)``, worked out from this base when that gives the very same inventory: the same node
-        specs, owner names listed once, at most :data:`DERIVE_LIMIT` entries gone, added or changed (an
-        admission stored, a GPR finished), and on each node they name, those come after every unchanged entry
-        naming it in both lists. Each unchanged entry then gets the devices it got here (devices are taken
+        specs, owner names listed once, at most :data:`DERIVE_LIMIT` entries (or :data:`DERIVE_SHARE` of them)
+        gone, added or changed (admissions stored, GPRs finished), and on each node they name, those come after
+        every unchanged entry naming it in both lists. Each unchanged entry then gets the devices it got here (devices are taken
         first-free, in creation order), so releasing the old entries and reserving the new ones in order ends
         where building afresh does. None otherwise (the caller builds afresh)."""
         if key[0] != self.key[0]:
@@ -452,11 +454,12 @@ class Base:
         old_ids, new_ids = {id(e) for e in old_entries}, {id(e) for e in entries}
         fresh = {e[0]: e for e in entries if id(e) not in old_ids}
         stale = {e[0]: e for e in old_entries if id(e) not in new_ids}
-        if len(fresh) + len(stale) > 2 * DERIVE_LIMIT:
+        limit = max(DERIVE_LIMIT, int(DERIVE_SHARE * len(entries)))
+        if len(fresh) + len(stale) > 2 * limit:
             return None
         gone = [e for e in stale.values() if fresh.get(e[0]) != e]
         added = [e for e in fresh.values() if stale.get(e[0]) != e]  # (in creation order)
-        if not (gone or added) or len(gone) + len(added) > DERIVE_LIMIT:
+        if not (gone or added) or len(gone) + len(added) > limit:
             return None
         new = Base(key, self.inv, self.adopted)
         if not (self.unique and new.unique):
@@ -465,12 +468,16 @@ class Base:
         on_node = dict(self.on_node())  # (by UID from here: an unchanged entry may be an equal, newer tuple)
         position = {e[0]: i for i, e in enumerate(entries)} if added else {}
         gone_uids = {e[0] for e in gone}
+        arriving: dict[str, list[Entry]] = {}
+        for e in added:
+            for node, _ in e[2]:
+                arriving.setdefault(node, []).append(e)
         for node in touched:
             listed = on_node.get(node, [])
             kept = [e for e in listed if e[0] not in gone_uids]
             if any(e[0] in gone_uids for e in listed[:len(kept)]):
                 return None  # a gone entry before an unchanged one on this node
-            arrived = [e for e in added if any(n == node for n, _ in e[2])]
+            arrived = arriving.get(node, [])
             if kept and arrived and position[arrived[0][0]] < position[kept[-1][0]]:
                 return None  # an added entry before an unchanged one on this node
             if kept or arrived:

@@ -905,3 +905,22 @@ def test_a_derived_inventory_is_the_one_built_afresh(seed: int) -> None:
         wide = Base.build(((*specs, *spare), tuple(entries)))
         grown = (*entries, *((f"w{i}", f"default/new{i}", ((s.name, 2),)) for i, s in enumerate(spare)))
         assert wide.derive(((*specs, *spare), grown)) is not None
+
+
+def test_a_burst_of_admissions_is_derived_up_to_a_share_of_the_entries() -> None:
+    """A pass that takes in many admissions at once (a burst of one-GPR-per-pod admissions) still derives the
+    inventory while the changed entries are at most a quarter of them (or 64), each node's new entries in
+    creation order; beyond that it builds afresh."""
+    from scheduler_extender.reconcile import DERIVE_LIMIT, DERIVE_SHARE
+
+    specs = tuple(NodeSpec(f"n{i:03d}", 8) for i in range(1_000))
+    old = tuple((f"u{i}", f"default/g{i}", ((f"n{i:03d}", 8),)) for i in range(800))
+    last = Base.build((specs, old))
+    share = int(DERIVE_SHARE * (len(old) + 150))
+    assert share > DERIVE_LIMIT
+    burst = old + tuple((f"v{i}", f"default/h{i}", ((f"n{800 + i % 100:03d}", 1),)) for i in range(150))
+    derived = last.derive((specs, burst))
+    assert derived is not None and derived.adopted == Base.build((specs, burst)).adopted
+    assert [e[0] for e in derived.on_node()["n800"]] == ["v0", "v100"]
+    flood = old + tuple((f"v{i}", f"default/h{i}", ((f"n{800 + i % 200:03d}", 1),)) for i in range(400))
+    assert last.derive((specs, flood)) is None
