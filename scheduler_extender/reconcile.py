@@ -153,9 +153,9 @@ class Decoded:
 class PassCache:
     """Pure functions of immutable inputs, cached so a pass does not redo them: decoded objects by (UID,
     resourceVersion), specs by (UID, generation), node specs by node view, and the inventory with every
-    allocated GPR adopted, by (node specs, each allocated GPR's UID, name and reservation: a status write that
-    leaves its reservation as it was, Admitted to Running say, keeps it). A restart rebuilds all of it
-    identically."""
+    allocated GPR adopted (:class:`Base`), by (node specs, each allocated GPR's UID, name and reservation: a
+    status write that leaves its reservation as it was, Admitted to Running say, keeps it; an admission or a
+    completion derives the next one from it). A restart rebuilds all of it identically."""
 
     def __init__(self) -> None:
         self.specs: dict[str, tuple[Any, dict[str, Any] | str]] = {}
@@ -706,7 +706,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         sched.restore_block(w.block, now)
         uid_of.update(w.uid_of)
         objects.update(w.objects)
-    # the holders of a cached base, adopted as the pass that cached them adopted them (see Holders)
+    # the holders of the cached base (or of the one it was derived from, revised: see Holders.revise), adopted as
+    # the pass that cached them adopted them
     caps = sched.cfg.model_caps or {}
     holders_key = (owner, {k: dict(v) for k, v in caps.items()})
     hb = cache.holders
