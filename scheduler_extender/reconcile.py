@@ -1105,16 +1105,6 @@ def spot_of(status: Mapping[str, Any]) -> Spot:
             gr.parse_time(span.get("earliest")), gr.parse_time(span.get("latest")))
 
 
-def new_spot(position: int | None, estimate: Interval | None) -> Spot:
-    """:func:`spot_of` the fields :func:`gpr_resource.queue_fields` would write, without writing them."""
-    if estimate is None or not math.isfinite(estimate.start):
-        return (position, None, None, None)
-    start = estimate.start
-    if not (math.isfinite(estimate.low) and math.isfinite(estimate.high)):
-        return (position, math.floor(start), None, None)
-    return (position, math.floor(start), math.floor(min(estimate.low, start)), math.floor(max(estimate.high, start)))
-
-
 def _queue_moved(old: Spot, new: Spot, now: float) -> bool:
     """Whether a queued GPR's position or estimate moved enough to be worth a write: a position by at least a
     tenth (any change in the first ten), an estimated start by at least a tenth of the wait (and a minute).
@@ -1145,8 +1135,9 @@ def _time_moved(old_at: float, new_at: float, now: float) -> bool:
 
 
 def _spot_moved(old: Spot, position: int | None, estimate: Interval | None, now: float) -> bool:
-    """``_queue_moved(old, new_spot(position, estimate), now)`` without building the new spot, and stopping at the
-    first field that moved: a refresh asks it of every queued GPR."""
+    """``_queue_moved(old, new, now)`` where ``new`` is :func:`spot_of` the fields ``gpr_resource.queue_fields``
+    would write for ``position`` and ``estimate``, without writing them or building ``new``, and stopping at the
+    first field that moved."""
     if _position_moved(old[0], position):
         return True
     at, low_at, high_at = old[1], old[2], old[3]

@@ -107,6 +107,31 @@ def with_status(obj: dict[str, Any], version: int, **status: Any) -> dict[str, A
             "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
 
 
+class Passes:
+    """Passes planned with warm caches on GPR objects as the API server keeps them: each checked against a fresh
+    start (its plan, its inventory and holders block), its status writes then stored under new resourceVersions
+    (but those of the UIDs in ``lose``: writes that failed)."""
+
+    def __init__(self, now: float, nodes: dict[str, Any], gprs: dict[str, dict[str, Any]],
+                 pods: dict[str, Any] | None = None) -> None:
+        self.now, self.nodes, self.gprs, self.pods = now, nodes, gprs, pods if pods is not None else {}
+        self.warm, self.version = PassCache(), 100
+
+    def step(self, lose: frozenset[str] = frozenset()) -> Plan:
+        snap = Snapshot(self.now, self.nodes, self.pods, self.gprs)
+        plan = plan_pass(snap, PassConfig(), self.warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
+        assert_kept_as_afresh(self.warm, snap, PassConfig())
+        kept = dataclasses.replace(plan, writes=[w for w in plan.writes if w.uid not in lose])
+        self.gprs, self.version = stored(self.gprs, kept, self.version)
+        return plan
+
+    def rewrite(self, uid: str, **status: Any) -> None:
+        """A new version of a GPR whose ``status`` fields someone else changed."""
+        self.version += 1
+        self.gprs[uid] = with_status(self.gprs[uid], self.version, **status)
+
+
 def summary(plan: Plan) -> tuple[Any, ...]:
     return (sorted((w.uid, repr(sorted(w.status.items()))) for w in plan.writes),
             sorted((k, tuple(v)) for k, v in plan.ungate.items()),
@@ -243,14 +268,25 @@ def test_queue_refreshes_write_only_positions_and_estimates_that_moved_enough() 
     assert moved(due, {**still_due, "estimatedStartRange": {"earliest": rfc3339(now), "latest": rfc3339(now + 900)}})
 
 
+def new_spot(position: int | None, estimate: Any) -> Any:
+    """The spot the refresh judges for a position and an estimate: :func:`spot_of` the fields
+    :func:`gpr_resource.queue_fields` would write (checked against them below), without writing them."""
+    if estimate is None or not math.isfinite(estimate.start):
+        return (position, None, None, None)
+    start = estimate.start
+    if not (math.isfinite(estimate.low) and math.isfinite(estimate.high)):
+        return (position, math.floor(start), None, None)
+    return (position, math.floor(start), math.floor(min(estimate.low, start)), math.floor(max(estimate.high, start)))
+
+
 def test_a_refresh_judges_a_queued_gpr_by_the_fields_it_would_write() -> None:
-    """The refresh compares numbers (new_spot) instead of rendering and parsing each status: the same numbers
-    as the status it would write (queue_fields) read back."""
+    """The refresh compares numbers (the spot new_spot gives, which _spot_moved and _spots_moved judge) instead of
+    rendering and parsing each status: the same numbers as the status it would write (queue_fields) read back."""
     import random
 
     from scheduler_extender.core.waittime import Interval
     from scheduler_extender.gpr_resource import queue_fields
-    from scheduler_extender.reconcile import new_spot, spot_of
+    from scheduler_extender.reconcile import spot_of
 
     rng = random.Random(5)
     now = 1_800_000_000.0
@@ -280,7 +316,7 @@ def test_the_refresh_check_equals_comparing_whole_spots(old_pos: Any, position: 
     drawn as offsets of the new ones)."""
 
     from scheduler_extender.core.waittime import Interval
-    from scheduler_extender.reconcile import _queue_moved, _spot_moved, new_spot
+    from scheduler_extender.reconcile import _queue_moved, _spot_moved
 
     now = 1_800_000_000.0
     estimate = Interval(*(now + t for t in times)) if times is not None else None
@@ -328,7 +364,7 @@ def test_a_refresh_checks_the_whole_queue_at_once_as_it_checks_each_gpr(queue: l
     _spot_moved does: positions that are not numbers, booleans, floats and integers beyond 2**52 included, times
     at and around every threshold, estimates with no start or no range."""
     from scheduler_extender.core.waittime import Interval
-    from scheduler_extender.reconcile import _spot_moved, _spot_numbers, _spots_moved, new_spot
+    from scheduler_extender.reconcile import _spot_moved, _spot_numbers, _spots_moved
 
     now = 1_800_000_000.0
 
@@ -555,20 +591,8 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new
     queued = gpr("q", phase=None, devices=2, nodes=2, exitDuration="1h")  # two whole nodes: only n2 is free
     queued["metadata"].update(uid="uq", resourceVersion="9", creationTimestamp="2026-11-30T00:01:00Z")
     gprs["uq"] = queued
-    warm, version = PassCache(), 100
-
-    def step() -> Plan:
-        nonlocal gprs, version
-        snap = Snapshot(now, nodes, {}, gprs)
-        plan = plan_pass(snap, PassConfig(), warm)
-        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
-        gprs, version = stored(gprs, plan, version)
-        return plan
-
-    def rewrite(uid: str, **status: Any) -> None:
-        nonlocal version
-        version += 1
-        gprs[uid] = with_status(gprs[uid], version, **status)
+    passes = Passes(now, nodes, gprs)
+    step, rewrite, warm = passes.step, passes.rewrite, passes.warm
 
     for _ in range(3):
         step()
@@ -580,10 +604,10 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new
     assert warm.base is base and warm.holders is holders
     assert holders.objects["default/h0"].status["phase"] == "Running"
     assert dict(holders.templates)["default/h0"].started_at == pytest.approx(now - 30, abs=1)
-    version += 1  # h1's exitDuration edited: it counts differently in the indexes, so the block is built again
-    edited = gprs["u1"]
-    gprs["u1"] = {**edited, "spec": {**edited["spec"], "exitDuration": "2h"},
-                  "metadata": {**edited["metadata"], "resourceVersion": str(version), "generation": 2}}
+    passes.version += 1  # h1's exitDuration edited: it counts differently in the indexes, so the block is built again
+    edited = passes.gprs["u1"]
+    passes.gprs["u1"] = {**edited, "spec": {**edited["spec"], "exitDuration": "2h"},
+                         "metadata": {**edited["metadata"], "resourceVersion": str(passes.version), "generation": 2}}
     plan = step()
     assert warm.base is base and warm.holders is None  # not patched: dropped
     assert [w.uid for w in plan.writes] == ["u1"]  # the edit observed: one more version of h1 to take in
@@ -596,7 +620,7 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new
     assert warm.base is not None and warm.base is not base
     inv, adopted = warm.base.inv, warm.base.adopted
     assert [inv.names[a.node] for a in adopted["default/h1"].assignments] == ["n2"]
-    assert gprs["uq"]["status"]["phase"] == "Queued"
+    assert passes.gprs["uq"]["status"]["phase"] == "Queued"
 
 
 def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stops_holding() -> None:
@@ -615,22 +639,8 @@ def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stop
         if i != 1:
             obj["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
         gprs[f"u{i}"] = obj
-    warm, version = PassCache(), 100
-
-    def step(lose: frozenset[str] = frozenset()) -> Plan:
-        nonlocal gprs, version
-        snap = Snapshot(now, nodes, {}, gprs)
-        plan = plan_pass(snap, PassConfig(), warm)
-        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
-        assert_kept_as_afresh(warm, snap, PassConfig())
-        kept = dataclasses.replace(plan, writes=[w for w in plan.writes if w.uid not in lose])
-        gprs, version = stored(gprs, kept, version)
-        return plan
-
-    def rewrite(uid: str, **status: Any) -> None:
-        nonlocal version
-        version += 1
-        gprs[uid] = with_status(gprs[uid], version, **status)
+    passes = Passes(now, nodes, gprs)
+    step, rewrite, warm = passes.step, passes.rewrite, passes.warm
 
     for _ in range(3):
         step(lose=frozenset({"u1"}))  # h1's admission time never stored
@@ -645,13 +655,13 @@ def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stop
     obj = gpr("h3", phase="Admitted", reservation={"n3": 2}, devices=2, exitDuration="1h")
     obj["metadata"].update(uid="u3", resourceVersion="50", creationTimestamp="2026-11-30T00:00:09Z")
     obj["status"].update(admittedAt=rfc3339(now - 1))
-    gprs["u3"] = obj
+    passes.gprs["u3"] = obj
     step()
     assert warm.base is not base and warm.base is not None and warm.base.touched == {"n3"}
     assert warm.holders is not None and warm.holders is not block and warm.holders.base is warm.base
     assert [name for name, _ in warm.holders.templates] == ["default/h0", "default/h1", "other/h2", "default/h3"]
     base = warm.base
-    del gprs["u2"]  # deleted: its devices freed
+    del passes.gprs["u2"]  # deleted: its devices freed
     step()
     assert warm.base is not base and warm.base is not None and warm.base.touched == {"n2"}
     assert warm.holders is not None and warm.holders.members == {"u0", "u1", "u3"}
@@ -661,7 +671,7 @@ def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stop
     step()
     assert warm.base is base and warm.holders is not None and warm.holders.members == {"u1", "u3"}
     # its pods are gone (it has none): the same pass queued it again and admitted it at once
-    assert gprs["u0"]["status"]["phase"] == "Admitted"
+    assert passes.gprs["u0"]["status"]["phase"] == "Admitted"
     step()  # adopted afresh it comes before h1: not taken in
     assert warm.holders is None
     step()
@@ -683,30 +693,21 @@ def test_a_gpr_that_finishes_while_its_pod_runs_frees_its_reservation_but_not_th
     gprs: dict[str, dict[str, Any]] = {"uh": held, "uq": queued}
     running = pod_view(pod("h-0", 2, gpr="h", uid="p0", node_name="n0", phase="Running"), (GPU,))
     assert running is not None
-    pods: dict[str, Any] = {"p0": running}
-    warm, version = PassCache(), 100
-
-    def step() -> Plan:
-        nonlocal gprs, version
-        snap = Snapshot(now, nodes, pods, gprs)
-        plan = plan_pass(snap, PassConfig(), warm)
-        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), PassConfig(), PassCache()))
-        assert_kept_as_afresh(warm, snap, PassConfig())
-        gprs, version = stored(gprs, plan, version)
-        return plan
+    passes = Passes(now, nodes, gprs, {"p0": running})
+    step, warm = passes.step, passes.warm
 
     for _ in range(3):
         step()
     base = warm.base
-    version += 1
-    gprs["uh"] = with_status(held, version, phase="Complete", finishedAt=rfc3339(now))
+    passes.version += 1
+    passes.gprs["uh"] = with_status(held, passes.version, phase="Complete", finishedAt=rfc3339(now))
     plan = step()
     assert warm.base is not base and warm.base is not None and warm.base.touched == {"n0"}
-    assert gprs["uq"]["status"]["phase"] == "Queued"
+    assert passes.gprs["uq"]["status"]["phase"] == "Queued"
     assert [e.pod.uid for e in plan.evictions] == ["p0"]  # the finished GPR's pod must go
-    pods = {"p0": dataclasses.replace(running, phase="Succeeded", ended_at=now)}
+    passes.pods = {"p0": dataclasses.replace(running, phase="Succeeded", ended_at=now)}
     step()
-    assert gprs["uq"]["status"]["phase"] == "Admitted"
+    assert passes.gprs["uq"]["status"]["phase"] == "Admitted"
 
 
 def test_an_admission_stored_after_its_pod_was_seen_covers_the_pods_devices() -> None:
