@@ -265,11 +265,11 @@ class WorkspaceController:
                 self._remember(a, await client.patch(res, a.name, a.body, None, patch_type="merge"))
             elif a.verb == "delete":
                 await client.delete(res, a.name, a.namespace or None, uid=a.uid or None)
-                self.managed.pop((a.kind, a.namespace, a.name), None)
+                self._forget(a)
         except (NotFound, Conflict):  # gone meanwhile, or changed: the informer brings the news, the next pass decides
             self.actions.labels(a.verb, a.kind, "conflict").inc()
             if a.verb == "delete":
-                self.managed.pop((a.kind, a.namespace, a.name), None)
+                self._forget(a)
             return ""
         except ApiError as exc:
             self.actions.labels(a.verb, a.kind, "error").inc()
@@ -279,6 +279,15 @@ class WorkspaceController:
         self.actions.labels(a.verb, a.kind, "ok").inc()
         log.info("workspace object written", extra={"workspace": a.workspace, "action": f"{a.verb} {a.key}"})
         return ""
+
+    def _forget(self, a: wsp.Action) -> None:
+        """The object a delete named is gone (deleted, or a 404 or a 409 said so): forget it, but only it. The
+        informer may meanwhile have brought a new object of that name (re-created: another UID); forgetting that
+        one would leave it unknown, never deleted, until the next relist."""
+        key = (a.kind, a.namespace, a.name)
+        kept = self.managed.get(key)
+        if kept is not None and (not a.uid or ((kept.get("metadata") or {}).get("uid") or "") == a.uid):
+            del self.managed[key]
 
     def _remember(self, a: wsp.Action, obj: dict[str, Any]) -> None:
         if a.kind == "Namespace":

@@ -329,3 +329,44 @@ async def test_the_controller_process_runs_the_workspace_controller_under_its_le
             proc.kill()
             await proc.wait()
         await peer.stop()
+
+
+async def test_a_delete_forgets_only_the_object_it_named_not_one_re_created_meanwhile() -> None:
+    """The controller deletes a Role it manages by UID. Meanwhile someone re-created the Role (a new UID) and the
+    informer brought that one: the delete answers 409 (or the old one is gone), and the controller must keep
+    knowing the new Role, or it never deletes it (no event comes until the next relist, minutes later)."""
+    from kubernetes_asyncio import client as k8s
+
+    from kubeapi import KubeClient
+    from scheduler_extender.cluster import ClusterView
+    from scheduler_extender.kube import Kube
+    from scheduler_extender.workspace_controller import WorkspaceController
+
+    peer = await new_peer()
+    await peer.put_object(NS, namespace("team-a"))
+    name = wsp.role_name("viewer")
+    labels = {wsp.MANAGED_LABEL: wsp.MANAGED_BY, wsp.WORKSPACE_LABEL: "team"}
+    await peer.put_object(ROLES, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                                  "metadata": {"name": name, "namespace": "team-a", "labels": labels,
+                                               "uid": "new-uid"}, "rules": []})
+    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
+    try:
+        ctl = WorkspaceController(Kube(KubeClient(api, field_manager="test")), ClusterView(), list)
+        key = ("Role", "team-a", name)
+        held = peer.get(ROLES, "team-a", name)
+        assert held is not None
+        ctl.managed[key] = held  # what the informer holds: the re-created Role
+        stale = wsp.Action("delete", "Role", "team-a", name, "team", uid="old-uid")
+        assert await ctl._do(stale) == ""  # 409: the precondition names the old UID
+        assert peer.get(ROLES, "team-a", name) is not None
+        assert ctl.managed[key]["metadata"]["uid"] == "new-uid"  # still known: the next pass deletes it
+        current = wsp.Action("delete", "Role", "team-a", name, "team", uid="new-uid")
+        assert await ctl._do(current) == ""
+        assert peer.get(ROLES, "team-a", name) is None and key not in ctl.managed
+        # a 404 for a UID that is not the one held forgets nothing either
+        ctl.managed[key] = {"metadata": {"name": name, "namespace": "team-a", "uid": "newer-uid", "labels": labels}}
+        assert await ctl._do(stale) == ""
+        assert key in ctl.managed
+    finally:
+        await api.close()
+        await peer.stop()
