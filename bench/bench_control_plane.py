@@ -26,9 +26,10 @@ start (they ask for a GPU model only the busy nodes have), 200 idle nodes of ano
 
 Part ``e2e`` — 5,000 nodes, N one-GPU pods created at once, each going webhook -> GPR admission -> ungate ->
 filter -> prioritize -> bind, scheduled one pod at a time as kube-scheduler does; once with one GPR per pod
-(auto-GPR from the namespace's default template), once with 20 GPRs x N/20 pods, beside the same pods through an
-extender that answers trivially (no webhook, no gate, every node passes; not a binder, so the scheduler creates
-the Binding itself, as with the do-nothing extender of the issue's real-cluster run). The scheduler's own API
+(auto-GPR from the namespace's default template; the peer calls the extender's ``/validate-gprs`` on each GPR
+create, as the API server does with the shipped webhook configuration), once with 20 GPRs x N/20 pods, beside the
+same pods through an extender that answers trivially (no webhook, no gate, every node passes; not a binder, so the
+scheduler creates the Binding itself, as with the do-nothing extender of the issue's real-cluster run). The scheduler's own API
 writes (a Binding, the first "unschedulable" status patch of a pod) go through kube-scheduler's default client
 rate limit, QPS 50 / burst 100 (``--scheduler-qps``; 0 lifts it for a stress run). Reported: pods/s from first
 create to last bind, create -> bound p50/p99, webhook timeouts (> 5 s, the webhook's timeoutSeconds) and
@@ -115,16 +116,22 @@ def load_state(queued: int, busy_nodes: int) -> list[tuple[str, dict[str, Any]]]
     return out
 
 
-def run_peer(port: int, seed: str, ready: Any) -> None:
-    """The API-server peer in a process of its own, seeded from a JSON file."""
+def run_peer(port: int, seed: str, ready: Any, gpr_webhook: str = "") -> None:
+    """The API-server peer in a process of its own, seeded from a JSON file; with ``gpr_webhook`` (the
+    extender's ``/validate-gprs``) it calls it on every GPR CREATE and UPDATE, as the shipped
+    ValidatingWebhookConfiguration makes the API server do."""
     import logging
 
     logging.basicConfig(level=logging.ERROR)
 
     async def main() -> None:
         from tests.apiserver_peer import APIServerPeer
+        from tests.apiserver_peer.admission import ValidatingWebhook
 
         peer = APIServerPeer(history=200_000)
+        if gpr_webhook:
+            peer.admission.validating.append(
+                ValidatingWebhook("gprs.accelstack.io", gpr_webhook, frozenset({"gpuprovisioningrequests"})))
         peer.tokens[TOKEN] = {"username": "bench", "groups": []}
         for verb in ("list", "get", "create"):
             peer.grants.add(("bench", verb, "accelstack.io", "gpuprovisioningrequests", ""))
@@ -153,16 +160,16 @@ class Cluster:
         self.folder = folder
         seed_file = folder / "seed.json"
         seed_file.write_text(json.dumps(seed))
-        self.peer_port = free_port()
+        self.peer_port, self.ext_port, self.ctl_port = free_port(), free_port(), free_port()
         parent, child = mp.Pipe()
-        self.peer = mp.get_context("spawn").Process(target=run_peer, args=(self.peer_port, str(seed_file), child),
-                                                    daemon=True)
+        self.peer = mp.get_context("spawn").Process(
+            target=run_peer, args=(self.peer_port, str(seed_file), child,
+                                   f"http://127.0.0.1:{self.ext_port}/validate-gprs"), daemon=True)
         self.peer.start()
         self.url = parent.recv()
         config = kubeconfig(folder, self.url)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "ACCELSTACK_EXT_LEASE_NAMESPACE": "default",
                "ACCELSTACK_CTL_LEASE_NAMESPACE": "default"}
-        self.ext_port, self.ctl_port = free_port(), free_port()
         self.extender = subprocess.Popen(
             [sys.executable, "-m", "scheduler_extender.main", "--kubeconfig", str(config), "--listen",
              f"127.0.0.1:{self.ext_port}", "--controller=false", "--log-level", "error", "--waittime-qps", "100000",

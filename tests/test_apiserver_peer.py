@@ -536,3 +536,117 @@ async def test_selective_watch_shows_objects_entering_and_leaving(peer: APIServe
         await peer.delete_object("api/v1/pods", "ml", "p")
         events = await read_events(r, 3)
     assert [e["type"] for e in events] == ["DELETED", "ADDED", "MODIFIED", "DELETED"]
+
+
+async def test_validating_webhooks_judge_creates_and_updates_as_the_api_server_calls_them(
+        peer: APIServerPeer, http: aiohttp.ClientSession) -> None:
+    """CREATE and UPDATE of the named resource (not /status) go to the webhook with an AdmissionReview; a
+    refusal is the API server's Status; a webhook that hangs fails the write closed (Fail) or not (Ignore)."""
+    from aiohttp import web
+
+    from tests.apiserver_peer.admission import ValidatingWebhook
+
+    seen: list[dict[str, Any]] = []
+    hang = asyncio.Event()
+
+    async def judge(request: web.Request) -> web.Response:
+        req = (await request.json())["request"]
+        seen.append(req)
+        if req["object"]["metadata"]["name"] == "slow":
+            await hang.wait()
+        allowed = req["object"]["spec"]["priority"] <= 500
+        answer: dict[str, Any] = {"uid": req["uid"], "allowed": allowed}
+        if not allowed:
+            answer["status"] = {"code": 422, "reason": "Invalid", "message": "spec.priority: at most 500"}
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "response": answer})
+
+    app = web.Application()
+    app.router.add_post("/validate", judge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/validate"  # type: ignore[union-attr]
+    hook = ValidatingWebhook("gprs.example.io", url, frozenset({"gpuprovisioningrequests"}), timeout=0.5)
+    peer.admission.validating.append(hook)
+    try:
+        async with http.post(peer.url + GPR_URL, json=gpr("ok")) as r:
+            assert r.status == 201
+        req = seen[-1]
+        assert (req["operation"], req["kind"]["kind"], req["resource"]["resource"], req["namespace"], req["name"],
+                req["oldObject"], req["userInfo"]["username"]) == (
+            "CREATE", "GPUProvisioningRequest", "gpuprovisioningrequests", "ml", "ok", None, "system:anonymous")
+        async with http.post(peer.url + GPR_URL, json=gpr("greedy", priority=900)) as r:
+            body = await r.json()
+            assert r.status == 422, body
+        assert body["reason"] == "Invalid"
+        assert body["message"] == 'admission webhook "gprs.example.io" denied the request: spec.priority: at most 500'
+        assert peer.get(GPRS, "ml", "greedy") is None
+        # an update: judged with the old object beside it; refused, nothing changes
+        async with http.patch(f"{peer.url}{GPR_URL}/ok", json={"spec": {"priority": 900}},
+                              headers={"Content-Type": "application/merge-patch+json"}) as r:
+            assert r.status == 422
+        assert seen[-1]["operation"] == "UPDATE" and seen[-1]["oldObject"]["spec"]["priority"] == 100
+        assert peer.get(GPRS, "ml", "ok")["spec"]["priority"] == 100  # type: ignore[index]
+        async with http.patch(f"{peer.url}{GPR_URL}/ok", json={"spec": {"priority": 300}},
+                              headers={"Content-Type": "application/merge-patch+json"}) as r:
+            assert r.status == 200
+        assert peer.get(GPRS, "ml", "ok")["spec"]["priority"] == 300  # type: ignore[index]
+        calls = hook.calls
+        async with http.put(f"{peer.url}{GPR_URL}/ok/status",  # a status write is not judged
+                            json={**peer.get(GPRS, "ml", "ok"), "status": {"phase": "Queued"}}) as r:  # type: ignore[dict-item]
+            assert r.status == 200
+        assert hook.calls == calls
+        # a webhook that does not answer within timeoutSeconds: 500 under Fail, nothing stored
+        async with http.post(peer.url + GPR_URL, json=gpr("slow")) as r:
+            body = await r.json()
+            assert r.status == 500, body
+        assert body["reason"] == "InternalError" and 'failed calling webhook "gprs.example.io"' in body["message"]
+        assert "context deadline exceeded" in body["message"] and peer.get(GPRS, "ml", "slow") is None
+        hook.failure_policy = "Ignore"  # ... and let through under Ignore
+        async with http.post(peer.url + GPR_URL, json=gpr("slow")) as r:
+            assert r.status == 201
+        assert hook.failures == ["context deadline exceeded"] * 2
+    finally:
+        hang.set()
+        await runner.cleanup()
+
+
+async def test_an_update_whose_object_changed_while_a_webhook_judged_it_is_made_on_the_new_object(
+        peer: APIServerPeer, http: aiohttp.ClientSession) -> None:
+    """A merge patch without a resourceVersion is applied to what is stored when it is written, as the API
+    server's update loop does: a status write that lands while the webhook judges the patch is kept."""
+    from aiohttp import web
+
+    from tests.apiserver_peer.admission import ValidatingWebhook
+
+    await peer.put_object(GPRS, gpr("g"))
+    first = asyncio.Event()
+
+    async def judge(request: web.Request) -> web.Response:
+        req = (await request.json())["request"]
+        if not first.is_set():
+            first.set()
+            stored = peer.get(GPRS, "ml", "g")
+            assert stored is not None
+            await peer.put_object(GPRS, {**stored, "status": {"phase": "Admitted"}}, "MODIFIED")
+        return web.json_response({"response": {"uid": req["uid"], "allowed": True}})
+
+    app = web.Application()
+    app.router.add_post("/v", judge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v"  # type: ignore[union-attr]
+    peer.admission.validating.append(ValidatingWebhook("v.example.io", url, frozenset({"gpuprovisioningrequests"})))
+    try:
+        async with http.patch(f"{peer.url}{GPR_URL}/g", json={"metadata": {"labels": {"team": "a"}}},
+                              headers={"Content-Type": "application/merge-patch+json"}) as r:
+            assert r.status == 200
+        stored = peer.get(GPRS, "ml", "g")
+        assert stored is not None
+        assert stored["metadata"]["labels"] == {"team": "a"} and stored["status"] == {"phase": "Admitted"}
+    finally:
+        await runner.cleanup()

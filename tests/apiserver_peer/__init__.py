@@ -40,6 +40,14 @@ Protocol
   ``metadata.finalizers`` gets ``deletionTimestamp`` (MODIFIED) and goes (DELETED) when a write removes the
   last finalizer; new finalizers on it: 422.
   ``peer.delete_object()`` removes at once.
+- validating admission webhooks (``peer.admission.validating.append(ValidatingWebhook(name, url,
+  frozenset({plural}), operations=..., timeout=5.0, failure_policy="Fail"))``): called on CREATE and UPDATE of
+  the main resource (not ``/status``) with an ``admission.k8s.io/v1`` AdmissionReview (``object``,
+  ``oldObject``, ``userInfo`` of the bearer token in ``peer.tokens`` or anonymous) before the object is
+  stored; a refusal answers the webhook's code (400 when below) and ``admission webhook "NAME" denied the
+  request: MESSAGE``; a webhook that fails or outlives its timeout answers 500 ``InternalError`` under Fail and
+  lets the write through under Ignore. An update whose object changed while a webhook judged it is made again
+  on the new object (as the API server's update loop does).
 
 Test-side state: ``peer.put_object(resource_path, obj, event="ADDED"|"MODIFIED")``,
 ``peer.delete_object(resource_path, ns, name)``, ``peer.get(resource_path, ns, name)``, ``peer.objects``,

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from tests.apiserver_peer.admission import Admission
 from tests.apiserver_peer.faults import WATCH_ERROR_REASONS, Fault, RequestInfo, RequestRecord, matches
 from tests.apiserver_peer.reads import Reads
 from tests.apiserver_peer.wire import (
@@ -55,6 +56,10 @@ def _is_custom(resource: str) -> bool:
     return parts[0] == "apis" and "." in parts[1] and not parts[1].endswith(".k8s.io")
 
 
+class _Changed(Exception):
+    """The object an update was computed from changed while admission webhooks judged the update."""
+
+
 class APIServerPeer(Reads):
     def __init__(self, history: int = 100_000, bookmark_interval: float = 2.0, watch_timeout: float = 30.0,
                  log_limit: int = 1_000_000) -> None:
@@ -68,6 +73,7 @@ class APIServerPeer(Reads):
         self.log: collections.deque[RequestRecord] = collections.deque(maxlen=log_limit)
         self.faults: list[Fault] = []
         self.hooks: dict[str, Callable[[web.Request, dict[str, Any]], Any]] = {}
+        self.admission = Admission()  # validating webhooks called on CREATE and UPDATE
         self.epoch = 0  # bumped by compact(): open watches end with 410
         self.bookmark_interval = bookmark_interval  # seconds between BOOKMARKs on watches that allow them
         self.watch_timeout = watch_timeout  # a watch without timeoutSeconds ends after this
@@ -298,10 +304,14 @@ class APIServerPeer(Reads):
     async def _dispatch(self, request: web.Request, info: RequestInfo) -> web.StreamResponse:
         if not info.resource:
             return status(404, "NotFound", f"no route for {request.path}")
-        try:
-            return await self._serve(request, info)
-        except Refused as exc:
-            return exc.response()
+        for _ in range(10):
+            try:
+                return await self._serve(request, info)
+            except Refused as exc:
+                return exc.response()
+            except _Changed:  # the object changed while a webhook judged the write: again, on the new one
+                continue
+        return status(409, "Conflict", "the object kept changing while admission webhooks were called")
 
     @staticmethod
     async def _body(request: web.Request, required: bool = True) -> Any:
@@ -443,6 +453,10 @@ class APIServerPeer(Reads):
             if plural_of(resource) in self.status_subresources:
                 obj.pop("status", None)
         self._manage(request, obj, "Apply" if name else "Update", "", sent)
+        await self._admit(request, resource, "CREATE", obj, None, dry)
+        if (resource, namespace, meta["name"]) in self.objects:  # created while the webhooks judged this one
+            raise Refused(409, f'{qualified(resource)} "{meta["name"]}" already exists', "AlreadyExists",
+                          {"name": meta["name"], "kind": plural_of(resource)})
         if dry:
             meta.setdefault("uid", str(uuid.uuid4()))
             return web.json_response(obj, status=201)
@@ -483,6 +497,11 @@ class APIServerPeer(Reads):
                           "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being "
                           "deleted", "Invalid")
         self._manage(request, new, operation, sub, sent)
+        if not sub:
+            key = (resource, cur_meta.get("namespace", ""), cur_meta["name"])
+            await self._admit(request, resource, "UPDATE", new, current, dry)
+            if self.objects.get(key) is not current:
+                raise _Changed
         if dry:
             return web.json_response(new)
         if cur_meta.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -490,6 +509,16 @@ class APIServerPeer(Reads):
             await self.delete_object(resource, cur_meta.get("namespace", ""), cur_meta["name"])
             return web.json_response(stored)
         return web.json_response(await self.put_object(resource, new, "MODIFIED"))
+
+    async def _admit(self, request: web.Request, resource: str, operation: str, obj: dict[str, Any],
+                     old: dict[str, Any] | None, dry: bool) -> None:
+        if not self.admission.validating:
+            return
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        user = self.tokens.get(token) or {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
+        kind = obj.get("kind") or self.kinds.get(plural_of(resource), "Object")
+        await self.admission.admit(request, user, resource, operation, copy.deepcopy(obj),
+                                   copy.deepcopy(old) if old is not None else None, kind, dry)
 
     async def _patch(self, request: web.Request, resource: str, current: dict[str, Any], sub: str,
                      dry: bool) -> web.Response:
@@ -608,6 +637,7 @@ class APIServerPeer(Reads):
 
     async def stop(self) -> None:
         self._closing = True
+        await self.admission.close()
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None

@@ -1,0 +1,113 @@
+"""The admission path as a cluster runs it: the API server (the peer) calls the extender's ``/mutate-pods`` for a
+pod, the extender creates the pod's GPR at the API server, and the API server calls the extender's
+``/validate-gprs`` on that create before storing it (``manifests/extender/webhooks.yaml`` registers both). The
+webhook thus waits on a request that needs the same process to answer another: under a burst of pod creations
+every pod must still be admitted, each GPR made once and judged once, and what the GPR webhook refuses must
+come back to the user as the API server's error."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+
+from kubeapi import KubeClient
+from scheduler_extender.kube import Kube
+from scheduler_extender.webhook import (
+    AUTO_LABEL,
+    PRIORITY_RANGE_ANNOTATION,
+    KubeLookup,
+    Webhook,
+    add_webhook_routes,
+)
+from tests.apiserver_peer import APIServerPeer, json_patch
+from tests.apiserver_peer.admission import ValidatingWebhook
+from tests.extender.harness import stack
+
+GPRS = "apis/accelstack.io/v1alpha1/gpuprovisioningrequests"
+JOBS = "apis/batch/v1/jobs"
+
+
+def a_pod(name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "team"}
+    if owner:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+async def create_pod(http: aiohttp.ClientSession, peer: APIServerPeer, mutate: str, pod: dict[str, Any]) -> str:
+    """What the API server does with a pod CREATE: call the mutating webhook (timeoutSeconds 5), apply its
+    patch, store. '' when stored, else why not."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": pod["metadata"]["name"], "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "team",
+        "operation": "CREATE", "userInfo": {"username": "alice"}, "object": pod, "dryRun": False}}
+    async with http.post(mutate, json=review, timeout=aiohttp.ClientTimeout(total=5)) as r:
+        answer = (await r.json())["response"]
+    if not answer.get("allowed"):
+        return f"refused: {answer.get('status')}"
+    if answer.get("patch"):
+        pod = json_patch(pod, json.loads(base64.b64decode(answer["patch"])))
+    async with http.post(f"{peer.url}/api/v1/namespaces/team/pods", json=pod) as r:
+        return "" if r.status == 201 else f"{r.status}: {await r.text()}"
+
+
+async def test_a_burst_of_pods_makes_each_gpr_once_through_the_api_servers_gpr_webhook() -> None:
+    peer = APIServerPeer()
+    await peer.start()
+    await peer.put_object("api/v1/namespaces", {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team", "annotations": {
+            "accelstack.io/default-template": "one", PRIORITY_RANGE_ANNOTATION: "1-200"}}})
+    await peer.put_object("apis/accelstack.io/v1alpha1/gprtemplates", {
+        "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate", "metadata": {"name": "one", "namespace": "team"},
+        "spec": {"devicesPerNode": 1, "priority": 50, "exitDuration": "4h"}})
+    job = await peer.put_object(JOBS, {"apiVersion": "batch/v1", "kind": "Job",
+                                       "metadata": {"name": "train", "namespace": "team"}, "spec": {}})
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": job["metadata"]["uid"],
+             "controller": True}
+    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
+    handler = Webhook(KubeLookup(Kube(KubeClient(api, field_manager="accelstack-extender"))), auto_gpr=True)
+    try:
+        async with stack(peer, extra_routes=lambda app: add_webhook_routes(app, handler)) as (_, server), \
+                aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.port}"
+            hook = ValidatingWebhook("gprs.accelstack.io", f"{base}/validate-gprs",
+                                     frozenset({"gpuprovisioningrequests"}))
+            peer.admission.validating.append(hook)
+            pods = [a_pod(f"solo-{i}") for i in range(30)] + [a_pod(f"train-{i}", owner) for i in range(10)]
+            outcomes = await asyncio.gather(*(create_pod(http, peer, f"{base}/mutate-pods", p) for p in pods))
+            assert outcomes == [""] * len(pods)
+            made = {name for (res, _, name) in peer.objects if res == GPRS}
+            assert made == {f"solo-{i}" for i in range(30)} | {"train"}
+            assert all(peer.get(GPRS, "team", n)["metadata"]["labels"][AUTO_LABEL] == "true"  # type: ignore[index]
+                       for n in made)
+            stored = [p for (res, _, _), p in peer.objects.items() if res == "api/v1/pods"]
+            assert len(stored) == 40
+            assert {p["metadata"]["labels"]["accelstack.io/gpr"] for p in stored} == made
+            assert all(p["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}] for p in stored)
+            assert hook.calls >= 31 and hook.failures == []  # every create judged (racing ones for "train" too)
+            # what the GPR webhook refuses reaches the user as the API server's error, and nothing is stored
+            body = {"apiVersion": "accelstack.io/v1alpha1", "kind": "GPUProvisioningRequest",
+                    "metadata": {"name": "greedy", "namespace": "team"},
+                    "spec": {"devicesPerNode": 1, "priority": 250, "exitDuration": "4h"}}
+            async with http.post(f"{peer.url}/apis/accelstack.io/v1alpha1/namespaces/team/gpuprovisioningrequests",
+                                 json=body) as r:
+                status = await r.json()
+                assert r.status == 403, status["message"]
+            assert status["message"].startswith('admission webhook "gprs.accelstack.io" denied the request: ')
+            assert "spec.priority: 250 is outside 1-200" in status["message"]
+            assert peer.get(GPRS, "team", "greedy") is None
+            # a spec change through the API is judged too (UPDATE, with the old object)
+            async with http.patch(f"{peer.url}/apis/accelstack.io/v1alpha1/namespaces/team/gpuprovisioningrequests/"
+                                  "solo-0", json={"spec": {"priority": 250}},
+                                  headers={"Content-Type": "application/merge-patch+json"}) as r:
+                assert r.status == 403, await r.text()
+            assert peer.get(GPRS, "team", "solo-0")["spec"]["priority"] == 50  # type: ignore[index]
+    finally:
+        await api.close()
+        await peer.stop()
