@@ -700,7 +700,7 @@ async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, A
 
     from tests.apiserver_peer import json_patch
 
-    sem = asyncio.Semaphore(32)
+    sem = asyncio.Semaphore(200)
     async with aiohttp.ClientSession() as http:
         async def one(p: dict[str, Any]) -> None:
             async with sem:

@@ -20,6 +20,7 @@ does not arrive within the body-read timeout with 408 (and the connection is clo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -148,20 +149,34 @@ class KubeLookup(Lookup):
         self.ttl = ttl  # namespaces and templates change rarely: a burst of pod creations reads them once
         self.clock = clock
         self._cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
+        # reads under way: a burst of pod creations that all miss (the first ones, or the TTL just passed)
+        # waits for one read instead of each making its own (hundreds of GETs of one template otherwise)
+        self._reading: dict[tuple[str, str, str], asyncio.Task[dict[str, Any] | None]] = {}
 
     async def _cached(self, key: tuple[str, str, str], read: Callable[[], Any]) -> dict[str, Any] | None:
-        now = self.clock()
         hit = self._cache.get(key)
-        if hit is not None and now - hit[0] < self.ttl:
+        if hit is not None and self.clock() - hit[0] < self.ttl:
             return hit[1]
+        task = self._reading.get(key)
+        if task is None:
+            task = self._reading[key] = asyncio.ensure_future(self._read(key, read))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen, even if every caller left
+        # shielded: a caller that goes (its webhook request cancelled) does not cancel the others' read
+        return await asyncio.shield(task)
+
+    async def _read(self, key: tuple[str, str, str], read: Callable[[], Any]) -> dict[str, Any] | None:
+        now = self.clock()
         try:
-            value = await read()
-        except NotFound:
-            value = None
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[key] = (now, value)
-        return value
+            try:
+                value = await read()
+            except NotFound:
+                value = None
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = (now, value)
+            return value
+        finally:
+            self._reading.pop(key, None)
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         return await self._cached(("ns", "", name), lambda: self.kube.client.get(NAMESPACES, name))

@@ -679,6 +679,34 @@ async def test_kube_lookup_reads_and_writes_through_the_api(peer: APIServerPeer,
     assert peer.requests.count(("GET", "/api/v1/namespaces/team-a")) == before
 
 
+async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: APIServerPeer,
+                                                                      kube_lookup: KubeLookup) -> None:
+    """200 pod creations at once (the API server's default mutating in-flight limit) that all miss the cache
+    make one GET of the template, not one each; a caller that leaves (its webhook call cancelled) takes no one
+    else's answer with it; once the TTL has passed, one read again."""
+    import asyncio
+
+    await seed(peer)
+    slow = peer.inject("GET", "gprtemplates", delay=0.2)
+    gets = lambda: peer.count("GET", "gprtemplates")  # noqa: E731
+    first = asyncio.ensure_future(kube_lookup.get_template("team-a", "default"))
+    await asyncio.sleep(0.05)
+    answers = asyncio.gather(*(kube_lookup.get_template("team-a", "default") for _ in range(199)))
+    first.cancel()
+    assert all(t is not None and t["spec"]["priority"] == 20 for t in await answers)
+    assert gets() == 1
+    slow.remove()
+    clock = [0.0]
+    fresh = KubeLookup(kube_lookup.kube, ttl=5.0, clock=lambda: clock[0])
+    await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
+    clock[0] = 4.9
+    await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
+    assert gets() == 2
+    clock[0] = 5.1
+    await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
+    assert gets() == 3
+
+
 async def test_kube_lookup_errors_surface(peer: APIServerPeer, kube_lookup: KubeLookup) -> None:
     await peer.stop()  # the API server goes away
     webhook = Webhook(kube_lookup)
