@@ -31,11 +31,14 @@ create, as the API server does with the shipped webhook configuration), once wit
 same pods through an extender that answers trivially (no webhook, no gate, every node passes; not a binder, so the
 scheduler creates the Binding itself, as with the do-nothing extender of the issue's real-cluster run). The scheduler's own API
 writes (a Binding, the first "unschedulable" status patch of a pod) go through kube-scheduler's default client
-rate limit, QPS 50 / burst 100 (``--scheduler-qps``; 0 lifts it for a stress run). Reported: pods/s from first
-create to last bind, create -> bound p50/p99, webhook timeouts (> 5 s, the webhook's timeoutSeconds) and
-over-allocated nodes (target: >= 0.9x the trivial path, zero timeouts, zero over-allocation).
+rate limit, QPS 50 / burst 100 (``--scheduler-qps``; 0 lifts it for a stress run). Pods are created 200 at a
+time (``--create-concurrency``; the API server's default --max-mutating-requests-inflight). Reported: pods/s from
+first create to last bind, create -> bound p50/p99, webhook timeouts (> 5 s, the webhook's timeoutSeconds) and
+over-allocated nodes (target: >= 0.9x the trivial path, zero timeouts, zero over-allocation); beside them, from
+the extender's metrics, the share of /mutate-pods answered within 1 s and 5 s and its GPR creates' mean time.
 
 Usage: python bench/bench_control_plane.py [--part load|e2e|all] [--pods 2000] [--samples 300] [--scheduler-qps 50]
+                                          [--create-concurrency 200]
 """
 
 from __future__ import annotations
@@ -692,7 +695,7 @@ class Scheduler:
 
 
 async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, Any]], created: dict[str, float],
-                      timeouts: list[str]) -> None:
+                      timeouts: list[str], in_flight: int = 32) -> None:
     """As the API server does on CREATE: call the mutating webhook (5 s timeout), apply its patch, store."""
     import base64
 
@@ -700,8 +703,10 @@ async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, A
 
     from tests.apiserver_peer import json_patch
 
-    sem = asyncio.Semaphore(200)
-    async with aiohttp.ClientSession() as http:
+    sem = asyncio.Semaphore(in_flight)
+    # no cap on connections: aiohttp's default of 100 would make creations beyond it wait for a connection
+    # inside their 5 s, which an API server calling a webhook does not
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         async def one(p: dict[str, Any]) -> None:
             async with sem:
                 name = p["metadata"]["name"]
@@ -756,12 +761,13 @@ def e2e_pods(mode: str, count: int) -> tuple[list[dict[str, Any]], list[tuple[st
     return pods, gprs
 
 
-async def e2e_run(mode: str, count: int, folder: Path, qps: float) -> dict[str, Any]:
+async def e2e_run(mode: str, count: int, folder: Path, qps: float, in_flight: int = 32) -> dict[str, Any]:
     pods, gprs = e2e_pods(mode, count)
     seed = e2e_state(mode) + gprs
     nodes = [f"node-{i:04d}" for i in range(NODES)]
     created: dict[str, float] = {}
     timeouts: list[str] = []
+    admission = ""
     if mode == "trivial":
         (folder / "seed.json").write_text(json.dumps(seed))
         parent, child = mp.Pipe()
@@ -777,7 +783,7 @@ async def e2e_run(mode: str, count: int, folder: Path, qps: float) -> dict[str, 
         sched = Scheduler(url, f"http://127.0.0.1:{port}", nodes, qps=qps, extender_binds=False)
         started = time.monotonic()
         runner = asyncio.create_task(sched.run(count, started + 600))
-        await create_pods(url, None, pods, created, timeouts)
+        await create_pods(url, None, pods, created, timeouts, in_flight)
         await runner
         ext.terminate()
         peer.terminate()
@@ -789,17 +795,44 @@ async def e2e_run(mode: str, count: int, folder: Path, qps: float) -> dict[str, 
             sched = Scheduler(cluster.url, f"http://127.0.0.1:{cluster.ext_port}", nodes, qps=qps)
             started = time.monotonic()
             runner = asyncio.create_task(sched.run(count, started + 600))
-            await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts)
+            await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts,
+                              in_flight)
             await runner
             over = await overallocated(cluster.url)
+            admission = webhook_figures(cluster)
         finally:
             cluster.stop()
     done = [sched.bound[n] - created[n] for n in sched.bound if n in created]
     gated = [sched.ready[n] - created[n] for n in sched.ready if n in created]
     elapsed = (max(sched.bound.values()) - started) if sched.bound else float("inf")
     return {"bound": len(sched.bound), "pods_per_s": len(sched.bound) / elapsed, "lat": done, "gated": gated,
-            "timeouts": len(timeouts),
+            "timeouts": len(timeouts), "admission": admission,
             "over": over if mode != "trivial" else 0, "refusals": sched.refusals}
+
+
+def webhook_figures(cluster: Cluster) -> str:
+    """Where a pod creation's time went in the extender: its /mutate-pods answers (share within 1 s and 5 s,
+    the webhook's timeoutSeconds), and the GPR creates it made at the API server, mean (from its metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.ext_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    buckets: dict[str, float] = {}
+    post = [0.0, 0.0]  # sum, count of GPR creates
+    for line in text.splitlines():
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("accelstack_webhook_request_seconds_bucket{") and 'endpoint="mutate-pods"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[le] = buckets.get(le, 0.0) + float(value)
+        elif line.startswith(("accelstack_kube_request_seconds_sum{", "accelstack_kube_request_seconds_count{")) \
+                and 'resource="gpuprovisioningrequests"' in line and 'verb="POST"' in line:
+            post[line.startswith("accelstack_kube_request_seconds_count")] += float(value)
+    total = buckets.get("+Inf", 0.0)
+    if not total:
+        return "no /mutate-pods calls"
+    return (f"/mutate-pods answered within 1 s {100 * buckets.get('1.0', 0) / total:.1f}%, within 5 s "
+            f"{100 * buckets.get('5.0', 0) / total:.1f}%; its GPR creates at the API server: "
+            f"{int(post[1])}, mean {1000 * post[0] / post[1] if post[1] else float('nan'):.0f} ms")
 
 
 async def overallocated(url: str) -> int:
@@ -817,15 +850,16 @@ async def overallocated(url: str) -> int:
     return bad
 
 
-async def part_e2e(count: int, qps: float) -> list[str]:
+async def part_e2e(count: int, qps: float, in_flight: int = 32) -> list[str]:
     limit = f"scheduler client QPS {qps:g} / burst 100" if qps > 0 else "scheduler client unthrottled (stress)"
-    lines = [f"end to end, {count} one-GPU pods at once on {NODES:,} nodes, scheduled one at a time, {limit}:",
+    lines = [f"end to end, {count} one-GPU pods at once ({in_flight} creations in flight) on {NODES:,} nodes, "
+             f"scheduled one at a time, {limit}:",
              f"{'path':<34} {'bound':>6} {'pods/s':>7} {'create->bound p50 / p99 s':>26} {'ratio':>6} "
              f"{'timeouts':>8} {'over':>5} {'create->schedulable p50 s':>26}"]
     results = {}
     for mode in ("trivial", "per-pod", "shared"):
         with tempfile.TemporaryDirectory() as folder:
-            results[mode] = await e2e_run(mode, count, Path(folder), qps)
+            results[mode] = await e2e_run(mode, count, Path(folder), qps, in_flight)
         print(f"({mode} done)", flush=True)
     base = results["trivial"]["pods_per_s"]
     label = {"trivial": "trivial extender (same run)", "per-pod": "accelstack, one GPR per pod (auto)",
@@ -835,6 +869,7 @@ async def part_e2e(count: int, qps: float) -> list[str]:
         lines.append(f"{label[mode]:<34} {r['bound']:>6} {r['pods_per_s']:7.1f} "
                      f"{statistics.median(lat):11.2f} / {pct(lat, 99):6.2f} {r['pods_per_s'] / base:5.2f}x "
                      f"{r['timeouts']:>8} {r['over']:>5} {statistics.median(r['gated'] or [float('nan')]):26.2f}")
+    lines += [f"  {label[mode]}: {r['admission']}" for mode, r in results.items() if r["admission"]]
     return lines
 
 
@@ -845,6 +880,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=300,
                         help=f"requests per verb per phase, 1 to {FREE_NODES * GPUS // 4} (each of the 4 phases binds "
                              f"that many one-GPU pods onto the {FREE_NODES} idle nodes)")
+    parser.add_argument("--create-concurrency", type=int, default=200,
+                        help="part e2e: pod creations in flight at once, 1 to 1000 (default 200: the API server's "
+                             "default --max-mutating-requests-inflight is 200)")
     parser.add_argument("--scheduler-qps", type=float, default=50.0,
                         help="kube-scheduler's client QPS (default 50, burst 100, as kube-scheduler's); 0: unlimited")
     args = parser.parse_args()
@@ -852,11 +890,13 @@ def main() -> None:
         parser.error(f"--samples: 1 to {FREE_NODES * GPUS // 4}")
     if args.pods <= 0:
         parser.error("--pods: at least 1")
+    if not 0 < args.create_concurrency <= 1000:
+        parser.error("--create-concurrency: 1 to 1000")
     lines: list[str] = []
     if args.part in ("load", "all"):
         lines += asyncio.run(part_load(args.samples))
     if args.part in ("e2e", "all"):
-        lines += asyncio.run(part_e2e(args.pods, args.scheduler_qps))
+        lines += asyncio.run(part_e2e(args.pods, args.scheduler_qps, args.create_concurrency))
     print("\n".join(lines))
 
 
