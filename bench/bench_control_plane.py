@@ -695,7 +695,7 @@ class Scheduler:
 
 
 async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, Any]], created: dict[str, float],
-                      timeouts: list[str], in_flight: int = 32) -> None:
+                      timeouts: list[str], in_flight: int = 200) -> None:
     """As the API server does on CREATE: call the mutating webhook (5 s timeout), apply its patch, store."""
     import base64
 
@@ -761,7 +761,7 @@ def e2e_pods(mode: str, count: int) -> tuple[list[dict[str, Any]], list[tuple[st
     return pods, gprs
 
 
-async def e2e_run(mode: str, count: int, folder: Path, qps: float, in_flight: int = 32) -> dict[str, Any]:
+async def e2e_run(mode: str, count: int, folder: Path, qps: float, in_flight: int = 200) -> dict[str, Any]:
     pods, gprs = e2e_pods(mode, count)
     seed = e2e_state(mode) + gprs
     nodes = [f"node-{i:04d}" for i in range(NODES)]
@@ -850,7 +850,7 @@ async def overallocated(url: str) -> int:
     return bad
 
 
-async def part_e2e(count: int, qps: float, in_flight: int = 32) -> list[str]:
+async def part_e2e(count: int, qps: float, in_flight: int = 200) -> list[str]:
     limit = f"scheduler client QPS {qps:g} / burst 100" if qps > 0 else "scheduler client unthrottled (stress)"
     lines = [f"end to end, {count} one-GPU pods at once ({in_flight} creations in flight) on {NODES:,} nodes, "
              f"scheduled one at a time, {limit}:",
