@@ -538,6 +538,19 @@ async def test_selective_watch_shows_objects_entering_and_leaving(peer: APIServe
     assert [e["type"] for e in events] == ["DELETED", "ADDED", "MODIFIED", "DELETED"]
 
 
+async def webhook_server(judge: Any) -> tuple[Any, str]:
+    """An admission webhook on a port of its own: (its runner, to clean up; its URL)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/validate", judge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/validate"  # type: ignore[union-attr]
+
+
 async def test_validating_webhooks_judge_creates_and_updates_as_the_api_server_calls_them(
         peer: APIServerPeer, http: aiohttp.ClientSession) -> None:
     """CREATE and UPDATE of the named resource (not /status) go to the webhook with an AdmissionReview; a
@@ -561,13 +574,7 @@ async def test_validating_webhooks_judge_creates_and_updates_as_the_api_server_c
         return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                   "response": answer})
 
-    app = web.Application()
-    app.router.add_post("/validate", judge)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/validate"  # type: ignore[union-attr]
+    runner, url = await webhook_server(judge)
     hook = ValidatingWebhook("gprs.example.io", url, frozenset({"gpuprovisioningrequests"}), timeout=0.5)
     peer.admission.validating.append(hook)
     try:
@@ -633,13 +640,7 @@ async def test_an_update_whose_object_changed_while_a_webhook_judged_it_is_made_
             await peer.put_object(GPRS, {**stored, "status": {"phase": "Admitted"}}, "MODIFIED")
         return web.json_response({"response": {"uid": req["uid"], "allowed": True}})
 
-    app = web.Application()
-    app.router.add_post("/v", judge)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v"  # type: ignore[union-attr]
+    runner, url = await webhook_server(judge)
     peer.admission.validating.append(ValidatingWebhook("v.example.io", url, frozenset({"gpuprovisioningrequests"})))
     try:
         async with http.patch(f"{peer.url}{GPR_URL}/g", json={"metadata": {"labels": {"team": "a"}}},
