@@ -620,6 +620,18 @@ class Webhook:
         labels = ((obj or {}).get("metadata") or {}).get("labels")
         return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
+    async def _namespace_unfinished(self, namespace: str, exclude: str) -> int:
+        """Unfinished GPRs in ``namespace`` but the one named ``exclude``: from the informer's view when there is
+        one (no API call: a burst of automatic GPRs in a namespace with a limit would otherwise list the whole
+        namespace once per GPR, on the path that answers the API server), else a list. Either can miss a GPR
+        created at the same moment, so a burst may go over by the GPRs in flight; a ResourceQuota on
+        ``count/gpuprovisioningrequests.accelstack.io`` is exact (but counts finished GPRs too)."""
+        if self.view is not None:
+            prefix, skip = f"{namespace}/", f"{namespace}/{exclude}"
+            return unfinished(v.phase for key, v in self.view.gprs.items() if key.startswith(prefix) and key != skip)
+        return sum(1 for o in await self.lookup.list_gprs(namespace)
+                   if not is_terminal(o) and (o.get("metadata") or {}).get("name") != exclude)
+
     async def _workspace_unfinished(self, ws: Workspace, exclude: str) -> int:
         """Unfinished GPRs across the workspace's namespaces, ``exclude`` (namespace/name) left out: from the
         informer's view when there is one (no API call), else a list per namespace."""
@@ -692,12 +704,10 @@ class Webhook:
                     f"{where} annotation {MAX_GPRS_ANNOTATION}: {text!r} is not a whole number; ask the "
                     "namespace's administrator to fix it"))
             limit_n = int(str(text).strip())
-            name = obj["metadata"].get("name")
-            live = [o for o in await self.lookup.list_gprs(namespace)
-                    if not is_terminal(o) and o.get("metadata", {}).get("name") != name]
-            if len(live) + 1 > limit_n:
+            live = await self._namespace_unfinished(namespace, str(obj["metadata"].get("name") or ""))
+            if live + 1 > limit_n:
                 return review_response(uid, False, code=403, message=(
-                    f"{where} already has {len(live)} unfinished GPRs, the most it allows is {limit_n} "
+                    f"{where} already has {live} unfinished GPRs, the most it allows is {limit_n} "
                     f"({MAX_GPRS_ANNOTATION}); delete finished or unneeded GPRs first"))
         # the workspace's policy applies as well (the stricter of the two wins: both must pass)
         ws = await self._workspace_of(namespace, ns)

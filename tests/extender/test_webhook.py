@@ -599,6 +599,36 @@ async def test_gpr_count_limit_counts_unfinished_gprs(http: TestClient[Any, Any]
     assert "already has 2 unfinished GPRs, the most it allows is 2" in response["status"]["message"]
 
 
+async def test_gpr_count_limit_is_read_from_the_informer_view_without_listing(lookup: MemoryLookup) -> None:
+    """With the informer's view the namespace's count costs no API call (a burst of automatic GPRs in a limited
+    namespace listed it once per GPR): the same phases count, the GPR being judged and other namespaces do not."""
+    from scheduler_extender.cluster import ClusterView
+
+    def gpr_in(ns: str, name: str, phase: str | None) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": ns, "uid": f"u-{ns}-{name}"}, "spec": {"devicesPerNode": 1},
+                "status": {"phase": phase} if phase else {}}
+
+    lookup.namespace("team-a", **{"accelstack.io/max-gprs": "3"})
+    view = ClusterView()
+    view.sync_gprs([gpr_in("team-a", "a", "Running"), gpr_in("team-a", "q", None), gpr_in("team-a", "done", "Complete"),
+                    gpr_in("team-a", "gone", "Cancelled"), gpr_in("team-a", "g", "Queued"),  # g: the one judged
+                    gpr_in("team-ab", "x", "Running"), gpr_in("other", "b", "Running")])
+
+    async def no_list(namespace: str) -> list[dict[str, Any]]:
+        raise AssertionError("listed the namespace")
+
+    lookup.list_gprs = no_list  # type: ignore[method-assign]
+    http = await serve(Webhook(lookup, clock=lambda: NOW, view=view))
+    try:
+        assert (await validate(http, {}))["allowed"] is True  # a, q + this one = 3
+        view.on_gpr("ADDED", gpr_in("team-a", "f", "Failed"))  # may be requeued: counts
+        response = await validate(http, {})
+        assert response["allowed"] is False
+        assert "already has 3 unfinished GPRs, the most it allows is 3" in response["status"]["message"]
+    finally:
+        await http.close()
+
+
 async def test_gpr_denied_when_the_count_annotation_is_broken(http: TestClient[Any, Any],
                                                               lookup: MemoryLookup) -> None:
     lookup.namespace("team-a", **{"accelstack.io/max-gprs": "ten"})
