@@ -153,27 +153,31 @@ class KubeLookup(Lookup):
         # waits for one read instead of each making its own (hundreds of GETs of one template otherwise)
         self._reading: dict[tuple[str, str, str], asyncio.Task[dict[str, Any] | None]] = {}
 
-    async def _cached(self, key: tuple[str, str, str], read: Callable[[], Any]) -> dict[str, Any] | None:
-        hit = self._cache.get(key)
+    async def _cached(self, key: tuple[str, str, str], read: Callable[[], Any],
+                      keep: bool = True) -> dict[str, Any] | None:
+        """``read()`` (None for NotFound), kept ``ttl`` seconds when ``keep``; either way, callers that come
+        while a read of ``key`` is under way share it."""
+        hit = self._cache.get(key) if keep else None
         if hit is not None and self.clock() - hit[0] < self.ttl:
             return hit[1]
         task = self._reading.get(key)
         if task is None:
-            task = self._reading[key] = asyncio.ensure_future(self._read(key, read))
+            task = self._reading[key] = asyncio.ensure_future(self._read(key, read, keep))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen, even if every caller left
         # shielded: a caller that goes (its webhook request cancelled) does not cancel the others' read
         return await asyncio.shield(task)
 
-    async def _read(self, key: tuple[str, str, str], read: Callable[[], Any]) -> dict[str, Any] | None:
+    async def _read(self, key: tuple[str, str, str], read: Callable[[], Any], keep: bool) -> dict[str, Any] | None:
         now = self.clock()
         try:
             try:
                 value = await read()
             except NotFound:
                 value = None
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            self._cache[key] = (now, value)
+            if keep:
+                if len(self._cache) > 4096:
+                    self._cache.clear()
+                self._cache[key] = (now, value)
             return value
         finally:
             self._reading.pop(key, None)
@@ -211,10 +215,9 @@ class KubeLookup(Lookup):
         return await self.kube.list_gprs(namespace)
 
     async def get_gpr(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.kube.get_gpr(namespace, name)
-        except NotFound:
-            return None
+        # not kept (a GPR's phase matters now), but shared: a Job's pods arriving together before the informer
+        # has their new GPR read it once
+        return await self._cached(("gpr", namespace, name), lambda: self.kube.get_gpr(namespace, name), keep=False)
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:

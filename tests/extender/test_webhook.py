@@ -713,7 +713,8 @@ async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: API
                                                                       kube_lookup: KubeLookup) -> None:
     """200 pod creations at once (the API server's default mutating in-flight limit) that all miss the cache
     make one GET of the template, not one each; a caller that leaves (its webhook call cancelled) takes no one
-    else's answer with it; once the TTL has passed, one read again."""
+    else's answer with it; once the TTL has passed, one read again. A GPR is read afresh each time, but
+    concurrent reads of it are shared too."""
     import asyncio
 
     await seed(peer)
@@ -735,6 +736,14 @@ async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: API
     clock[0] = 5.1
     await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
     assert gets() == 3
+    # a GPR is not kept (its phase matters now) but a Job's pods arriving together read it once
+    await peer.put_object(GPRS, gpr_obj({"priority": 5}))
+    reads = lambda: peer.count("GET", "gpuprovisioningrequests")  # noqa: E731
+    with peer.inject("GET", "gpuprovisioningrequests", delay=0.2):
+        found = await asyncio.gather(*(fresh.get_gpr("team-a", "g") for _ in range(100)))
+    assert all(g is not None and g["spec"]["priority"] == 5 for g in found) and reads() == 1
+    assert await fresh.get_gpr("team-a", "g") is not None and reads() == 2
+    assert await fresh.get_gpr("team-a", "nope") is None
 
 
 async def test_kube_lookup_errors_surface(peer: APIServerPeer, kube_lookup: KubeLookup) -> None:
