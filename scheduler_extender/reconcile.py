@@ -416,11 +416,12 @@ class Base:
 
     def __init__(self, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]], inv: Inventory,
                  adopted: dict[str, Placement], touched: frozenset[str] | None = None,
-                 on_node: dict[str, list[Entry]] | None = None) -> None:
+                 on_node: dict[str, list[Entry]] | None = None, unique: bool | None = None) -> None:
         self.key, self.inv, self.adopted = key, inv, adopted
         self.touched = touched  # derived: the nodes whose allocations may differ from the base it came from
         self._on_node = on_node  # node -> the entries naming it, in creation order (made when first asked)
-        self.unique = len({e[1] for e in key[1]}) == len(key[1])  # no owner name listed twice
+        # no owner name listed twice
+        self.unique = len({e[1] for e in key[1]}) == len(key[1]) if unique is None else unique
 
     @classmethod
     def build(cls, key: tuple[tuple[NodeSpec, ...], tuple[Entry, ...]]) -> Base:
@@ -461,8 +462,8 @@ class Base:
         added = [e for e in fresh.values() if stale.get(e[0]) != e]  # (in creation order)
         if not (gone or added) or len(gone) + len(added) > limit:
             return None
-        new = Base(key, self.inv, self.adopted)
-        if not (self.unique and new.unique):
+        unique = len({e[1] for e in entries}) == len(entries)
+        if not (self.unique and unique):
             return None  # (names are unique in the API server) one owner's devices could be taken for another's
         touched = frozenset(node for e in (*gone, *added) for node, _ in e[2])
         on_node = dict(self.on_node())  # (by UID from here: an unchanged entry may be an equal, newer tuple)
@@ -492,8 +493,7 @@ class Base:
             placement = _reserve(inv, owner, reservation)
             if placement is not None:
                 adopted[owner] = placement
-        new.inv, new.adopted, new.touched, new._on_node = inv, adopted, touched, on_node
-        return new
+        return Base(key, inv, adopted, touched, on_node, unique)
 
 
 class Holders:
@@ -844,13 +844,18 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     queue = plan.queue
     moved = (_spots_moved([objects[key].spot_numbers for key in queue], [estimate_of(key) for key in queue], now).tolist()
              if refresh else [])
+
+    def spot_moved(key: str, d: Decoded, estimate: Any) -> bool:
+        """On a refresh: whether a queued GPR's stored place and estimate moved enough to be written again."""
+        place = position_of(key)
+        return moved[place - 1] if place is not None else _spot_moved(d.spot, None, estimate, now)
+
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
     for key, g in sched.gprs.items():
         d = objects[key]
         if g is d.proto and (not refresh or (
-                not (refusals and d.uid in refusals) and key not in extra and not (
-                    moved[place - 1] if (place := position_of(key)) is not None
-                    else _spot_moved(d.spot, None, estimate_of(key), now)))):
+                not (refusals and d.uid in refusals) and key not in extra
+                and not spot_moved(key, d, estimate_of(key)))):
             # queued as its prototype and never handed out: nothing happened to it, its status stands (stored
             # settled: see Decoded.waiting), or on a refresh, at most its place in the queue moved, too little
             continue
@@ -862,9 +867,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         settled = d.settled
         if (settled is not None and not g.history and not refusal and key not in extra
                 and settled == (g.phase, g.reason, g.failures, g.evictions)) and (
-                not refresh or g.phase is not Phase.QUEUED
-                or not (moved[place - 1] if (place := positions.get(key)) is not None
-                        else _spot_moved(d.spot, None, estimate, now))):
+                not refresh or g.phase is not Phase.QUEUED or not spot_moved(key, d, estimate)):
             if g.phase in holding_phases:
                 plan.ungate[uid] = [names[a.node] for a in g.placement.assignments] if g.placement else []
             continue

@@ -746,6 +746,25 @@ async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: API
     assert await fresh.get_gpr("team-a", "nope") is None
 
 
+async def test_kube_lookup_shares_a_failed_read_and_keeps_nothing_of_it(peer: APIServerPeer,
+                                                                      kube_lookup: KubeLookup) -> None:
+    """An API error on the read a burst shares reaches every caller (each webhook call refuses as before) and is
+    not kept: the next call reads again and gets the template once the API server answers."""
+    import asyncio
+
+    from kubeapi import ApiError
+
+    await seed(peer)
+    with peer.inject("GET", "gprtemplates", status=403, delay=0.1):
+        outcomes = await asyncio.gather(*(kube_lookup.get_template("team-a", "default") for _ in range(20)),
+                                        return_exceptions=True)
+    assert all(isinstance(o, ApiError) and o.status == 403 for o in outcomes)
+    assert peer.count("GET", "gprtemplates") == 1
+    template = await kube_lookup.get_template("team-a", "default")
+    assert template is not None and template["spec"]["priority"] == 20
+    assert peer.count("GET", "gprtemplates") == 2
+
+
 async def test_kube_lookup_errors_surface(peer: APIServerPeer, kube_lookup: KubeLookup) -> None:
     await peer.stop()  # the API server goes away
     webhook = Webhook(kube_lookup)
