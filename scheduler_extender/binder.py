@@ -54,7 +54,18 @@ class Binder:
         self.view.update_node(node_view(await self.kube.get_node(node), self.view.resources))
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Bind or say why not (the extender's ``Error``)."""
+        """Bind or say why not (the extender's ``Error``). An API server that fails a read or a write on the way
+        (a 5xx, a 429 past the client's retries, no answer) is a refusal the scheduler retries, not an error of
+        the extender: one log line, no traceback."""
+        try:
+            return await self._bind(namespace, name, uid, node)
+        except ApiError as exc:
+            answer = f"{exc.status} {exc.reason}: {exc.message}" if exc.status else exc.message
+            log.warning("bind: API call failed", extra={"pod": f"{namespace}/{name}", "node": node,
+                                                       "error": answer[:300]})
+            return f"cannot bind {namespace}/{name} to {node} now: the API server failed a call ({answer[:300]}); retry"
+
+    async def _bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         try:
             pod, obj = await self._pod(namespace, name, uid)
         except NotFound:
@@ -187,7 +198,11 @@ class Binder:
             gone[:] = [u for u in uids if u in view.ledger]
             return {u: e for u, e in view.ledger.items() if u not in gone} if gone else None
 
-        return len(gone) if await self._rewrite(node, change) else 0
+        try:
+            return len(gone) if await self._rewrite(node, change) else 0
+        except ApiError as exc:  # the ledger sweep gives the entries back once their pods are unbound or gone
+            log.warning("ledger release failed", extra={"node": node, "pods": uids, "error": str(exc)[:300]})
+            return 0
 
     async def _evict_for(self, pod: PodView, ask: PodAsk, node: str, reason: str) -> str:
         """Start evicting the cheapest set of lower-priority, preemptible holders on the node."""

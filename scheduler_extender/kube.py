@@ -44,8 +44,10 @@ class Kube:
         return await self.client.get(NODES, name)
 
     async def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Merge patch; a ``metadata.resourceVersion`` in the body makes it conditional (409 on change)."""
-        return await self.client.patch(NODES, name, body, patch_type="strategic")
+        """Merge patch; a ``metadata.resourceVersion`` in the body makes it conditional (409 on change), and so
+        safe to retry after a transient failure (one that landed makes the retry answer 409)."""
+        conditional = bool((body.get("metadata") or {}).get("resourceVersion"))
+        return await self.client.patch(NODES, name, body, patch_type="strategic", retry=conditional)
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.client.get(PODS, name, namespace)
