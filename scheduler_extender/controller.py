@@ -134,9 +134,17 @@ class GPRController:
         self.poke.set()
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
+        """A relist: the listed objects replace the view, except that a version this controller already holds
+        that is newer than the listed one is kept. A list that was being served while this controller wrote a
+        status (an admission) may carry the object as it was before; taking it would make the next pass see the
+        GPR's nodes as free and give them to another GPR. Objects the list lacks are gone (a deleted object;
+        one created after the list began comes with the watch that follows)."""
+        held = self.objects
         self.objects, self._uids = {}, {}
         for obj in items:
-            self.on_gpr("ADDED", obj)
+            uid = str((obj.get("metadata") or {}).get("uid") or "")
+            current = held.get(uid)
+            self.on_gpr("ADDED", current if current is not None and _older(obj, current) else obj)
 
     def changed(self, *_: Any) -> None:
         self.poke.set()

@@ -275,3 +275,29 @@ async def test_an_ungated_pod_narrowed_to_a_reservation_its_gpr_lost_is_evicted(
         await wait_until(lambda: "default/late-0" in peer.evicted)
         await _stays(lambda: "default/late-1" not in peer.evicted and "default/other" not in peer.evicted, 0.5)
     await peer.stop()
+
+
+def test_a_relist_never_takes_back_a_newer_version_this_controller_holds() -> None:
+    """A list served while the controller stored an admission carries the GPR as it was before: taken as is, the
+    GPR's nodes would look free to the next pass and be given to another GPR (two reservations on one node)."""
+    from scheduler_extender.cluster import ClusterView
+    from scheduler_extender.controller import GPRController
+
+    ctl = GPRController(None, ClusterView())  # type: ignore[arg-type]  # informer callbacks only: no API calls
+
+    def version(name: str, uid: str, rv: int, phase: str | None, reservation: dict[str, int] | None = None
+                ) -> dict[str, Any]:
+        obj = gpr(name, phase=phase, devices=4, reservation=reservation)
+        obj["metadata"].update(uid=uid, resourceVersion=str(rv))
+        return obj
+
+    ctl.sync_gprs([version("x", "uid-x", 10, None), version("y", "uid-y", 11, None)])
+    admitted = version("x", "uid-x", 20, "Admitted", {"n0": 4})
+    ctl.on_gpr("MODIFIED", admitted)  # its own status write, as the controller stores it
+    # the relist: x as it was at resourceVersion 10, y newer than held, z new; w was deleted meanwhile
+    ctl.sync_gprs([version("x", "uid-x", 10, None), version("y", "uid-y", 25, None), version("z", "uid-z", 26, None)])
+    assert ctl.objects["uid-x"] is admitted
+    assert ctl.objects["uid-y"]["metadata"]["resourceVersion"] == "25"
+    assert set(ctl.objects) == {"uid-x", "uid-y", "uid-z"}
+    ctl.sync_gprs([version("y", "uid-y", 25, None)])  # x deleted: gone, whatever version was held
+    assert set(ctl.objects) == {"uid-y"} and ctl._uids == {"default/y": "uid-y"}
