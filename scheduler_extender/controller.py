@@ -209,10 +209,41 @@ class GPRController:
             news.sort(key=lambda w: _position(w.status))
         return [w for w in writes if not w.queue_only] + news[:take]
 
+    def _reserves(self, write: StatusWrite) -> tuple[bool, bool]:
+        """(whether the write gives the GPR nodes its stored status does not hold, whether it takes back nodes
+        the stored status holds)."""
+        obj = self.objects.get(write.uid)
+        stored = gr.reservation_of(obj) if obj is not None and gr.phase_of(obj) in gr.ALLOCATED_PHASES else {}
+        new: dict[str, int] = {}
+        if write.status.get("phase") in gr.ALLOCATED_PHASES:
+            for r in write.status.get("reservation") or ():
+                new[r["node"]] = new.get(r["node"], 0) + int(r.get("devices") or 0)
+        takes = any(count > stored.get(node, 0) for node, count in new.items())
+        frees = any(count > new.get(node, 0) for node, count in stored.items())
+        return takes, frees
+
+    async def _write_all(self, writes: list[StatusWrite]) -> set[str]:
+        """Store the pass's statuses; the UIDs written. A pass may free nodes (a GPR finished, failed or was
+        requeued) and give them to another GPR at once. Stored the other way round, or with the first write
+        failing while the second lands, the API objects would say both hold the nodes, and the next pass (this
+        replica's or a new leader's, both built from those objects) would have to judge one of them lost. So the
+        writes that reserve nodes go last, and only once every write that frees nodes is stored; otherwise they
+        are left to the next pass, which plans them again."""
+        kinds = [self._reserves(w) for w in writes]  # judged against the stored statuses, before any write
+        first = [(w, frees) for w, (takes, frees) in zip(writes, kinds, strict=True) if not takes]
+        last = [w for w, (takes, _) in zip(writes, kinds, strict=True) if takes]
+        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w, _ in first)
+        written = {w.uid for (w, _), ok in zip(first, results, strict=True) if ok}
+        if not last:
+            return written
+        if not all(ok for (_, frees), ok in zip(first, results, strict=True) if frees):
+            self.metrics.actions.labels("status", "deferred").inc(len(last))
+            return written
+        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in last)
+        return written | {w.uid for w, ok in zip(last, results, strict=True) if ok}
+
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
-        writes = self.paced(plan.writes)
-        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in writes)
-        written = {w.uid for w, ok in zip(writes, results, strict=True) if ok}
+        written = await self._write_all(self.paced(plan.writes))
         by_gpr: dict[str, list[Any]] = {}
         for pod in snap.pods.values():
             if pod.gpr and gr.SCHEDULING_GATE in pod.gates:

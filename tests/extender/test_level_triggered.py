@@ -301,3 +301,29 @@ def test_a_relist_never_takes_back_a_newer_version_this_controller_holds() -> No
     assert set(ctl.objects) == {"uid-x", "uid-y", "uid-z"}
     ctl.sync_gprs([version("y", "uid-y", 25, None)])  # x deleted: gone, whatever version was held
     assert set(ctl.objects) == {"uid-y"} and ctl._uids == {"default/y": "uid-y"}
+
+
+async def test_nodes_are_given_to_a_gpr_only_once_the_status_that_frees_them_is_stored() -> None:
+    """A pass that sees a GPR finish gives its node to the next one. Were the admission stored while the
+    finished GPR's status write fails, the API objects would say both hold the node, and every later pass
+    (built from those objects) would have to judge one of them lost."""
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)  # n0: 4 GPUs
+    await peer.put_object(GPRS, gpr("first", phase=None, devices=4, priority=200))
+    await peer.put_object(PODS, pod("first-0", 4, gpr="first", gated=True))
+    await peer.put_object(GPRS, gpr("next", phase=None, devices=4, priority=100))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: status(peer, "first").get("phase") == "Admitted")
+        await set_phase(peer, "first-0", "Running", "n0")
+        await wait_until(lambda: status(peer, "first").get("phase") == "Running")
+        fault = peer.inject("PUT", "gpuprovisioningrequests", name="first", subresource="status", status=500)
+        await set_phase(peer, "first-0", "Succeeded", "n0")
+        await wait_until(lambda: fault.hits >= 3)  # the pass decided, and keeps deciding, that first is done
+        await _stays(lambda: status(peer, "next").get("phase", "Queued") == "Queued", 0.5,
+                     what=lambda: (status(peer, "first"), status(peer, "next")))
+        fault.remove()
+        await wait_until(lambda: status(peer, "next").get("phase") == "Admitted")
+        assert status(peer, "first")["phase"] == "Complete"
+        assert not status(peer, "next").get("failures")
+    await peer.stop()

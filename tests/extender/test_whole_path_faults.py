@@ -10,7 +10,8 @@ pod, then ends it. Meanwhile the API server answers a share of the writes and re
 lease renewals, and one replica is replaced.
 
 What must hold, read from the API server's own history of every change, in order:
-- no node ever runs pods that ask for more devices than it has;
+- no node ever runs pods that ask for more devices than it has, nor is reserved past its devices by the GPRs
+  that hold it (Admitted or Running);
 - a pod is bound only to a node its GPR's stored reservation names, and only once;
 - a GPR's phase only moves forward (Queued -> Admitted -> Running -> Complete) and is never admitted twice;
 - API errors are not GPR failures: every GPR completes with ``failures`` and ``evictions`` 0;
@@ -224,6 +225,7 @@ def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
     live: dict[str, tuple[str, int]] = {}  # pod UID -> (node, devices) while it holds them
     bound_to: dict[str, str] = {}
     reserved: dict[str, set[str]] = {}  # GPR name -> nodes its stored status reserves
+    holding: dict[str, dict[str, int]] = {}  # GPR name -> node -> devices, while Admitted or Running
     phases: dict[str, list[str]] = {}
     seen = {"bindings": 0, "gpr_writes": 0}
     for _, resource, kind, obj in peer.events:
@@ -231,6 +233,14 @@ def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
         if resource == GPRS:
             status = obj.get("status") or {}
             reserved[meta["name"]] = {r["node"] for r in status.get("reservation") or []}
+            holding[meta["name"]] = {r["node"]: r["devices"] for r in status.get("reservation") or []
+                                     if kind != "DELETED" and status.get("phase") in ("Admitted", "Running")}
+            on = {}
+            for nodes in holding.values():
+                for n, d in nodes.items():
+                    on[n] = on.get(n, 0) + d
+            assert all(d <= GPUS for d in on.values()), ("two reservations on one node", meta["name"], {
+                g: h for g, h in holding.items() if any(on[n] > GPUS for n in h)})
             trail = phases.setdefault(meta["name"], [])
             phase = status.get("phase")
             if phase and (not trail or trail[-1] != phase):
