@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import logging
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -35,6 +36,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kubeapi import ApiError, Conflict, NotFound, TooManyRequests
+from kubeapi.client import backoff_delay
+from kubeapi.resources import GPRS
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ClusterView
 from scheduler_extender.core.scheduler import Event, SchedulerConfig
@@ -52,6 +55,7 @@ from scheduler_extender.reconcile import (
 from scheduler_extender.workspaces import WorkspaceIndex
 
 log = logging.getLogger("accelstack.controller")
+_RNG = random.Random()
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
 
 
@@ -148,6 +152,38 @@ class GPRController:
 
     def changed(self, *_: Any) -> None:
         self.poke.set()
+
+    async def catch_up(self, stop: asyncio.Event) -> bool:
+        """At the start of a leader term, before the first pass: read every GPR afresh (a list is a consistent
+        read) and take each version newer than the view holds. The last leader stopped writing by its renew
+        deadline, but this replica's watch may lag behind its last writes (a watch broken and relisting with
+        backoff while the API server is in trouble); a pass on that view would see GPRs the last leader admitted
+        as queued and give their nodes to others. Retried with backoff until it succeeds; False when the term
+        ended first."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                items, version = await self.kube.client.list(GPRS)
+                break
+            except ApiError as exc:
+                failures += 1
+                log.warning("cannot read the GPRs at the start of the term; retrying",
+                            extra={"error": str(exc)[:300]})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff_delay(failures, 0.5, 10.0, _RNG))
+        else:
+            return False
+        before = dict(self.objects)
+        listed = set()
+        for obj in items:
+            listed.add(str((obj.get("metadata") or {}).get("uid") or ""))
+            self.on_gpr("MODIFIED", obj)  # a version older than the view's is ignored
+        for uid, obj in before.items():  # not listed, and not newer than the list: deleted meanwhile
+            if uid not in listed and not _older({"metadata": {"resourceVersion": version}}, obj):
+                self.on_gpr("DELETED", obj)
+        newer = sum(1 for uid, obj in self.objects.items() if before.get(uid) is not obj)
+        log.info("leader term: GPRs read afresh", extra={"gprs": len(items), "newer_than_view": newer})
+        return True
 
     # ----------------------------------------------------------------------------------------- a pass
     def snapshot(self) -> Snapshot:
@@ -358,6 +394,8 @@ class GPRController:
         when it changed, and at the end."""
         if self.history_namespace:
             await self.history.load(self.kube, self.history_namespace)
+        if not await self.catch_up(stop):
+            return
         try:
             await self._run(stop)
         finally:

@@ -327,3 +327,45 @@ async def test_nodes_are_given_to_a_gpr_only_once_the_status_that_frees_them_is_
         assert status(peer, "first")["phase"] == "Complete"
         assert not status(peer, "next").get("failures")
     await peer.stop()
+
+
+async def test_a_new_leader_reads_the_gprs_afresh_before_its_first_pass() -> None:
+    """The last leader admitted x onto n0 just before it stepped down; this replica's watch has not brought that
+    yet (a broken watch relisting with backoff). Its first pass must not see x queued and give n0 to y."""
+    import asyncio
+
+    from kubernetes_asyncio import client as k8s
+
+    from kubeapi import KubeClient
+    from scheduler_extender.cluster import ClusterView
+    from scheduler_extender.controller import GPRController
+    from scheduler_extender.kube import Kube
+
+    peer = APIServerPeer()
+    await peer.start()
+    n0 = await peer.put_object("api/v1/nodes", node("n0", gpus=4))
+    x = await peer.put_object(GPRS, gpr("x", phase=None, devices=4, priority=100))
+    y = await peer.put_object(GPRS, gpr("y", phase=None, devices=4, priority=200))
+    gone = await peer.put_object(GPRS, gpr("gone", phase=None, devices=1))
+    view = ClusterView()
+    view.sync_nodes([n0])
+    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
+    ctl = GPRController(Kube(KubeClient(api, field_manager="accelstack-controller")), view, resync=0.05)
+    ctl.sync_gprs([x, y, gone])  # what its watch brought
+    admitted = {**x, "status": {"phase": "Admitted", "reservation": [{"node": "n0", "devices": 4}],
+                                "observedGeneration": 1}}
+    await peer.put_object(GPRS, admitted, "MODIFIED")  # the last leader's final write
+    await peer.delete_object(GPRS, "default", "gone")
+    peer.inject("GET", "gpuprovisioningrequests", verb="list", status=503, times=2)  # and the API server struggles
+    stop = asyncio.Event()
+    term = asyncio.create_task(ctl.run(stop))
+    try:
+        await wait_until(lambda: ctl.passes >= 3)
+        assert status(peer, "y").get("phase", "Queued") == "Queued", status(peer, "y")
+        assert status(peer, "x")["phase"] == "Admitted"
+        assert {o["metadata"]["name"] for o in ctl.objects.values()} == {"x", "y"}
+    finally:
+        stop.set()
+        await term
+        await api.close()
+        await peer.stop()
