@@ -631,15 +631,18 @@ class Scheduler:
         return [self.nodes[(start + k) % len(self.nodes)] for k in range(500)]
 
     async def run(self, expected: int, deadline: float) -> None:
+        """Schedule until ``expected`` pods are bound (``self.expected``, lowered by the creator for pods whose
+        creation failed: they never come) or the deadline passes."""
         import aiohttp
 
         from tests.extender.harness import filter_body
 
         self.tasks: set[asyncio.Task[None]] = set()
         self.inflight = asyncio.Semaphore(16)
+        self.expected = expected
         async with aiohttp.ClientSession() as http:
             start = 0
-            while len(self.bound) < expected and time.monotonic() < deadline:
+            while len(self.bound) < self.expected and time.monotonic() < deadline:
                 async with http.get(f"{self.peer_url}/api/v1/namespaces/default/pods") as r:
                     items = (await r.json()).get("items") or []
                 ready = [p for p in items if not p["spec"].get("schedulingGates") and not p["spec"].get("nodeName")
@@ -797,6 +800,7 @@ async def e2e_run(mode: str, count: int, folder: Path, qps: float, in_flight: in
             runner = asyncio.create_task(sched.run(count, started + 600))
             await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts,
                               in_flight)
+            sched.expected = count - len(timeouts)  # a refused creation never comes: do not wait for it
             await runner
             over = await overallocated(cluster.url)
             admission = webhook_figures(cluster)

@@ -263,20 +263,19 @@ class GPRController:
         requeued) and give them to another GPR at once. Stored the other way round, or with the first write
         failing while the second lands, the API objects would say both hold the nodes, and the next pass (this
         replica's or a new leader's, both built from those objects) would have to judge one of them lost. So the
-        writes that reserve nodes go last, and only once every write that frees nodes is stored; otherwise they
-        are left to the next pass, which plans them again."""
+        writes that free nodes go first, and those that reserve nodes only once all of them are stored (else the
+        next pass plans them again); the rest (most of them: first statuses, queue positions) do not wait."""
         kinds = [self._reserves(w) for w in writes]  # judged against the stored statuses, before any write
-        first = [(w, frees) for w, (takes, frees) in zip(writes, kinds, strict=True) if not takes]
-        last = [w for w, (takes, _) in zip(writes, kinds, strict=True) if takes]
-        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w, _ in first)
-        written = {w.uid for (w, _), ok in zip(first, results, strict=True) if ok}
-        if not last:
-            return written
-        if not all(ok for (_, frees), ok in zip(first, results, strict=True) if frees):
-            self.metrics.actions.labels("status", "deferred").inc(len(last))
-            return written
-        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in last)
-        return written | {w.uid for w, ok in zip(last, results, strict=True) if ok}
+        first = [w for w, (takes, frees) in zip(writes, kinds, strict=True) if frees and not takes]
+        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in first)
+        written = {w.uid for w, ok in zip(first, results, strict=True) if ok}
+        freed = all(results)
+        rest = [w for w, (takes, frees) in zip(writes, kinds, strict=True)
+                if not (frees and not takes) and (freed or not takes)]
+        if not freed:
+            self.metrics.actions.labels("status", "deferred").inc(len(writes) - len(first) - len(rest))
+        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in rest)
+        return written | {w.uid for w, ok in zip(rest, results, strict=True) if ok}
 
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
         written = await self._write_all(self.paced(plan.writes))
