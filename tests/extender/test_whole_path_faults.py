@@ -235,7 +235,7 @@ def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
             reserved[meta["name"]] = {r["node"] for r in status.get("reservation") or []}
             holding[meta["name"]] = {r["node"]: r["devices"] for r in status.get("reservation") or []
                                      if kind != "DELETED" and status.get("phase") in ("Admitted", "Running")}
-            on = {}
+            on: dict[str, int] = {}
             for nodes in holding.values():
                 for n, d in nodes.items():
                     on[n] = on.get(n, 0) + d
