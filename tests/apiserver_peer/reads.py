@@ -9,6 +9,7 @@ import functools
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -24,6 +25,31 @@ from tests.apiserver_peer.wire import (
 )
 
 
+class Pulse:
+    """Wakes every waiter at each change of the peer's state. No lock: an ``asyncio.Condition`` whose waiters are
+    cancelled while the lock is handed over (every open watch at once, when the peer stops) could be left held,
+    and every later write, which notifies under that lock, would wait for ever."""
+
+    def __init__(self) -> None:
+        self._next: asyncio.Future[None] | None = None
+
+    def notify_all(self) -> None:
+        waiting, self._next = self._next, None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Until ``predicate()`` holds; TimeoutError after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            if self._next is None or self._next.done():
+                self._next = loop.create_future()
+            await asyncio.wait({self._next}, timeout=left)  # a cancelled waiter leaves the shared future alone
+
 class Reads:
     """Mixed into APIServerPeer, whose state it reads."""
 
@@ -31,7 +57,7 @@ class Reads:
     events: list[tuple[int, str, str, dict[str, Any]]]
     revision: int
     epoch: int
-    changed: asyncio.Condition
+    changed: Pulse
     snapshots: dict[str, tuple[float, list[dict[str, Any]]]]
     continue_ttl: float | None
     too_large_rv_wait: float
@@ -112,15 +138,13 @@ class Reads:
                 except ValueError:
                     raise Refused(400, f"invalid resourceVersion {rv!r}") from None
                 if wanted > self.revision:
-                    async with self.changed:
-                        try:
-                            await asyncio.wait_for(self.changed.wait_for(lambda: self.revision >= wanted),
-                                                   self.too_large_rv_wait)
-                        except TimeoutError:
-                            raise Refused(504, f"Too large resource version: {wanted}, current: {self.revision}",
-                                          "Timeout", {"causes": [{"reason": "ResourceVersionTooLarge",
-                                                                  "message": "Too large resource version"}],
-                                                      "retryAfterSeconds": 1}) from None
+                    try:
+                        await self.changed.wait_for(lambda: self.revision >= wanted, self.too_large_rv_wait)
+                    except TimeoutError:
+                        raise Refused(504, f"Too large resource version: {wanted}, current: {self.revision}",
+                                      "Timeout", {"causes": [{"reason": "ResourceVersionTooLarge",
+                                                              "message": "Too large resource version"}],
+                                                  "retryAfterSeconds": 1}) from None
                 list_rv = self.revision
                 if match == "Exact" and wanted != self.revision:
                     raise Refused(410, f"too old resource version: {wanted} ({self.revision})", "Expired")
@@ -219,12 +243,10 @@ class Reads:
                 if now >= next_bookmark:
                     await response.write(self._bookmark(resource, sent))  # every event up to ``sent`` is out
                     next_bookmark = now + self.bookmark_interval
-                async with self.changed:
-                    try:
-                        await asyncio.wait_for(self.changed.wait_for(functools.partial(self._newer, sent)),
-                                               min(end, next_bookmark) - now)
-                    except TimeoutError:
-                        pass
+                try:
+                    await self.changed.wait_for(functools.partial(self._newer, sent), min(end, next_bookmark) - now)
+                except TimeoutError:
+                    pass
         except (ConnectionResetError, asyncio.CancelledError):
             pass
 

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from tests.apiserver_peer.admission import Admission
 from tests.apiserver_peer.faults import WATCH_ERROR_REASONS, Fault, RequestInfo, RequestRecord, matches
-from tests.apiserver_peer.reads import Reads
+from tests.apiserver_peer.reads import Pulse, Reads
 from tests.apiserver_peer.wire import (
     REASONS,
     TRUE,
@@ -67,7 +67,7 @@ class APIServerPeer(Reads):
         self.revision = 0
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, resource path, type, object)
         self.history = history
-        self.changed = asyncio.Condition()
+        self.changed = Pulse()
         self.requests: list[tuple[str, str]] = []  # (method, path?query) of every request
         # the same requests with what they addressed, status and times (the newest ``log_limit``)
         self.log: collections.deque[RequestRecord] = collections.deque(maxlen=log_limit)
@@ -117,8 +117,7 @@ class APIServerPeer(Reads):
             self.kinds.setdefault(plural_of(resource), obj["kind"])
         self.objects[key] = obj
         self._bump(resource, event, obj)
-        async with self.changed:
-            self.changed.notify_all()
+        self.changed.notify_all()
         return copy.deepcopy(obj)
 
     async def delete_object(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -126,8 +125,7 @@ class APIServerPeer(Reads):
         obj = self.objects.pop((resource, namespace, name), None)
         if obj is not None:
             self._bump(resource, "DELETED", obj)
-            async with self.changed:
-                self.changed.notify_all()
+            self.changed.notify_all()
         return obj
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
