@@ -617,6 +617,7 @@ class Scheduler:
         self.ready: dict[str, float] = {}  # when the scheduler first saw the pod schedulable (ungated)
         self.refusals = 0
         self.binding: set[str] = set()
+        self.expected = 0  # pods to wait for (run's argument; the creator lowers it for creations refused)
 
     def feasible(self, pod: dict[str, Any], start: int) -> list[str]:
         terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
@@ -819,24 +820,26 @@ def webhook_figures(cluster: Cluster) -> str:
     the webhook's timeoutSeconds), and the GPR creates it made at the API server, mean (from its metrics)."""
     import urllib.request
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"http://127.0.0.1:{cluster.ext_port}/metrics", timeout=30) as r:
         text = r.read().decode()
     buckets: dict[str, float] = {}
-    post = [0.0, 0.0]  # sum, count of GPR creates
-    for line in text.splitlines():
-        value = line.rsplit(" ", 1)[-1]
-        if line.startswith("accelstack_webhook_request_seconds_bucket{") and 'endpoint="mutate-pods"' in line:
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[le] = buckets.get(le, 0.0) + float(value)
-        elif line.startswith(("accelstack_kube_request_seconds_sum{", "accelstack_kube_request_seconds_count{")) \
-                and 'resource="gpuprovisioningrequests"' in line and 'verb="POST"' in line:
-            post[line.startswith("accelstack_kube_request_seconds_count")] += float(value)
+    post = {"sum": 0.0, "count": 0.0}  # of the GPR creates
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "accelstack_webhook_request_seconds_bucket" and s.labels.get("endpoint") == "mutate-pods":
+                buckets[s.labels["le"]] = buckets.get(s.labels["le"], 0.0) + s.value
+            elif (s.name in ("accelstack_kube_request_seconds_sum", "accelstack_kube_request_seconds_count")
+                  and s.labels.get("resource") == "gpuprovisioningrequests" and s.labels.get("verb") == "POST"):
+                post[s.name.rsplit("_", 1)[1]] += s.value
     total = buckets.get("+Inf", 0.0)
     if not total:
         return "no /mutate-pods calls"
+    count = post["count"]
     return (f"/mutate-pods answered within 1 s {100 * buckets.get('1.0', 0) / total:.1f}%, within 5 s "
             f"{100 * buckets.get('5.0', 0) / total:.1f}%; its GPR creates at the API server: "
-            f"{int(post[1])}, mean {1000 * post[0] / post[1] if post[1] else float('nan'):.0f} ms")
+            f"{int(count)}, mean {1000 * post['sum'] / count if count else float('nan'):.0f} ms")
 
 
 async def overallocated(url: str) -> int:

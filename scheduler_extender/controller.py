@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import logging
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -55,7 +54,6 @@ from scheduler_extender.reconcile import (
 from scheduler_extender.workspaces import WorkspaceIndex
 
 log = logging.getLogger("accelstack.controller")
-_RNG = random.Random()
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
 
 
@@ -170,7 +168,7 @@ class GPRController:
                 log.warning("cannot read the GPRs at the start of the term; retrying",
                             extra={"error": str(exc)[:300]})
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff_delay(failures, 0.5, 10.0, _RNG))
+                    await asyncio.wait_for(stop.wait(), backoff_delay(failures, 0.5, 10.0, self.kube.client.rng))
         else:
             return False
         before = dict(self.objects)

@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from aiohttp import ClientError, web
@@ -623,26 +623,17 @@ class Webhook:
         labels = ((obj or {}).get("metadata") or {}).get("labels")
         return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
-    async def _namespace_unfinished(self, namespace: str, exclude: str) -> int:
-        """Unfinished GPRs in ``namespace`` but the one named ``exclude``: from the informer's view when there is
-        one (no API call: a burst of automatic GPRs in a namespace with a limit would otherwise list the whole
-        namespace once per GPR, on the path that answers the API server), else a list. Either can miss a GPR
-        created at the same moment, so a burst may go over by the GPRs in flight; a ResourceQuota on
-        ``count/gpuprovisioningrequests.accelstack.io`` is exact (but counts finished GPRs too)."""
-        if self.view is not None:
-            prefix, skip = f"{namespace}/", f"{namespace}/{exclude}"
-            return unfinished(v.phase for key, v in self.view.gprs.items() if key.startswith(prefix) and key != skip)
-        return sum(1 for o in await self.lookup.list_gprs(namespace)
-                   if not is_terminal(o) and (o.get("metadata") or {}).get("name") != exclude)
-
-    async def _workspace_unfinished(self, ws: Workspace, exclude: str) -> int:
-        """Unfinished GPRs across the workspace's namespaces, ``exclude`` (namespace/name) left out: from the
-        informer's view when there is one (no API call), else a list per namespace."""
+    async def _unfinished(self, namespaces: Collection[str], exclude: str) -> int:
+        """Unfinished GPRs across ``namespaces``, ``exclude`` (namespace/name) left out: from the informer's view
+        when there is one (no API call: a burst of automatic GPRs in a namespace with a limit would otherwise list
+        the namespace once per GPR, on the path that answers the API server), else a list per namespace. Either
+        can miss a GPR created at the same moment, so a burst may go over by the GPRs in flight; a ResourceQuota
+        on ``count/gpuprovisioningrequests.accelstack.io`` is exact (but counts finished GPRs too)."""
         if self.view is not None:
             return unfinished(v.phase for key, v in self.view.gprs.items()
-                              if key.split("/", 1)[0] in ws.namespaces and key != exclude)
+                              if key.split("/", 1)[0] in namespaces and key != exclude)
         phases = []
-        for ns in ws.namespaces:
+        for ns in namespaces:
             phases += [str((o.get("status") or {}).get("phase") or "Queued") for o in await self.lookup.list_gprs(ns)
                        if f"{ns}/{(o.get('metadata') or {}).get('name')}" != exclude]
         return unfinished(phases)
@@ -707,7 +698,7 @@ class Webhook:
                     f"{where} annotation {MAX_GPRS_ANNOTATION}: {text!r} is not a whole number; ask the "
                     "namespace's administrator to fix it"))
             limit_n = int(str(text).strip())
-            live = await self._namespace_unfinished(namespace, str(obj["metadata"].get("name") or ""))
+            live = await self._unfinished({namespace}, f"{namespace}/{obj['metadata'].get('name')}")
             if live + 1 > limit_n:
                 return review_response(uid, False, code=403, message=(
                     f"{where} already has {live} unfinished GPRs, the most it allows is {limit_n} "
@@ -717,7 +708,7 @@ class Webhook:
         if ws is not None:
             count = None
             if req["operation"] == "CREATE" and ws.policy.max_gprs is not None:
-                count = await self._workspace_unfinished(ws, f"{namespace}/{obj['metadata'].get('name')}")
+                count = await self._unfinished(ws.namespaces, f"{namespace}/{obj['metadata'].get('name')}")
             refusal = gpr_refusal(g, ws, count)
             if refusal:
                 return review_response(uid, False, code=403, message=refusal)
