@@ -144,26 +144,33 @@ class Lookup(Protocol):
 class KubeLookup(Lookup):
     """:class:`Lookup` on the API server through the shared client layer (timeouts, status checks, retries)."""
 
-    def __init__(self, kube: Kube, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, kube: Kube, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 max_stale: float = 60.0) -> None:
         self.kube = kube
         self.ttl = ttl  # namespaces and templates change rarely: a burst of pod creations reads them once
+        self.max_stale = max_stale  # past its TTL a value is still answered (and read again meanwhile) this long
         self.clock = clock
         self._cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
         # reads under way: a burst of pod creations that all miss (the first ones, or the TTL just passed)
         # waits for one read instead of each making its own (hundreds of GETs of one template otherwise)
         self._reading: dict[tuple[str, str, str], asyncio.Task[dict[str, Any] | None]] = {}
+        self._creates: asyncio.Semaphore | None = None
 
     async def _cached(self, key: tuple[str, str, str], read: Callable[[], Any],
                       keep: bool = True) -> dict[str, Any] | None:
         """``read()`` (None for NotFound), kept ``ttl`` seconds when ``keep``; either way, callers that come
-        while a read of ``key`` is under way share it."""
+        while a read of ``key`` is under way share it. A kept value past its TTL (up to ``max_stale``) is
+        answered at once while it is read again: no webhook request waits for a refresh."""
         hit = self._cache.get(key) if keep else None
-        if hit is not None and self.clock() - hit[0] < self.ttl:
+        age = self.clock() - hit[0] if hit is not None else 0.0
+        if hit is not None and age < self.ttl:
             return hit[1]
         task = self._reading.get(key)
         if task is None:
             task = self._reading[key] = asyncio.ensure_future(self._read(key, read, keep))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen, even if every caller left
+        if hit is not None and age < self.max_stale:
+            return hit[1]
         # shielded: a caller that goes (its webhook request cancelled) does not cancel the others' read
         return await asyncio.shield(task)
 
@@ -219,9 +226,20 @@ class KubeLookup(Lookup):
         # has their new GPR read it once
         return await self._cached(("gpr", namespace, name), lambda: self.kube.get_gpr(namespace, name), keep=False)
 
+    def _create_slots(self) -> asyncio.Semaphore:
+        """At most half the client's connections for GPR creates. Each create makes the API server call this
+        very process's GPR webhook, whose lookups need a connection of the same pool: creates holding every one
+        of them would wait for webhook answers that wait for a connection, until the webhook's timeout."""
+        if self._creates is None:
+            connector = getattr(self.kube.client.session, "connector", None)
+            limit = int(getattr(connector, "limit", 0) or 0)
+            self._creates = asyncio.Semaphore(max(1, limit // 2) if limit else 1 << 30)
+        return self._creates
+
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await self.kube.create_gpr(namespace, body)
+            async with self._create_slots():
+                return await self.kube.create_gpr(namespace, body)
         except KubeAlreadyExists as exc:
             raise AlreadyExists(exc.message or "already exists") from None
 

@@ -8,6 +8,7 @@ import base64
 import copy
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from scheduler_extender.webhook import (
     add_webhook_routes,
 )
 from tests.apiserver_peer import APIServerPeer, json_patch
+from tests.extender.harness import wait_until
 
 NOW = 1_796_018_400.0
 NS_RES = "api/v1/namespaces"
@@ -733,9 +735,28 @@ async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: API
     clock[0] = 4.9
     await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
     assert gets() == 2
+    # past the TTL: answered at once with what was read, while one read runs again behind (a burst of pod
+    # creations never waits on a refresh, nor ties up the client's connections with one read per request)
     clock[0] = 5.1
-    await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
+    with peer.inject("GET", "gprtemplates", delay=0.3):
+        started = time.monotonic()
+        stale = await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
+        assert time.monotonic() - started < 0.25 and all(t is not None for t in stale)
+        assert fresh._reading  # the one read again, under way
+        await wait_until(lambda: not fresh._reading)
     assert gets() == 3
+    template = peer.get("apis/accelstack.io/v1alpha1/gprtemplates", "team-a", "default")
+    assert template is not None
+    template["spec"]["priority"] = 30
+    await peer.put_object("apis/accelstack.io/v1alpha1/gprtemplates", template, event="MODIFIED")
+    clock[0] = 10.2  # the value read at 5.1 has passed its TTL: answered once more, and read again
+    assert (await fresh.get_template("team-a", "default"))["spec"]["priority"] == 20  # type: ignore[index]
+    await wait_until(lambda: not fresh._reading)
+    assert (await fresh.get_template("team-a", "default"))["spec"]["priority"] == 30  # type: ignore[index]
+    assert gets() == 4
+    clock[0] = 100.0  # past max_stale: callers wait for the read
+    assert (await fresh.get_template("team-a", "default"))["spec"]["priority"] == 30  # type: ignore[index]
+    assert gets() == 5
     # a GPR is not kept (its phase matters now) but a Job's pods arriving together read it once
     await peer.put_object(GPRS, gpr_obj({"priority": 5}))
     reads = lambda: peer.count("GET", "gpuprovisioningrequests")  # noqa: E731
