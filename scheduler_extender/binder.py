@@ -81,9 +81,9 @@ class Binder:
                 return error
             # two round trips: the ledger (the guarantee) and the Binding, which carries the allocation record
             # as an annotation the API server copies onto the pod
-            error, unknown = await self._create_binding(namespace, name, uid, node,
-                                                        {ALLOCATION_ANNOTATION: orjson.dumps(record).decode()})
-            if error and not unknown:
+            error, may_land = await self._create_binding(namespace, name, uid, node,
+                                                         {ALLOCATION_ANNOTATION: orjson.dumps(record).decode()})
+            if error and not may_land:
                 await self.release(node, [uid])
             return error
 
@@ -122,31 +122,40 @@ class Binder:
 
     async def _create_binding(self, namespace: str, name: str, uid: str, node: str,
                               annotations: dict[str, str] | None = None) -> tuple[str, bool]:
-        """('', _) when the pod is bound to ``node``; else (why, whether the outcome is unknown)."""
+        """('', _) when the pod is bound to ``node``; else (why, whether the Binding may still land).
+
+        A Binding refused (4xx) was not made. One that got no answer or a 5xx may have been made all the same
+        (the API server finishes a write whose client gave up; etcd may commit a write answered 500 or 504),
+        and may land even after a look shows the pod unbound: its ledger entry then stays (a retried bind to
+        this node finds it; the sweep gives it back once the pod is bound elsewhere, gone, or left unbound),
+        for a pod bound here without an entry could be given the same devices again."""
         try:
             await self.kube.bind(namespace, name, uid, node, annotations)
             return "", False
-        except Conflict as exc:
-            failure = f"binding {namespace}/{name} to {node} failed: {exc}"
+        except Conflict as exc:  # the pod is bound already (a retried bind whose first answer was lost?)
+            failure, maybe = f"binding {namespace}/{name} to {node} failed: {exc}", False
         except NotFound as exc:
             return f"binding {namespace}/{name} to {node} failed: {exc}", False
         except TransportError as exc:
-            failure = f"binding {namespace}/{name} to {node}: no answer ({exc.message}); retry"
+            failure, maybe = f"binding {namespace}/{name} to {node}: no answer ({exc.message}); retry", True
         except ApiError as exc:
-            return f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.message or exc.reason}", False
-        # A conflict (a retried bind whose first answer was lost) or no answer: the pod may already be on this
-        # very node, which is success. If it is not bound, the caller takes the ledger entry back at once.
+            failure = f"binding {namespace}/{name} to {node} failed: {exc.status} {exc.message or exc.reason}"
+            if exc.status is None or exc.status < 500:
+                return failure, False
+            maybe = True
+        # the pod may already be on this very node, which is success
         try:
             current = await self.kube.get_pod(namespace, name)
         except NotFound:
             return failure, False
         except ApiError:
-            # cannot tell: keep the entry (a retry finds it and binds; the sweep releases it if the pod stays
-            # unbound) and let the scheduler retry
-            return failure, True
-        if (current.get("spec") or {}).get("nodeName") == node and current.get("metadata", {}).get("uid") == uid:
+            return failure, True  # cannot tell: keep the entry
+        bound = (current.get("spec") or {}).get("nodeName")
+        if current.get("metadata", {}).get("uid") != uid:
+            return failure, False  # another pod of that name: ours is gone
+        if bound == node:
             return "", False
-        return failure, False
+        return failure, maybe and not bound
 
     async def _rewrite(self, node: str, change: Callable[[NodeView], dict[str, ledger.Entry] | None]) -> bool:
         """Write ``change(view)``'s entries as the node's ledger, conditional on the Node's resourceVersion; on a

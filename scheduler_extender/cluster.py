@@ -267,6 +267,7 @@ class ClusterView:
         self.gprs: dict[str, GPRView] = {}
         self.pods: dict[str, PodView] = {}  # by UID
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
+        self.recorded: dict[str, str] = {}  # pod UID -> the node whose ledger records devices for it
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
         # node -> (the NodeView they were computed for, facts of that node and the reservations on it): kept
         # until the node or a reservation on it changes (filter asks per node per pod). Facts: resource -> devices
@@ -277,7 +278,7 @@ class ClusterView:
     # informer callbacks
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
         self.version += 1
-        self.nodes, self._withheld = {}, {}
+        self.nodes, self._withheld, self.recorded = {}, {}, {}
         for obj in items:
             self.on_node("ADDED", obj)
 
@@ -285,8 +286,10 @@ class ClusterView:
         self.version += 1
         name = obj.get("metadata", {}).get("name", "")
         if kind == "DELETED":
-            self.nodes.pop(name, None)
+            gone = self.nodes.pop(name, None)
             self._withheld.pop(name, None)
+            if gone is not None:
+                self._record(gone, None)
             return
         self.update_node(node_view(obj, self.resources))
 
@@ -301,6 +304,18 @@ class ClusterView:
             except ValueError:
                 pass
         self.nodes[view.name] = view
+        if current is None or current.ledger != view.ledger:
+            self._record(current, view)
+
+    def _record(self, old: NodeView | None, new: NodeView | None) -> None:
+        """Keep :attr:`recorded` in step with a node's ledger going from ``old``'s to ``new``'s."""
+        if old is not None:
+            for uid in old.ledger:
+                if self.recorded.get(uid) == old.name:
+                    del self.recorded[uid]
+        if new is not None:
+            for uid in new.ledger:
+                self.recorded[uid] = new.name
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.version += 1

@@ -29,13 +29,14 @@ from kubeapi.informer import Informer
 from kubeapi.leader import LeaderElector
 from kubeapi.resources import GPRS, NODES, PODS
 from kubeapi.tasks import supervise, watch_loop_lag, while_leading
+from scheduler_extender import ledger
 from scheduler_extender.auth import Authorizer
 from scheduler_extender.binder import Binder
-from scheduler_extender.cluster import ClusterView, PodView
+from scheduler_extender.cluster import TERMINAL_POD_PHASES, ClusterView, PodView
 from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import Extender, ExtenderMetrics
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
-from scheduler_extender.kube import Kube
+from scheduler_extender.kube import ApiError, Kube, NotFound
 from scheduler_extender.rest_api import RateLimiter, RestAPI
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
 from scheduler_extender.workspace_controller import WorkspaceController
@@ -74,13 +75,14 @@ async def wait_synced(informers: list[Informer], timeout: float) -> None:
                            f"{timeout:g}s{hint}: {detail}") from None
 
 
-async def sweep_ledgers(view: ClusterView, binder: Binder, now: float | None = None, unbound_ttl: float = 600.0,
+async def sweep_ledgers(view: ClusterView, binder: Binder, now: float | None = None, unbound_ttl: float = 120.0,
                         unseen_grace: float = 120.0) -> tuple[int, int]:
     """Make every node's ledger match the pods: give back entries of pods that ended, are bound elsewhere, were
-    never bound within ``unbound_ttl`` (a bind that crashed half way) or are gone — the last only once the entry
-    is older than ``unseen_grace``, because a pod bound a moment ago may not have reached this replica's informer
-    yet. Adopt bound pods a ledger lacks. A ledger that cannot be read is never overwritten. Returns (released,
-    adopted)."""
+    never bound within ``unbound_ttl`` (a bind that crashed half way, or a Binding whose answer was lost and that
+    never landed) or are gone — the last only once the entry is older than ``unseen_grace``, because a pod
+    bound a moment ago may not have reached this replica's informer yet. The last two are judged on a fresh
+    read of the pod, not on the informer's view, which may lag. Adopt bound pods a ledger lacks. A ledger
+    that cannot be read is never overwritten. Returns (released, adopted)."""
     now = time.time() if now is None else now
     released = adopted = 0
     bound: dict[str, list[Any]] = {}
@@ -91,19 +93,34 @@ async def sweep_ledgers(view: ClusterView, binder: Binder, now: float | None = N
         if node.ledger_error:
             continue
         stale = []
-        for uid, entry in node.ledger.items():
+        for uid, entry in list(node.ledger.items()):
             holder = view.pods.get(uid)
-            if holder is None:
-                if now - entry.since > unseen_grace:
-                    stale.append(uid)
-            elif not holder.live or holder.node not in ("", node.name) \
-                    or (not holder.node and now - entry.since > unbound_ttl):
+            if holder is not None and (not holder.live or holder.node not in ("", node.name)):
+                stale.append(uid)  # ended, or bound elsewhere: pods never move
+                continue
+            overdue = now - entry.since > (unseen_grace if holder is None else unbound_ttl)
+            if overdue and (holder is None or not holder.node) and not await _holds(binder, entry, node.name):
                 stale.append(uid)
         if stale:
             released += await binder.release(node.name, stale)
         if bound.get(node.name):
             adopted += await binder.adopt(node.name, bound[node.name])
     return released, adopted
+
+
+async def _holds(binder: Binder, entry: ledger.Entry, node: str) -> bool:
+    """Whether the entry's pod, read afresh, is (or, when it cannot be read, may be) bound to ``node`` and live."""
+    namespace, _, name = entry.pod.partition("/")
+    try:
+        obj = await binder.kube.get_pod(namespace, name)
+    except NotFound:
+        return False
+    except ApiError:
+        return True  # the next sweep looks again
+    if (obj.get("metadata") or {}).get("uid") != entry.uid:
+        return False
+    return (obj.get("spec") or {}).get("nodeName") == node and \
+        (obj.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES
 
 
 class ControllerService:
@@ -169,7 +186,7 @@ class ControllerService:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.elector.release(), 5)
 
-    async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0,
+    async def sweep(self, now: float | None = None, unbound_ttl: float = 120.0,
                     unseen_grace: float = 120.0) -> tuple[int, int]:
         released, adopted = await sweep_ledgers(self.view, self.binder, now, unbound_ttl, unseen_grace)
         self.released += released
@@ -275,7 +292,7 @@ class ExtenderServer:
         except Exception as exc:
             log.warning("ledger release failed; the next sweep retries", extra={"node": node, "error": str(exc)[:200]})
 
-    async def sweep(self, now: float | None = None, unbound_ttl: float = 600.0,
+    async def sweep(self, now: float | None = None, unbound_ttl: float = 120.0,
                     unseen_grace: float = 120.0) -> tuple[int, int]:
         """One ledger sweep over this process's view (the controller's leader runs it periodically)."""
         return await sweep_ledgers(self.view, self.binder, now, unbound_ttl, unseen_grace)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +31,14 @@ class PodAsk:
     gpr: GPRView | None = None
     problem: str = ""  # set when no node can take the pod (unresolvable everywhere)
     priority: int = 0
+    uid: str = ""  # the pod's UID when known: a node whose ledger records devices for it can take it
 
 
 def resolve(view: ClusterView, requests: dict[str, int], gpr_key: str, priority: int,
-            require_gpr: bool = False) -> PodAsk:
+            require_gpr: bool = False, uid: str = "") -> PodAsk:
     """A pod's requests and GPR (``namespace/name`` or "") resolved against the view; the one place that says
     when a pod's GPR cannot take devices (missing, not admitted, or required and absent)."""
-    ask = PodAsk(requests, gpr_key=gpr_key, priority=priority)
+    ask = PodAsk(requests, gpr_key=gpr_key, priority=priority, uid=uid)
     if not requests:
         return ask
     if not gpr_key:
@@ -56,7 +58,7 @@ def ask_of(view: ClusterView, pod: Pod, require_gpr: bool = False) -> PodAsk:
     requests = pod_requests(pod.spec, view.resources)
     label = (pod.metadata.labels or {}).get(GPR_LABEL, "")
     return resolve(view, requests, f"{pod.metadata.namespace}/{label}" if label else "", pod.spec.priority or 0,
-                   require_gpr)
+                   require_gpr, pod.metadata.uid or "")
 
 
 @dataclass
@@ -76,6 +78,13 @@ def filter_nodes(view: ClusterView, ask: PodAsk, names: list[str]) -> FilterOutc
         return out
     if ask.gpr is None and len(ask.requests) == 1:
         _filter_plain(view, ask, names, out)
+        mine = view.recorded.get(ask.uid) if ask.uid else None
+        if mine is not None and (mine in out.failed or mine in out.unresolvable):  # the memo speaks for others
+            reason, resolvable = node_verdict(view, ask, mine)
+            if not reason:
+                out.failed.pop(mine, None)
+                out.unresolvable.pop(mine, None)
+                out.passed.append(mine)
         return out
     for name in names:
         reason, resolvable = node_verdict(view, ask, name)
@@ -94,6 +103,7 @@ def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterO
     kept in the view's memo of the node until either changes (the same verdict :func:`node_verdict` gives)."""
     ((resource, count),) = ask.requests.items()
     key = ("verdict", resource, count)
+    ask = dataclasses.replace(ask, uid="")  # the memo holds verdicts for any such pod (filter_nodes adds its own)
     nodes, memos, passed, failed, unresolvable = view.nodes, view.memos(), out.passed, out.failed, out.unresolvable
     for name in names:
         node = nodes.get(name)
@@ -123,6 +133,8 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
         return "node unknown to the accelstack extender", False
     if node.ledger_error:
         return node.ledger_error, False
+    # a bind whose Binding may yet land left the pod's devices recorded here: they are its own
+    mine = ask.uid in node.ledger if ask.uid else False
     for resource, count in ask.requests.items():
         sick = node.health_reason(resource)
         if sick:
@@ -134,9 +146,13 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
             reserved = ask.gpr.reservation.get(name)
             if reserved is None:
                 return f"not reserved for GPR {ask.gpr_key}", False
+            if mine:
+                continue
             own_used = node.used_by.get((ask.gpr_key, resource), 0)
             if reserved - own_used < count:
                 return f"GPR {ask.gpr_key} reservation here is used up ({own_used} of {reserved} bound)", False
+        if mine:
+            continue
         free = view.free_for(node, resource, ask.gpr_key)
         if free < count:
             return f"{free} {resource} free, pod asks {count}", True

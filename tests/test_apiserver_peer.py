@@ -196,6 +196,30 @@ async def test_hang_never_answers_until_the_client_leaves(peer: APIServerPeer, a
     assert fault.hits == 1 and stored is not None and stored["spec"]["holderIdentity"] == "other"
 
 
+async def test_a_write_that_lands_is_made_though_the_client_sees_it_fail(peer: APIServerPeer,
+                                                                         api: client.ApiClient) -> None:
+    # the answer says 500, yet the write is stored (etcd committed, the answer was lost)
+    peer.inject("PUT", "leases", status=500, lands=True, times=1)
+    lease: Any = await peer.put_lease("kube-system", "accelstack", "other", skew=-1)
+    lease["spec"]["holderIdentity"] = "me"
+    with pytest.raises(client.ApiException) as failed:
+        await client.CoordinationV1Api(api).replace_namespaced_lease("accelstack", "kube-system", lease)
+    assert failed.value.status == 500
+    stored = peer.get(LEASES, "kube-system", "accelstack")
+    assert stored is not None and stored["spec"]["holderIdentity"] == "me"
+    # no answer at all; the write is made once the client has gone, after it looked again and saw nothing
+    fault = peer.inject("PUT", "leases", hang=True, lands=True, times=1)
+    lease = dict(stored, spec={**stored["spec"], "holderIdentity": "late"})
+    with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+        await client.CoordinationV1Api(api).replace_namespaced_lease("accelstack", "kube-system", lease,
+                                                                      _request_timeout=0.3)
+    seen = peer.get(LEASES, "kube-system", "accelstack")
+    assert seen is not None and seen["spec"]["holderIdentity"] == "me"
+    await wait_until(lambda: (peer.get(LEASES, "kube-system", "accelstack") or {}).get("spec", {}).get(
+        "holderIdentity") == "late", timeout=3)
+    assert fault.hits == 1
+
+
 async def test_half_open_watch_sends_headers_then_silence(peer: APIServerPeer,
                                                           http: aiohttp.ClientSession) -> None:
     peer.inject("GET", "nodes", half_open=True, times=1)
@@ -252,6 +276,10 @@ def test_a_fault_does_one_thing() -> None:
         peer.inject(watch=False, half_open=True)
     with pytest.raises(ValueError, match="verb"):
         peer.inject(verb="fetch", status=500)
+    with pytest.raises(ValueError, match="lands"):
+        peer.inject("GET", "pods", status=500, lands=True)
+    with pytest.raises(ValueError, match="lands"):
+        peer.inject("POST", "pods", delay=1, lands=True)
     assert not peer.faults
 
 

@@ -82,6 +82,10 @@ Actions (one per fault):
 - ``after=seconds`` (with half_open/watch_error/close) - the watch first streams normally that long;
 - ``respond=fn(request) -> response | awaitable | None`` - anything else (None: answer normally).
 
+``lands=True`` (a write, with ``status`` or ``hang``): the write is made all the same - with ``status``
+before the error is answered, with ``hang`` once the client has given up (after, most likely, it looked
+again) - as a real API server does when etcd committed and the answer timed out or was lost on the way.
+
 Lifetime: ``times=N`` takes N requests then the fault removes itself; ``None`` until ``fault.remove()``,
 ``peer.clear_faults()`` or the end of ``with peer.inject(...):``. ``fault.hits`` counts the requests taken.
 
@@ -91,6 +95,7 @@ Examples::
     peer.inject("GET", "nodes", verb="list", status=429, retry_after=1, times=3)
     peer.inject("PUT", "leases", status=500, times=1)                           # one failed renewal
     peer.inject("PUT", "leases", hang=True)                                     # a hung renewal
+    peer.inject("POST", "pods", subresource="binding", hang=True, lands=True)   # bound, answer lost
     peer.inject("GET", "pods", watch=True, half_open=True)                      # a silent watch
     peer.inject("GET", "pods", watch=True, watch_error=410, after=0.5, times=1)
     peer.inject(resource="pods", verb="list", body=PROXY_502_HTML)

@@ -80,7 +80,7 @@ class Fault:
                  retry_after: int | None = None, details: dict[str, Any] | None = None,
                  body: str | bytes | None = None, content_type: str = "text/html",
                  delay: float = 0.0, hang: bool = False, half_open: bool = False, watch_error: int | None = None,
-                 close: bool = False, after: float = 0.0, respond: Responder | None = None,
+                 close: bool = False, after: float = 0.0, respond: Responder | None = None, lands: bool = False,
                  when: Callable[[web.Request], bool] | None = None, times: int | None = None) -> None:
         if verb is not None and verb not in VERBS:
             raise ValueError(f"verb must be one of {VERBS}, not {verb!r}")
@@ -95,6 +95,8 @@ class Fault:
             raise ValueError("half_open, watch_error and close are watch faults; they cannot match watch=False")
         if times is not None and times < 1:
             raise ValueError("times must be >= 1 (or None for until removed)")
+        if lands and (watch or not (hang or status is not None) or method in (None, "GET")):
+            raise ValueError("lands is for writes (a method other than GET) answered with a status or a hang")
         self.registry = registry
         self.match: dict[str, Any] = {"method": method, "resource": resource, "namespace": namespace, "name": name,
                       "subresource": subresource, "watch": True if (half_open or watch_error is not None or close) else watch,
@@ -104,6 +106,7 @@ class Fault:
         self.body, self.content_type = body, content_type
         self.delay, self.hang, self.half_open, self.watch_error, self.close = delay, hang, half_open, watch_error, close
         self.after, self.respond, self.when, self.times = after, respond, when, times
+        self.lands = lands
         self.hits = 0
         self.created = time.monotonic()
         registry.append(self)

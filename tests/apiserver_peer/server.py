@@ -268,13 +268,19 @@ class APIServerPeer(Reads):
             if isinstance(result, web.StreamResponse):
                 return result
         elif fault.hang:
+            if fault.lands:
+                await request.read()  # the body arrived; the answer never will
             await self._until_gone(request)
+            if fault.lands:  # made once the client has given up on it (and, likely, already looked again)
+                await self._dispatch(request, info)
             return web.Response(status=499)
         elif fault.body is not None:
             body = fault.body.encode() if isinstance(fault.body, str) else fault.body
             assert fault.status is not None
             return web.Response(status=fault.status, body=body, content_type=fault.content_type)
         elif fault.status is not None:
+            if fault.lands:  # made, then answered as failed
+                await self._dispatch(request, info)
             message = fault.message or default_message(fault.status, info.verb, info.resource, info.namespace,
                                                        info.name)
             details = fault.details or ({"name": info.name, "group": info.resource.split("/")[1]

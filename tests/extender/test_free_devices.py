@@ -72,6 +72,8 @@ def test_free_devices_match_a_fresh_sum_through_any_sequence_of_changes() -> Non
         else:
             version += 1
             view.on_node("ADDED", node_obj(rng, rng.choice(names), keys, version))
+        # which node's ledger records each pod (filter lets a pod onto the node holding its devices)
+        assert view.recorded == {uid: n.name for n in view.nodes.values() for uid in n.ledger}, step
         for n in view.nodes.values():
             for resource in (GPU, NR1):
                 for key in ("", *keys, "default/unknown"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from kubeapi.client import connected
 from scheduler_extender import ledger
@@ -18,7 +19,7 @@ from scheduler_extender.core.scheduler import Scheduler
 from scheduler_extender.kube import Kube
 from scheduler_extender.server import ControllerService
 from tests.apiserver_peer import APIServerPeer
-from tests.extender.harness import gpr, node, pod, stack, wait_until
+from tests.extender.harness import filter_body, gpr, node, pod, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes, status
 from tests.extender.test_extender_http import post, seed
 
@@ -38,13 +39,65 @@ async def test_bind_is_two_round_trips_and_a_failed_binding_gives_the_devices_ba
         await peer.delete_object("api/v1/pods", "default", "a")
         await wait_until(lambda: "uid-a" not in server.view.pods)
         await server.sweep(unseen_grace=0)
-        with peer.inject("POST", "pods", subresource="binding", status=500):
+        with peer.inject("POST", "pods", subresource="binding", status=422):
             body = json.dumps({"PodName": "b", "PodNamespace": "default", "PodUID": "uid-b", "Node": "gpu-node-1"})
             code, answer = await post(server, "bind", body.encode())
+        assert code == 200 and "422" in answer["Error"]  # type: ignore[index]
+        assert "uid-b" not in ledger_of(peer, "gpu-node-1")
+
+
+def ledger_of(peer: APIServerPeer, node_name: str) -> dict[str, ledger.Entry]:
+    annotations = peer.get("api/v1/nodes", "", node_name)["metadata"].get("annotations") or {}  # type: ignore[index]
+    return ledger.parse(annotations.get(ledger.LEDGER_ANNOTATION))
+
+
+async def test_a_binding_that_may_have_been_made_keeps_its_devices() -> None:
+    """A Binding answered 5xx or not at all may have been made (etcd committed; the API server finishes a write
+    whose client gave up), even after a look shows the pod unbound: its devices stay recorded until the pod is
+    seen bound elsewhere, gone or left unbound, so they are never given to another pod while it runs there."""
+    async with stack() as (peer, server):
+        server.kube.client.timeout = 0.5
+        await seed(peer, node("n1", gpus=2), node("n2", gpus=2),
+                   *(pod(p, 2, uid=f"uid-{p}") for p in ("a", "b", "c")))
+        await wait_until(lambda: len(server.view.pods) == 3 and len(server.view.nodes) == 2)
+
+        def bind(p: str, n: str) -> Any:
+            return post(server, "bind", json.dumps({"PodName": p, "PodNamespace": "default", "PodUID": f"uid-{p}",
+                                                    "Node": n}).encode())
+
+        # 500, not made: the pod is unbound, but the Binding might yet land; the devices stay recorded
+        with peer.inject("POST", "pods", subresource="binding", status=500):
+            code, answer = await bind("a", "n1")
         assert code == 200 and "500" in answer["Error"]  # type: ignore[index]
-        entries = ledger.parse(peer.get("api/v1/nodes", "", "gpu-node-1")["metadata"]["annotations"][  # type: ignore[index]
-            ledger.LEDGER_ANNOTATION])
-        assert "uid-b" not in entries
+        assert "uid-a" in ledger_of(peer, "n1")
+        code, answer = await bind("b", "n1")
+        assert "uid-b" not in ledger_of(peer, "n1") and answer["Error"]  # type: ignore[index]
+        # filter lets a back onto the node holding its devices (the scheduler's retry binds it there), not b
+        await wait_until(lambda: "uid-a" in server.view.nodes["n1"].ledger)
+        for p, passes in (("a", ["n1", "n2"]), ("b", ["n2"])):
+            _, result = await post(server, "filter", filter_body(pod(p, 2, uid=f"uid-{p}"), ["n1", "n2"]))
+            assert sorted(result["NodeNames"]) == passes, result  # type: ignore[index]
+        # the sweep gives them back once the pod, read afresh, is still unbound past the TTL
+        await server.sweep(unbound_ttl=0)
+        assert "uid-a" not in ledger_of(peer, "n1")
+
+        # no answer; the Binding is made only after the binder gave up and looked again
+        with peer.inject("POST", "pods", subresource="binding", hang=True, lands=True):
+            code, answer = await bind("a", "n1")
+            assert "no answer" in answer["Error"]  # type: ignore[index]
+            await wait_until(lambda: peer.get("api/v1/pods", "default", "a")["spec"].get("nodeName") == "n1")  # type: ignore[index]
+        assert "uid-a" in ledger_of(peer, "n1")
+        await server.sweep(unbound_ttl=0, unseen_grace=0)  # whatever this replica's informer says yet
+        assert "uid-a" in ledger_of(peer, "n1")
+        code, answer = await bind("b", "n1")  # the devices are a's: b is refused
+        assert "uid-b" not in ledger_of(peer, "n1") and "n1" in answer["Error"]  # type: ignore[index]
+
+        # 500, yet made: the bind looks, finds the pod on its node, and answers success
+        with peer.inject("POST", "pods", subresource="binding", status=500, lands=True):
+            assert await bind("c", "n2") == (200, {"Error": ""})
+        assert "uid-c" in ledger_of(peer, "n2")
+        await server.sweep(unbound_ttl=0, unseen_grace=0)
+        assert set(ledger_of(peer, "n1")) == {"uid-a"} and set(ledger_of(peer, "n2")) == {"uid-c"}
 
 
 async def test_gates_stay_while_the_status_cannot_be_written() -> None:

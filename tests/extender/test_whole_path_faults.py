@@ -6,8 +6,9 @@ extender only a sample of the nodes its own filters let through (``percentageOfN
 included, so the narrowing done at ungating is what keeps a pod on its reservation), retries on its own clock,
 and now and then sends a bind a second time (a retry after a lost answer). A stand-in kubelet runs each bound
 pod, then ends it. Meanwhile the API server answers a share of the writes and reads of every kind with 409,
-429, 500 or 503, holds some calls past the client's timeout, ends watches with 410 and 500, fails a leader's
-lease renewals, and one replica is replaced.
+429, 500 or 503, holds some calls past the client's timeout, makes some writes it answers as failed or never
+answers (a Binding may land after the binder gave up and looked again), ends watches with 410 and 500, fails
+a leader's lease renewals, and one replica is replaced.
 
 What must hold, read from the API server's own history of every change, in order:
 - no node ever runs pods that ask for more devices than it has, nor is reserved past its devices by the GPRs
@@ -80,10 +81,17 @@ def misbehave(peer: APIServerPeer, rng: random.Random) -> list[Fault]:
         peer.inject(method, resource, subresource=subresource, status=500, when=every(12))
         peer.inject(method, resource, subresource=subresource, status=429, retry_after=0, when=every(25))
         peer.inject(method, resource, subresource=subresource, status=503, when=every(25))
+        # made all the same (etcd committed), but the answer says 500 or never comes
+        peer.inject(method, resource, subresource=subresource, status=500, lands=True, when=every(30))
     peer.inject("PATCH", "nodes", status=409, when=every(12))  # as if another writer changed the node
     peer.inject("PATCH", "nodes", hang=True, when=every(40))  # no answer: the ledger write's outcome unknown
+    peer.inject("PATCH", "nodes", hang=True, lands=True, when=every(40))
+    peer.inject("PUT", "gpuprovisioningrequests", subresource="status", hang=True, lands=True, when=every(40))
     peer.inject("POST", "pods", subresource="binding", status=500, when=every(12))
     peer.inject("POST", "pods", subresource="binding", hang=True, when=every(30))
+    # a Binding made while its answer is a 500, or made only once the binder gave up on it and looked again
+    peer.inject("POST", "pods", subresource="binding", status=500, lands=True, when=every(15))
+    peer.inject("POST", "pods", subresource="binding", hang=True, lands=True, when=every(15))
     peer.inject("GET", None, watch=False, status=503, when=every(20))  # gets and lists
     peer.inject("GET", None, watch=False, status=429, retry_after=0, when=every(30))
     return list(peer.faults)
