@@ -96,6 +96,11 @@ async def test_a_binding_that_may_have_been_made_keeps_its_devices() -> None:
         with peer.inject("POST", "pods", subresource="binding", status=500, lands=True):
             assert await bind("c", "n2") == (200, {"Error": ""})
         assert "uid-c" in ledger_of(peer, "n2")
+        # the scheduler sends that bind again (its answer was lost) and this time the Binding is answered 500:
+        # the pod runs there, its devices stay recorded (the old binder took the entry of a running pod back)
+        with peer.inject("POST", "pods", subresource="binding", status=500):
+            assert await bind("c", "n2") == (200, {"Error": ""})
+        assert "uid-c" in ledger_of(peer, "n2")
         await server.sweep(unbound_ttl=0, unseen_grace=0)
         assert set(ledger_of(peer, "n1")) == {"uid-a"} and set(ledger_of(peer, "n2")) == {"uid-c"}
 
