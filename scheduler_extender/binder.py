@@ -4,10 +4,11 @@ Per node, one bind at a time in this replica (an asyncio lock); across replicas,
 is changed only with the Node's ``resourceVersion`` as a precondition, so a concurrent change by another replica
 makes the API server answer 409 and the bind re-reads and re-decides. The order is: decide (health, GPR
 reservation, free devices) -> record the pod in the ledger (conditional patch) -> create the Binding -> record
-the allocation on the pod (annotation ``accelstack.io/allocation``). A Binding that fails takes the ledger
-entry back. When the node lacks room that lower-priority, preemptible work holds and the pod's GPR may evict,
-the bind starts those evictions (Eviction API: PodDisruptionBudgets are respected, never bypassed) and answers
-with an error so the scheduler retries.
+the allocation on the pod (annotation ``accelstack.io/allocation``). A Binding the API server refuses takes
+the ledger entry back; one that may yet land (no answer, a 5xx) keeps it while the pod is unbound. When the
+node lacks room that lower-priority, preemptible work holds and the pod's GPR may evict, the bind starts those
+evictions (Eviction API: PodDisruptionBudgets are respected, never bypassed) and answers with an error so the
+scheduler retries.
 """
 
 from __future__ import annotations

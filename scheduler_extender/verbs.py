@@ -103,7 +103,8 @@ def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterO
     kept in the view's memo of the node until either changes (the same verdict :func:`node_verdict` gives)."""
     ((resource, count),) = ask.requests.items()
     key = ("verdict", resource, count)
-    ask = dataclasses.replace(ask, uid="")  # the memo holds verdicts for any such pod (filter_nodes adds its own)
+    if ask.uid:  # the memo holds verdicts for any such pod (filter_nodes adds the pod's own node)
+        ask = dataclasses.replace(ask, uid="")
     nodes, memos, passed, failed, unresolvable = view.nodes, view.memos(), out.passed, out.failed, out.unresolvable
     for name in names:
         node = nodes.get(name)
