@@ -22,6 +22,7 @@ identically after a restart.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import math
@@ -529,8 +530,8 @@ class Holders:
           scheduler's indexes (workspace, devices, admission time, exitDuration), gets its new copy (a status
           write: its pods started, a condition);
         - a member that no longer holds (gone, finished, Evicting, its placement lost) leaves the indexes;
-        - a GPR that starts to hold joins them, when it comes after every remaining member in creation order
-          (adopted last, as afresh; an admission stored is usually the newest holder).
+        - a GPR that starts to hold joins them, at its place in creation order (as adopting afresh places it;
+          an admission stored is often of a GPR older than some holders: it waited in the queue).
 
         Returns this block (patched) when the members and the base stay, a new block when they change, None when
         a change is none of these (the block is built again)."""
@@ -566,14 +567,6 @@ class Holders:
                 return None
             g.seq, g.placement = template.seq, template.placement  # what adopting it sets
             fresh.append((i, g, d))
-        if joining:  # adopted afresh, a joiner comes after every member older than it: none may stay
-            first = joining[0][1].order
-            for name, _ in reversed(templates):
-                d = self.objects[name]
-                if d.uid not in leaving:
-                    if d.order > first:
-                        return None
-                    break
         if not leaving and not joining:
             block = self if base is self.base else Holders(base, self.key, versions, self.state, list(templates),
                                                            dict(self.uid_of), dict(self.objects), members)
@@ -595,8 +588,16 @@ class Holders:
             del uid_of[name], objects[name]
         for g, d, _ in joining:  # adopted by the scratch scheduler: seq, placement set as adopting them sets
             uid_of[g.name], objects[g.name] = d.uid, d
-        return Holders(base, self.key, versions, state,
-                       [t for t in kept if t[0] not in gone] + [(g.name, g) for g, _, _ in joining], uid_of, objects,
+        staying = [t for t in kept if t[0] not in gone]
+        joined = [(g.name, g) for g, _, _ in joining]
+        if joined and staying and objects[joined[0][0]].order < objects[staying[-1][0]].order:
+            # adopted afresh, holders come in creation order, and a GPR admitted now is often older than some
+            # holders (it waited in the queue): the joiners take their places among them, as in the index of
+            # holders (the other indexes do not depend on the order: sums, and lists and heaps of unique keys)
+            staying = sorted(staying + joined, key=lambda t: objects[t[0]].order)
+            joined = []
+            state = dataclasses.replace(state, holders=[name for name, _ in staying])
+        return Holders(base, self.key, versions, state, staying + joined, uid_of, objects,
                        (members - leaving) | {d.uid for _, d, _ in joining})
 
     def _index(self) -> dict[str, int]:

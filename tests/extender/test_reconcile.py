@@ -152,13 +152,21 @@ def stored(gprs: dict[str, dict[str, Any]], plan: Plan, version: int) -> tuple[d
 def churn(gprs: dict[str, dict[str, Any]], rng: random.Random, now: float, i: int) -> dict[str, dict[str, Any]]:
     """What users and the API server do to GPRs between two passes: delete one, create one under the name of one
     deleted (a new UID), raise a queued one's priority (a new generation), put one into a backoff that ends
-    within the next passes."""
+    within the next passes, store a holder's completion."""
 
     gprs = dict(gprs)
     uids = sorted(gprs)
     if not uids:
         return gprs
-    what = rng.choice(["delete", "recreate", "edit", "backoff"])
+    what = rng.choice(["delete", "recreate", "edit", "backoff", "finish"])
+    holding = [u for u in uids if (gprs[u].get("status") or {}).get("phase") in ("Admitted", "Running")]
+    if what == "finish" and holding:  # a holder completes: the next pass admits into its room queued GPRs
+        uid = rng.choice(holding)     # (often older than holders that stay: they waited)
+        obj = copy.deepcopy(gprs[uid])
+        obj["metadata"]["resourceVersion"] = f"{obj['metadata']['resourceVersion']}-{i}"
+        obj["status"].update(phase="Complete", finishedAt=rfc3339(now))
+        gprs[uid] = obj
+        return gprs
     queued = [u for u in uids if (gprs[u].get("status") or {}).get("phase") == "Queued"]
     uid = rng.choice(queued if queued and rng.random() < 0.7 else uids)  # mostly the shared queue's members
     obj = copy.deepcopy(gprs[uid])
@@ -625,10 +633,10 @@ def test_a_holders_status_write_keeps_the_cached_inventory_and_holders_and_a_new
 
 def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stops_holding() -> None:
     """An admission stored (a new reservation) derives the cached inventory from the last one and adds the GPR to
-    the holders block when it is the newest holder; a holder that stops holding (Evicting, deleted) leaves the
-    block; a GPR that starts holding before a newer holder (its admission time stored late) is not taken in
-    (adopted afresh it comes before that holder) and the block is built again. Every warm pass plans what a
-    fresh start plans, and its inventory and holders block are the ones a fresh start builds."""
+    the holders block; a holder that stops holding (Evicting, deleted) leaves the block; a GPR that starts holding
+    before a newer holder (its admission time stored late, or admitted after waiting in the queue) takes its
+    place in creation order, as adopting afresh places it, instead of the block being built again. Every warm
+    pass plans what a fresh start plans, and its inventory and holders block are the ones a fresh start builds."""
     now = time.time()
     nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(5)}
     gprs: dict[str, dict[str, Any]] = {}
@@ -645,11 +653,12 @@ def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stop
     for _ in range(3):
         step(lose=frozenset({"u1"}))  # h1's admission time never stored
     assert warm.holders is not None and warm.holders.members == {"u0", "u2"}
+    block = warm.holders
     step()  # the stamp stored
-    step()  # h1 holds now, but before h2: not taken in
-    assert warm.holders is None
-    step()  # built again on the same objects
-    assert warm.holders is not None and warm.holders.members == {"u0", "u1", "u2"}
+    step()  # h1 holds now, older than h2: taken in at its place, as adopting afresh places it
+    assert warm.holders is not None and warm.holders is not block and warm.holders.members == {"u0", "u1", "u2"}
+    assert [name for name, _ in warm.holders.templates] == ["default/h0", "default/h1", "other/h2"]
+    assert warm.holders.state.holders == ["default/h0", "default/h1", "other/h2"]
     base, block = warm.base, warm.holders
     # an admission stored: h3, the newest, on n3
     obj = gpr("h3", phase="Admitted", reservation={"n3": 2}, devices=2, exitDuration="1h")
@@ -672,10 +681,48 @@ def test_the_holders_block_takes_in_a_newest_holder_and_lets_go_of_one_that_stop
     assert warm.base is base and warm.holders is not None and warm.holders.members == {"u1", "u3"}
     # its pods are gone (it has none): the same pass queued it again and admitted it at once
     assert passes.gprs["u0"]["status"]["phase"] == "Admitted"
-    step()  # adopted afresh it comes before h1: not taken in
-    assert warm.holders is None
-    step()
+    step()  # the oldest holder again: taken in first
     assert warm.holders is not None and warm.holders.members == {"u0", "u1", "u3"}
+    assert [name for name, _ in warm.holders.templates] == ["default/h0", "default/h1", "default/h3"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000))
+def test_gprs_admitted_out_of_creation_order_take_their_place_among_the_kept_holders(seed: int) -> None:
+    """Holders complete one by one and queued GPRs created before some remaining holders are admitted into their
+    room (they waited): each joins the kept holders block at its place in creation order. Every warm pass plans
+    what a fresh start plans, with the inventory and holders block a fresh start builds."""
+    rng = random.Random(seed)
+    now = time.time()
+    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(6)}
+    gprs: dict[str, dict[str, Any]] = {}
+    for k, i in enumerate(rng.sample(range(12), 12)):  # created in a shuffled order; the first six hold a node
+        holder = k < 6
+        obj = gpr(f"g{i}", phase="Running" if holder else "Queued", reservation={f"n{k}": 2} if holder else None,
+                  devices=2, exitDuration="1h", priority=rng.choice([50, 100, 250]))
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(k + 1), creationTimestamp=f"2026-11-30T00:00:{i:02d}Z")
+        if holder:
+            obj["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
+        gprs[f"u{i}"] = obj
+    passes = Passes(now, nodes, gprs)
+    for _ in range(3):  # the first statuses written, then the block kept from a second pass on the same objects
+        passes.step()
+    joined = 0
+    for _ in range(6):
+        holding = sorted(u for u, o in passes.gprs.items() if o["status"].get("phase") in ("Admitted", "Running"))
+        passes.rewrite(rng.choice(holding), phase="Complete", finishedAt=rfc3339(passes.now))
+        before = passes.warm.holders
+        for _ in range(3):
+            passes.step()
+            assert passes.warm.holders is not None  # revised, never dropped and built again
+        after = passes.warm.holders
+        assert after is not None
+        if before is not None and after.members - before.members:
+            joined += 1
+            order = [passes.gprs[after.uid_of[name]]["metadata"]["creationTimestamp"] for name, _ in after.templates]
+            assert order == sorted(order) and after.state.holders == [name for name, _ in after.templates]
+        passes.now += 1
+    assert joined
 
 
 def test_a_gpr_that_finishes_while_its_pod_runs_frees_its_reservation_but_not_the_pods_devices() -> None:
