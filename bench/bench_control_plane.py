@@ -309,6 +309,7 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
     admitted: list[float] = []
     finished: list[float] = []
     free = iter(range(NODES - FREE_NODES, NODES))
+    pick = random.Random(11)
     for r in range(rounds):
         for uid in queued:
             planner.touch(uid, labels={"team": f"t{r}"})
@@ -317,8 +318,9 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
         for k in range(4):
             planner.touch(running[(4 * r + k) * 97 % len(running)], labels={"seen": f"{r}-{k}"})
             holder += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
-        for k in range(4):  # as the controller stores an admission: Admitted, a whole idle node reserved
-            uid = queued[(4 * r + k) * 89 % len(queued)]
+        for k in range(4):  # as the controller stores an admission: Admitted, a whole idle node reserved; any
+            # queued GPR, so often one older than GPRs admitted before it (it waited), as in a priority queue
+            uid = queued.pop(pick.randrange(len(queued)))
             status = {key: value for key, value in planner.gprs[uid]["status"].items()
                       if key not in ("queuePosition", "estimatedStart", "estimatedStartRange")}
             status.update(phase="Admitted", admittedAt=rfc3339(time.time()),
