@@ -7,8 +7,10 @@ shapes the API server sends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound, TransportError
 from kubeapi.resources import (
@@ -28,6 +30,7 @@ log = logging.getLogger("accelstack.extender.kube")
 
 GROUP, VERSION = GPRS.group, GPRS.version
 __all__ = ["AlreadyExists", "ApiError", "Conflict", "Kube", "NotFound", "TransportError"]
+T = TypeVar("T")
 
 
 class Kube:
@@ -35,6 +38,18 @@ class Kube:
 
     def __init__(self, client: KubeClient) -> None:
         self.client = client
+        self._webhooked: asyncio.Semaphore | None = None
+
+    async def _admitted(self, call: Awaitable[T]) -> T:
+        """A write the API server sends to accelstack's own admission webhooks (GPRs; workspaces, templates and
+        bindings through the REST API) before answering. The webhook is this very process, and its lookups take
+        a connection of this client's pool: writes holding every connection would wait for webhook answers that
+        wait for a connection, until the webhook's timeout. Such writes take at most half the pool."""
+        if self._webhooked is None:
+            limit = int(getattr(getattr(self.client.session, "connector", None), "limit", 0) or 0)
+            self._webhooked = asyncio.Semaphore(max(1, limit // 2) if limit else 1 << 30)
+        async with self._webhooked:
+            return await call
 
     async def close(self) -> None:
         await self.client.close()
@@ -90,7 +105,7 @@ class Kube:
         return await self.client.replace(GPRS, name, body, namespace, subresource="status")
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.client.create(GPRS, body, namespace)
+        return await self._admitted(self.client.create(GPRS, body, namespace))
 
     async def delete_gpr(self, namespace: str, name: str, uid: str | None = None) -> dict[str, Any]:
         return await self.client.delete(GPRS, name, namespace, uid=uid)
@@ -111,12 +126,12 @@ class Kube:
         return await self.client.get(res, name, namespace)
 
     async def create_object(self, res: Resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.client.create(res, body, namespace)
+        return await self._admitted(self.client.create(res, body, namespace))
 
     async def replace_object(self, res: Resource, namespace: str | None, name: str,
                              body: dict[str, Any]) -> dict[str, Any]:
         """PUT with the body's resourceVersion: Conflict when the object changed since it was read."""
-        return await self.client.replace(res, name, body, namespace)
+        return await self._admitted(self.client.replace(res, name, body, namespace))
 
     async def delete_object(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         return await self.client.delete(res, name, namespace)

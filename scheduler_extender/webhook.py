@@ -154,7 +154,6 @@ class KubeLookup(Lookup):
         # reads under way: a burst of pod creations that all miss (the first ones, or the TTL just passed)
         # waits for one read instead of each making its own (hundreds of GETs of one template otherwise)
         self._reading: dict[tuple[str, str, str], asyncio.Task[dict[str, Any] | None]] = {}
-        self._creates: asyncio.Semaphore | None = None
 
     async def _cached(self, key: tuple[str, str, str], read: Callable[[], Any],
                       keep: bool = True) -> dict[str, Any] | None:
@@ -226,20 +225,9 @@ class KubeLookup(Lookup):
         # has their new GPR read it once
         return await self._cached(("gpr", namespace, name), lambda: self.kube.get_gpr(namespace, name), keep=False)
 
-    def _create_slots(self) -> asyncio.Semaphore:
-        """At most half the client's connections for GPR creates. Each create makes the API server call this
-        very process's GPR webhook, whose lookups need a connection of the same pool: creates holding every one
-        of them would wait for webhook answers that wait for a connection, until the webhook's timeout."""
-        if self._creates is None:
-            connector = getattr(self.kube.client.session, "connector", None)
-            limit = int(getattr(connector, "limit", 0) or 0)
-            self._creates = asyncio.Semaphore(max(1, limit // 2) if limit else 1 << 30)
-        return self._creates
-
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            async with self._create_slots():
-                return await self.kube.create_gpr(namespace, body)
+        try:  # (at most half the client's connections: see Kube._admitted)
+            return await self.kube.create_gpr(namespace, body)
         except KubeAlreadyExists as exc:
             raise AlreadyExists(exc.message or "already exists") from None
 
