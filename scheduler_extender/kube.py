@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound, TransportError
@@ -40,7 +40,7 @@ class Kube:
         self.client = client
         self._webhooked: asyncio.Semaphore | None = None
 
-    async def _admitted(self, call: Awaitable[T]) -> T:
+    async def _admitted(self, call: Callable[[], Awaitable[T]]) -> T:
         """A write the API server sends to accelstack's own admission webhooks (GPRs; workspaces, templates and
         bindings through the REST API) before answering. The webhook is this very process, and its lookups take
         a connection of this client's pool: writes holding every connection would wait for webhook answers that
@@ -49,7 +49,7 @@ class Kube:
             limit = int(getattr(getattr(self.client.session, "connector", None), "limit", 0) or 0)
             self._webhooked = asyncio.Semaphore(max(1, limit // 2) if limit else 1 << 30)
         async with self._webhooked:
-            return await call
+            return await call()
 
     async def close(self) -> None:
         await self.client.close()
@@ -105,7 +105,7 @@ class Kube:
         return await self.client.replace(GPRS, name, body, namespace, subresource="status")
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._admitted(self.client.create(GPRS, body, namespace))
+        return await self._admitted(lambda: self.client.create(GPRS, body, namespace))
 
     async def delete_gpr(self, namespace: str, name: str, uid: str | None = None) -> dict[str, Any]:
         return await self.client.delete(GPRS, name, namespace, uid=uid)
@@ -126,12 +126,12 @@ class Kube:
         return await self.client.get(res, name, namespace)
 
     async def create_object(self, res: Resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._admitted(self.client.create(res, body, namespace))
+        return await self._admitted(lambda: self.client.create(res, body, namespace))
 
     async def replace_object(self, res: Resource, namespace: str | None, name: str,
                              body: dict[str, Any]) -> dict[str, Any]:
         """PUT with the body's resourceVersion: Conflict when the object changed since it was read."""
-        return await self._admitted(self.client.replace(res, name, body, namespace))
+        return await self._admitted(lambda: self.client.replace(res, name, body, namespace))
 
     async def delete_object(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         return await self.client.delete(res, name, namespace)
