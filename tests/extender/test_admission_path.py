@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from typing import Any
@@ -17,7 +18,8 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 
 from kubeapi import KubeClient
-from scheduler_extender.kube import Kube
+from kubeapi.resources import WORKSPACES
+from scheduler_extender.kube import Kube, NotFound
 from scheduler_extender.webhook import (
     AUTO_LABEL,
     PRIORITY_RANGE_ANNOTATION,
@@ -147,6 +149,44 @@ async def test_gpr_creates_leave_connections_for_the_gpr_webhook_they_make_the_a
             assert outcomes == [""] * 40 and hook.failures == []
             assert took < hook.timeout, took  # no create waited out the webhook's timeout
             assert len([1 for (res, _, _) in peer.objects if res == GPRS]) == 40
+    finally:
+        await api.close()
+        await peer.stop()
+
+
+async def test_every_write_our_own_webhooks_judge_takes_at_most_half_the_pool() -> None:
+    """GPR creates (auto-GPR, REST API) and the REST API's creates and replaces of workspaces, templates and
+    bindings each wait for this process's webhooks: at most half the client's connections are theirs, and a
+    read made meanwhile does not wait behind them."""
+    peer = APIServerPeer()
+    await peer.start()
+    configuration = k8s.Configuration(host=peer.url)
+    configuration.connection_pool_maxsize = 6
+    api = k8s.ApiClient(configuration)
+    kube = Kube(KubeClient(api, field_manager="accelstack-extender"))
+    try:
+        peer.inject("POST", None, delay=0.3)  # every create answered late, as while a webhook judges it
+        gpr = {"apiVersion": "accelstack.io/v1alpha1", "kind": "GPUProvisioningRequest",
+               "spec": {"devicesPerNode": 1, "priority": 1, "exitDuration": "1h"}}
+        writes = [kube.create_gpr("team", {**gpr, "metadata": {"name": f"g{i}", "namespace": "team"}})
+                  for i in range(6)]
+        writes += [kube.create_object(WORKSPACES, None, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace",
+                                                         "metadata": {"name": f"w{i}"}, "spec": {}})
+                   for i in range(6)]
+        started = time.monotonic()
+        done = asyncio.gather(*writes)
+        await asyncio.sleep(0.1)  # the first writes hold their connections
+        read_started = time.monotonic()
+        with contextlib.suppress(NotFound):
+            await kube.get_gpr("team", "nope")
+        read_took = time.monotonic() - read_started
+        await done
+        posts = peer.calls("POST")
+        assert len(posts) == 12
+        overlap = max(sum(1 for r in posts if r.started <= p.started < (r.finished or float("inf"))) for p in posts)
+        assert overlap <= 3, overlap  # half of 6
+        assert read_took < 0.25, read_took
+        assert time.monotonic() - started >= 4 * 0.3 - 0.05  # 12 writes, 3 at a time
     finally:
         await api.close()
         await peer.stop()
