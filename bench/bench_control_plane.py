@@ -318,7 +318,7 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
         for k in range(4):
             planner.touch(running[(4 * r + k) * 97 % len(running)], labels={"seen": f"{r}-{k}"})
             holder += [planner.plan(refresh=False).seconds, planner.plan(refresh=False).seconds]
-        for k in range(4):  # as the controller stores an admission: Admitted, a whole idle node reserved; any
+        for _ in range(4):  # as the controller stores an admission: Admitted, a whole idle node reserved; any
             # queued GPR, so often one older than GPRs admitted before it (it waited), as in a priority queue
             uid = queued.pop(pick.randrange(len(queued)))
             status = {key: value for key, value in planner.gprs[uid]["status"].items()
