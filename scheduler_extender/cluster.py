@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from scheduler_extender import ledger
-from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION, parse_duration
+from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION, TERMINAL_PHASES, parse_duration
 from scheduler_extender.resources import pod_requests, whole
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
@@ -268,6 +268,7 @@ class ClusterView:
         self.pods: dict[str, PodView] = {}  # by UID
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.recorded: dict[str, str] = {}  # pod UID -> the node whose ledger records devices for it
+        self._live: dict[str, set[str]] = {}  # namespace -> keys of its unfinished GPRs (not Complete/Cancelled)
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
         # node -> (the NodeView they were computed for, facts of that node and the reservations on it): kept
         # until the node or a reservation on it changes (filter asks per node per pod). Facts: resource -> devices
@@ -319,7 +320,7 @@ class ClusterView:
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
         self.version += 1
-        self.gprs, self.reserved, self._withheld = {}, {}, {}
+        self.gprs, self.reserved, self._withheld, self._live = {}, {}, {}, {}
         for obj in items:
             self.on_gpr("ADDED", obj)
 
@@ -327,13 +328,21 @@ class ClusterView:
         self.version += 1
         view = gpr_view(obj)
         old = self.gprs.pop(view.key, None)
+        namespace = view.key.split("/", 1)[0]
         if old is not None:
             for node in old.reservation:
                 self.reserved.get(node, {}).pop(old.key, None)
                 self._withheld.pop(node, None)
+            live = self._live.get(namespace)
+            if live is not None:
+                live.discard(old.key)
+                if not live:
+                    del self._live[namespace]
         if kind == "DELETED":
             return
         self.gprs[view.key] = view
+        if view.phase not in TERMINAL_PHASES:
+            self._live.setdefault(namespace, set()).add(view.key)
         if view.phase in ALLOCATED:
             for node, devices in view.reservation.items():
                 self.reserved.setdefault(node, {})[view.key] = devices
@@ -358,6 +367,11 @@ class ClusterView:
             self.pods[uid] = view
 
     # queries
+    def unfinished_in(self, namespaces: Iterable[str], exclude: str = "") -> int:
+        """GPRs in ``namespaces`` that are not Complete or Cancelled, ``exclude`` (namespace/name) left out: kept
+        per namespace, so a webhook that counts them for every GPR created does not scan the whole view."""
+        return sum(len(live) - (exclude in live) for ns in set(namespaces) if (live := self._live.get(ns)))
+
     def reservations_on(self, node: str) -> dict[str, int]:
         return self.reserved.get(node, {})
 

@@ -636,8 +636,7 @@ class Webhook:
         can miss a GPR created at the same moment, so a burst may go over by the GPRs in flight; a ResourceQuota
         on ``count/gpuprovisioningrequests.accelstack.io`` is exact (but counts finished GPRs too)."""
         if self.view is not None:
-            return unfinished(v.phase for key, v in self.view.gprs.items()
-                              if key.split("/", 1)[0] in namespaces and key != exclude)
+            return self.view.unfinished_in(namespaces, exclude)
         phases = []
         for ns in namespaces:
             phases += [str((o.get("status") or {}).get("phase") or "Queued") for o in await self.lookup.list_gprs(ns)

@@ -106,3 +106,27 @@ def test_verdicts_for_counts_no_node_can_hold_are_not_kept() -> None:
         prioritize(view, ask, ["a"])
     kept = {key for key in view.node_facts(a) if isinstance(key, tuple)}
     assert kept == {("verdict", GPU, 1), ("verdict", GPU, 8), ("score", GPU, 1), ("score", GPU, 8)}
+
+
+def test_unfinished_gprs_per_namespace_match_a_scan_through_any_sequence_of_changes() -> None:
+    """The webhook's count of unfinished GPRs (a namespace's or workspace's ``max-gprs``) is kept per namespace:
+    through adds, phase changes (to and from Complete/Cancelled), deletes and relists it equals a scan of the view."""
+    rng = random.Random(5)
+    spaces = ["team-a", "team-ab", "b"]
+    view = ClusterView()
+    for step in range(4000):
+        what = rng.random()
+        ns, name = rng.choice(spaces), rng.choice(["g0", "g1", "g2", "g3"])
+        if what < 0.7:
+            view.on_gpr(rng.choice(["ADDED", "MODIFIED"]), gpr(name, namespace=ns, phase=rng.choice(
+                [None, "Queued", "Admitted", "Running", "Failed", "Evicting", "Complete", "Cancelled"])))
+        elif what < 0.97:
+            view.on_gpr("DELETED", gpr(name, namespace=ns))
+        else:
+            view.sync_gprs([gpr(f"s{i}", namespace=rng.choice(spaces), phase=rng.choice(["Queued", "Complete"]))
+                            for i in range(rng.randint(0, 5))])
+        for chosen in ([], ["team-a"], ["team-a", "b"], spaces):
+            for exclude in ("", f"{ns}/{name}", "team-a/g0", "nowhere/x"):
+                scan = sum(1 for key, g in view.gprs.items() if key.split("/", 1)[0] in chosen and key != exclude
+                           and g.phase not in ("Complete", "Cancelled"))
+                assert view.unfinished_in(chosen, exclude) == scan, (step, chosen, exclude)
