@@ -25,6 +25,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -32,9 +33,10 @@ from aiohttp import web
 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.auth import Authorizer
-from scheduler_extender.cluster import ClusterView, model_of
+from scheduler_extender.cluster import ClusterView, NodeView, model_of
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, loads, read_body
 from scheduler_extender.kube import Kube
+from scheduler_extender.loop import slices
 from scheduler_extender.portal import portal_routes
 from scheduler_extender.rest_http import api_call, error, json_response
 from scheduler_extender.rest_objects import object_routes
@@ -45,29 +47,34 @@ from scheduler_extender.whatif import WhatIf
 _json, _error = json_response, error
 
 
-def inventory(view: ClusterView) -> dict[str, Any]:
+async def inventory(view: ClusterView) -> dict[str, Any]:
+    """Every node's managed devices (capacity, allocated, reserved, health) and their sums per model: swept in
+    slices (:mod:`.loop`), so that 5,000 nodes never hold the loop that answers the scheduler."""
     nodes: list[dict[str, Any]] = []
     models: dict[tuple[str, str], dict[str, Any]] = {}
-    for node in sorted(view.nodes.values(), key=lambda n: n.name):
-        for resource, capacity in sorted(node.allocatable.items()):
-            if capacity <= 0:
-                continue
-            allocated = sum(e.requests.get(resource, 0) for e in node.ledger.values())
-            reserved = view.reserved_devices(node.name, resource)
-            healthy = not node.health_reason(resource)
-            model = model_of(node, resource)
-            nodes.append({"node": node.name, "resource": resource, "model": model, "capacity": capacity,
-                          "allocated": allocated, "reserved": reserved, "healthy": healthy,
-                          "reason": node.health_reason(resource)})
-            agg = models.setdefault((resource, model), {"resource": resource, "model": model, "nodes": 0,
-                                                         "capacity": 0, "allocated": 0, "reserved": 0,
-                                                         "healthyCapacity": 0})
+    async for part in slices(sorted(view.nodes.values(), key=attrgetter("name"))):
+        for row in (row for node in part for row in _device_rows(view, node)):
+            nodes.append(row)
+            agg = models.setdefault((row["resource"], row["model"]), {
+                "resource": row["resource"], "model": row["model"], "nodes": 0, "capacity": 0, "allocated": 0,
+                "reserved": 0, "healthyCapacity": 0})
             agg["nodes"] += 1
-            agg["capacity"] += capacity
-            agg["allocated"] += allocated
-            agg["reserved"] += reserved
-            agg["healthyCapacity"] += capacity if healthy else 0
+            for name in ("capacity", "allocated", "reserved"):
+                agg[name] += row[name]
+            agg["healthyCapacity"] += row["capacity"] if row["healthy"] else 0
     return {"nodes": nodes, "models": list(models.values())}
+
+
+def _device_rows(view: ClusterView, node: NodeView) -> list[dict[str, Any]]:
+    rows = []
+    for resource, capacity in sorted(node.allocatable.items()):
+        if capacity <= 0:
+            continue
+        reason = node.health_reason(resource)
+        rows.append({"node": node.name, "resource": resource, "model": model_of(node, resource),
+                     "capacity": capacity, "allocated": sum(e.requests.get(resource, 0) for e in node.ledger.values()),
+                     "reserved": view.reserved_devices(node.name, resource), "healthy": not reason, "reason": reason})
+    return rows
 
 
 GPR_ATTRS = {"group": gr.GROUP, "resource": gr.GPR_PLURAL}
@@ -116,7 +123,7 @@ class RestAPI:
         if request.query.get("summary", "false").lower() not in ("false", "0", "no"):
             return await self.views.get_summary(request)
         denied = await self._denied(request, "list", attrs={"group": "", "resource": "nodes"})
-        return denied or _json(inventory(self.view))
+        return denied or _json(await self.views.memo("inventory", lambda: inventory(self.view)))
 
     async def _call(self, coro: Any, created: bool = False) -> web.Response:
         return await api_call(coro, created)

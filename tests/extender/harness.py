@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio import client
 
@@ -17,6 +19,32 @@ from tests.apiserver_peer import APIServerPeer
 
 WIRE = Path(__file__).parent / "wire"
 GPU = "nvidia.com/gpu"
+
+
+T = TypeVar("T")
+
+
+async def hold_share(work: Callable[[], Awaitable[T]]) -> tuple[float, T]:
+    """The longest stretch ``work()`` held the event loop without a yield, as a share of its whole time (a task
+    that yields at every turn measures it), and its result. A share, not milliseconds: a busy machine slows both."""
+    longest, done = 0.0, False
+
+    async def ticker() -> None:
+        nonlocal longest
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    started = time.perf_counter()
+    result = await work()
+    took = time.perf_counter() - started
+    done = True
+    await task
+    return longest / took, result
 
 
 def recorded(name: str) -> bytes:

@@ -12,7 +12,7 @@ from typing import Any
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
 from scheduler_extender.whatif import WhatIf
-from tests.extender.harness import gpr, node
+from tests.extender.harness import gpr, hold_share, node
 
 NOW = 1_800_000_000.0
 
@@ -206,25 +206,9 @@ async def test_a_sweep_of_a_large_queue_gives_the_loop_back_in_slices() -> None:
         view.on_gpr("ADDED", g)
 
     async def longest_hold() -> float:
-        longest, done = 0.0, False
-
-        async def ticker() -> None:
-            nonlocal longest
-            last = time.perf_counter()
-            while not done:
-                await asyncio.sleep(0)
-                now = time.perf_counter()
-                longest, last = max(longest, now - last), now
-
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        started = time.perf_counter()
-        idx = await build_index(view, view.version, NOW)
-        took = time.perf_counter() - started
-        done = True
-        await task
+        share, idx = await hold_share(lambda: build_index(view, view.version, NOW))
         assert len(idx.resources[gr.GPU].neg_priority) == 10_000
-        return longest / took
+        return share
 
     shares = [await longest_hold() for _ in range(3)]
     assert min(shares) < 0.2, shares
