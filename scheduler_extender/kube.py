@@ -110,16 +110,17 @@ class Kube:
     async def delete_gpr(self, namespace: str, name: str, uid: str | None = None) -> dict[str, Any]:
         return await self.client.delete(GPRS, name, namespace, uid=uid)
 
-    async def list_gprs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        items, _ = await self.client.list(GPRS, namespace)
+    async def list_gprs(self, namespace: str | None = None, page_size: int = 500) -> list[dict[str, Any]]:
+        items, _ = await self.client.list(GPRS, namespace, page_size=page_size)
         return items
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.client.get(GPR_TEMPLATES, name, namespace)
 
     # the REST API's object endpoints (workspaces, templates, bindings) and the portal's lookups
-    async def list_objects(self, res: Resource, namespace: str | None = None) -> list[dict[str, Any]]:
-        items, _ = await self.client.list(res, namespace)
+    async def list_objects(self, res: Resource, namespace: str | None = None,
+                           page_size: int = 500) -> list[dict[str, Any]]:
+        items, _ = await self.client.list(res, namespace, page_size=page_size)
         return items
 
     async def get_object(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:

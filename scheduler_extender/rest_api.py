@@ -38,7 +38,7 @@ from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closin
 from scheduler_extender.kube import Kube
 from scheduler_extender.loop import slices
 from scheduler_extender.portal import portal_routes
-from scheduler_extender.rest_http import api_call, error, json_response
+from scheduler_extender.rest_http import LIST_PAGE, api_call, api_items, error, json_response
 from scheduler_extender.rest_objects import object_routes
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL, ViewRoutes
 from scheduler_extender.webhook import cluster_refusal
@@ -128,16 +128,10 @@ class RestAPI:
     async def _call(self, coro: Any, created: bool = False) -> web.Response:
         return await api_call(coro, created)
 
-    async def list_gprs(self, request: web.Request) -> web.Response:
+    async def list_gprs(self, request: web.Request) -> web.StreamResponse:
         namespace = request.query.get("namespace") or None
-        denied = await self._denied(request, "list", namespace or "")
-        if denied:
-            return denied
-
-        async def items() -> dict[str, Any]:
-            return {"items": await self.kube.list_gprs(namespace)}
-
-        return await self._call(items())
+        return await self._denied(request, "list", namespace or "") or \
+            await api_items(request, self.kube.list_gprs(namespace, page_size=LIST_PAGE))
 
     async def get_gpr(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]

@@ -3,12 +3,16 @@ with the HTTP status of the cause."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from scheduler_extender.kube import ApiError, Conflict, NotFound
+from scheduler_extender.loop import slices
+
+LIST_PAGE = 100  # objects per page when the REST API lists from the API server (each page is decoded at once)
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -23,12 +27,34 @@ async def api_call(coro: Any, created: bool = False) -> web.Response:
     """The API server's answer to ``coro`` as the REST API's: 404, 409, 400/403/422 passed on, 502 otherwise."""
     try:
         return json_response(await coro, 201 if created else 200)
-    except NotFound as exc:
-        return error(404, str(exc) or "not found")
-    except Conflict as exc:
-        return error(409, str(exc) or "conflict")
     except ApiError as exc:
-        return api_error(exc)
+        return api_failure(exc)
+
+
+async def api_items(request: web.Request, listing: Awaitable[list[dict[str, Any]]]) -> web.StreamResponse:
+    """``{"items": [...]}`` of a list from the API server, encoded and sent in slices (:mod:`.loop`): 10,000 GPRs
+    are 4 MB, 12 ms of encoding in one piece on the loop that answers the scheduler. Errors as :func:`api_call`."""
+    try:
+        items = await listing
+    except ApiError as exc:
+        return api_failure(exc)
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await response.prepare(request)
+    opening = b'{"items":['
+    async for part in slices(items):
+        await response.write(opening + b",".join(orjson.dumps(item) for item in part))
+        opening = b","
+    await response.write(b'{"items":[]}' if opening != b"," else b"]}")
+    await response.write_eof()
+    return response
+
+
+def api_failure(exc: ApiError) -> web.Response:
+    if isinstance(exc, NotFound):
+        return error(404, str(exc) or "not found")
+    if isinstance(exc, Conflict):
+        return error(409, str(exc) or "conflict")
+    return api_error(exc)
 
 
 def api_error(exc: ApiError) -> web.Response:

@@ -25,7 +25,7 @@ from kubeapi.resources import GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, WORKSPACES, 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.http_body import BodyError, closing
 from scheduler_extender.kube import ApiError, NotFound
-from scheduler_extender.rest_http import api_call, api_error, error
+from scheduler_extender.rest_http import LIST_PAGE, api_call, api_error, api_items, error
 from scheduler_extender.workspaces import ROLES, SUBJECT_KINDS, parse_policy
 
 if TYPE_CHECKING:
@@ -125,16 +125,10 @@ class ObjectRoutes:
     def _where(self, request: web.Request) -> tuple[str, str]:
         return request.match_info.get("namespace", ""), request.match_info["name"]
 
-    async def list(self, request: web.Request) -> web.Response:
+    async def list(self, request: web.Request) -> web.StreamResponse:
         namespace = request.query.get("namespace", "") if self.kind.res.namespaced else ""
-        denied = await self.api._denied(request, "list", namespace, self.kind.attrs)
-        if denied:
-            return denied
-
-        async def items() -> dict[str, Any]:
-            return {"items": await self.api.kube.list_objects(self.kind.res, namespace or None)}
-
-        return await api_call(items())
+        return await self.api._denied(request, "list", namespace, self.kind.attrs) or \
+            await api_items(request, self.api.kube.list_objects(self.kind.res, namespace or None, page_size=LIST_PAGE))
 
     async def get(self, request: web.Request) -> web.Response:
         namespace, name = self._where(request)

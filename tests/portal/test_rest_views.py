@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import aiohttp.web
+import orjson
 import pytest
 
 from tests.apiserver_peer import APIServerPeer
@@ -286,3 +288,45 @@ async def test_the_per_node_inventory_follows_the_view() -> None:
         while "p5-3" not in {r["node"] for r in (await get(http, f"{base}/api/v1/inventory", ADMIN))[1]["nodes"]}:
             assert asyncio.get_running_loop().time() < deadline, "the kept inventory did not follow the view"
             await asyncio.sleep(0.02)
+
+
+async def test_lists_from_the_api_server_are_sent_in_slices() -> None:
+    """A REST list (GPRs, workspaces, templates, bindings) is encoded and written in slices: 10,000 GPRs (4 MB)
+    encoded at once held the loop for most of the answer; the body is the same JSON, empty lists included, and
+    an API error is mapped as for any other call."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from kubeapi import ApiError
+    from scheduler_extender.rest_http import api_items
+    from tests.extender.harness import gpr, hold_share
+
+    items = [gpr(f"g{i}", phase="Queued") for i in range(10_000)]
+
+    async def listed(which: str) -> list[dict[str, Any]]:
+        if which == "refused":
+            raise ApiError(403, "Forbidden", "gpuprovisioningrequests is forbidden")
+        return items if which == "many" else []
+
+    async def handler(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        return await api_items(request, listed(request.query["which"]))
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/list", handler)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        async def fetch(which: str) -> tuple[int, bytes]:
+            async with client.get(f"/list?which={which}") as r:
+                return r.status, await r.read()  # read, not parsed: the share is the server's
+
+        shares = []
+        for _ in range(3):
+            share, (status, body) = await hold_share(lambda: fetch("many"))
+            shares.append(share)
+        assert min(shares) < 0.3, shares
+        assert status == 200 and orjson.loads(body) == {"items": items}
+        assert await fetch("none") == (200, b'{"items":[]}')
+        status, body = await fetch("refused")
+        assert status == 403 and "forbidden" in orjson.loads(body)["error"]
+    finally:
+        await client.close()
