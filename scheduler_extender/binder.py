@@ -146,17 +146,24 @@ class Binder:
             maybe = True
         # the pod may already be on this very node, which is success
         try:
-            current = await self.kube.get_pod(namespace, name)
-        except NotFound:
-            return failure, False
+            current = await self.pod_now(namespace, name, uid)
         except ApiError:
             return failure, True  # cannot tell: keep the entry
+        if current is None:
+            return failure, False  # gone, or another pod of that name
         bound = (current.get("spec") or {}).get("nodeName")
-        if current.get("metadata", {}).get("uid") != uid:
-            return failure, False  # another pod of that name: ours is gone
         if bound == node:
             return "", False
         return failure, maybe and not bound
+
+    async def pod_now(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """The pod read afresh from the API server (not the informer's view, which may lag); None when it is gone
+        or the name now belongs to another pod. ApiError when it cannot be read: the caller cannot tell."""
+        try:
+            current = await self.kube.get_pod(namespace, name)
+        except NotFound:
+            return None
+        return current if (current.get("metadata") or {}).get("uid") == uid else None
 
     async def _rewrite(self, node: str, change: Callable[[NodeView], dict[str, ledger.Entry] | None]) -> bool:
         """Write ``change(view)``'s entries as the node's ledger, conditional on the Node's resourceVersion; on a

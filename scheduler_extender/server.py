@@ -36,7 +36,7 @@ from scheduler_extender.cluster import TERMINAL_POD_PHASES, ClusterView, PodView
 from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import Extender, ExtenderMetrics
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
-from scheduler_extender.kube import ApiError, Kube, NotFound
+from scheduler_extender.kube import ApiError, Kube
 from scheduler_extender.rest_api import RateLimiter, RestAPI
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
 from scheduler_extender.workspace_controller import WorkspaceController
@@ -112,14 +112,10 @@ async def _holds(binder: Binder, entry: ledger.Entry, node: str) -> bool:
     """Whether the entry's pod, read afresh, is (or, when it cannot be read, may be) bound to ``node`` and live."""
     namespace, _, name = entry.pod.partition("/")
     try:
-        obj = await binder.kube.get_pod(namespace, name)
-    except NotFound:
-        return False
+        obj = await binder.pod_now(namespace, name, entry.uid)
     except ApiError:
         return True  # the next sweep looks again
-    if (obj.get("metadata") or {}).get("uid") != entry.uid:
-        return False
-    return (obj.get("spec") or {}).get("nodeName") == node and \
+    return obj is not None and (obj.get("spec") or {}).get("nodeName") == node and \
         (obj.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES
 
 
