@@ -3,6 +3,7 @@ with the HTTP status of the cause."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable
 from typing import Any
 
@@ -58,8 +59,17 @@ def api_failure(exc: ApiError) -> web.Response:
 
 
 def api_error(exc: ApiError) -> web.Response:
-    status = exc.status if exc.status in (400, 403, 404, 409, 422) else 502
-    return error(status, f"API server: {exc.status} {exc.message or exc.reason}")
+    """400/403/404/409/422 passed on; the API server throttling (429, after the client's own retries) 503 with
+    its ``Retry-After``; no answer 504; any other failure 502."""
+    if exc.status in (400, 403, 404, 409, 422):
+        return error(exc.status, f"API server: {exc.status} {exc.message or exc.reason}")
+    if exc.status == 429:
+        response = error(503, f"API server is throttling requests: {exc.message or exc.reason}; retry later")
+        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after or 1)))
+        return response
+    if not exc.status:
+        return error(504, f"API server: no answer ({exc.message or exc.reason})")
+    return error(502, f"API server: {exc.status} {exc.message or exc.reason}")
 
 
 def query_int(query: Any, key: str, default: int, low: int, high: int) -> int:

@@ -330,3 +330,25 @@ async def test_lists_from_the_api_server_are_sent_in_slices() -> None:
         assert status == 403 and "forbidden" in orjson.loads(body)["error"]
     finally:
         await client.close()
+
+
+def test_api_server_failures_map_to_what_a_caller_can_act_on() -> None:
+    """Refusals are passed on; throttling that outlasted the client's own retries is 503 with the server's
+    Retry-After (rounded up, at least 1 s); no answer is 504; any other failure 502."""
+    from kubeapi import ApiError
+    from kubeapi.errors import TooManyRequests, TransportError
+    from scheduler_extender.rest_http import api_error
+
+    def mapped(exc: ApiError) -> tuple[int, str | None, str]:
+        response = api_error(exc)
+        assert response.body is not None and isinstance(response.body, bytes)
+        return response.status, response.headers.get("Retry-After"), orjson.loads(response.body)["error"]
+
+    for status in (400, 403, 404, 409, 422):
+        assert mapped(ApiError(status, "Refused", "no"))[:2] == (status, None)
+    assert mapped(TooManyRequests(429, "TooManyRequests", "slow down", retry_after=2.5))[:2] == (503, "3")
+    assert mapped(TooManyRequests(429, "TooManyRequests", "slow down"))[:2] == (503, "1")
+    status, after, message = mapped(TransportError("GET /apis/...: no answer within 10s"))
+    assert (status, after) == (504, None) and "no answer within 10s" in message
+    for status in (500, 503, 410, 401):
+        assert mapped(ApiError(status, "Oops", "broken"))[:2] == (502, None)
