@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubeapi.client import KubeClient, backoff_delay
@@ -28,11 +29,12 @@ YIELD_AFTER = 0.001  # seconds of event handling before a watch lets other tasks
 
 log = logging.getLogger("accelstack.kube.informer")
 Handler = Callable[[str, dict[str, Any]], None]  # (ADDED|MODIFIED|DELETED, object)
+Sync = Callable[[list[dict[str, Any]]], "Awaitable[None] | None"]  # a relist's items; may be a coroutine function
 
 
 class Informer:
     def __init__(self, client: KubeClient, resource: Resource, on_event: Handler,
-                 on_sync: Callable[[list[dict[str, Any]]], None], *, name: str = "", namespace: str | None = None,
+                 on_sync: Sync, *, name: str = "", namespace: str | None = None,
                  label_selector: str = "", watch_timeout: tuple[int, int] = (300, 600), read_margin: float = 30.0,
                  backoff: tuple[float, float] = (0.5, 30.0), rng: random.Random | None = None) -> None:
         self.client = client
@@ -67,7 +69,9 @@ class Informer:
     async def _list(self) -> None:
         items, rv = await self.client.list(self.resource, self.namespace, label_selector=self.label_selector)
         self.resource_version = rv
-        self.on_sync(items)
+        taken = self.on_sync(items)
+        if inspect.isawaitable(taken):  # a view that takes a large relist in slices (its events wait meanwhile)
+            await taken
         self.relists += 1
         self.client.metrics.relists.labels(self.name).inc()
         self.synced.set()

@@ -18,6 +18,7 @@ import orjson
 
 from scheduler_extender import ledger
 from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION, TERMINAL_PHASES, parse_duration
+from scheduler_extender.loop import slices
 from scheduler_extender.resources import pod_requests, whole
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
@@ -276,12 +277,29 @@ class ClusterView:
         # verdict for a pod without a GPR (scheduler_extender.verbs)
         self._withheld: dict[str, tuple[NodeView, dict[Any, Any]]] = {}
 
-    # informer callbacks
+    # informer callbacks. A relist has two forms: sync_* replaces that part of the view at once; resync_* (what
+    # the extender's informers use) builds the replacement aside in slices (:mod:`.loop`), giving the loop back
+    # every half millisecond, and swaps it in at once: a relist of 5,000 nodes or 20,000 pods took 0.3-0.4 s of
+    # the loop that answers filter and bind. Events of other kinds handled meanwhile apply to the live view.
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
-        self.version += 1
-        self.nodes, self._withheld, self.recorded = {}, {}, {}
+        fresh = self._fresh()
         for obj in items:
-            self.on_node("ADDED", obj)
+            fresh.on_node("ADDED", obj)
+        self._take_nodes(fresh)
+
+    async def resync_nodes(self, items: list[dict[str, Any]]) -> None:
+        fresh = self._fresh()
+        async for part in slices(items):
+            for obj in part:
+                fresh.on_node("ADDED", obj)
+        self._take_nodes(fresh)
+
+    def _fresh(self) -> ClusterView:
+        return ClusterView(self.resources)
+
+    def _take_nodes(self, fresh: ClusterView) -> None:
+        self.version += 1
+        self.nodes, self.recorded, self._withheld = fresh.nodes, fresh.recorded, {}
 
     def on_node(self, kind: str, obj: dict[str, Any]) -> None:
         self.version += 1
@@ -319,10 +337,21 @@ class ClusterView:
                 self.recorded[uid] = new.name
 
     def sync_gprs(self, items: list[dict[str, Any]]) -> None:
-        self.version += 1
-        self.gprs, self.reserved, self._withheld, self._live = {}, {}, {}, {}
+        fresh = self._fresh()
         for obj in items:
-            self.on_gpr("ADDED", obj)
+            fresh.on_gpr("ADDED", obj)
+        self._take_gprs(fresh)
+
+    async def resync_gprs(self, items: list[dict[str, Any]]) -> None:
+        fresh = self._fresh()
+        async for part in slices(items):
+            for obj in part:
+                fresh.on_gpr("ADDED", obj)
+        self._take_gprs(fresh)
+
+    def _take_gprs(self, fresh: ClusterView) -> None:
+        self.version += 1
+        self.gprs, self.reserved, self._live, self._withheld = fresh.gprs, fresh.reserved, fresh._live, {}
 
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.version += 1
@@ -349,10 +378,19 @@ class ClusterView:
                 self._withheld.pop(node, None)
 
     def sync_pods(self, items: list[dict[str, Any]]) -> None:
-        self.version += 1
-        self.pods = {}
+        fresh = self._fresh()
         for obj in items:
-            self.on_pod("ADDED", obj)
+            fresh.on_pod("ADDED", obj)
+        self.version += 1
+        self.pods = fresh.pods
+
+    async def resync_pods(self, items: list[dict[str, Any]]) -> None:
+        fresh = self._fresh()
+        async for part in slices(items):
+            for obj in part:
+                fresh.on_pod("ADDED", obj)
+        self.version += 1
+        self.pods = fresh.pods
 
     def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         self.version += 1

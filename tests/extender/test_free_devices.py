@@ -4,7 +4,10 @@ afresh (and judging each node afresh) answers, through GPR and node changes in a
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from scheduler_extender import ledger
@@ -130,3 +133,51 @@ def test_unfinished_gprs_per_namespace_match_a_scan_through_any_sequence_of_chan
                 scan = sum(1 for key, g in view.gprs.items() if key.split("/", 1)[0] in chosen and key != exclude
                            and g.phase not in ("Complete", "Cancelled"))
                 assert view.unfinished_in(chosen, exclude) == scan, (step, chosen, exclude)
+
+
+async def test_a_relist_taken_in_slices_builds_the_same_view_and_gives_the_loop_back() -> None:
+    """``resync_*`` (the extender's informers) build what ``sync_*`` builds, aside, in slices: at 5,000 nodes,
+    10,000 GPRs and 20,000 pods the longest stretch without a yield is a small share of the relist (the whole
+    relist held the loop before: 0.3 s of nodes, 0.4 s of pods). Until the swap the view answers from before."""
+    from tests.extender.harness import hold_share, pod
+
+    rng = random.Random(7)
+    names = [f"n{i:04}" for i in range(5000)]
+    keys = [f"default/g{i}" for i in range(40)]
+    nodes = [node_obj(rng, name, keys, i + 1) for i, name in enumerate(names)]
+    gprs = [gpr_obj(rng, f"g{i}", names) for i in range(10_000)]
+    for i, g in enumerate(gprs):
+        g["metadata"]["namespace"] = f"team-{i % 7}"
+    pods = []
+    for i in range(20_000):
+        p = pod(f"p{i}", gpus=rng.randint(1, 2), gpr=rng.choice(["", "g1"]), uid=f"pu{i}")
+        p["spec"]["nodeName"] = rng.choice(["", *names[:50]])
+        pods.append(p)
+
+    def state(view: ClusterView) -> tuple[Any, ...]:
+        return (view.nodes, view.recorded, view.gprs, view.reserved, view.pods,
+                {ns: view.unfinished_in([ns]) for ns in ("default", *(f"team-{i}" for i in range(7)))})
+
+    whole = ClusterView()
+    whole.sync_nodes(nodes)
+    whole.sync_gprs(gprs)
+    whole.sync_pods(pods)
+
+    sliced = ClusterView()
+    sliced.on_node("ADDED", node_obj(rng, "old", keys, 1))  # what a relist replaces
+    sliced.on_gpr("ADDED", gpr_obj(rng, "old", names[:3]))
+    relists: list[tuple[Callable[[list[dict[str, Any]]], Awaitable[None]], list[dict[str, Any]]]] = [
+        (sliced.resync_nodes, nodes), (sliced.resync_gprs, gprs), (sliced.resync_pods, pods)]
+    for resync, items in relists:
+        shares = []
+        for _ in range(2):
+            before = sliced.version
+            task = asyncio.ensure_future(resync(items))
+            await asyncio.sleep(0)
+            assert sliced.version == before or task.done()  # nothing swapped in until the whole list is taken
+            await task
+            share, _ = await hold_share(functools.partial(resync, items))
+            shares.append(share)
+        assert min(shares) < 0.2, (resync, shares)
+    assert state(sliced) == state(whole)
+    assert "old" not in sliced.nodes and "default/old" not in sliced.gprs

@@ -120,3 +120,41 @@ async def test_a_burst_of_events_never_holds_the_loop(monkeypatch: Any) -> None:
         if sliced < held / 3 and sliced < 0.03:
             break
     assert sliced < held / 3 and sliced < 0.03, (sliced, held)
+
+
+async def test_a_relist_taken_in_slices_is_awaited_before_events_and_readiness() -> None:
+    """An ``on_sync`` that is a coroutine function (a view that takes a large relist in slices) is awaited: the
+    informer is synced only when it has finished, and the watch's events come after it, never in the middle."""
+    peer = APIServerPeer()
+    await peer.start()
+    for name in ("a", "b"):
+        await peer.put_object("api/v1/nodes", node(name))
+    kube_cm = connected(peer.url, field_manager="test")
+    kube = await kube_cm.__aenter__()
+    log: list[str] = []
+    release = asyncio.Event()
+
+    async def on_sync(items: list[dict[str, Any]]) -> None:
+        log.append("sync started")
+        await release.wait()  # as if the slices took a while; the loop runs other work meanwhile
+        log.append("sync done: " + ",".join(sorted(o["metadata"]["name"] for o in items)))
+
+    informer = Informer(kube, NODES, lambda kind, obj: log.append(f"{kind} {obj['metadata']['name']}"), on_sync,
+                        watch_timeout=(30, 30))
+    stop = asyncio.Event()
+    task = asyncio.create_task(informer.run(stop))
+    try:
+        await wait_until(lambda: log == ["sync started"])
+        await peer.put_object("api/v1/nodes", node("c"))
+        await asyncio.sleep(0.2)
+        assert not informer.synced.is_set() and log == ["sync started"]
+        release.set()
+        await informer.synced.wait()
+        await wait_until(lambda: log[-1:] == ["ADDED c"])
+        assert log == ["sync started", "sync done: a,b", "ADDED c"]
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kube_cm.__aexit__(None, None, None)
+        await peer.stop()
