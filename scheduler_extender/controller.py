@@ -135,7 +135,7 @@ class GPRController:
             self.objects[uid] = obj
         self.poke.set()
 
-    def sync_gprs(self, items: list[dict[str, Any]]) -> None:
+    def sync_gprs(self, items: Iterable[dict[str, Any]]) -> None:
         """A relist: the listed objects replace the view, except that a version this controller already holds
         that is newer than the listed one is kept. A list that was being served while this controller wrote a
         status (an admission) may carry the object as it was before; taking it would make the next pass see the

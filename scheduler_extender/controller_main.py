@@ -110,7 +110,7 @@ class ControllerProcess:
         self.view.on_gpr(kind, obj)
         self.service.on_gpr(kind, obj)
 
-    def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
+    def _sync_gprs(self, items: Sequence[dict[str, Any]]) -> None:
         self.view.sync_gprs(items)
         self.service.sync_gprs(items)
 

@@ -19,7 +19,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -56,12 +56,13 @@ def _pod_matters(old: PodView | None, new: PodView | None) -> bool:
 def make_informers(kube: Kube, view: ClusterView, on_node: Callable[[str, dict[str, Any]], None],
                    on_pod: Callable[[str, dict[str, Any]], None], on_gpr: Callable[[str, dict[str, Any]], None],
                    sync_gprs: Sync, watch_timeout: tuple[int, int] = (300, 600)) -> list[Informer]:
-    """The informers that keep ``view``: relists of nodes and pods are taken in slices (a relist of 5,000 nodes
-    or 20,000 pods is a few hundred milliseconds of parsing), GPRs through ``sync_gprs``."""
+    """The informers that keep ``view``: a relist's items are decoded as they are read (``Listed``) and nodes and
+    pods are taken in slices (a relist of 5,000 nodes or 20,000 pods is a few hundred milliseconds of parsing);
+    GPRs go through ``sync_gprs``, which must read its items once per use (each read decodes afresh)."""
     return [
-        Informer(kube.client, NODES, on_node, view.resync_nodes, name="nodes", watch_timeout=watch_timeout),
-        Informer(kube.client, PODS, on_pod, view.resync_pods, name="pods", watch_timeout=watch_timeout),
-        Informer(kube.client, GPRS, on_gpr, sync_gprs, name="gprs", watch_timeout=watch_timeout),
+        Informer(kube.client, NODES, on_node, view.resync_nodes, name="nodes", watch_timeout=watch_timeout, lazy=True),
+        Informer(kube.client, PODS, on_pod, view.resync_pods, name="pods", watch_timeout=watch_timeout, lazy=True),
+        Informer(kube.client, GPRS, on_gpr, sync_gprs, name="gprs", watch_timeout=watch_timeout, lazy=True),
     ]
 
 
@@ -155,7 +156,7 @@ class ControllerService:
         self.controller.on_gpr(kind, obj)
         self.workspaces.changed()
 
-    def sync_gprs(self, items: list[dict[str, Any]]) -> None:
+    def sync_gprs(self, items: Iterable[dict[str, Any]]) -> None:
         self.controller.sync_gprs(items)
         self.workspaces.changed()
 
@@ -262,7 +263,7 @@ class ExtenderServer:
         if self.service is not None:
             self.service.on_gpr(kind, obj)
 
-    async def _sync_gprs(self, items: list[dict[str, Any]]) -> None:
+    async def _sync_gprs(self, items: Sequence[dict[str, Any]]) -> None:
         await self.view.resync_gprs(items)
         if self.service is not None:
             self.service.sync_gprs(items)
