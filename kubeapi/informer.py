@@ -75,7 +75,7 @@ class Informer:
                  on_sync: Sync, *, name: str = "", namespace: str | None = None,
                  label_selector: str = "", watch_timeout: tuple[int, int] = (300, 600), read_margin: float = 30.0,
                  backoff: tuple[float, float] = (0.5, 30.0), rng: random.Random | None = None,
-                 page_size: int = 250, lazy: bool = False) -> None:
+                 page_size: int = 100, lazy: bool = False) -> None:
         self.client = client
         self.resource = resource
         self.on_event = on_event
@@ -86,7 +86,8 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.read_margin = read_margin
         self.backoff = backoff
-        self.page_size = page_size  # items per list page (client-go: 500); each page's envelope is scanned at once
+        # items per list page (client-go: 500): each page is scanned at once, 1.8 ms for 100 real nodes (18 KB each)
+        self.page_size = page_size
         self.lazy = lazy  # on_sync gets a Listed (decoded as read) instead of a list decoded beforehand
         self.rng = rng or random.Random()
         self.synced = asyncio.Event()
@@ -110,10 +111,15 @@ class Informer:
     async def _list(self) -> None:
         raw, rv = await self.client.list_raw(self.resource, self.namespace, label_selector=self.label_selector,
                                              page_size=self.page_size)
+        held = time.perf_counter()
         for i, item in enumerate(raw):  # well-formed JSON (the page was scanned); each must be an object
             if bytes(memoryview(item)[:1]) != b"{":
                 raise ApiError(500, "BadList", f"list of {self.resource.plural}: item {i} is not an object")
-        with collector_paused():  # what a relist builds and drops has no cycles: no full collections meanwhile
+            if time.perf_counter() - held >= YIELD_AFTER:
+                await asyncio.sleep(0)
+                held = time.perf_counter()
+        # what a relist builds and drops has no cycles (no full collections meanwhile); what it keeps is frozen
+        with collector_paused(freeze=True):
             items: Any = Listed(raw) if self.lazy else await self._decoded(raw)
             self.resource_version = rv
             taken = self.on_sync(items)
