@@ -723,7 +723,8 @@ async def create_pods(peer_url: str, webhook: str | None, pods: list[dict[str, A
                         "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "default",
                         "operation": "CREATE", "userInfo": {"username": "bench"}, "object": p, "dryRun": False}}
                     try:
-                        async with http.post(webhook, json=review, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        async with http.post(webhook, json=review, params={"timeout": "5s"},  # as the API server
+                                             timeout=aiohttp.ClientTimeout(total=5)) as r:
                             answer = (await r.json())["response"]
                     except TimeoutError:
                         timeouts.append(name)

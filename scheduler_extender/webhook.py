@@ -233,6 +233,32 @@ class KubeLookup(Lookup):
 
 
 # ---- AdmissionReview in and out -----------------------------------------------------------------------------
+# seconds kept between our answer and the API server's deadline: it states the time left rounded up to whole
+# seconds (``r.Timeout`` in k8s.io/apiserver's webhook dispatchers), and the answer needs its way back
+ANSWER_MARGIN = 1.0
+
+
+def _unreadable(review: dict[str, Any], endpoint: str, exc: BaseException) -> dict[str, Any]:
+    """The answer when a lookup failed: refused (fail closed), 503, with the cause."""
+    cause = str(exc)[:300] or type(exc).__name__
+    log.warning("admission lookup failed", extra={"endpoint": endpoint, "error": cause})
+    return review_response(review["uid"], False, code=503, reason="ServiceUnavailable",
+                           message=f"accelstack admission could not read the cluster: {cause}")
+
+
+def answer_within(timeout: str | None) -> float | None:
+    """Seconds a webhook may work on a request: the API server gives the time left to its own deadline as the
+    ``timeout`` query parameter of the webhook URL (``?timeout=5s`` for timeoutSeconds 5); ANSWER_MARGIN less,
+    at least half of it. None when the request carries none (or an unreadable one): no deadline of ours."""
+    if not timeout:
+        return None
+    try:
+        seconds = parse_duration(timeout)
+    except SpecError:
+        return None
+    return max(seconds / 2, seconds - ANSWER_MARGIN) if seconds > 0 else None
+
+
 def _bad(message: str, code: int = 400) -> web.Response:
     reason = {400: "BadRequest", 408: "Timeout", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
     return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -370,14 +396,26 @@ class Webhook:
             review = parse_review(raw, resource)
         except BadReview as exc:
             return _bad(str(exc)), "bad-request"
+        allowed = answer_within(request.query.get("timeout"))
+        deadline = asyncio.timeout(allowed)
         try:
-            answer = await decide(review)
+            async with deadline:
+                answer = await decide(review)
         except BadReview as exc:
             return _bad(str(exc)), "bad-request"
-        except (TimeoutError, ApiError, ClientError, OSError) as exc:  # a lookup failed: fail closed
-            log.warning("admission lookup failed", extra={"endpoint": endpoint, "error": str(exc)[:300]})
-            answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable",
-                                     message=f"accelstack admission could not read the cluster: {str(exc)[:300]}")
+        except TimeoutError as exc:
+            if not deadline.expired():  # a lookup's own timeout: as any failed lookup
+                return web.json_response(_unreadable(review, endpoint, exc)), "denied"
+            # ours: answer while the API server still listens, with a reason, rather than let it time out
+            # ("context deadline exceeded"); a GPR create that was under way may still land, and an automatic
+            # GPR whose pod was never created is deleted by the controller
+            log.warning("admission deadline", extra={"endpoint": endpoint, "seconds": allowed})
+            answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable", message=(
+                f"accelstack admission could not finish within the webhook's timeout ({request.query['timeout']}): "
+                "the API server answered its calls too slowly; retry (a workload controller retries on its own)"))
+            return web.json_response(answer), "deadline"
+        except (ApiError, ClientError, OSError) as exc:  # a lookup failed: fail closed
+            answer = _unreadable(review, endpoint, exc)
         except Exception as exc:  # a bug: refuse this one request and say so, never a 500 or a crash
             log.exception("admission failed", extra={"endpoint": endpoint})
             answer = review_response(review["uid"], False, code=500, reason="InternalError",

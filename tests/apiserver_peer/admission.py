@@ -8,6 +8,7 @@ the request: MESSAGE``); a call that fails or outlives ``timeoutSeconds`` answer
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,12 @@ import aiohttp
 from aiohttp import web
 
 from tests.apiserver_peer.wire import Refused, plural_of
+
+
+def timeout_param(seconds: float) -> str:
+    """The ``timeout`` query parameter the API server puts on a webhook call: the time left to its deadline,
+    rounded up to whole seconds, as Go prints a duration ("5s")."""
+    return f"{max(1, math.ceil(seconds))}s"
 
 
 @dataclass
@@ -85,7 +92,8 @@ class Admission:
         hook.calls += 1
         assert self._http is not None
         try:
-            async with self._http.post(hook.url, json=review,
+            # the API server tells the webhook its deadline (``?timeout=5s``)
+            async with self._http.post(hook.url, json=review, params={"timeout": timeout_param(hook.timeout)},
                                        timeout=aiohttp.ClientTimeout(total=hook.timeout)) as r:
                 if r.status != 200:
                     raise ValueError(f"expected response code 200, got {r.status}")

@@ -43,15 +43,20 @@ def a_pod(name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
             "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 
 
-async def create_pod(http: aiohttp.ClientSession, peer: APIServerPeer, mutate: str, pod: dict[str, Any]) -> str:
-    """What the API server does with a pod CREATE: call the mutating webhook (timeoutSeconds 5), apply its
-    patch, store. '' when stored, else why not."""
+async def create_pod(http: aiohttp.ClientSession, peer: APIServerPeer, mutate: str, pod: dict[str, Any],
+                     timeout: int = 5) -> str:
+    """What the API server does with a pod CREATE: call the mutating webhook (timeoutSeconds 5, told to the
+    webhook as ``?timeout=5s``), apply its patch, store. '' when stored, else why not."""
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": pod["metadata"]["name"], "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "team",
         "operation": "CREATE", "userInfo": {"username": "alice"}, "object": pod, "dryRun": False}}
-    async with http.post(mutate, json=review, timeout=aiohttp.ClientTimeout(total=5)) as r:
-        answer = (await r.json())["response"]
+    try:
+        async with http.post(mutate, json=review, params={"timeout": f"{timeout}s"},
+                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            answer = (await r.json())["response"]
+    except TimeoutError:
+        return "failed calling webhook: context deadline exceeded"
     if not answer.get("allowed"):
         return f"refused: {answer.get('status')}"
     if answer.get("patch"):
@@ -187,6 +192,41 @@ async def test_every_write_our_own_webhooks_judge_takes_at_most_half_the_pool() 
         assert overlap <= 3, overlap  # half of 6
         assert read_took < 0.4, read_took  # (a write holds its connection 0.6 s)
         assert time.monotonic() - started >= 4 * 0.6 - 0.05  # 12 writes, 3 at a time
+    finally:
+        await api.close()
+        await peer.stop()
+
+
+async def test_a_pod_whose_gpr_cannot_be_made_in_time_is_refused_with_a_reason_before_the_deadline() -> None:
+    """The API server tells the webhook its deadline (``?timeout=2s``). When the pod's GPR create hangs at the API
+    server, the webhook answers before that deadline with a refusal that says why, instead of leaving the API
+    server to give up ("context deadline exceeded", the bare error users saw under load); the GPR that may have
+    landed meanwhile is an orphan the controller deletes. Without a deadline from the API server nothing
+    changes: a lookup's own failure is still refused as unreadable."""
+    from scheduler_extender.webhook import answer_within
+
+    assert [answer_within(t) for t in ("5s", "2s", "1s", "10s")] == [4.0, 1.0, 0.5, 9.0]
+    assert [answer_within(t) for t in (None, "", "0s", "soon", "-3s")] == [None] * 5
+    peer = APIServerPeer()
+    await peer.start()
+    await team(peer)
+    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
+    handler = Webhook(KubeLookup(Kube(KubeClient(api, field_manager="accelstack-extender"))), auto_gpr=True)
+    try:
+        async with stack(peer, extra_routes=lambda app: add_webhook_routes(app, handler)) as (_, server), \
+                aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.port}"
+            with peer.inject("POST", "gpuprovisioningrequests", hang=True):
+                started = time.monotonic()
+                outcome = await create_pod(http, peer, f"{base}/mutate-pods", a_pod("late"), timeout=2)
+                took = time.monotonic() - started
+            assert "could not finish within the webhook's timeout (2s)" in outcome, outcome
+            assert "ServiceUnavailable" in outcome and 0.9 < took < 1.9, took
+            assert peer.get("api/v1/pods", "team", "late") is None
+            text = await (await http.get(f"{base}/metrics")).text()
+            assert 'accelstack_webhook_request_seconds_count{endpoint="mutate-pods",outcome="deadline"} 1.0' in text
+            # the next pod, with the API server answering again, is admitted as ever
+            assert await create_pod(http, peer, f"{base}/mutate-pods", a_pod("fine"), timeout=2) == ""
     finally:
         await api.close()
         await peer.stop()
