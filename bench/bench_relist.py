@@ -26,8 +26,6 @@ import asyncio
 import gc
 import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ from kubeapi.informer import Informer  # noqa: E402
 from kubeapi.resources import NODES, PODS, Resource  # noqa: E402
 from scheduler_extender import ledger  # noqa: E402
 from scheduler_extender.cluster import GPU, ClusterView  # noqa: E402
+from tests.extender.harness import loop_hold  # noqa: E402
 
 STAMP = "2026-11-30T00:00:00Z"
 
@@ -117,28 +116,6 @@ def pages(objects: list[dict[str, Any]], size: int) -> list[bytes]:
     return out
 
 
-async def held(work: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
-    """(longest gap a task on the same loop saw, total seconds) of ``work()``."""
-    longest, done = 0.0, False
-
-    async def ticker() -> None:
-        nonlocal longest
-        last = time.perf_counter()
-        while not done:
-            await asyncio.sleep(0)
-            now = time.perf_counter()
-            longest, last = max(longest, now - last), now
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    started = time.perf_counter()
-    await work()
-    took = time.perf_counter() - started
-    done = True
-    await task
-    return longest, took
-
-
 class Pages:
     """The list pages as a client receives them (each scanned by the client's own page decoder), the loop given
     back between pages as the next page's request would."""
@@ -180,7 +157,8 @@ async def measure(kind: Resource, objects: list[dict[str, Any]], rounds: int) ->
     for _ in range(rounds):
         for name, how, encoded in (("before", before, old_pages), ("now", now, new_pages)):
             gc.collect()
-            figures[name].append(await held(lambda: how(view, kind, encoded)))  # noqa: B023
+            longest, took, _ = await loop_hold(lambda: how(view, kind, encoded))  # noqa: B023
+            figures[name].append((longest, took))
     assert len(view.nodes if kind is NODES else view.pods) == len(objects)
     med = {name: (statistics.median(f[0] for f in runs), statistics.median(f[1] for f in runs))
            for name, runs in figures.items()}

@@ -24,9 +24,9 @@ GPU = "nvidia.com/gpu"
 T = TypeVar("T")
 
 
-async def hold_share(work: Callable[[], Awaitable[T]]) -> tuple[float, T]:
-    """The longest stretch ``work()`` held the event loop without a yield, as a share of its whole time (a task
-    that yields at every turn measures it), and its result. A share, not milliseconds: a busy machine slows both."""
+async def loop_hold(work: Callable[[], Awaitable[T]]) -> tuple[float, float, T]:
+    """(the longest stretch ``work()`` held the event loop without a yield, its whole time, its result): a task
+    that yields at every turn measures the stretches (the machine's own scheduling included)."""
     longest, done = 0.0, False
 
     async def ticker() -> None:
@@ -44,6 +44,13 @@ async def hold_share(work: Callable[[], Awaitable[T]]) -> tuple[float, T]:
     took = time.perf_counter() - started
     done = True
     await task
+    return longest, took, result
+
+
+async def hold_share(work: Callable[[], Awaitable[T]]) -> tuple[float, T]:
+    """The longest stretch ``work()`` held the loop as a share of its whole time, and its result. A share, not
+    milliseconds: a busy machine slows both."""
+    longest, took, result = await loop_hold(work)
     return longest / took, result
 
 
