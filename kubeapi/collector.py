@@ -4,8 +4,9 @@ such work set off full collections over the whole heap in the middle of it (60-1
 a few thousand real Node objects) on the event loop that answers the scheduler; held off, the objects die by
 reference counting, and what other tasks left in cycles meanwhile is collected once the pause ends.
 
-A block that builds long-lived data (a relist: the informers' new view of the cluster) asks for ``freeze``: when
-the pause ends, everything then alive is moved out of the collector's reach (``gc.freeze()``, as a server does
+A block that has built long-lived data (a relist: the informers' new view of the cluster) asks for a freeze once
+it has succeeded (``pause.freeze()``): when the pause ends, everything then alive is moved out of the collector's
+reach (``gc.freeze()``, as a server does
 once its first sync is done). Otherwise the young collection that follows the pause walks every object the
 relist kept (15-30 ms in one piece at 5,000 real nodes), and full collections walk them again for the rest of
 the process's life. The price: what other tasks left in reference cycles during the pause is frozen too and
@@ -25,11 +26,22 @@ _was_enabled = False
 _freeze = False
 
 
+class Pause:
+    """The handle a :func:`collector_paused` block gets."""
+
+    def freeze(self) -> None:
+        """Freeze what is alive when the pause ends (ask only once the long-lived data is built: a block that
+        failed half way has nothing worth keeping out of the collector's reach)."""
+        global _freeze
+        with _lock:
+            _freeze = True
+
+
 @contextlib.contextmanager
-def collector_paused(freeze: bool = False) -> Iterator[None]:
+def collector_paused() -> Iterator[Pause]:
     """Hold the cyclic collector off for the block. Nested and concurrent blocks, in tasks or in threads, share
-    one pause, which ends with the last of them (the collector is enabled again only if it was before); with
-    ``freeze``, what is alive when it ends is frozen first (see the module's docstring)."""
+    one pause, which ends with the last of them (the collector is enabled again only if it was before); a freeze
+    asked for in any of them is done then, once."""
     global _pauses, _was_enabled, _freeze
     with _lock:
         if _pauses == 0:
@@ -37,10 +49,9 @@ def collector_paused(freeze: bool = False) -> Iterator[None]:
             gc.disable()
         _pauses += 1
     try:
-        yield
+        yield Pause()
     finally:
         with _lock:
-            _freeze = _freeze or freeze
             _pauses -= 1
             if _pauses == 0:
                 if _freeze:

@@ -119,7 +119,7 @@ class Informer:
                 await asyncio.sleep(0)
                 held = time.perf_counter()
         # what a relist builds and drops has no cycles (no full collections meanwhile); what it keeps is frozen
-        with collector_paused(freeze=True):
+        with collector_paused() as pause:
             items: Any = Listed(raw) if self.lazy else await self._decoded(raw)
             self.resource_version = rv
             taken = self.on_sync(items)
@@ -132,6 +132,7 @@ class Informer:
                     if time.perf_counter() - held >= YIELD_AFTER:
                         await asyncio.sleep(0)
                         held = time.perf_counter()
+            pause.freeze()
         self.relists += 1
         self.client.metrics.relists.labels(self.name).inc()
         self.synced.set()

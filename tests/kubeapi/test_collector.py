@@ -71,14 +71,21 @@ def test_freeze_is_done_once_when_the_last_pause_ends_and_only_if_asked() -> Non
             pass
         assert gc.get_freeze_count() == 0  # not asked
         with collector_paused():
-            with collector_paused(freeze=True):
-                pass
+            with collector_paused() as pause:
+                pause.freeze()
             assert gc.get_freeze_count() == 0  # asked, but another block still pauses
         assert gc.get_freeze_count() >= len(kept)  # frozen at the end of the last pause
         frozen = gc.get_freeze_count()
         with collector_paused():
             pass
         assert gc.get_freeze_count() == frozen  # the request does not outlive the pause it was made in
+        gc.unfreeze()
+        try:  # a block that fails before it asks (a relist that failed half way) freezes nothing
+            with collector_paused() as pause:
+                raise ValueError("the list failed")
+        except ValueError:
+            pass
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
     finally:
         gc.unfreeze()
         del kept
