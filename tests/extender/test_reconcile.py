@@ -972,3 +972,25 @@ def test_a_burst_of_admissions_is_derived_up_to_a_share_of_the_entries() -> None
     assert [e[0] for e in derived.on_node()["n800"]] == ["v0", "v100"]
     flood = old + tuple((f"v{i}", f"default/h{i}", ((f"n{800 + i % 200:03d}", 1),)) for i in range(400))
     assert last.derive((specs, flood)) is None
+
+
+def test_a_pass_leaves_no_reference_cycles() -> None:
+    """What a pass builds (a scheduler, its holder and queue copies) dies by reference counting when the pass
+    is dropped: the controller runs passes with the cyclic collector paused, and a pass that left cycles left
+    its whole scheduler for the young collection after it (14,000-29,000 objects, ~20 ms, at 5,000 nodes:
+    the queue held a bound method of its scheduler). Warm and cold passes, with and without a queue refresh."""
+    import gc
+
+    cache = PassCache()
+    for seed in range(12):
+        nodes, pods, gprs = world(seed)
+        for refresh, kept in ((True, cache), (False, cache), (False, PassCache())):
+            gc.collect()
+            gc.disable()
+            try:
+                plan = plan_pass(Snapshot(time.time(), nodes, pods, gprs),
+                                 PassConfig(refresh_queue=refresh, refresh_on_change=False), kept)
+                del plan
+                assert gc.collect() == 0, (seed, refresh)
+            finally:
+                gc.enable()
