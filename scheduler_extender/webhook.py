@@ -411,7 +411,7 @@ class Webhook:
             # GPR whose pod was never created is deleted by the controller
             log.warning("admission deadline", extra={"endpoint": endpoint, "seconds": allowed})
             answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable", message=(
-                f"accelstack admission could not finish within the webhook's timeout ({request.query['timeout']}): "
+                f"accelstack admission could not finish within the webhook's timeout ({request.query['timeout'][:16]}): "
                 "the API server answered its calls too slowly; retry (a workload controller retries on its own)"))
             return web.json_response(answer), "deadline"
         except (ApiError, ClientError, OSError) as exc:  # a lookup failed: fail closed
