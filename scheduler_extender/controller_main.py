@@ -111,8 +111,9 @@ class ControllerProcess:
         self.service.on_gpr(kind, obj)
 
     def _sync_gprs(self, items: Sequence[dict[str, Any]]) -> None:
-        self.view.sync_gprs(items)
-        self.service.sync_gprs(items)
+        objects = list(items)  # decoded once (a Listed decodes at each read), for the view and the controller
+        self.view.sync_gprs(objects)
+        self.service.sync_gprs(objects)
 
     def ready(self) -> bool:
         return all(i.synced.is_set() and i.healthy for i in self.informers)
