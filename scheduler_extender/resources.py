@@ -72,9 +72,19 @@ def _container_requests(container: Any, resources: Iterable[str]) -> dict[str, i
     return out
 
 
+def _restarts_always(container: Any) -> bool:
+    """A native sidecar: an init container with ``restartPolicy: Always`` (KEP-753, GA in Kubernetes 1.33)."""
+    policy = container.get("restartPolicy") if isinstance(container, Mapping) else getattr(container, "restartPolicy", None)
+    return policy == "Always"
+
+
 def pod_requests(spec: Any, resources: Iterable[str]) -> dict[str, int]:
-    """Effective request per managed resource (only those with a non-zero request). ``spec`` is a pod spec as a
-    dict (API objects) or a wire struct (extender requests)."""
+    """Effective request per managed resource (only those with a non-zero request), as kube-scheduler and the
+    kubelet's device manager count it (``resource.PodRequests`` in k8s.io/component-helpers): the sum of the app
+    containers plus every native sidecar (an init container with ``restartPolicy: Always``, whose devices stay
+    held while the pod runs), or the most any one init container needs while it runs beside the sidecars started
+    before it, whichever is larger. ``spec`` is a pod spec as a dict (API objects) or a wire struct (extender
+    requests)."""
     resources = tuple(resources)
     if isinstance(spec, Mapping):
         containers, inits = spec.get("containers") or [], spec.get("initContainers") or []
@@ -84,7 +94,19 @@ def pod_requests(spec: Any, resources: Iterable[str]) -> dict[str, int]:
     for container in containers:
         for name, n in _container_requests(container, resources).items():
             total[name] = total.get(name, 0) + n
+    sidecars: dict[str, int] = {}  # what the sidecars started so far hold
+    peak: dict[str, int] = {}  # the most held while one init container runs
     for container in inits:
-        for name, n in _container_requests(container, resources).items():
-            total[name] = max(total.get(name, 0), n)
+        own = _container_requests(container, resources)
+        if _restarts_always(container):
+            for name, n in own.items():
+                sidecars[name] = sidecars.get(name, 0) + n
+                total[name] = total.get(name, 0) + n
+            during = sidecars
+        else:
+            during = {name: own.get(name, 0) + sidecars.get(name, 0) for name in own.keys() | sidecars.keys()}
+        for name, n in during.items():
+            peak[name] = max(peak.get(name, 0), n)
+    for name, n in peak.items():
+        total[name] = max(total.get(name, 0), n)
     return {k: v for k, v in total.items() if v > 0}

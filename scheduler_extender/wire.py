@@ -35,6 +35,7 @@ class ResourceRequirements(msgspec.Struct, omit_defaults=True):
 class Container(msgspec.Struct, omit_defaults=True):
     name: str = ""
     resources: ResourceRequirements | None = None
+    restartPolicy: str | None = None  # "Always" on an init container: a native sidecar, counted with the app
 
 
 class PodSpec(msgspec.Struct, omit_defaults=True):

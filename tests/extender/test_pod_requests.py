@@ -1,0 +1,104 @@
+"""A pod's effective device request is what kube-scheduler and the kubelet's device manager count
+(``resource.PodRequests`` in k8s.io/component-helpers, KEP-753 for native sidecars): app containers and native
+sidecars (init containers with ``restartPolicy: Always``) add up, a plain init container needs its own devices
+beside the sidecars started before it, and the pod needs the largest of those. Counting a sidecar's devices as
+an init container's (the maximum) under-counts a pod, and the ledger would then hand the same devices to
+another pod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_extender import ledger, wire
+from scheduler_extender.cluster import GPU, NR1, ClusterView
+from scheduler_extender.resources import pod_requests
+from scheduler_extender.verbs import ask_of, filter_nodes
+from tests.extender.harness import node
+
+MANAGED = (GPU, NR1)
+
+
+def c(name: str, gpus: int = 0, *, sidecar: bool = False, limits_only: bool = False) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": name, "image": "x"}
+    if gpus:
+        container["resources"] = {"limits": {GPU: str(gpus)}} if limits_only else \
+            {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}
+    if sidecar:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+CASES = [
+    # (containers, initContainers, effective nvidia.com/gpu)
+    ([c("app", 2)], [], 2),
+    ([c("a", 1), c("b", 2)], [], 3),
+    ([c("app", 1)], [c("init", 4)], 4),  # a plain init container: the larger of the two
+    ([c("app", 4)], [c("init", 1)], 4),
+    ([c("app", 1)], [c("proxy", 1, sidecar=True)], 2),  # a sidecar runs beside the app: they add up
+    ([c("app", 1)], [c("proxy", 1, sidecar=True), c("init", 2)], 3),  # init runs beside the proxy: 1 + 2
+    ([c("app", 1)], [c("init", 2), c("proxy", 1, sidecar=True)], 2),  # init ran before the proxy started
+    ([c("app", 0)], [c("s1", 1, sidecar=True), c("s2", 2, sidecar=True), c("init", 1)], 4),
+    ([c("app", 1)], [c("s1", 1, sidecar=True), c("init", 5), c("s2", 1, sidecar=True)], 6),
+    ([c("app", 1, limits_only=True)], [c("proxy", 2, sidecar=True, limits_only=True)], 3),
+    ([], [c("proxy", 1, sidecar=True)], 1),
+    ([c("app")], [c("init")], 0),
+]
+
+
+@pytest.mark.parametrize(("containers", "inits", "expected"), CASES)
+def test_effective_request_as_the_scheduler_counts_it(containers: list[dict[str, Any]],
+                                                        inits: list[dict[str, Any]], expected: int) -> None:
+    spec = {"containers": containers, "initContainers": inits}
+    assert pod_requests(spec, MANAGED).get(GPU, 0) == expected
+    # the extender's wire structs (filter, prioritize, bind bodies) count the same
+    decoded = msgspec.json.decode(msgspec.json.encode({"spec": spec}), type=wire.Pod)
+    assert pod_requests(decoded.spec, MANAGED).get(GPU, 0) == expected
+
+
+def held_at_peak(containers: list[tuple[int, bool]], inits: list[tuple[int, bool]]) -> int:
+    """The most devices the pod holds at once, walking its life: each init container in turn runs beside the
+    sidecars already started (a plain one then exits and gives its devices back), then the app containers run
+    beside every sidecar."""
+    sidecars = peak = 0
+    for gpus, is_sidecar in inits:
+        if is_sidecar:
+            sidecars += gpus
+            peak = max(peak, sidecars)
+        else:
+            peak = max(peak, sidecars + gpus)
+    return max(peak, sidecars + sum(gpus for gpus, _ in containers))
+
+
+shape = st.tuples(st.integers(0, 4), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.just(False)), max_size=3), st.lists(shape, max_size=5))
+def test_effective_request_is_the_peak_of_the_pods_life(containers: list[tuple[int, bool]],
+                                                         inits: list[tuple[int, bool]]) -> None:
+    spec = {"containers": [c(f"a{i}", g) for i, (g, _) in enumerate(containers)],
+            "initContainers": [c(f"i{i}", g, sidecar=s) for i, (g, s) in enumerate(inits)]}
+    assert pod_requests(spec, MANAGED).get(GPU, 0) == held_at_peak(containers, inits)
+
+
+def test_filter_keeps_a_pod_with_a_gpu_sidecar_off_a_node_with_one_gpu_free() -> None:
+    """7 of 8 GPUs held: a pod whose app and sidecar take one GPU each needs two, so the node cannot take it."""
+    view = ClusterView()
+    obj = node("n1", gpus=8)
+    entries = {"p0": ledger.Entry("p0", "default/p0", {GPU: 7}, "", 1.0)}
+    obj["metadata"]["annotations"] = {ledger.LEDGER_ANNOTATION: ledger.render(entries)}
+    view.on_node("ADDED", obj)
+    view.on_node("ADDED", node("n2", gpus=8))
+    body = {"metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
+            "spec": {"containers": [c("app", 1)], "initContainers": [c("proxy", 1, sidecar=True)]}}
+    pod = msgspec.json.decode(msgspec.json.encode(body), type=wire.Pod)
+    ask = ask_of(view, pod)
+    assert ask.requests == {GPU: 2}
+    out = filter_nodes(view, ask, ["n1", "n2"])
+    assert out.passed == ["n2"]
+    assert "n1" in out.failed or "n1" in out.unresolvable
