@@ -603,7 +603,7 @@ class TokenBucket:
 
 class Scheduler:
     """kube-scheduler's loop as the extender sees it: one pod at a time from the active queue (ungated, unbound
-    pods), its own NodeAffinity filter (matchFields metadata.name) and node sampling (500 of 5,000 feasible
+    pods), its own NodeAffinity PreFilter (terms naming nodes by metadata.name) and node sampling (500 of 5,000 feasible
     nodes), then filter -> prioritize in the scheduling cycle, and bind in a binding cycle that runs
     asynchronously (as kube-scheduler's does, in a goroutine per pod); a refused pod goes back to the queue.
     ``extender_binds``: the extender is a binder (accelstack); otherwise the scheduler creates the Binding. Its
@@ -622,13 +622,9 @@ class Scheduler:
         self.expected = 0  # pods to wait for (run's argument; the creator lowers it for creations refused)
 
     def feasible(self, pod: dict[str, Any], start: int) -> list[str]:
-        terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
-        allowed: set[str] | None = None
-        for term in terms:
-            for field in term.get("matchFields") or []:
-                if field.get("key") == "metadata.name":
-                    allowed = set(field.get("values") or []) if allowed is None else allowed | set(field["values"])
+        from tests import nodeaffinity
+
+        allowed = nodeaffinity.named_nodes(pod)  # NodeAffinity's PreFilter: the nodes the terms name
         if allowed is not None:
             return [n for n in self.nodes if n in allowed][:500]
         return [self.nodes[(start + k) % len(self.nodes)] for k in range(500)]

@@ -43,6 +43,7 @@ from scheduler_extender.core.scheduler import Event, SchedulerConfig
 from scheduler_extender.kube import Kube
 from scheduler_extender.predictor_store import PredictorStore
 from scheduler_extender.reconcile import (
+    HOSTNAME_LABEL,
     PassCache,
     PassConfig,
     Plan,
@@ -290,7 +291,9 @@ class GPRController:
                 continue
             meta = obj.get("metadata") or {}
             ungates += [(pod, nodes) for pod in by_gpr.get(gr.gpr_key(meta.get("namespace", ""), meta.get("name", "")), ())]
-        await self._bounded(functools.partial(self._ungate, pod, nodes) for pod, nodes in ungates)
+        hostnames = {n: node.labels.get(HOSTNAME_LABEL, "") for _, nodes in ungates for n in nodes
+                     if (node := snap.nodes.get(n)) is not None}
+        await self._bounded(functools.partial(self._ungate, pod, nodes, hostnames) for pod, nodes in ungates)
         now = self.clock()
         due = [e for e in plan.evictions if now - self._evicted_at.get(e.pod.uid, -math.inf) >= self.evict_every]
         outcomes = await self._bounded(functools.partial(self._evict, e.pod, e.why) for e in due)
@@ -331,8 +334,8 @@ class GPRController:
             self.objects[uid] = written
         return True
 
-    async def _ungate(self, pod: Any, nodes: list[str]) -> None:
-        patch = ungate_patch(pod, nodes, gr.SCHEDULING_GATE)
+    async def _ungate(self, pod: Any, nodes: list[str], hostnames: dict[str, str]) -> None:
+        patch = ungate_patch(pod, nodes, gr.SCHEDULING_GATE, hostnames)
         if patch is None:
             return
         try:

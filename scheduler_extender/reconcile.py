@@ -1197,45 +1197,69 @@ def _spots_moved(spots: list[tuple[float, float, float, float, float]], estimate
 
 
 NODE_NAME_FIELD = "metadata.name"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], base: str = "/spec/affinity"
-                    ) -> list[dict[str, Any]]:
-    """JSON-patch ops that narrow a pod's required node affinity to ``nodes`` (``matchFields metadata.name In``
-    added to every term, or a term of its own): Kubernetes lets a gated pod's, or a new pod's, node affinity
-    be narrowed this way. Nothing when it is narrowed already."""
-    need = {"key": NODE_NAME_FIELD, "operator": "In", "values": sorted(nodes)}
-    fresh = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [need]}]}}
+def _by_name(node: str) -> dict[str, Any]:
+    # a node field selector takes exactly one value (the API server refuses `In` with two or more)
+    return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
+
+
+def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], hostnames: Mapping[str, str] | None = None,
+                    base: str = "/spec/affinity") -> list[dict[str, Any]]:
+    """JSON-patch ops that narrow a pod's required node affinity to ``nodes``, in the forms the API server
+    accepts on a new pod or, for a gated one, as a narrowing (KEP-3838: a required node affinity that has terms
+    keeps them, each keeping its requirements, new ones appended):
+
+    - no required term yet: one term per node, ``matchFields metadata.name In [node]`` (a field selector takes one
+      value; terms are ORed). kube-scheduler's NodeAffinity PreFilter then looks at those nodes only.
+    - terms already (the user's): appended to each, ``metadata.name In [node]`` for one node, else
+      ``kubernetes.io/hostname In [...]`` with the nodes' label values from ``hostnames``; when a node's label is
+      not known, nothing (the filter keeps the pod on its reservation all the same).
+
+    Nothing when it is narrowed already."""
+    names = sorted(set(nodes))
+    fresh = {"nodeSelectorTerms": [{"matchFields": [_by_name(n)]} for n in names]}
     if affinity is None:
-        return [{"op": "add", "path": base, "value": {"nodeAffinity": fresh}}]
+        return [{"op": "add", "path": base, "value": {"nodeAffinity": {REQUIRED_AFFINITY: fresh}}}]
     node_affinity = affinity.get("nodeAffinity")
-    required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms") or []
     if node_affinity is None:
-        return [{"op": "add", "path": f"{base}/nodeAffinity", "value": fresh}]
+        return [{"op": "add", "path": f"{base}/nodeAffinity", "value": {REQUIRED_AFFINITY: fresh}}]
+    terms = (node_affinity.get(REQUIRED_AFFINITY) or {}).get("nodeSelectorTerms") or []
     if not terms:
-        return [{"op": "add", "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
-                 "value": fresh["requiredDuringSchedulingIgnoredDuringExecution"]}]
+        return [{"op": "add", "path": f"{base}/nodeAffinity/{REQUIRED_AFFINITY}", "value": fresh}]
+    if len(names) == 1:
+        key, need = "matchFields", _by_name(names[0])
+    else:
+        labels = sorted({(hostnames or {}).get(n, "") for n in names})
+        if "" in labels:
+            return []
+        key, need = "matchExpressions", {"key": HOSTNAME_LABEL, "operator": "In", "values": labels}
     narrowed = []
     for term in terms:
-        fields = list(term.get("matchFields") or [])
-        if need not in fields:
-            fields.append(need)
-        narrowed.append({**term, "matchFields": fields})
+        requirements = list(term.get(key) or [])
+        if need not in requirements:
+            requirements.append(need)
+        narrowed.append({**term, key: requirements})
     if narrowed == terms:
         return []
-    return [{"op": "replace", "path": f"{base}/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/"
-             "nodeSelectorTerms", "value": narrowed}]
+    return [{"op": "replace", "path": f"{base}/nodeAffinity/{REQUIRED_AFFINITY}/nodeSelectorTerms",
+             "value": narrowed}]
 
 
 def narrowed(pod: PodView) -> bool:
-    """Whether accelstack narrowed this pod to a reservation (a required term names nodes by metadata.name)."""
-    terms = ((((pod.affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
-              or {}).get("nodeSelectorTerms") or [])
-    return any(f.get("key") == NODE_NAME_FIELD for t in terms for f in t.get("matchFields") or [])
+    """Whether accelstack narrowed this pod to a reservation (a required term names nodes by metadata.name or
+    by their hostname label)."""
+    terms = ((((pod.affinity or {}).get("nodeAffinity") or {}).get(REQUIRED_AFFINITY) or {})
+             .get("nodeSelectorTerms") or [])
+    return any(f.get("key") == NODE_NAME_FIELD for t in terms for f in t.get("matchFields") or []) or \
+        any(e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
+            for t in terms for e in t.get("matchExpressions") or [])
 
 
-def ungate_patch(pod: PodView, nodes: list[str], gate: str) -> list[dict[str, Any]] | None:
+def ungate_patch(pod: PodView, nodes: list[str], gate: str, hostnames: Mapping[str, str] | None = None
+                 ) -> list[dict[str, Any]] | None:
     """A JSON patch that narrows the pod's required node affinity to ``nodes`` and lifts ``gate``, in one
     request (Kubernetes lets a gated pod's node affinity be narrowed, never widened). Tests guard against a
     concurrent change. None when the pod does not carry the gate."""
@@ -1245,7 +1269,7 @@ def ungate_patch(pod: PodView, nodes: list[str], gate: str) -> list[dict[str, An
                                   "value": [{"name": g} for g in pod.gates]}]
     if pod.affinity is not None:
         ops.append({"op": "test", "path": "/spec/affinity", "value": pod.affinity})
-    ops += narrow_affinity(pod.affinity, nodes)
+    ops += narrow_affinity(pod.affinity, nodes, hostnames)
     ops.append({"op": "replace", "path": "/spec/schedulingGates",
                 "value": [{"name": g} for g in pod.gates if g != gate]})
     return ops

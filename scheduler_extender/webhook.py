@@ -68,7 +68,7 @@ from .gpr_resource import (
 from .http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
 from .http_body import loads as json_loads
 from .kube import Kube
-from .reconcile import live_cluster_limitation, narrow_affinity
+from .reconcile import HOSTNAME_LABEL, live_cluster_limitation, narrow_affinity
 from .resources import pod_requests
 from .workspace_admission import (
     binding_refusal,
@@ -496,12 +496,17 @@ class Webhook:
         elif held and not already_gated:
             # its GPR is admitted already (a Job's pods, a restart): no gate, straight to the reserved nodes
             affinity = spec.get("affinity")
-            patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, held)
+            patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, held, self._hostnames(held))
         elif gates is None:
             patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]})
         elif not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
             patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}})
         return review_response(uid, True, patch=patch, warnings=warnings)
+
+    def _hostnames(self, nodes: list[str]) -> dict[str, str]:
+        """The nodes' ``kubernetes.io/hostname`` labels, as the informer holds them."""
+        known = self.view.nodes if self.view is not None else {}
+        return {n: node.labels.get(HOSTNAME_LABEL, "") for n in nodes if (node := known.get(n)) is not None}
 
     def _reserved(self, namespace: str, gpr_name: str, resource: str) -> list[str]:
         """The nodes reserved for the GPR when the informer says it is Admitted or Running, else []."""

@@ -679,3 +679,86 @@ async def test_an_update_whose_object_changed_while_a_webhook_judged_it_is_made_
         assert stored["metadata"]["labels"] == {"team": "a"} and stored["status"] == {"phase": "Admitted"}
     finally:
         await runner.cleanup()
+
+
+# ---- pod validation: what a real API server refuses ----------------------------------------------------------
+def _pod(name: str, affinity: dict[str, Any] | None = None, gated: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x"}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": "accelstack.io/gpr"}]
+    if affinity is not None:
+        spec["affinity"] = affinity
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"}, "spec": spec}
+
+
+def _terms(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+BY_NAME = {"key": "metadata.name", "operator": "In"}
+ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
+POD_URL = "/api/v1/namespaces/ml/pods"
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+
+
+async def test_a_node_field_selector_takes_exactly_one_value(peer: APIServerPeer,
+                                                             http: aiohttp.ClientSession) -> None:
+    two = _pod("two", _terms({"matchFields": [{**BY_NAME, "values": ["n1", "n2"]}]}))
+    async with http.post(peer.url + POD_URL, json=two) as r:
+        body = await r.json()
+        assert r.status == 422 and body["reason"] == "Invalid"
+        assert body["message"] == (
+            'Pod "two" is invalid: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.'
+            "nodeSelectorTerms[0].matchFields[0].values: Required value: must be only one value when `operator` "
+            "is 'In' or 'NotIn' for node field selector")
+    label = _pod("label", _terms({"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["x"]}]}))
+    async with http.post(peer.url + POD_URL, json=label) as r:
+        assert r.status == 422 and "not a valid field selector key" in (await r.json())["message"]
+    per_node = _pod("ok", _terms({"matchFields": [{**BY_NAME, "values": ["n1"]}]},
+                                 {"matchFields": [{**BY_NAME, "values": ["n2"]}]}))
+    async with http.post(peer.url + POD_URL, json=per_node) as r:
+        assert r.status == 201
+    # and on update: the same rule
+    patch = [{"op": "replace", "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/"
+              "nodeSelectorTerms/0/matchFields/0/values", "value": ["n1", "n3"]}]
+    async with http.patch(peer.url + POD_URL + "/ok", data=json.dumps(patch), headers=JSON_PATCH) as r:
+        assert r.status == 422
+
+
+async def test_a_gated_pods_node_affinity_may_only_be_narrowed(peer: APIServerPeer,
+                                                               http: aiohttp.ClientSession) -> None:
+    """KEP-3838: with no required term anything may be set; with terms, each keeps its requirements (new ones
+    appended) and no term is added or removed; once ungated, the affinity is fixed."""
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+    await peer.put_object("api/v1/pods", _pod("free"))
+    await peer.put_object("api/v1/pods", _pod("own", _terms({"matchExpressions": [ZONE]})))
+
+    async def patch(name: str, ops: list[dict[str, Any]]) -> tuple[int, str]:
+        async with http.patch(peer.url + POD_URL + "/" + name, data=json.dumps(ops), headers=JSON_PATCH) as r:
+            return r.status, (await r.json()).get("message", "")
+
+    # no affinity: any terms may be set, a term per node included
+    assert (await patch("free", [{"op": "add", "path": "/spec/affinity", "value": _terms(
+        {"matchFields": [{**BY_NAME, "values": ["n1"]}]}, {"matchFields": [{**BY_NAME, "values": ["n2"]}]})}]))[0] == 200
+    # the user's term: a requirement appended is a narrowing
+    hostname = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["h1", "h2"]}
+    code, _ = await patch("own", [{"op": "add", "path": base + "/0/matchExpressions/-", "value": hostname}])
+    assert code == 200
+    # a term added widens (terms are ORed): refused
+    code, message = await patch("own", [{"op": "add", "path": base + "/-", "value": {"matchExpressions": [ZONE]}}])
+    assert code == 422 and "no additions/deletions to non-empty NodeSelectorTerms list are allowed" in message
+    # a requirement removed or changed: refused
+    code, message = await patch("own", [{"op": "remove", "path": base + "/0/matchExpressions/0"}])
+    assert code == 422 and "only additions are allowed" in message
+    # a gate added: refused; the gate removed: fine; then the affinity is fixed
+    code, message = await patch("own", [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "x"}}])
+    assert code == 422 and "only deletion is allowed" in message
+    assert (await patch("own", [{"op": "replace", "path": "/spec/schedulingGates", "value": []}]))[0] == 200
+    code, message = await patch("own", [{"op": "add", "path": base + "/0/matchExpressions/-",
+                                         "value": {"key": "rack", "operator": "Exists"}}])
+    assert code == 422 and "pod updates may not change fields" in message
+    # images, tolerations added, labels: fine at any time
+    ok = [{"op": "replace", "path": "/spec/containers/0/image", "value": "y"},
+          {"op": "add", "path": "/spec/tolerations", "value": [{"key": "k", "operator": "Exists"}]},
+          {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
+    assert (await patch("own", ok))[0] == 200

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from tests.apiserver_peer.admission import Admission
 from tests.apiserver_peer.faults import WATCH_ERROR_REASONS, Fault, RequestInfo, RequestRecord, matches
+from tests.apiserver_peer.pods import validate_create, validate_update
 from tests.apiserver_peer.reads import Pulse, Reads
 from tests.apiserver_peer.wire import (
     REASONS,
@@ -457,6 +458,8 @@ class APIServerPeer(Reads):
             if plural_of(resource) in self.status_subresources:
                 obj.pop("status", None)
         self._manage(request, obj, "Apply" if name else "Update", "", sent)
+        if resource == "api/v1/pods":
+            validate_create(obj)
         await self._admit(request, resource, "CREATE", obj, None, dry)
         if (resource, namespace, meta["name"]) in self.objects:  # created while the webhooks judged this one
             raise Refused(409, f'{qualified(resource)} "{meta["name"]}" already exists', "AlreadyExists",
@@ -501,6 +504,8 @@ class APIServerPeer(Reads):
                           "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being "
                           "deleted", "Invalid")
         self._manage(request, new, operation, sub, sent)
+        if not sub and resource == "api/v1/pods":
+            validate_update(new, current)
         if not sub:
             key = (resource, cur_meta.get("namespace", ""), cur_meta["name"])
             await self._admit(request, resource, "UPDATE", new, current, dry)

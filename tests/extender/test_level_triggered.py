@@ -4,6 +4,7 @@ GPRs are respected, and an eviction is not done until the victim's pods are gone
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from tests.extender.harness import gpr, node, pod, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes, set_phase, status
 
 PODS = "api/v1/pods"
+NODES = "api/v1/nodes"
 
 
 class Clock:
@@ -183,6 +185,11 @@ async def test_ungating_narrows_the_pod_to_its_reserved_nodes_after_the_status_i
     peer = APIServerPeer()
     await peer.start()
     await seed_nodes(peer, 3)
+    for n in ("n0", "n1", "n2"):  # a hostname label need not be the node's name (cloud nodes)
+        obj = copy.deepcopy(peer.get(NODES, "", n))
+        assert obj is not None
+        obj["metadata"]["labels"]["kubernetes.io/hostname"] = f"ip-10-0-0-{n[1:]}"
+        await peer.put_object(NODES, obj, "MODIFIED")
     own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
     p = pod("w-0", 2, gpr="w", gated=True)
@@ -196,14 +203,48 @@ async def test_ungating_narrows_the_pod_to_its_reserved_nodes_after_the_status_i
         assert status(peer, "w")["phase"] == "Admitted" and len(reserved) == 2
         terms = peer.get(PODS, "default", "w-0")["spec"]["affinity"]["nodeAffinity"][  # type: ignore[index]
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        # the user's own term is kept, and narrowed to the reserved nodes
-        assert terms == [{"matchExpressions": own["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-            "nodeSelectorTerms"][0]["matchExpressions"],
-            "matchFields": [{"key": "metadata.name", "operator": "In", "values": reserved}]}]
+        # the user's own term is kept (a gated pod's terms may only gain requirements), narrowed to the reserved
+        # nodes by their hostname labels: a node field selector takes one name, and two nodes are two names
+        hostnames = sorted(peer.get(NODES, "", n)["metadata"]["labels"]["kubernetes.io/hostname"]  # type: ignore[index]
+                           for n in reserved)
+        assert terms == [{"matchExpressions": [
+            *own["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+                "matchExpressions"],
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": hostnames}]}]
         await wait_until(lambda: not peer.get(PODS, "default", "w-1")["spec"].get("schedulingGates"))  # type: ignore[index]
         other = peer.get(PODS, "default", "w-1")["spec"]["affinity"]  # type: ignore[index]
-        assert other == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": reserved}]}]}}}
+        # no term of its own: a term per reserved node, which kube-scheduler's NodeAffinity PreFilter reads as
+        # "only these nodes"
+        assert other == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in reserved]}}}
+        refused = [r for r in peer.log if r.plural == "pods" and r.verb == "patch" and r.status != 200]
+        assert not refused, refused
+    await peer.stop()
+
+
+async def test_a_pod_of_its_own_terms_on_nodes_without_a_hostname_label_is_ungated_unnarrowed() -> None:
+    """Without the nodes' hostname labels the reservation cannot be named inside the user's terms: the gate is
+    lifted all the same (filter keeps the pod on its reservation), never a patch the API server refuses."""
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 2)
+    for n in ("n0", "n1"):
+        obj = peer.get(NODES, "", n)
+        assert obj is not None
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["labels"].pop("kubernetes.io/hostname", None)
+        await peer.put_object(NODES, obj, "MODIFIED")
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
+    p = pod("w-0", 2, gpr="w", gated=True)
+    p["spec"]["affinity"] = own
+    await peer.put_object(PODS, p)
+    await peer.put_object(GPRS, gpr("w", phase=None, devices=2, nodes=2))
+    async with stack(peer, **FAST):
+        await wait_until(lambda: not peer.get(PODS, "default", "w-0")["spec"].get("schedulingGates"))  # type: ignore[index]
+        assert peer.get(PODS, "default", "w-0")["spec"]["affinity"] == own  # type: ignore[index]
+        refused = [r for r in peer.log if r.plural == "pods" and r.verb == "patch" and r.status != 200]
+        assert not refused, refused
     await peer.stop()
 
 

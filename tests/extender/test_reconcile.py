@@ -246,8 +246,10 @@ def test_ungate_patch_narrows_and_lifts_in_one_request() -> None:
     assert ops is not None
     assert ops[0] == {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": "accelstack.io/gpr"}]}
     assert ops[1]["path"] == "/spec/affinity"
+    # a node field selector takes one value: a term per node (terms are ORed)
     assert ops[1]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]}]
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]
     assert ops[-1] == {"op": "replace", "path": "/spec/schedulingGates", "value": []}
     ungated = pod_view(pod("b", 1, gpr="g"), (GPU,))
     assert ungated is not None and ungate_patch(ungated, ["n1"], "accelstack.io/gpr") is None

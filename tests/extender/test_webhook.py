@@ -27,6 +27,7 @@ from scheduler_extender.webhook import (
     add_webhook_routes,
 )
 from tests.apiserver_peer import APIServerPeer, json_patch
+from tests.apiserver_peer.pods import affinity_errors
 from tests.extender.harness import wait_until
 
 NOW = 1_796_018_400.0
@@ -864,6 +865,9 @@ async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gate
          "status": {"phase": "Running", "reservation": [{"node": "n2", "devices": 2}, {"node": "n1", "devices": 2}]}},
         {"metadata": {"name": "q", "namespace": "team-a", "uid": "u-q"}, "spec": {"devicesPerNode": 2},
          "status": {"phase": "Queued"}}])
+    for name in ("n1", "n2"):
+        view.on_node("ADDED", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": f"host-{name}"}},
+                               "status": {"allocatable": {"nvidia.com/gpu": "4"}}})
     http = await serve(Webhook(lookup, clock=lambda: NOW, view=view))
     lookup.fail = True  # the informer view answers: the API server is not asked
     try:
@@ -874,10 +878,18 @@ async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gate
         response = await call(http, "/mutate-pods", review(p))
         out = patched(p, response)
         assert response["allowed"] and not out["spec"].get("schedulingGates")
+        # the user's term gains the reserved nodes' hostname labels (a node field selector takes only one name)
         assert out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-            "nodeSelectorTerms"] == [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
-                                      "matchFields": [{"key": "metadata.name", "operator": "In",
-                                                       "values": ["n1", "n2"]}]}]
+            "nodeSelectorTerms"] == [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a"]},
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-n1", "host-n2"]}]}]
+        assert not affinity_errors(out["spec"])  # what the API server validates after the mutating webhooks
+        bare = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a")
+        out = patched(bare, await call(http, "/mutate-pods", review(bare)))
+        assert out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                                     for n in ("n1", "n2")]
+        assert not affinity_errors(out["spec"])
         queued = pod(labels={"accelstack.io/gpr": "q"}, namespace="team-a")
         response = await call(http, "/mutate-pods", review(queued))
         assert gates(patched(queued, response)) == ["accelstack.io/gpr"]  # not admitted: held at the gate

@@ -37,6 +37,7 @@ from kubeapi import KubeClient
 from scheduler_extender import ledger
 from scheduler_extender.kube import Kube
 from scheduler_extender.server import ExtenderServer
+from tests import nodeaffinity
 from tests.apiserver_peer import APIServerPeer
 from tests.apiserver_peer.faults import Fault
 from tests.extender.harness import gpr, node, pod, wait_until
@@ -105,18 +106,6 @@ async def break_watches(peer: APIServerPeer, rng: random.Random, stop: asyncio.E
                     watch_error=rng.choice([410, 500]), times=1)
 
 
-def affinity_nodes(p: dict[str, Any]) -> set[str] | None:
-    """The node names a pod's required node affinity allows by metadata.name (None: no such term)."""
-    terms = ((((p["spec"].get("affinity") or {}).get("nodeAffinity") or {})
-              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
-    allowed: set[str] | None = None
-    for term in terms:
-        for f in term.get("matchFields") or []:
-            if f.get("key") == "metadata.name" and f.get("operator") == "In":
-                allowed = (allowed or set()) | set(f.get("values") or [])
-    return allowed
-
-
 class Scheduler:
     """kube-scheduler's part: one pod at a time, its own filters (gates, node affinity), a sample of the feasible
     nodes to the extender, the extender's answer, bind through the extender; a pod that fails waits a backoff."""
@@ -162,9 +151,8 @@ class Scheduler:
             return await r.json()
 
     async def schedule(self, http: aiohttp.ClientSession, p: dict[str, Any]) -> bool:
-        allowed = affinity_nodes(p)
-        feasible = sorted(name for (res, _, name) in self.peer.objects if res == NODES_PATH
-                          and (allowed is None or name in allowed))
+        feasible = sorted(name for (res, _, name), obj in self.peer.objects.items() if res == NODES_PATH
+                          and nodeaffinity.matches(p, name, obj["metadata"].get("labels") or {}))
         names = self.rng.sample(feasible, max(1, round(len(feasible) * SAMPLE)))
         answer = await self.call(http, "filter", {"Pod": p, "Nodes": None, "NodeNames": names})
         assert answer.get("Error", "") == "", answer
@@ -212,7 +200,7 @@ def stuck(peer: APIServerPeer) -> str:
         status = obj.get("status") or {}
         if res == PODS and status.get("phase") != "Succeeded":
             lines.append(f"pod {name}: node={obj['spec'].get('nodeName')} phase={status.get('phase')} "
-                         f"gated={bool(obj['spec'].get('schedulingGates'))} allowed={affinity_nodes(obj)}")
+                         f"gated={bool(obj['spec'].get('schedulingGates'))} allowed={nodeaffinity.named_nodes(obj)}")
         elif res == GPRS and status.get("phase") != "Complete":
             lines.append(f"gpr {name}: {status.get('phase')} {status.get('reason')} "
                          f"{[r['node'] for r in status.get('reservation') or []]}")

@@ -1,0 +1,71 @@
+"""kube-scheduler's NodeAffinity filter as the test schedulers use it (k8s.io/component-helpers
+scheduling/corev1/nodeaffinity): a pod's required terms are ORed, the requirements of a term ANDed;
+``matchFields`` names the node (``metadata.name``), ``matchExpressions`` test its labels. A term with no
+requirement matches no node. The PreFilter's shortcut: when every term names nodes by ``metadata.name In``, only
+those nodes are looked at."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def required_terms(pod: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The pod's required node selector terms, or None when it has none (every node matches)."""
+    terms = ((((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    return terms or None
+
+
+def _requirement(req: dict[str, Any], value: str | None) -> bool:
+    op, values = req.get("operator"), req.get("values") or []
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None:
+        try:
+            have, bound = int(value), int(values[0])
+        except (ValueError, IndexError):
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False
+
+
+def term_matches(term: dict[str, Any], name: str, labels: dict[str, str]) -> bool:
+    expressions, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
+    if not expressions and not fields:
+        return False
+    return all(_requirement(r, labels.get(r.get("key", ""))) for r in expressions) and \
+        all(_requirement(r, name if r.get("key") == "metadata.name" else None) for r in fields)
+
+
+def matches(pod: dict[str, Any], name: str, labels: dict[str, str]) -> bool:
+    """Whether the node passes the pod's required node affinity (and its ``nodeSelector``)."""
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    terms = required_terms(pod)
+    return terms is None or any(term_matches(t, name, labels) for t in terms)
+
+
+def named_nodes(pod: dict[str, Any]) -> set[str] | None:
+    """PreFilter's node names: when every term has ``metadata.name In`` requirements, the union over the terms of
+    their intersections; else None (every node is looked at)."""
+    terms = required_terms(pod)
+    if terms is None:
+        return None
+    out: set[str] = set()
+    for term in terms:
+        names: set[str] | None = None
+        for r in term.get("matchFields") or []:
+            if r.get("key") == "metadata.name" and r.get("operator") == "In":
+                values = set(r.get("values") or [])
+                names = values if names is None else names & values
+        if names is None:
+            return None
+        out |= names
+    return out
