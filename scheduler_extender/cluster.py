@@ -88,6 +88,7 @@ class GPRView:
     estimated_range: tuple[float, float] | None = None  # status.estimatedStartRange (P10, P90) while Queued
     queue_position: int | None = None  # status.queuePosition while Queued (the controller's order)
     reason: str = ""  # status.reason: why it is where it is (why it waits, while Queued)
+    resource_version: str = ""  # metadata.resourceVersion
 
 
 @dataclass
@@ -190,7 +191,14 @@ def gpr_view(obj: dict[str, Any]) -> GPRView:
         queue_position=position if isinstance(position := status.get("queuePosition"), int)
         and not isinstance(position, bool) else None,
         reason=str(status.get("reason") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
+
+
+def _revision(version: str) -> int | None:
+    """A resourceVersion as a number (etcd's revision, as kube-apiserver writes it), or None when it is not one:
+    then nothing is compared."""
+    return int(version) if version.isdigit() else None
 
 
 def _range(value: Any) -> tuple[float, float] | None:
@@ -272,6 +280,9 @@ class ClusterView:
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.recorded: dict[str, str] = {}  # pod UID -> the node whose ledger records devices for it
         self._live: dict[str, set[str]] = {}  # namespace -> keys of its unfinished GPRs (not Complete/Cancelled)
+        # GPRs read afresh ahead of their watch (the filter's catch-up read): key -> that revision; the watch's
+        # older events for them are skipped until it catches up, so the view never steps back
+        self._ahead: dict[str, int] = {}
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
         # node -> (the NodeView they were computed for, facts of that node and the reservations on it): kept
         # until the node or a reservation on it changes (filter asks per node per pod). Facts: resource -> devices
@@ -369,11 +380,33 @@ class ClusterView:
         replaced = self.gprs
         self.version += 1
         self.gprs, self.reserved, self._live, self._withheld = fresh.gprs, fresh.reserved, fresh._live, {}
+        self._ahead = {}  # a relist is the whole truth at its revision; the watch from there brings the rest
         return replaced
 
-    def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
-        self.version += 1
+    def take_fresher_gpr(self, obj: dict[str, Any]) -> bool:
+        """A GPR read afresh from the API server: taken (True) when it is newer than what the watch has brought,
+        by resourceVersion; the watch's events older than it are then skipped until the watch catches up."""
         view = gpr_view(obj)
+        fresh = _revision(view.resource_version)
+        if fresh is None:
+            return False
+        held = self.gprs.get(view.key)
+        if held is not None and (_revision(held.resource_version) or 0) >= fresh:
+            return False
+        self.on_gpr("MODIFIED", obj)
+        self._ahead[view.key] = fresh
+        return True
+
+    def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        view = gpr_view(obj)
+        if self._ahead:
+            ahead = self._ahead.get(view.key)
+            if ahead is not None:
+                revision = _revision(view.resource_version)
+                if revision is not None and revision < ahead:
+                    return  # the watch brings what the catch-up read already showed a newer version of
+                del self._ahead[view.key]
+        self.version += 1
         old = self.gprs.pop(view.key, None)
         namespace = view.key.split("/", 1)[0]
         if old is not None:

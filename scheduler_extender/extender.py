@@ -5,11 +5,20 @@ Malformed JSON (JSON nested too deeply included) or wrong types answer HTTP 400 
 a body over the size limit answers 413, a body that does not arrive within the body-read timeout 408 (and the
 connection is closed); a refused body is logged as one line (``request refused``) and counted in
 ``accelstack_extender_bad_requests_total``. Pods that request no managed resource pass straight through.
+
+The view follows the API server through separate watches, so a pod can reach filter before the status that
+admitted its GPR reaches the view (the controller writes the status, then lifts the gate; the scheduler sees the
+pod on its own watch). A refusal then would leave the pod in kube-scheduler's unschedulable queue until some
+other cluster event, up to its 5-minute flush on a quiet cluster. So when the view says a scheduled pod's GPR is
+missing or not admitted, filter reads that GPR afresh once (at most once a second per GPR, within
+``catch_up_timeout``) and answers from it when it is newer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,11 +31,14 @@ from scheduler_extender import wire
 from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import ClusterView
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
-from scheduler_extender.verbs import ask_of, filter_nodes, preempt, prioritize
+from scheduler_extender.verbs import PodAsk, ask_of, filter_nodes, preempt, prioritize
 
 log = logging.getLogger("accelstack.extender")
 JSON = "application/json"
 VERBS = ("filter", "prioritize", "preempt", "bind")
+CATCH_UP_EVERY = 1.0  # seconds between catch-up reads of one GPR
+CATCH_UP_TIMEOUT = 0.5  # the most a filter waits for one
+FetchGPR = Callable[[str, str], Awaitable[dict[str, Any]]]
 
 
 class ExtenderMetrics:
@@ -42,6 +54,9 @@ class ExtenderMetrics:
                                     registry=self.registry)
         self.evictions = Counter(p + "evictions_total", "Evictions started to make room at bind",
                                  registry=self.registry)
+        self.catch_up = Counter(p + "catch_up_reads_total", "GPRs read afresh by filter because the view said a "
+                                "scheduled pod's GPR was missing or not admitted, by outcome (newer: the view lagged; "
+                                "same: it did not; failed: no answer in time)", ["outcome"], registry=self.registry)
         self.loop_lag = Histogram(p + "loop_lag_seconds", "How late the event loop that serves the verbs and "
                                   "webhooks ran a timer due now (time a request waits behind other work)",
                                   # from 1 ms: an idle loop already runs a timer up to ~0.5 ms late
@@ -68,8 +83,13 @@ class Extender:
     def __init__(self, view: ClusterView, binder: Binder, metrics: ExtenderMetrics | None = None,
                  require_gpr: bool = False, ready: Callable[[], bool] = lambda: True,
                  registries: tuple[CollectorRegistry, ...] = (),
-                 body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT, fetch_gpr: FetchGPR | None = None,
+                 catch_up_every: float = CATCH_UP_EVERY, catch_up_timeout: float = CATCH_UP_TIMEOUT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.view = view
+        self.fetch_gpr = fetch_gpr
+        self.catch_up_every, self.catch_up_timeout, self.clock = catch_up_every, catch_up_timeout, clock
+        self._read_at: dict[str, float] = {}  # GPR key -> when filter last read it afresh
         self.body_timeout = body_timeout
         self.binder = binder
         self.metrics = metrics or ExtenderMetrics()
@@ -113,6 +133,8 @@ class Extender:
             raise ValueError("Pod is missing")
         names, items = _node_names(args)
         ask = ask_of(self.view, args.Pod, self.require_gpr)
+        if ask.problem and ask.gpr_key and self.fetch_gpr is not None:
+            ask = await self._caught_up(ask, args.Pod)
         outcome = filter_nodes(self.view, ask, names)
         result = wire.ExtenderFilterResult(FailedNodes=outcome.failed,
                                            FailedAndUnresolvableNodes=outcome.unresolvable)
@@ -125,6 +147,32 @@ class Extender:
                                          metadata=args.Nodes.metadata)
         self.metrics.decisions.labels("filter", "passed" if outcome.passed else "none").inc()
         return web.Response(body=wire.encoder.encode(result), content_type=JSON)
+
+    async def _caught_up(self, ask: PodAsk, pod: wire.Pod) -> PodAsk:
+        """The pod's ask after reading its GPR afresh, when the view may lag behind (see the module's doc)."""
+        assert self.fetch_gpr is not None
+        now = self.clock()
+        if now - self._read_at.get(ask.gpr_key, -math.inf) < self.catch_up_every:
+            return ask
+        if len(self._read_at) >= 1024:  # keep only the recent ones
+            self._read_at = {k: t for k, t in self._read_at.items() if now - t < self.catch_up_every}
+        self._read_at[ask.gpr_key] = now
+        namespace, name = ask.gpr_key.split("/", 1)
+        try:
+            async with asyncio.timeout(self.catch_up_timeout):
+                obj = await self.fetch_gpr(namespace, name)
+        except Exception as exc:
+            self.metrics.catch_up.labels("failed").inc()
+            log.debug("catch-up read failed", extra={"gpr": ask.gpr_key, "error": str(exc)[:200]})
+            return ask
+        if not self.view.take_fresher_gpr(obj):
+            self.metrics.catch_up.labels("same").inc()
+            return ask
+        self.metrics.catch_up.labels("newer").inc()
+        log.info("GPR read afresh ahead of its watch", extra={"gpr": ask.gpr_key,
+                                                              "resourceVersion": (obj.get("metadata") or {}).get(
+                                                                  "resourceVersion", "")})
+        return ask_of(self.view, pod, self.require_gpr)
 
     async def prioritize(self, body: bytes) -> web.Response:
         args = wire.filter_args.decode(body)

@@ -221,7 +221,7 @@ class ExtenderServer:
         self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs,
                                         watch_timeout) + (self.service.informers if self.service is not None else [])
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
-                                 registries=(REGISTRY,), body_timeout=body_timeout)
+                                 registries=(REGISTRY,), body_timeout=body_timeout, fetch_gpr=kube.get_gpr)
         self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,
                             limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))), body_timeout=body_timeout,
                             node_group_label=node_group_label)

@@ -213,3 +213,58 @@ async def test_sweep_adopts_bound_pods_and_releases_stale_entries() -> None:
         assert set(entries) == {"early-uid", "fresh-uid"} and entries["early-uid"]["r"] == {"nvidia.com/gpu": 3}
         _, body = await post(server, "filter", filter_body(pod("late", 1), ["gpu-node-1"]))
         assert body["FailedNodes"] == {"gpu-node-1": "0 nvidia.com/gpu free, pod asks 1"}  # type: ignore[index]
+
+
+# ---- a view that lags behind the GPR's admission -----------------------------------------------------------
+async def _silence_gpr_watch(peer, server) -> None:  # type: ignore[no-untyped-def]
+    """From now on the GPR watch stays open and says nothing: what the API server stores next does not reach the
+    view (a watch that lags behind, at its worst)."""
+    peer.inject("GET", "gpuprovisioningrequests", watch=True, half_open=True)
+    since = peer.mark()
+    peer.compact()  # the open watches end (410); the GPR watch that follows the relist is the silent one
+    await wait_until(lambda: peer.count("GET", "gpuprovisioningrequests", watch=True, since=since) >= 1)
+
+
+async def test_filter_reads_a_gpr_afresh_when_the_view_has_not_seen_its_admission() -> None:
+    """The controller stores the status, then lifts the gate; the scheduler may send the pod before the view's
+    GPR watch brings the status. Refused, the pod would wait in kube-scheduler's unschedulable queue for some
+    other cluster event; filter reads the GPR once and answers from the newer object."""
+    async with stack() as (peer, server):
+        await seed(peer, node("n1"), node("n2"), gpr("train", phase="Queued"))
+        await wait_until(lambda: len(server.view.nodes) == 2 and "default/train" in server.view.gprs)
+        await _silence_gpr_watch(peer, server)
+        await peer.put_object("apis/accelstack.io/v1alpha1/gpuprovisioningrequests",
+                              gpr("train", reservation={"n2": 2}), "MODIFIED")
+        assert server.view.gprs["default/train"].phase == "Queued"  # the view has not seen it
+        since = peer.mark()
+        status, body = await post(server, "filter", filter_body(pod("p", 2, gpr="train"), ["n1", "n2"]))
+        assert status == 200
+        assert body["NodeNames"] == ["n2"]  # type: ignore[index]
+        assert body["FailedAndUnresolvableNodes"] == {"n1": "not reserved for GPR default/train"}  # type: ignore[index]
+        assert peer.count("GET", "gpuprovisioningrequests", name="train", watch=False, since=since) == 1
+        assert server.view.gprs["default/train"].phase == "Admitted"  # bind judges from the same object
+        assert server.extender.metrics.catch_up.labels("newer")._value.get() == 1
+        # the next pod of the GPR: the view knows it now, no read
+        status, body = await post(server, "filter", filter_body(pod("p2", 2, gpr="train"), ["n2"]))
+        assert body["NodeNames"] == ["n2"]  # type: ignore[index]
+        assert peer.count("GET", "gpuprovisioningrequests", name="train", watch=False, since=since) == 1
+
+
+async def test_filter_reads_a_queued_gpr_at_most_once_a_second_and_never_waits_long() -> None:
+    async with stack() as (peer, server):
+        await seed(peer, node("n1"), gpr("queued", phase="Queued"))
+        await wait_until(lambda: "default/queued" in server.view.gprs)
+        since = peer.mark()
+        for _ in range(5):  # a pod whose gate a user lifted by hand, retried by the scheduler
+            status, body = await post(server, "filter", filter_body(pod("q", 1, gpr="queued"), ["n1"]))
+            assert body["FailedAndUnresolvableNodes"] == {"n1": "GPR default/queued is Queued, not admitted"}  # type: ignore[index]
+        assert peer.count("GET", "gpuprovisioningrequests", name="queued", watch=False, since=since) == 1
+        assert server.extender.metrics.catch_up.labels("same")._value.get() == 1
+        # an API server that does not answer: filter answers within the catch-up timeout, from the view
+        server.extender._read_at.clear()
+        peer.inject("GET", "gpuprovisioningrequests", name="queued", watch=False, hang=True)
+        started = time.monotonic()
+        status, body = await post(server, "filter", filter_body(pod("q", 1, gpr="queued"), ["n1"]))
+        assert status == 200 and time.monotonic() - started < 2.0
+        assert body["FailedAndUnresolvableNodes"] == {"n1": "GPR default/queued is Queued, not admitted"}  # type: ignore[index]
+        assert server.extender.metrics.catch_up.labels("failed")._value.get() == 1
