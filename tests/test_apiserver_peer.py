@@ -758,7 +758,7 @@ async def test_a_gated_pods_node_affinity_may_only_be_narrowed(peer: APIServerPe
                                          "value": {"key": "rack", "operator": "Exists"}}])
     assert code == 422 and "pod updates may not change fields" in message
     # images, tolerations added, labels: fine at any time
-    ok = [{"op": "replace", "path": "/spec/containers/0/image", "value": "y"},
+    ok: list[dict[str, Any]] = [{"op": "replace", "path": "/spec/containers/0/image", "value": "y"},
           {"op": "add", "path": "/spec/tolerations", "value": [{"key": "k", "operator": "Exists"}]},
           {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
     assert (await patch("own", ok))[0] == 200
