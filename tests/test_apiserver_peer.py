@@ -762,3 +762,57 @@ async def test_a_gated_pods_node_affinity_may_only_be_narrowed(peer: APIServerPe
           {"op": "add", "path": "/spec/tolerations", "value": [{"key": "k", "operator": "Exists"}]},
           {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
     assert (await patch("own", ok))[0] == 200
+
+
+async def test_a_bound_pod_is_deleted_gracefully_and_an_unbound_one_at_once(peer: APIServerPeer,
+                                                                            http: aiohttp.ClientSession) -> None:
+    peer.pod_grace = 0.3
+    bound = _pod("bound", gated=False)
+    bound["spec"]["nodeName"] = "n1"
+    bound["status"] = {"phase": "Running"}
+    await peer.put_object("api/v1/pods", bound)
+    await peer.put_object("api/v1/pods", _pod("loose", gated=False))
+    async with http.delete(peer.url + POD_URL + "/bound") as r:
+        body = await r.json()
+        assert r.status == 200 and body["metadata"]["deletionTimestamp"]
+        assert body["metadata"]["deletionGracePeriodSeconds"] == 30  # the pod's terminationGracePeriodSeconds
+    stored = peer.get("api/v1/pods", "ml", "bound")
+    assert stored is not None and stored["metadata"]["deletionTimestamp"]  # still there: its kubelet stops it
+    async with http.delete(peer.url + POD_URL + "/bound") as r:  # deleted again: still the same
+        assert r.status == 200
+    async with http.delete(peer.url + POD_URL + "/loose") as r:
+        assert r.status == 200
+    assert peer.get("api/v1/pods", "ml", "loose") is None  # never bound: gone at once
+    await wait_until(lambda: peer.get("api/v1/pods", "ml", "bound") is None, timeout=3)
+    kinds = [kind for _, res, kind, obj in peer.events if res == "api/v1/pods" and obj["metadata"]["name"] == "bound"]
+    assert kinds == ["ADDED", "MODIFIED", "DELETED"]
+
+
+async def test_an_eviction_is_a_graceful_deletion(peer: APIServerPeer, http: aiohttp.ClientSession) -> None:
+    peer.pod_grace = 0.2
+    bound = _pod("victim", gated=False)
+    bound["spec"]["nodeName"] = "n1"
+    await peer.put_object("api/v1/pods", bound)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "victim", "namespace": "ml"}}
+    async with http.post(peer.url + POD_URL + "/victim/eviction", json=eviction) as r:
+        assert r.status == 201
+    stored = peer.get("api/v1/pods", "ml", "victim")
+    assert stored is not None and stored["metadata"]["deletionTimestamp"]
+    await wait_until(lambda: peer.get("api/v1/pods", "ml", "victim") is None, timeout=3)
+
+
+async def test_a_binding_of_a_gated_or_deleting_pod_is_refused(peer: APIServerPeer,
+                                                               http: aiohttp.ClientSession) -> None:
+    await peer.put_object("api/v1/pods", _pod("gated"))
+    deleting = _pod("deleting", gated=False)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    await peer.put_object("api/v1/pods", deleting)
+    for name, words in (("gated", "has non-empty .spec.schedulingGates"),
+                        ("deleting", "is being deleted, cannot be assigned to a host")):
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": "ml"},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}
+        async with http.post(peer.url + POD_URL + f"/{name}/binding", json=binding) as r:
+            body = await r.json()
+            assert r.status == 500 and body["reason"] == "InternalError" and words in body["message"]
+        stored = peer.get("api/v1/pods", "ml", name)
+        assert stored is not None and not stored["spec"].get("nodeName")

@@ -8,8 +8,15 @@ Protocol
 --------
 - paths ``/api/v1/...`` (core) and ``/apis/<group>/<version>/...``, namespaced and cluster-scoped (any
   resource, e.g. ``coordination.k8s.io/v1`` leases), subresources ``status``, ``binding`` (sets
-  ``spec.nodeName`` once, honours a UID precondition), ``eviction`` (deletes the pod, or 429 while
-  ``peer.pdb_blocks`` names it), TokenReview/SubjectAccessReview (``peer.tokens``, ``peer.grants``);
+  ``spec.nodeName`` once, honours a UID precondition; a pod being deleted or still gated: 500, as the real
+  server's plain errors answer), ``eviction`` (deletes the pod, or 429 while ``peer.pdb_blocks`` names it),
+  TokenReview/SubjectAccessReview (``peer.tokens``, ``peer.grants``);
+- pods: graceful deletion when ``peer.pod_grace`` is set (seconds): DELETE or an eviction of a bound pod that
+  has not finished sets ``deletionTimestamp`` and ``deletionGracePeriodSeconds`` (MODIFIED) and the pod goes
+  (DELETED) ``pod_grace`` seconds later, as its kubelet confirms; unbound or finished pods go at once. The pod
+  validation a real server applies to accelstack's writes (``tests/apiserver_peer/pods.py``): node field
+  selectors take one value; spec updates only where Kubernetes allows them (while gated: node affinity
+  narrowing, KEP-3838); 422 ``Invalid`` with the real field paths;
 - errors are ``Status`` objects with the real ``reason`` and ``code``;
 - GET; list with ``labelSelector``/``fieldSelector`` equality terms, ``limit`` + ``continue`` (pages of one
   snapshot, ``metadata.continue`` and ``remainingItemCount``; a token answers 410 ``Expired`` after

@@ -87,6 +87,11 @@ class APIServerPeer(Reads):
         self.bindings: list[tuple[str, str, str]] = []  # (namespace, pod, node) per Binding created
         self.evicted: list[str] = []
         self.pdb_blocks: set[str] = set()  # "ns/name" of pods whose eviction a PDB refuses
+        # A bound pod that has not finished is deleted gracefully, as the API server does (the kubelet stops it):
+        # DELETE or an eviction sets deletionTimestamp and deletionGracePeriodSeconds (MODIFIED) and the pod goes
+        # (DELETED) this many seconds later, as its kubelet confirms. None: at once (unbound pods always are).
+        self.pod_grace: float | None = None
+        self._terminating: set[asyncio.Task[None]] = set()
         self.kinds = dict(KINDS)  # plural -> Kind, for BOOKMARK objects and messages
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -571,6 +576,9 @@ class APIServerPeer(Reads):
                           f"ResourceVersion in object meta: {meta.get('resourceVersion')}", "Conflict")
         if dry:
             return web.json_response(current)
+        if resource == "api/v1/pods" and self._graceful(current):
+            grace = (options or {}).get("gracePeriodSeconds") if isinstance(options, dict) else None
+            return web.json_response(await self._terminate(current, grace))
         if meta.get("finalizers"):  # deletion waits for the finalizers to be removed
             if not meta.get("deletionTimestamp"):
                 new = copy.deepcopy(current)
@@ -608,8 +616,14 @@ class APIServerPeer(Reads):
         if uid and uid != pod["metadata"]["uid"]:
             return status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
                           f"{pod['metadata']['uid']}")
+        if pod["metadata"].get("deletionTimestamp"):  # not a StatusError upstream: answered as an internal error
+            return status(500, "InternalError", f"Internal error occurred: pod {name} is being deleted, cannot be "
+                          "assigned to a host")
         if pod.get("spec", {}).get("nodeName"):
             return status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+        if pod.get("spec", {}).get("schedulingGates"):
+            return status(500, "InternalError", f"Internal error occurred: pod {name} has non-empty "
+                          ".spec.schedulingGates")
         new = copy.deepcopy(pod)
         new.setdefault("spec", {})["nodeName"] = body["target"]["name"]
         annotations = (body.get("metadata") or {}).get("annotations") or {}
@@ -627,9 +641,49 @@ class APIServerPeer(Reads):
         if f"{namespace}/{name}" in self.pdb_blocks:
             return status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
         self.evicted.append(f"{namespace}/{name}")
-        await self.delete_object("api/v1/pods", namespace, name)
+        pod = self.objects[("api/v1/pods", namespace, name)]
+        if self._graceful(pod):
+            await self._terminate(pod, None)
+        else:
+            await self.delete_object("api/v1/pods", namespace, name)
         return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                   "code": 201}, status=201)
+
+    def _graceful(self, pod: dict[str, Any]) -> bool:
+        """Whether deleting this pod waits for its kubelet: bound, not finished (the pod strategy's
+        CheckGracefulDelete), and graceful deletion switched on (``pod_grace``)."""
+        return (self.pod_grace is not None and bool((pod.get("spec") or {}).get("nodeName"))
+                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+
+    async def _terminate(self, pod: dict[str, Any], grace: Any) -> dict[str, Any]:
+        """Graceful deletion: deletionTimestamp now + the grace period (the DeleteOptions', else the pod's
+        terminationGracePeriodSeconds, else 30), then gone ``pod_grace`` seconds later. A pod already terminating
+        is left as it is."""
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return copy.deepcopy(pod)
+        if not isinstance(grace, int) or isinstance(grace, bool) or grace < 0:
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        if grace == 0:
+            deleted = await self.delete_object("api/v1/pods", meta.get("namespace", ""), meta["name"])
+            return deleted or pod
+        new = copy.deepcopy(pod)
+        new["metadata"]["deletionTimestamp"] = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=grace)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        new["metadata"]["deletionGracePeriodSeconds"] = grace
+        stored = await self.put_object("api/v1/pods", new, "MODIFIED")
+
+        async def kubelet_confirms() -> None:
+            await asyncio.sleep(self.pod_grace or 0.0)
+            key = ("api/v1/pods", meta.get("namespace", ""), meta["name"])
+            current = self.objects.get(key)
+            if current is not None and current["metadata"].get("uid") == meta.get("uid"):
+                await self.delete_object(*key)
+
+        task = asyncio.create_task(kubelet_confirms())
+        self._terminating.add(task)
+        task.add_done_callback(self._terminating.discard)
+        return stored
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def start(self, port: int = 0) -> str:
@@ -646,6 +700,8 @@ class APIServerPeer(Reads):
 
     async def stop(self) -> None:
         self._closing = True
+        for task in list(self._terminating):
+            task.cancel()
         await self.admission.close()
         if self.runner is not None:
             await self.runner.cleanup()
