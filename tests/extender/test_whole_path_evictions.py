@@ -11,9 +11,10 @@ included) and breaking watches, and the leader losing its lease halfway.
 What must hold, read from the API server's own history of every change, in order:
 - no node ever runs pods (terminating ones included, until they are gone) that ask for more devices than it has;
 - no node is reserved past its devices by the GPRs that hold it: Admitted, Running and Evicting (an eviction
-  under way still holds its nodes);
+  under way still holds its nodes), nor past what the pods outside those reservations still hold there (a
+  preemptor is never admitted onto devices a stopping pod still has);
 - a pod is bound only to a node its GPR's stored reservation names, only while that GPR holds, and only once;
-- a GPR moves only along its life cycle (… Running -> Evicting -> Queued -> Admitted …), a high-priority one
+- a GPR moves only along its life cycle (… Running -> Evicting -> [Queued ->] Admitted …), a high-priority one
   straight to Complete; evictions are counted on the victims, never failures on anyone;
 - the end: every high-priority GPR complete, every low-priority one admitted again and its pod running.
 """
@@ -38,7 +39,10 @@ NODES_PATH = "api/v1/nodes"
 NODES, GPUS = 8, 4
 LOW, HIGH = 8, 4  # low GPRs fill the cluster (one node each); high ones need evictions
 MOVES = {("Queued", "Admitted"), ("Admitted", "Running"), ("Running", "Complete"), ("Admitted", "Complete"),
-         ("Admitted", "Evicting"), ("Running", "Evicting"), ("Evicting", "Queued")}
+         ("Admitted", "Evicting"), ("Running", "Evicting"), ("Evicting", "Queued"),
+         # its pods gone, requeued and placed again in the same pass (the preemptor found room elsewhere
+         # meanwhile): the Queued in between is never stored
+         ("Evicting", "Admitted")}
 HOLDING = ("Admitted", "Running", "Evicting")
 
 
@@ -102,8 +106,21 @@ async def budgets(peer: APIServerPeer, rng: random.Random, stop: asyncio.Event) 
 def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
     used: dict[str, int] = {}
     live: dict[str, tuple[str, int]] = {}  # pod UID -> (node, devices) while it holds them
+    group_of: dict[str, str] = {}  # pod UID -> its GPR
     bound_to: dict[str, str] = {}
     phase_of: dict[str, str] = {}
+
+    def promised() -> None:
+        """Reservations of the holding GPRs plus the devices of live pods outside them, per node."""
+        total: dict[str, int] = {}
+        for nodes in holding.values():
+            for n, d in nodes.items():
+                total[n] = total.get(n, 0) + d
+        for uid, (n, d) in live.items():
+            if n not in holding.get(group_of[uid], {}):
+                total[n] = total.get(n, 0) + d
+        assert all(d <= GPUS for d in total.values()), ("promised past a node's devices", total, holding)
+
     reserved: dict[str, set[str]] = {}
     holding: dict[str, dict[str, int]] = {}
     seen = {"bindings": 0, "terminating": 0, "evicting": 0}
@@ -130,6 +147,7 @@ def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
             if phase:
                 phase_of[name] = phase
             assert not status.get("failures"), (name, status)
+            promised()
         elif resource == PODS:
             uid, spec = meta["uid"], obj.get("spec") or {}
             where = str(spec.get("nodeName") or "")
@@ -149,10 +167,12 @@ def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
                 n, d = live.pop(uid)
                 used[n] -= d
             elif holds and uid not in live:
+                group_of[uid] = group
                 live[uid] = (where, wants[meta["name"]])
                 used[where] = used.get(where, 0) + wants[meta["name"]]
                 assert used[where] <= GPUS, (where, used[where], meta["name"], {
                     u: v for u, v in live.items() if v[0] == where})
+            promised()
     return seen
 
 
