@@ -1229,11 +1229,15 @@ def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], hostnames
     terms = (node_affinity.get(REQUIRED_AFFINITY) or {}).get("nodeSelectorTerms") or []
     if not terms:
         return [{"op": "add", "path": f"{base}/nodeAffinity/{REQUIRED_AFFINITY}", "value": fresh}]
+    if all(_within(term, "matchFields", NODE_NAME_FIELD, set(names)) for term in terms):
+        return []  # narrowed already (a webhook called again, a gate lifted by the last leader's patch)
     if len(names) == 1:
         key, need = "matchFields", _by_name(names[0])
     else:
         labels = sorted({(hostnames or {}).get(n, "") for n in names})
         if "" in labels:
+            return []
+        if all(_within(term, "matchExpressions", HOSTNAME_LABEL, set(labels)) for term in terms):
             return []
         key, need = "matchExpressions", {"key": HOSTNAME_LABEL, "operator": "In", "values": labels}
     narrowed = []
@@ -1246,6 +1250,13 @@ def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], hostnames
         return []
     return [{"op": "replace", "path": f"{base}/nodeAffinity/{REQUIRED_AFFINITY}/nodeSelectorTerms",
              "value": narrowed}]
+
+
+def _within(term: dict[str, Any], kind: str, key: str, allowed: set[str]) -> bool:
+    """Whether a term already keeps a pod within ``allowed`` by ``key`` (an ``In`` requirement naming only
+    those)."""
+    return any(r.get("key") == key and r.get("operator") == "In" and r.get("values")
+               and set(r["values"]) <= allowed for r in term.get(kind) or [])
 
 
 def narrowed(pod: PodView) -> bool:

@@ -996,3 +996,29 @@ def test_a_pass_leaves_no_reference_cycles() -> None:
                 assert gc.collect() == 0, (seed, refresh)
             finally:
                 gc.enable()
+
+
+def test_narrowing_is_idempotent_and_in_forms_the_api_server_accepts() -> None:
+    """A webhook may be called again on its own output (reinvocationPolicy: IfNeeded), a new leader may look at a
+    pod the last one narrowed: narrowing what is narrowed changes nothing. Every form passes the API server's
+    pod validation (a node field selector takes one value)."""
+    from scheduler_extender.reconcile import narrow_affinity
+    from tests.apiserver_peer.pods import affinity_errors
+    from tests.apiserver_peer.wire import json_patch
+
+    hostnames = {"n1": "h1", "n2": "h2"}
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
+    shapes: list[dict[str, Any] | None] = [None, {}, {"nodeAffinity": {}}, own]
+    for affinity in shapes:
+        for nodes in (["n1"], ["n2", "n1"]):
+            obj = {"spec": {} if affinity is None else {"affinity": copy.deepcopy(affinity)}}
+            ops = narrow_affinity(obj["spec"].get("affinity"), nodes, hostnames)
+            assert ops, (affinity, nodes)
+            once = json_patch(obj, ops)
+            assert not affinity_errors(once["spec"]), (affinity, nodes, once)
+            assert narrow_affinity(once["spec"]["affinity"], nodes, hostnames) == [], (affinity, nodes)
+            # narrowed to other nodes (a new reservation): narrowed again, never widened
+            again = narrow_affinity(once["spec"]["affinity"], ["n3"], {"n3": "h3"})
+            assert again, (affinity, nodes)
