@@ -603,15 +603,17 @@ class TokenBucket:
 
 class Scheduler:
     """kube-scheduler's loop as the extender sees it: one pod at a time from the active queue (ungated, unbound
-    pods), its own NodeAffinity PreFilter (terms naming nodes by metadata.name) and node sampling (500 of 5,000 feasible
+    pods), its own NodeAffinity PreFilter (terms naming nodes by metadata.name) and Filter (by label) and node sampling (500 of 5,000 feasible
     nodes), then filter -> prioritize in the scheduling cycle, and bind in a binding cycle that runs
     asynchronously (as kube-scheduler's does, in a goroutine per pod); a refused pod goes back to the queue.
     ``extender_binds``: the extender is a binder (accelstack); otherwise the scheduler creates the Binding. Its
     own API writes go through its client rate limit (:class:`TokenBucket`)."""
 
     def __init__(self, peer_url: str, ext_url: str, nodes: list[str], qps: float = 50, burst: int = 100,
-                 extender_binds: bool = True) -> None:
+                 extender_binds: bool = True, labels: dict[str, dict[str, str]] | None = None) -> None:
         self.peer_url, self.ext_url, self.nodes = peer_url, ext_url, nodes
+        self.labels = labels or {}  # node -> its labels, for node affinity by label
+        self._feasible: dict[str, list[str]] = {}  # a pod's required terms (JSON) -> the nodes they allow
         self.client = TokenBucket(qps, burst)
         self.extender_binds = extender_binds
         self.unschedulable: set[str] = set()  # pods whose PodScheduled=False condition was written once
@@ -627,6 +629,12 @@ class Scheduler:
         allowed = nodeaffinity.named_nodes(pod)  # NodeAffinity's PreFilter: the nodes the terms name
         if allowed is not None:
             return [n for n in self.nodes if n in allowed][:500]
+        terms = nodeaffinity.required_terms(pod)
+        if terms is not None:  # NodeAffinity's Filter over every node (the pods of a GPR share their terms)
+            key = json.dumps(terms, sort_keys=True)
+            if key not in self._feasible:
+                self._feasible[key] = [n for n in self.nodes if nodeaffinity.matches(pod, n, self.labels.get(n, {}))]
+            return self._feasible[key][:500]
         return [self.nodes[(start + k) % len(self.nodes)] for k in range(500)]
 
     async def run(self, expected: int, deadline: float) -> None:
@@ -768,6 +776,7 @@ async def e2e_run(mode: str, count: int, folder: Path, qps: float, in_flight: in
     pods, gprs = e2e_pods(mode, count)
     seed = e2e_state(mode) + gprs
     nodes = [f"node-{i:04d}" for i in range(NODES)]
+    labels = {obj["metadata"]["name"]: obj["metadata"].get("labels") or {} for path, obj in seed if path == "api/v1/nodes"}
     created: dict[str, float] = {}
     timeouts: list[str] = []
     admission = ""
@@ -795,7 +804,7 @@ async def e2e_run(mode: str, count: int, folder: Path, qps: float, in_flight: in
         cluster = Cluster(seed, folder, ["--resync", "1"], extra)
         try:
             await cluster.ready()
-            sched = Scheduler(cluster.url, f"http://127.0.0.1:{cluster.ext_port}", nodes, qps=qps)
+            sched = Scheduler(cluster.url, f"http://127.0.0.1:{cluster.ext_port}", nodes, qps=qps, labels=labels)
             started = time.monotonic()
             runner = asyncio.create_task(sched.run(count, started + 600))
             await create_pods(cluster.url, f"http://127.0.0.1:{cluster.ext_port}/mutate-pods", pods, created, timeouts,

@@ -1206,6 +1206,9 @@ def _by_name(node: str) -> dict[str, Any]:
     return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
 
 
+MAX_NAMED_TERMS = 16  # past this many nodes a reservation is named by hostname labels: one term, not one a node
+
+
 def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], hostnames: Mapping[str, str] | None = None,
                     base: str = "/spec/affinity") -> list[dict[str, Any]]:
     """JSON-patch ops that narrow a pod's required node affinity to ``nodes``, in the forms the API server
@@ -1213,14 +1216,22 @@ def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], hostnames
     keeps them, each keeping its requirements, new ones appended):
 
     - no required term yet: one term per node, ``matchFields metadata.name In [node]`` (a field selector takes one
-      value; terms are ORed). kube-scheduler's NodeAffinity PreFilter then looks at those nodes only.
+      value; terms are ORed), so that kube-scheduler's NodeAffinity PreFilter looks at those nodes only; past
+      ``MAX_NAMED_TERMS`` nodes, one term ``kubernetes.io/hostname In [...]`` with the nodes' label values from
+      ``hostnames`` when every one is known (a pod of a 100-node GPR would otherwise carry 100 terms, sent with
+      every extender call and every watch event).
     - terms already (the user's): appended to each, ``metadata.name In [node]`` for one node, else
-      ``kubernetes.io/hostname In [...]`` with the nodes' label values from ``hostnames``; when a node's label is
-      not known, nothing (the filter keeps the pod on its reservation all the same).
+      ``kubernetes.io/hostname In [...]``; when a node's label is not known, nothing (the filter keeps the pod on
+      its reservation all the same).
 
     Nothing when it is narrowed already."""
     names = sorted(set(nodes))
-    fresh = {"nodeSelectorTerms": [{"matchFields": [_by_name(n)]} for n in names]}
+    labels = sorted({(hostnames or {}).get(n, "") for n in names})
+    by_label = {"key": HOSTNAME_LABEL, "operator": "In", "values": labels}
+    if len(names) > MAX_NAMED_TERMS and "" not in labels:
+        fresh: dict[str, Any] = {"nodeSelectorTerms": [{"matchExpressions": [by_label]}]}
+    else:
+        fresh = {"nodeSelectorTerms": [{"matchFields": [_by_name(n)]} for n in names]}
     if affinity is None:
         return [{"op": "add", "path": base, "value": {"nodeAffinity": {REQUIRED_AFFINITY: fresh}}}]
     node_affinity = affinity.get("nodeAffinity")
@@ -1234,12 +1245,11 @@ def narrow_affinity(affinity: dict[str, Any] | None, nodes: list[str], hostnames
     if len(names) == 1:
         key, need = "matchFields", _by_name(names[0])
     else:
-        labels = sorted({(hostnames or {}).get(n, "") for n in names})
         if "" in labels:
             return []
         if all(_within(term, "matchExpressions", HOSTNAME_LABEL, set(labels)) for term in terms):
             return []
-        key, need = "matchExpressions", {"key": HOSTNAME_LABEL, "operator": "In", "values": labels}
+        key, need = "matchExpressions", by_label
     narrowed = []
     for term in terms:
         requirements = list(term.get(key) or [])

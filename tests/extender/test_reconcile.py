@@ -1006,13 +1006,13 @@ def test_narrowing_is_idempotent_and_in_forms_the_api_server_accepts() -> None:
     from tests.apiserver_peer.pods import affinity_errors
     from tests.apiserver_peer.wire import json_patch
 
-    hostnames = {"n1": "h1", "n2": "h2"}
+    hostnames = {f"n{i}": f"h{i}" for i in range(1, 41)}
     own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
     shapes: list[dict[str, Any] | None] = [None, {}, {"nodeAffinity": {}}, own]
     for affinity in shapes:
-        for nodes in (["n1"], ["n2", "n1"]):
+        for nodes in (["n1"], ["n2", "n1"], [f"n{i}" for i in range(1, 41)]):
             obj = {"spec": {} if affinity is None else {"affinity": copy.deepcopy(affinity)}}
             ops = narrow_affinity(obj["spec"].get("affinity"), nodes, hostnames)
             assert ops, (affinity, nodes)
@@ -1022,3 +1022,22 @@ def test_narrowing_is_idempotent_and_in_forms_the_api_server_accepts() -> None:
             # narrowed to other nodes (a new reservation): narrowed again, never widened
             again = narrow_affinity(once["spec"]["affinity"], ["n3"], {"n3": "h3"})
             assert again, (affinity, nodes)
+
+
+def test_a_large_reservation_is_named_by_hostname_labels_in_one_term() -> None:
+    from scheduler_extender.reconcile import MAX_NAMED_TERMS, narrow_affinity
+
+    many = [f"n{i:03d}" for i in range(MAX_NAMED_TERMS + 1)]
+    hostnames = {n: f"host-{n}" for n in many}
+    (op,) = narrow_affinity(None, many, hostnames)
+    assert op["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                               "values": sorted(hostnames.values())}]}]
+    # a label not known: a term per node, which names them exactly
+    (op,) = narrow_affinity(None, many, {n: h for n, h in hostnames.items() if n != "n000"})
+    terms = op["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in many]
+    # a small one: a term per node (kube-scheduler's PreFilter then looks at those nodes only)
+    (op,) = narrow_affinity(None, many[:MAX_NAMED_TERMS], hostnames)
+    assert len(op["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]) == MAX_NAMED_TERMS

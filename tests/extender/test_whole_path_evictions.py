@@ -190,10 +190,14 @@ def stuck(peer: APIServerPeer) -> str:
     return "\n".join(lines[:60])
 
 
-async def until(peer: APIServerPeer, predicate: Any, timeout: float) -> None:
+async def until(peer: APIServerPeer, wants: dict[str, int], predicate: Any, timeout: float) -> None:
     try:
         await wait_until(predicate, timeout)
     except TimeoutError:
+        try:  # an invariant broken on the way says more than where it got stuck
+            check_history(peer, wants)
+        except AssertionError as broken:
+            raise AssertionError(f"not reached in {timeout:g}s; on the way: {broken}\n{stuck(peer)}") from None
         raise AssertionError(f"not reached in {timeout:g}s:\n{stuck(peer)}") from None
 
 
@@ -242,7 +246,7 @@ async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_
             tasks += [asyncio.create_task(scheduler.run(http, stop)), asyncio.create_task(kubelet(peer, rng, stop)),
                       asyncio.create_task(job_controller(peer, wants, stop)),
                       asyncio.create_task(break_watches(peer, rng, stop))]
-            await until(peer, lambda: all(running_pod(peer, f"low{g}") for g in range(LOW)), 60)
+            await until(peer, wants, lambda: all(running_pod(peer, f"low{g}") for g in range(LOW)), 60)
             tasks.append(asyncio.create_task(budgets(peer, rng, stop)))
             for h in range(HIGH):
                 devices, count = rng.choice([(4, 1), (2, 2), (4, 2)])
@@ -251,14 +255,14 @@ async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_
                 for k in range(count):
                     wants[f"hi{h}-{k}"] = devices
                     await peer.put_object(PODS, pod(f"hi{h}-{k}", devices, gpr=f"hi{h}", gated=True))
-            await until(peer, lambda: sum(phase(peer, f"hi{h}") in ("Running", "Complete") for h in range(HIGH)) >= 2,
+            await until(peer, wants, lambda: sum(phase(peer, f"hi{h}") in ("Running", "Complete") for h in range(HIGH)) >= 2,
                         60)
             leader = a if a.service is not None and a.service.elector.leading.is_set() else b
             assert leader.service is not None
             with peer.inject(None, "leases", verb="update", status=500):
                 await wait_until(lambda: not leader.service.elector.leading.is_set(), timeout=10)  # type: ignore[union-attr]
-            await until(peer, lambda: all(phase(peer, f"hi{h}") == "Complete" for h in range(HIGH)), 90)
-            await until(peer, lambda: all(running_pod(peer, f"low{g}") for g in range(LOW)), 90)
+            await until(peer, wants, lambda: all(phase(peer, f"hi{h}") == "Complete" for h in range(HIGH)), 90)
+            await until(peer, wants, lambda: all(running_pod(peer, f"low{g}") for g in range(LOW)), 90)
             stop.set()
             await asyncio.gather(*tasks)
         peer.clear_faults()
