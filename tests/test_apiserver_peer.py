@@ -595,10 +595,10 @@ async def test_validating_webhooks_judge_creates_and_updates_as_the_api_server_c
         seen.append(req)
         if req["object"]["metadata"]["name"] == "slow":
             await hang.wait()
-        allowed = req["object"]["spec"]["priority"] <= 500
+        allowed = req["object"]["spec"]["priority"] <= 250  # the CRD allows up to 300: this webhook is stricter
         answer: dict[str, Any] = {"uid": req["uid"], "allowed": allowed}
         if not allowed:
-            answer["status"] = {"code": 422, "reason": "Invalid", "message": "spec.priority: at most 500"}
+            answer["status"] = {"code": 422, "reason": "Invalid", "message": "spec.priority: at most 250"}
         return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                   "response": answer})
 
@@ -612,22 +612,22 @@ async def test_validating_webhooks_judge_creates_and_updates_as_the_api_server_c
         assert (req["operation"], req["kind"]["kind"], req["resource"]["resource"], req["namespace"], req["name"],
                 req["oldObject"], req["userInfo"]["username"]) == (
             "CREATE", "GPUProvisioningRequest", "gpuprovisioningrequests", "ml", "ok", None, "system:anonymous")
-        async with http.post(peer.url + GPR_URL, json=gpr("greedy", priority=900)) as r:
+        async with http.post(peer.url + GPR_URL, json=gpr("greedy", priority=280)) as r:
             body = await r.json()
             assert r.status == 422, body
         assert body["reason"] == "Invalid"
-        assert body["message"] == 'admission webhook "gprs.example.io" denied the request: spec.priority: at most 500'
+        assert body["message"] == 'admission webhook "gprs.example.io" denied the request: spec.priority: at most 250'
         assert peer.get(GPRS, "ml", "greedy") is None
         # an update: judged with the old object beside it; refused, nothing changes
-        async with http.patch(f"{peer.url}{GPR_URL}/ok", json={"spec": {"priority": 900}},
+        async with http.patch(f"{peer.url}{GPR_URL}/ok", json={"spec": {"priority": 280}},
                               headers={"Content-Type": "application/merge-patch+json"}) as r:
             assert r.status == 422
         assert seen[-1]["operation"] == "UPDATE" and seen[-1]["oldObject"]["spec"]["priority"] == 100
         assert peer.get(GPRS, "ml", "ok")["spec"]["priority"] == 100  # type: ignore[index]
-        async with http.patch(f"{peer.url}{GPR_URL}/ok", json={"spec": {"priority": 300}},
+        async with http.patch(f"{peer.url}{GPR_URL}/ok", json={"spec": {"priority": 200}},
                               headers={"Content-Type": "application/merge-patch+json"}) as r:
             assert r.status == 200
-        assert peer.get(GPRS, "ml", "ok")["spec"]["priority"] == 300  # type: ignore[index]
+        assert peer.get(GPRS, "ml", "ok")["spec"]["priority"] == 200  # type: ignore[index]
         calls = hook.calls
         async with http.put(f"{peer.url}{GPR_URL}/ok/status",  # a status write is not judged
                             json={**peer.get(GPRS, "ml", "ok"), "status": {"phase": "Queued"}}) as r:  # type: ignore[dict-item]

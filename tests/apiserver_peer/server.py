@@ -19,6 +19,7 @@ from tests.apiserver_peer.admission import Admission
 from tests.apiserver_peer.faults import WATCH_ERROR_REASONS, Fault, RequestInfo, RequestRecord, matches
 from tests.apiserver_peer.pods import validate_create, validate_update
 from tests.apiserver_peer.reads import Pulse, Reads
+from tests.apiserver_peer.schemas import CustomSchemas, warning_header
 from tests.apiserver_peer.wire import (
     REASONS,
     TRUE,
@@ -38,7 +39,8 @@ from tests.apiserver_peer.wire import (
 CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses"}
 # Resources whose status is written only through /status: their main endpoint keeps the stored status.
 STATUS_SUBRESOURCES = {"pods", "nodes", "namespaces", "jobs", "deployments", "replicasets", "statefulsets",
-                       "daemonsets", "poddisruptionbudgets", "gpuprovisioningrequests"}
+                       "daemonsets", "poddisruptionbudgets", "gpuprovisioningrequests", "workspaces",
+                       "inferenceendpoints"}
 KINDS = {"pods": "Pod", "nodes": "Node", "namespaces": "Namespace", "leases": "Lease", "events": "Event",
          "gpuprovisioningrequests": "GPUProvisioningRequest", "jobs": "Job", "configmaps": "ConfigMap",
          "priorityclasses": "PriorityClass", "poddisruptionbudgets": "PodDisruptionBudget"}
@@ -91,6 +93,9 @@ class APIServerPeer(Reads):
         # DELETE or an eviction sets deletionTimestamp and deletionGracePeriodSeconds (MODIFIED) and the pod goes
         # (DELETED) this many seconds later, as its kubelet confirms. None: at once (unbound pods always are).
         self.pod_grace: float | None = None
+        # accelstack's CRDs (manifests/crds): custom resources pruned, defaulted and validated as the API server
+        # does with their schemas and CEL rules
+        self.schemas = CustomSchemas()
         self._terminating: set[asyncio.Task[None]] = set()
         self.kinds = dict(KINDS)  # plural -> Kind, for BOOKMARK objects and messages
         self.runner: web.AppRunner | None = None
@@ -465,14 +470,15 @@ class APIServerPeer(Reads):
         self._manage(request, obj, "Apply" if name else "Update", "", sent)
         if resource == "api/v1/pods":
             validate_create(obj)
+        warnings = self.schemas.admit(resource, obj, None, "", field_validation=self._field_validation(request))
         await self._admit(request, resource, "CREATE", obj, None, dry)
         if (resource, namespace, meta["name"]) in self.objects:  # created while the webhooks judged this one
             raise Refused(409, f'{qualified(resource)} "{meta["name"]}" already exists', "AlreadyExists",
                           {"name": meta["name"], "kind": plural_of(resource)})
         if dry:
             meta.setdefault("uid", str(uuid.uuid4()))
-            return web.json_response(obj, status=201)
-        return web.json_response(await self.put_object(resource, obj), status=201)
+            return self._answer(obj, warnings, 201)
+        return self._answer(await self.put_object(resource, obj), warnings, 201)
 
     async def _update(self, request: web.Request, resource: str, current: dict[str, Any], new: dict[str, Any],
                       sub: str, operation: str, sent: Any, dry: bool) -> web.Response:
@@ -500,6 +506,8 @@ class APIServerPeer(Reads):
                 new["status"] = current["status"]
             else:
                 new.pop("status", None)
+        warnings = self.schemas.admit(resource, new, current, sub, field_validation=self._field_validation(request))
+        meta = new["metadata"]
         generation = cur_meta.get("generation")
         if generation is not None:
             meta["generation"] = generation + 1 if _spec(new) != _spec(current) else generation
@@ -517,12 +525,24 @@ class APIServerPeer(Reads):
             if self.objects.get(key) is not current:
                 raise _Changed
         if dry:
-            return web.json_response(new)
+            return self._answer(new, warnings)
         if cur_meta.get("deletionTimestamp") and not meta.get("finalizers"):
             stored = await self.put_object(resource, new, "MODIFIED")
             await self.delete_object(resource, cur_meta.get("namespace", ""), cur_meta["name"])
-            return web.json_response(stored)
-        return web.json_response(await self.put_object(resource, new, "MODIFIED"))
+            return self._answer(stored, warnings)
+        return self._answer(await self.put_object(resource, new, "MODIFIED"), warnings)
+
+    @staticmethod
+    def _field_validation(request: web.Request) -> str:
+        return request.query.get("fieldValidation", "Warn")
+
+    @staticmethod
+    def _answer(obj: dict[str, Any], warnings: list[str], code: int = 200) -> web.Response:
+        """The stored object, with the API server's ``Warning`` headers (unknown fields pruned)."""
+        response = web.json_response(obj, status=code)
+        for text in warnings:
+            response.headers.add("Warning", warning_header(text))
+        return response
 
     async def _admit(self, request: web.Request, resource: str, operation: str, obj: dict[str, Any],
                      old: dict[str, Any] | None, dry: bool) -> None:

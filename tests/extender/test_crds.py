@@ -1,18 +1,15 @@
 """The CRDs' schemas, checked the way the API server applies them: structural-schema rules, defaulting, the
 OpenAPI v3 schema as JSON Schema (jsonschema, strict field validation: unknown fields are errors) and the CEL
-rules (cel-python, with ``oldSelf`` for transition rules on update). The examples pass; broken objects fail;
-and the CRD and ``gpr_resource.from_object`` agree on every case."""
+rules (cel-python, with ``oldSelf`` for transition rules on update), with the pieces of tests/crd_schema.py that
+the API-server peer applies to every write too. The examples pass; broken objects fail; and the CRD and
+``gpr_resource.from_object`` agree on every case."""
 
 from __future__ import annotations
 
 import copy
-import re
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import celpy
-import jsonschema
 import pytest
 import yaml
 
@@ -33,6 +30,7 @@ from scheduler_extender.gpr_resource import (
     template_spec,
 )
 from scheduler_extender.webhook import cluster_refusal
+from tests.crd_schema import CEL, apply_defaults, cel_failures, structural_problems, validator
 
 ROOT = Path(__file__).resolve().parents[2] / "manifests"
 NOW = 1_796_018_400.0
@@ -47,118 +45,16 @@ def schema_of(plural: str) -> dict[str, Any]:
     return version["schema"]["openAPIV3Schema"]
 
 
-# ---- the API server's pipeline, in small --------------------------------------------------------------------
-def structural_problems(node: dict[str, Any], path: str = "") -> list[str]:
-    """The rules of a structural schema (apiextensions 'Specifying a structural schema') that matter here."""
-    problems = []
-    if "type" not in node and not node.get("x-kubernetes-int-or-string") \
-            and not node.get("x-kubernetes-preserve-unknown-fields"):
-        problems.append(f"{path or '/'}: no type")
-    if "properties" in node and node.get("type") != "object":
-        problems.append(f"{path}: properties on a non-object")
-    if "properties" in node and "additionalProperties" in node:
-        problems.append(f"{path}: properties and additionalProperties")
-    if node.get("type") == "array" and "items" not in node:
-        problems.append(f"{path}: array without items")
-    if node.get("x-kubernetes-list-type") == "map":
-        keys = node.get("x-kubernetes-list-map-keys") or []
-        if not keys or any(k not in node["items"].get("required", []) for k in keys):
-            problems.append(f"{path}: map list keys must be required")
-    if "default" in node:
-        errors = list(validator(node).iter_errors(node["default"]))
-        if errors:
-            problems.append(f"{path or '/'}: default does not validate: {errors[0].message}")
-    for key, child in (node.get("properties") or {}).items():
-        problems += structural_problems(child, f"{path}.{key}")
-    if isinstance(node.get("items"), dict):
-        problems += structural_problems(node["items"], f"{path}[]")
-    return problems
-
-
-def as_json_schema(node: dict[str, Any]) -> dict[str, Any]:
-    """OpenAPI v3 (Kubernetes subset) -> JSON Schema draft 4: drop the x-kubernetes-* extensions; objects with
-    properties refuse other fields (strict field validation); sets are unique."""
-    out = {k: v for k, v in node.items() if not k.startswith("x-kubernetes-") and k not in ("properties", "items")}
-    if "properties" in node:
-        out["properties"] = {k: as_json_schema(v) for k, v in node["properties"].items()}
-        if not node.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-    if isinstance(node.get("items"), dict):
-        out["items"] = as_json_schema(node["items"])
-    if node.get("x-kubernetes-list-type") == "set":
-        out["uniqueItems"] = True
-    return out
-
-
-FORMATS = jsonschema.FormatChecker(formats=())
-
-
-@FORMATS.checks("date-time", raises=ValueError)
-def _date_time(value: object) -> bool:
-    if not isinstance(value, str):
-        return True
-    if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", value):
-        raise ValueError(f"{value!r} is not RFC 3339")
-    datetime.fromisoformat(value)
-    return True
-
-
-@FORMATS.checks("int32")
-def _int32(value: object) -> bool:
-    return not isinstance(value, int) or -(2**31) <= value < 2**31
-
-
-@FORMATS.checks("int64")
-def _int64(value: object) -> bool:
-    return not isinstance(value, int) or -(2**63) <= value < 2**63
-
-
-def validator(node: dict[str, Any]) -> jsonschema.Draft4Validator:
-    schema = as_json_schema(node)
-    jsonschema.Draft4Validator.check_schema(schema)
-    return jsonschema.Draft4Validator(schema, format_checker=FORMATS)
-
-
-def apply_defaults(node: dict[str, Any], value: Any) -> Any:
-    """Defaulting as the API server does it: absent properties with a default get it, then recurse."""
-    if isinstance(value, dict) and "properties" in node:
-        for key, child in node["properties"].items():
-            if key not in value and "default" in child:
-                value[key] = copy.deepcopy(child["default"])
-            if key in value:
-                value[key] = apply_defaults(child, value[key])
-    elif isinstance(value, list) and isinstance(node.get("items"), dict):
-        return [apply_defaults(node["items"], v) for v in value]
-    return value
-
-
-CEL = celpy.Environment()
-
-
+# ---- the API server's pipeline, in small (tests/crd_schema.py, which the API-server peer applies too) ----------
 def cel_errors(node: dict[str, Any], value: Any, old: Any, path: str) -> list[str]:
+    """The rules that do not hold, as ``<path><fieldPath>: <message>`` (an evaluation error adds its text)."""
     errors = []
-    for rule in node.get("x-kubernetes-validations", []):
-        transition = "oldSelf" in rule["rule"]
-        if transition and old is None:
-            continue  # transition rules run on update only, when there is an old value
-        activation = {"self": celpy.json_to_cel(value)}
-        if transition:
-            activation["oldSelf"] = celpy.json_to_cel(old)
-        try:
-            ok = bool(CEL.program(CEL.compile(rule["rule"])).evaluate(activation))
-        except celpy.CELEvalError as exc:  # e.g. an unparsable duration: the API server reports it too
-            ok = False
-            rule = {**rule, "message": f"{rule.get('message', rule['rule'])} ({exc.args[0]})"}
-        if not ok:
-            errors.append(f"{path + rule.get('fieldPath', '')}: {rule.get('message', rule['rule'])}")
-    if isinstance(value, dict):
-        for key, child in (node.get("properties") or {}).items():
-            if key in value:
-                old_child = old.get(key) if isinstance(old, dict) else None
-                errors += cel_errors(child, value[key], old_child, f"{path}.{key}")
-    elif isinstance(value, list) and isinstance(node.get("items"), dict):
-        for i, item in enumerate(value):
-            errors += cel_errors(node["items"], item, None, f"{path}[{i}]")
+    for failure in cel_failures(node, value, old):
+        message = failure.rule.get("message", failure.rule["rule"])
+        if failure.error is not None:
+            message = f"{message} ({failure.error})"
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in failure.path)
+        errors.append(f"{path}{where}{failure.rule.get('fieldPath', '')}: {message}")
     return errors
 
 
