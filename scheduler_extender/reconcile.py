@@ -758,7 +758,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             g.last_active_at = _last_active(g, pods_of.get(key, ()), now)
             placement = base.adopted.get(key)
             if placement is None:
-                plan.events += [(uid, e) for e in _node_lost(sched, g, now)]
+                ran = any(p.live and p.node for p in pods_of.get(key, ()))
+                plan.events += [(uid, e) for e in _node_lost(sched, g, now, ran)]
                 continue
             (leaving if stamped or g.phase is Phase.EVICTING else keeping).append((g, placement))
             continue
@@ -916,16 +917,25 @@ def _last_active(g: GPR, pods: Any, now: float) -> float:
     return since
 
 
-def _node_lost(sched: Scheduler, g: GPR, now: float) -> list[Event]:
-    """An allocated GPR whose reserved node left or shrank: a failure (requeued with backoff while retries are
-    left, as the core does for a failed device)."""
-    g.failures += 1
+def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[Event]:
+    """An allocated GPR whose recorded reservation no longer fits: a reserved node left or shrank, or another
+    stored reservation claims the same devices (a status write that landed after its writer gave up on it, while
+    the next pass gave the nodes to another GPR). With a pod of it bound, that is a failure (requeued with backoff
+    while retries are left, as the core does for a failed device); with none, nothing of it ran and nothing
+    failed: it is requeued as it is."""
     g.history = []
     if g.phase is Phase.EVICTING:  # it was leaving anyway: back to the queue
+        g.failures += 1
         g.phase, g.reason = Phase.QUEUED, "Requeued after eviction"
         sched.submit(g, now)
         g.reason = "Requeued after eviction"
         return [Event(now, "requeued", g.name, "node lost while evicting")]
+    if not ran:
+        g.phase = Phase.QUEUED
+        sched.submit(g, now)
+        g.reason = "Requeued: its reservation no longer fits (NodeLost) and no pod of it had started"
+        return [Event(now, "requeued", g.name, "reservation lost before any pod started")]
+    g.failures += 1
     if g.requeue_on_failure and g.failures <= g.retry_limit:
         delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
         sched.submit(g, now, now + delay)

@@ -1041,3 +1041,37 @@ def test_a_large_reservation_is_named_by_hostname_labels_in_one_term() -> None:
     (op,) = narrow_affinity(None, many[:MAX_NAMED_TERMS], hostnames)
     assert len(op["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]) == MAX_NAMED_TERMS
+
+
+def _overlap(later_pod_running: bool) -> Plan:
+    """Two GPRs whose stored statuses both reserve all of n0 (a status write that landed after its writer gave
+    up, while the next pass gave the node to another GPR)."""
+    nodes = {"n0": node_view(node("n0", gpus=4), (GPU,)), "n1": node_view(node("n1", gpus=4), (GPU,))}
+    gprs = {}
+    for i, name in enumerate(("first", "second")):
+        obj = gpr(name, phase="Admitted", devices=4, reservation={"n0": 4}, exitDuration="1h")
+        obj["metadata"].update(uid=f"u-{name}", resourceVersion=str(i + 1),
+                               creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        obj["status"]["admittedAt"] = rfc3339(time.time() - 30)
+        gprs[f"u-{name}"] = obj
+    pods = {}
+    if later_pod_running:
+        view = pod_view(pod("second-0", 4, gpr="second", uid="p-second", node_name="n0", phase="Running"), (GPU,))
+        assert view is not None
+        pods[view.uid] = view
+    return plan_pass(Snapshot(time.time(), nodes, pods, gprs), PassConfig(), PassCache())
+
+
+def test_a_reservation_that_no_longer_fits_fails_only_a_gpr_that_ran_there() -> None:
+    plan = _overlap(later_pod_running=False)
+    written = {w.key: w.status for w in plan.writes}
+    # the later one never ran: requeued as it is, no failure, and placed again where there is room (n1)
+    assert written["default/second"]["phase"] == "Admitted"
+    assert written["default/second"]["reservation"] == [{"node": "n1", "devices": 4}]
+    assert not written["default/second"].get("failures")
+    assert "default/first" not in written or written["default/first"]["reservation"] == [{"node": "n0", "devices": 4}]
+    # its pod ran on the devices it had: that is a failure (the default: no requeue)
+    plan = _overlap(later_pod_running=True)
+    written = {w.key: w.status for w in plan.writes}
+    assert written["default/second"]["phase"] == "Failed" and written["default/second"]["failures"] == 1
+    assert written["default/second"]["reason"] == "NodeLost"
