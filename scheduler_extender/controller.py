@@ -244,37 +244,52 @@ class GPRController:
             news.sort(key=lambda w: _position(w.status))
         return [w for w in writes if not w.queue_only] + news[:take]
 
-    def _reserves(self, write: StatusWrite) -> tuple[bool, bool]:
-        """(whether the write gives the GPR nodes its stored status does not hold, whether it takes back nodes
-        the stored status holds)."""
+    def _reserves(self, write: StatusWrite) -> tuple[set[str], set[str]]:
+        """(the nodes the write gives the GPR beyond what its stored status holds, the nodes whose devices it takes
+        back from the stored status)."""
         obj = self.objects.get(write.uid)
         stored = gr.reservation_of(obj) if obj is not None and gr.phase_of(obj) in gr.ALLOCATED_PHASES else {}
         new: dict[str, int] = {}
         if write.status.get("phase") in gr.ALLOCATED_PHASES:
             for r in write.status.get("reservation") or ():
                 new[r["node"]] = new.get(r["node"], 0) + int(r.get("devices") or 0)
-        takes = any(count > stored.get(node, 0) for node, count in new.items())
-        frees = any(count > new.get(node, 0) for node, count in stored.items())
+        takes = {node for node, count in new.items() if count > stored.get(node, 0)}
+        frees = {node for node, count in stored.items() if count > new.get(node, 0)}
         return takes, frees
 
     async def _write_all(self, writes: list[StatusWrite]) -> set[str]:
-        """Store the pass's statuses; the UIDs written. A pass may free nodes (a GPR finished, failed or was
-        requeued) and give them to another GPR at once. Stored the other way round, or with the first write
-        failing while the second lands, the API objects would say both hold the nodes, and the next pass (this
-        replica's or a new leader's, both built from those objects) would have to judge one of them lost. So the
-        writes that free nodes go first, and those that reserve nodes only once all of them are stored (else the
-        next pass plans them again); the rest (most of them: first statuses, queue positions) do not wait."""
-        kinds = [self._reserves(w) for w in writes]  # judged against the stored statuses, before any write
-        first = [w for w, (takes, frees) in zip(writes, kinds, strict=True) if frees and not takes]
-        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in first)
-        written = {w.uid for w, ok in zip(first, results, strict=True) if ok}
-        freed = all(results)
-        rest = [w for w, (takes, frees) in zip(writes, kinds, strict=True)
-                if not (frees and not takes) and (freed or not takes)]
-        if not freed:
-            self.metrics.actions.labels("status", "deferred").inc(len(writes) - len(first) - len(rest))
-        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in rest)
-        return written | {w.uid for w, ok in zip(rest, results, strict=True) if ok}
+        """Store the pass's statuses; the UIDs written. A pass may free nodes (a GPR finished, failed, was
+        requeued or moved) and give them to another GPR at once. Stored the other way round, or with the freeing
+        write failing while the taking one lands, the API objects would say both hold the nodes, and the next pass
+        (this replica's or a new leader's, both built from those objects) would have to judge one of them lost. So
+        a write that gives a GPR a node waits until every write of the pass that frees that node is stored (a
+        move, freeing some nodes and taking others, is both), and waits for the next pass if one of them failed;
+        the rest (most of them: first statuses, queue positions) do not wait. Writes that wait only on each other
+        (two GPRs swapping nodes) go one at a time: a failure among them leaves a conflict the next pass resolves
+        (the later GPR requeued, see reconcile's NodeLost)."""
+        kinds = {w.uid: self._reserves(w) for w in writes}  # judged against the stored statuses, before any write
+        moving = [w for w in writes if kinds[w.uid][0] or kinds[w.uid][1]]
+        plain = [w for w in writes if not (kinds[w.uid][0] or kinds[w.uid][1])]
+        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in plain)
+        written = {w.uid for w, ok in zip(plain, results, strict=True) if ok}
+        pending, failed = list(moving), list[StatusWrite]()
+        while pending:
+            unfreed = {node for w in [*pending, *failed] for node in kinds[w.uid][1]}
+            ready = [w for w in pending if not kinds[w.uid][0] & (unfreed - kinds[w.uid][1])]
+            if not ready:
+                if any(kinds[w.uid][0] & {n for f in failed for n in kinds[f.uid][1]} for w in pending):
+                    break  # they wait on a free that failed: the next pass plans them again
+                ready = pending[:1]  # only on each other (a swap): one at a time
+            results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in ready)
+            for w, ok in zip(ready, results, strict=True):
+                pending.remove(w)
+                if ok:
+                    written.add(w.uid)
+                else:
+                    failed.append(w)
+        if pending:
+            self.metrics.actions.labels("status", "deferred").inc(len(pending))
+        return written
 
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
         written = await self._write_all(self.paced(plan.writes))

@@ -410,3 +410,36 @@ async def test_a_new_leader_reads_the_gprs_afresh_before_its_first_pass() -> Non
         await term
         await api.close()
         await peer.stop()
+
+
+async def test_a_gpr_moving_nodes_frees_them_before_another_is_given_them() -> None:
+    """One pass requeues an Evicting GPR whose pods are gone and places it elsewhere (its write frees n0 and takes
+    n1) and gives n0 to another GPR. Were the second write stored while the first failed, the stored statuses
+    would reserve n0 twice; it waits until the move is stored."""
+    peer = APIServerPeer()
+    await peer.start()
+    await peer.put_object(NODES, node("n0", gpus=4, labels={"nvidia.com/gpu.product": "H100"}))
+    await peer.put_object(NODES, node("n1", gpus=4, labels={"nvidia.com/gpu.product": "A100"}))
+    mover = gpr("mover", phase="Evicting", reservation={"n0": 4}, devices=4, priority=50, exitDuration="1h")
+    mover["status"].update(evictions=1, admittedAt="2026-12-02T00:00:00Z")
+    await peer.put_object(GPRS, mover)
+    await peer.put_object(GPRS, gpr("hi", phase=None, devices=4, priority=250, models=["H100"]))
+    fault = peer.inject("PUT", "gpuprovisioningrequests", name="mover", subresource="status", status=500)
+    async with stack(peer, **FAST):
+        await wait_until(lambda: fault.hits >= 3)  # the move was tried, pass after pass, and failed
+        assert status(peer, "mover")["phase"] == "Evicting"
+        assert status(peer, "hi").get("phase") != "Admitted"  # n0 is not given while the mover's status holds it
+        fault.remove()
+        await wait_until(lambda: status(peer, "hi").get("phase") == "Admitted")
+        assert status(peer, "hi")["reservedNodes"] == ["n0"]
+        assert status(peer, "mover")["phase"] == "Admitted" and status(peer, "mover")["reservedNodes"] == ["n1"]
+    # never, in the API server's history, were n0's devices reserved twice
+    holding: dict[str, dict[str, int]] = {}
+    for _, resource, kind, obj in peer.events:
+        if resource == GPRS and kind != "DELETED":
+            st = obj.get("status") or {}
+            holding[obj["metadata"]["name"]] = ({r["node"]: r["devices"] for r in st.get("reservation") or []}
+                                                if st.get("phase") in ("Admitted", "Running", "Evicting") else {})
+            on_n0 = sum(h.get("n0", 0) for h in holding.values())
+            assert on_n0 <= 4, holding
+    await peer.stop()
