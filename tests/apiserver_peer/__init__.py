@@ -17,6 +17,10 @@ Protocol
   validation a real server applies to accelstack's writes (``tests/apiserver_peer/pods.py``): node field
   selectors take one value; spec updates only where Kubernetes allows them (while gated: node affinity
   narrowing, KEP-3838); 422 ``Invalid`` with the real field paths;
+- custom resources of accelstack's CRDs (``manifests/crds``, ``tests/apiserver_peer/schemas.py``): unknown
+  fields pruned (a ``Warning`` header each; ``fieldValidation=Strict``: 400), schema defaults applied, the
+  OpenAPI schema and CEL rules (``oldSelf`` on updates) judged on creates, updates, patches and ``/status``
+  writes: 422 ``Invalid`` with the API server's words. ``peer.schemas = None`` stores them as sent;
 - errors are ``Status`` objects with the real ``reason`` and ``code``;
 - GET; list with ``labelSelector``/``fieldSelector`` equality terms, ``limit`` + ``continue`` (pages of one
   snapshot, ``metadata.continue`` and ``remainingItemCount``; a token answers 410 ``Expired`` after
