@@ -181,17 +181,30 @@ async def test_an_admitted_gpr_whose_pods_never_start_ends_at_its_idle_timeout()
     await peer.stop()
 
 
+OWN_TERMS = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
+
+
+async def relabel(peer: APIServerPeer, hostnames: dict[str, str | None]) -> None:
+    """Set (or, with None, remove) the nodes' kubernetes.io/hostname labels."""
+    for n, hostname in hostnames.items():
+        obj = copy.deepcopy(peer.get(NODES, "", n))
+        assert obj is not None
+        labels = obj["metadata"]["labels"]
+        if hostname is None:
+            labels.pop("kubernetes.io/hostname", None)
+        else:
+            labels["kubernetes.io/hostname"] = hostname
+        await peer.put_object(NODES, obj, "MODIFIED")
+
+
 async def test_ungating_narrows_the_pod_to_its_reserved_nodes_after_the_status_is_written() -> None:
     peer = APIServerPeer()
     await peer.start()
     await seed_nodes(peer, 3)
-    for n in ("n0", "n1", "n2"):  # a hostname label need not be the node's name (cloud nodes)
-        obj = copy.deepcopy(peer.get(NODES, "", n))
-        assert obj is not None
-        obj["metadata"]["labels"]["kubernetes.io/hostname"] = f"ip-10-0-0-{n[1:]}"
-        await peer.put_object(NODES, obj, "MODIFIED")
-    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
+    # a hostname label need not be the node's name (cloud nodes)
+    await relabel(peer, {n: f"ip-10-0-0-{n[1:]}" for n in ("n0", "n1", "n2")})
+    own = copy.deepcopy(OWN_TERMS)
     p = pod("w-0", 2, gpr="w", gated=True)
     p["spec"]["affinity"] = own
     await peer.put_object(PODS, p)
@@ -228,14 +241,8 @@ async def test_a_pod_of_its_own_terms_on_nodes_without_a_hostname_label_is_ungat
     peer = APIServerPeer()
     await peer.start()
     await seed_nodes(peer, 2)
-    for n in ("n0", "n1"):
-        obj = peer.get(NODES, "", n)
-        assert obj is not None
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["labels"].pop("kubernetes.io/hostname", None)
-        await peer.put_object(NODES, obj, "MODIFIED")
-    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
+    await relabel(peer, {"n0": None, "n1": None})
+    own = copy.deepcopy(OWN_TERMS)
     p = pod("w-0", 2, gpr="w", gated=True)
     p["spec"]["affinity"] = own
     await peer.put_object(PODS, p)

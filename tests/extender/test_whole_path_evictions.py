@@ -33,7 +33,14 @@ import pytest
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, wait_until
 from tests.extender.test_controller import GPRS, set_phase
-from tests.extender.test_whole_path_faults import PODS, Scheduler, break_watches, misbehave, replica
+from tests.extender.test_whole_path_faults import (
+    PODS,
+    Scheduler,
+    break_watches,
+    misbehave,
+    replica,
+    wind_down,
+)
 
 NODES_PATH = "api/v1/nodes"
 NODES, GPUS = 8, 4
@@ -277,9 +284,4 @@ async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_
         assert scheduler.failed == []
         assert peer.count("POST", "pods", subresource="eviction") > 0
     finally:
-        stop.set()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        peer.clear_faults()
-        await peer.stop()
+        await wind_down(peer, stop, tasks)

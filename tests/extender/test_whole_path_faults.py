@@ -65,6 +65,16 @@ async def replica(peer: APIServerPeer, identity: str) -> AsyncIterator[ExtenderS
         await api.close()
 
 
+async def wind_down(peer: APIServerPeer, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    """End the stand-ins, lift the faults, stop the peer."""
+    stop.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    peer.clear_faults()
+    await peer.stop()
+
+
 def misbehave(peer: APIServerPeer, rng: random.Random) -> list[Fault]:
     """A share of every kind of call the stack makes fails, all through the run: each fault takes one in
     ``n`` of the calls it matches (that reach it), at a random phase, so every one of them is met."""
@@ -333,9 +343,4 @@ async def test_the_whole_path_holds_while_the_api_server_misbehaves() -> None:
         assert scheduler.failed == []  # every refusal said why in the Error field, with HTTP 200
         assert all(f.hits for f in faults), [f for f in faults if not f.hits]  # every fault was met
     finally:
-        stop.set()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        peer.clear_faults()
-        await peer.stop()
+        await wind_down(peer, stop, tasks)
