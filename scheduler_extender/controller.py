@@ -218,10 +218,12 @@ class GPRController:
         self.last_plan = plan
         return plan
 
-    async def _bounded(self, jobs: Iterable[Callable[[], Awaitable[Any]]]) -> list[Any]:
-        """Each job's result, in order, at most ``concurrency`` running at once. A job is started (its coroutine
-        made) only at its turn, so a batch cancelled midway (leadership lost, shutdown) leaves none unawaited."""
-        gate = asyncio.Semaphore(self.concurrency)
+    async def _bounded(self, jobs: Iterable[Callable[[], Awaitable[Any]]],
+                       gate: asyncio.Semaphore | None = None) -> list[Any]:
+        """Each job's result, in order, at most ``concurrency`` running at once (or as many as a ``gate`` shared
+        with other batches lets through). A job is started (its coroutine made) only at its turn, so a batch
+        cancelled midway (leadership lost, shutdown) leaves none unawaited."""
+        gate = gate or asyncio.Semaphore(self.concurrency)
 
         async def one(job: Callable[[], Awaitable[Any]]) -> Any:
             async with gate:
@@ -270,25 +272,33 @@ class GPRController:
         kinds = {w.uid: self._reserves(w) for w in writes}  # judged against the stored statuses, before any write
         moving = [w for w in writes if kinds[w.uid][0] or kinds[w.uid][1]]
         plain = [w for w in writes if not (kinds[w.uid][0] or kinds[w.uid][1])]
-        results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in plain)
-        written = {w.uid for w, ok in zip(plain, results, strict=True) if ok}
-        pending, failed = list(moving), list[StatusWrite]()
-        while pending:
-            unfreed = {node for w in [*pending, *failed] for node in kinds[w.uid][1]}
-            ready = [w for w in pending if not kinds[w.uid][0] & (unfreed - kinds[w.uid][1])]
-            if not ready:
-                if any(kinds[w.uid][0] & {n for f in failed for n in kinds[f.uid][1]} for w in pending):
-                    break  # they wait on a free that failed: the next pass plans them again
-                ready = pending[:1]  # only on each other (a swap): one at a time
-            results = await self._bounded(functools.partial(self._write, w.uid, w.status) for w in ready)
-            for w, ok in zip(ready, results, strict=True):
-                pending.remove(w)
-                if ok:
-                    written.add(w.uid)
-                else:
-                    failed.append(w)
-        if pending:
-            self.metrics.actions.labels("status", "deferred").inc(len(pending))
+        gate = asyncio.Semaphore(self.concurrency)  # one bound for both: the moves are not held behind the rest
+        written: set[str] = set()
+
+        async def moves() -> None:
+            pending, failed = list(moving), list[StatusWrite]()
+            while pending:
+                unfreed = {node for w in [*pending, *failed] for node in kinds[w.uid][1]}
+                ready = [w for w in pending if not kinds[w.uid][0] & unfreed]  # a write never frees what it takes
+                if not ready:
+                    if any(kinds[w.uid][0] & {n for f in failed for n in kinds[f.uid][1]} for w in pending):
+                        break  # they wait on a free that failed: the next pass plans them again
+                    ready = pending[:1]  # only on each other (a swap): one at a time
+                results = await self._bounded((functools.partial(self._write, w.uid, w.status) for w in ready), gate)
+                for w, ok in zip(ready, results, strict=True):
+                    pending.remove(w)
+                    if ok:
+                        written.add(w.uid)
+                    else:
+                        failed.append(w)
+            if pending:
+                self.metrics.actions.labels("status", "deferred").inc(len(pending))
+
+        async def rest() -> None:
+            results = await self._bounded((functools.partial(self._write, w.uid, w.status) for w in plain), gate)
+            written.update(w.uid for w, ok in zip(plain, results, strict=True) if ok)
+
+        await asyncio.gather(moves(), rest())
         return written
 
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
