@@ -816,3 +816,26 @@ async def test_a_binding_of_a_gated_or_deleting_pod_is_refused(peer: APIServerPe
             assert r.status == 500 and body["reason"] == "InternalError" and words in body["message"]
         stored = peer.get("api/v1/pods", "ml", name)
         assert stored is not None and not stored["spec"].get("nodeName")
+
+
+async def test_built_in_objects_the_controllers_write_are_checked_against_the_kubernetes_schema(
+        peer: APIServerPeer, http: aiohttp.ClientSession) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cg", "namespace": "ml"},
+                  "spec": {"selector": {"matchLabels": {"app": "cg"}}, "template": {
+                      "metadata": {"labels": {"app": "cg"}},
+                      "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": "http"}]}]}}}}
+    url = peer.url + "/apis/apps/v1/namespaces/ml/deployments"
+    async with http.post(url, json=deployment) as r:  # a port number given as a name: the schema refuses it
+        body = await r.json()
+        assert r.status == 422 and body["reason"] == "Invalid" and "containerPort" in body["message"], body
+    deployment["spec"]["template"]["spec"]["containers"][0]["ports"] = [{"containerPort": 8000}]
+    deployment["spec"]["replica"] = 2  # a typo: strict decoding refuses unknown fields
+    async with http.post(url, json=deployment) as r:
+        assert r.status == 422 and "replica" in (await r.json())["message"]
+    del deployment["spec"]["replica"]
+    async with http.post(url, json=deployment) as r:
+        assert r.status == 201
+    async with http.patch(url + "/cg", json={"spec": {"replicas": "two"}},
+                          headers={"Content-Type": "application/merge-patch+json"}) as r:
+        assert r.status == 422
+    assert peer.get("apis/apps/v1/deployments", "ml", "cg")["spec"].get("replicas") is None  # type: ignore[index]

@@ -21,6 +21,9 @@ Protocol
   fields pruned (a ``Warning`` header each; ``fieldValidation=Strict``: 400), schema defaults applied, the
   OpenAPI schema and CEL rules (``oldSelf`` on updates) judged on creates, updates, patches and ``/status``
   writes: 422 ``Invalid`` with the API server's words. ``peer.schemas = None`` stores them as sent;
+- built-in objects the controllers write (Deployments, HPAs, PDBs, NetworkPolicies, Roles, RoleBindings, ...:
+  ``SCHEMA_CHECKED``) are checked against the Kubernetes OpenAPI schema (kubernetes-validate, strict) on
+  creates and updates: 422 ``Invalid`` (also off with ``peer.schemas = None``);
 - errors are ``Status`` objects with the real ``reason`` and ``code``;
 - GET; list with ``labelSelector``/``fieldSelector`` equality terms, ``limit`` + ``continue`` (pages of one
   snapshot, ``metadata.continue`` and ``remainingItemCount``; a token answers 410 ``Expired`` after
