@@ -820,7 +820,7 @@ async def test_a_binding_of_a_gated_or_deleting_pod_is_refused(peer: APIServerPe
 
 async def test_built_in_objects_the_controllers_write_are_checked_against_the_kubernetes_schema(
         peer: APIServerPeer, http: aiohttp.ClientSession) -> None:
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cg", "namespace": "ml"},
+    deployment: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cg", "namespace": "ml"},
                   "spec": {"selector": {"matchLabels": {"app": "cg"}}, "template": {
                       "metadata": {"labels": {"app": "cg"}},
                       "spec": {"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": "http"}]}]}}}}
