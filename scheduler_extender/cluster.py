@@ -30,6 +30,9 @@ HOLDING = ("Admitted", "Running")
 ALLOCATED = (*HOLDING, "Evicting")  # phases whose reservation still takes devices
 MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}  # the device plugins' node labels
 CAPACITY_LABELS = (MODEL_LABEL[GPU], "nvidia.com/gpu.memory", MODEL_LABEL[NR1])
+# The node lifecycle controller's taints on a node whose kubelet stopped answering (kube-scheduler places nothing
+# there, whatever the effect, unless a pod tolerates them)
+OUT_OF_SERVICE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 RELIST_SLICE = 8  # objects of a relist taken between two looks at the clock (a real Node: ~0.1 ms to decode and read)
 
@@ -47,6 +50,9 @@ class NodeView:
     used_by: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpr, resource) -> devices
     capacity: dict[str, int] = field(default_factory=dict)  # status.capacity (devices the plugin found)
     unhealthy_since: dict[str, str] = field(default_factory=dict)  # resource (or "*") -> when it turned unhealthy
+    # why the node takes no new reservation, though its devices are fine: cordoned, not Ready, or tainted by the
+    # node lifecycle controller (kube-scheduler would place no pod there); "" when it takes work
+    closed: str = ""
 
     def __post_init__(self) -> None:
         # aggregated once per node update, so filter and bind read them in O(1) per node
@@ -65,6 +71,7 @@ class NodeView:
     def same_capacity(self, other: NodeView) -> bool:
         """Whether the GPR controller would see no difference (allocatable, health, ledger, model labels)."""
         return (self.allocatable == other.allocatable and self.unhealthy == other.unhealthy
+                and self.closed == other.closed
                 and self.ledger == other.ledger and self.ledger_error == other.ledger_error
                 and {k: v for k, v in self.labels.items() if k in CAPACITY_LABELS}
                 == {k: v for k, v in other.labels.items() if k in CAPACITY_LABELS})
@@ -140,7 +147,24 @@ def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
         entries = {}
         error = f"unreadable {ledger.LEDGER_ANNOTATION} annotation ({str(exc)[:120]})"
     return NodeView(meta.get("name", ""), allocatable, dict(meta.get("labels") or {}), unhealthy, entries,
-                    meta.get("resourceVersion", ""), error, capacity=capacity, unhealthy_since=since)
+                    meta.get("resourceVersion", ""), error, capacity=capacity, unhealthy_since=since,
+                    closed=closed_reason(spec, status))
+
+
+def closed_reason(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    """Why kube-scheduler would place no new pod on the node though its devices are fine: cordoned
+    (``spec.unschedulable``), its Ready condition not True (a node without one is taken as ready), or a taint of
+    the node lifecycle controller; "" when it takes work. Only the reason, never a heartbeat time: a status
+    heartbeat changes nothing here."""
+    if spec.get("unschedulable"):
+        return "cordoned (spec.unschedulable)"
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Ready" and cond.get("status") != "True":
+            return f"not Ready ({cond.get('reason') or cond.get('status') or 'Unknown'})"
+    for taint in spec.get("taints") or []:
+        if isinstance(taint, dict) and taint.get("key") in OUT_OF_SERVICE_TAINTS:
+            return f"tainted {taint['key']}"
+    return ""
 
 
 def _devices(counts: Any, resources: Iterable[str]) -> dict[str, int]:

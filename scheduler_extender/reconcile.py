@@ -813,6 +813,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     for name, node in snap.nodes.items():
         if name in inv.index and node.health_reason(inv.specs[inv.index[name]].resource):
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
+        elif name in inv.index and node.closed:  # no new reservation; the ones it has stay
+            sched.close(name)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
     ticked = sched.tick(now)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]

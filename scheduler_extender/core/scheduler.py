@@ -539,6 +539,12 @@ class Scheduler:
                 events += self.finish(g.name, now, ok=False, reason="DeviceUnhealthy")
         return events
 
+    def close(self, node: str) -> None:
+        """The node takes no new placement (cordoned, not Ready): what holds it now stays, nothing fails, and
+        nothing new is placed there while it is closed. Unlike :meth:`set_health`, a closed node still counts
+        for what could ever fit (it is expected back)."""
+        self.inv.set_health(node, None, False)
+
     def set_nodes(self, nodes: list[NodeSpec], now: float) -> list[Event]:
         """The node set changed (nodes joined, left, or changed devices): rebuild the inventory, keeping
         allocations that still fit; GPRs that lost theirs fail with reason ``NodeLost`` (and requeue)."""

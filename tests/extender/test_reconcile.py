@@ -42,9 +42,12 @@ from tests.extender.harness import gpr, node, pod
 
 def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
     rng = random.Random(seed)
-    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=rng.choice([2, 4, 8]),
-                                     labels={"nvidia.com/gpu.product": rng.choice(["A", "B"])}), (GPU,))
-             for i in range(rng.randint(1, 6))}
+    nodes = {}
+    for i in range(rng.randint(1, 6)):
+        obj = node(f"n{i}", gpus=rng.choice([2, 4, 8]), labels={"nvidia.com/gpu.product": rng.choice(["A", "B"])})
+        if rng.random() < 0.15:  # cordoned: no new reservation there
+            obj["spec"]["unschedulable"] = True
+        nodes[f"n{i}"] = node_view(obj, (GPU,))
     pods: dict[str, Any] = {}
     gprs: dict[str, dict[str, Any]] = {}
     for i in range(rng.randint(0, 12)):
@@ -1075,3 +1078,46 @@ def test_a_reservation_that_no_longer_fits_fails_only_a_gpr_that_ran_there() -> 
     written = {w.key: w.status for w in plan.writes}
     assert written["default/second"]["phase"] == "Failed" and written["default/second"]["failures"] == 1
     assert written["default/second"]["reason"] == "NodeLost"
+
+
+def test_nodes_kube_scheduler_would_not_use_get_no_new_reservation_and_keep_their_old_ones() -> None:
+    """A cordoned node, a node whose Ready condition is not True and a node the node lifecycle controller tainted
+    unreachable take no new GPR (its pods could never be scheduled there); a GPR they already hold keeps them and
+    nothing fails (a kubelet restart is no failure)."""
+    cordoned = node("n0", gpus=4)
+    cordoned["spec"]["unschedulable"] = True
+    not_ready = node("n1", gpus=4)
+    not_ready["status"]["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                                          "lastHeartbeatTime": "2026-12-02T00:00:00Z"}]
+    unreachable = node("n2", gpus=4, taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
+    nodes = {n["metadata"]["name"]: node_view(n, (GPU,)) for n in (cordoned, not_ready, unreachable,
+                                                                 node("n3", gpus=4))}
+    assert [v.closed for v in nodes.values()] == ["cordoned (spec.unschedulable)", "not Ready (NodeStatusUnknown)",
+                                                  "tainted node.kubernetes.io/unreachable", ""]
+    gprs = {}
+    for i, (name, phase, reservation) in enumerate((("held", "Running", {"n1": 4}), ("a", None, None),
+                                                    ("b", None, None))):
+        obj = gpr(name, phase=phase, devices=4, reservation=reservation, exitDuration="1h")
+        obj["metadata"].update(uid=f"u-{name}", resourceVersion=str(i + 1),
+                               creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        if phase:
+            obj["status"]["admittedAt"] = rfc3339(time.time() - 30)
+        gprs[f"u-{name}"] = obj
+    running = pod_view(pod("held-0", 4, gpr="held", uid="p-held", node_name="n1", phase="Running"), (GPU,))
+    assert running is not None
+    plan = plan_pass(Snapshot(time.time(), nodes, {running.uid: running}, gprs), PassConfig(), PassCache())
+    written = {w.key: w.status for w in plan.writes}
+    assert written["default/a"]["phase"] == "Admitted"
+    assert written["default/a"]["reservation"] == [{"node": "n3", "devices": 4}]
+    assert written["default/b"]["phase"] == "Queued"  # three free nodes, none it may have
+    assert "default/held" not in written or written["default/held"]["phase"] == "Running"
+
+
+def test_a_heartbeat_is_no_change_a_readiness_change_is() -> None:
+    before = node_view(node("n0"), (GPU,))
+    beat = node("n0")
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-12-02T06:00:10Z"
+    assert before.same_capacity(node_view(beat, (GPU,)))
+    down = node("n0")
+    down["status"]["conditions"][0]["status"] = "False"
+    assert not before.same_capacity(node_view(down, (GPU,)))
