@@ -53,6 +53,7 @@ class NodeView:
     # why the node takes no new reservation, though its devices are fine: cordoned, not Ready, or tainted by the
     # node lifecycle controller (kube-scheduler would place no pod there); "" when it takes work
     closed: str = ""
+    taints: tuple[dict[str, Any], ...] = ()  # spec.taints that keep pods off (NoSchedule, NoExecute)
 
     def __post_init__(self) -> None:
         # aggregated once per node update, so filter and bind read them in O(1) per node
@@ -114,6 +115,8 @@ class PodView:
     ended_at: float = 0.0  # latest container finishedAt (epoch seconds) once a container ended, else 0
     bound_at: float = 0.0  # when accelstack's bind recorded it (the allocation annotation), else 0
     affinity: dict[str, Any] | None = None  # spec.affinity as sent, for narrowing before the gate is lifted
+    tolerations: tuple[dict[str, Any], ...] = ()  # spec.tolerations
+    node_selector: dict[str, str] | None = None  # spec.nodeSelector
 
     @property
     def live(self) -> bool:
@@ -148,7 +151,9 @@ def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
         error = f"unreadable {ledger.LEDGER_ANNOTATION} annotation ({str(exc)[:120]})"
     return NodeView(meta.get("name", ""), allocatable, dict(meta.get("labels") or {}), unhealthy, entries,
                     meta.get("resourceVersion", ""), error, capacity=capacity, unhealthy_since=since,
-                    closed=closed_reason(spec, status))
+                    closed=closed_reason(spec, status),
+                    taints=tuple(t for t in spec.get("taints") or []
+                                 if isinstance(t, dict) and t.get("effect") in ("NoSchedule", "NoExecute")))
 
 
 def closed_reason(spec: dict[str, Any], status: dict[str, Any]) -> str:
@@ -261,7 +266,9 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    requests, int(spec.get("priority") or 0), labels, gates,
                    terminating=bool(meta.get("deletionTimestamp")), ended_at=_ended_at(status),
                    bound_at=_bound_at(meta.get("annotations") or {}),
-                   affinity=affinity if isinstance(affinity, dict) else None)
+                   affinity=affinity if isinstance(affinity, dict) else None,
+                   tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
+                   node_selector=selector if isinstance(selector := spec.get("nodeSelector"), dict) else None)
 
 
 def _bound_at(annotations: dict[str, Any]) -> float:

@@ -42,6 +42,7 @@ from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor
 from scheduler_extender.core.scheduler import Event, HolderState, QueuedBlock, Scheduler, SchedulerConfig
 from scheduler_extender.core.waittime import Calibrator, Interval
+from scheduler_extender.podfit import selector_mismatch, why_not
 from scheduler_extender.predictor_store import job_key as history_key
 from scheduler_extender.workspaces import WorkspaceIndex
 
@@ -823,6 +824,13 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         if e.kind == "idle":  # not enforced: said once, in a condition, while it stays idle
             extra.setdefault(e.gpr, []).append({"type": "Idle", "status": "True", "reason": "IdleTimeout",
                                                 "message": "no pod has run for longer than spec.idleTimeout"})
+    admitted = Phase.ADMITTED
+    for key, g in sched.holders.items():  # reserved from the GPR's spec: say so when its pods cannot go there
+        if g.phase is admitted and g.placement is not None and key in pods_of:  # Running ones: pods went
+            why = _cannot_run(pods_of[key], [snap.nodes.get(sched.inv.names[a.node]) for a in g.placement.assignments])
+            if why:
+                extra.setdefault(key, []).append({"type": "PodsCannotRun", "status": "True", "reason": "Unschedulable",
+                                                  "message": why})
 
     estimates: dict[str, Interval] = {}
     plan.queue = tuple(sched.queued_names())
@@ -897,7 +905,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                         body.pop(k, None)
             plan.writes.append(StatusWrite(uid, key, body, holding, refresh and g.phase is Phase.QUEUED
                                            and not _differs(current, body, False, now)))
-    plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of)
+    plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of) + _stale_narrowings(sched, pods_of, snap,
+                                                                                            uid_of)
     plan.orphans = _orphans(decoded, pods_of, now, cfg.orphan_grace)
     plan.queued = len(plan.queue)
     plan.holding = len(sched.holders)
@@ -1049,6 +1058,20 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) 
     return events
 
 
+def _cannot_run(pods: list[PodView], nodes: list[NodeView | None]) -> str:
+    """Why the first unbound, live pod that kube-scheduler's own filters (taints, nodeSelector, node affinity)
+    keep off every one of ``nodes`` cannot go there; "" when each can go to one of them."""
+    known = [n for n in nodes if n is not None]
+    for p in pods:
+        if p.node or not p.live or p.terminating or not known:
+            continue
+        reasons = [(n.name, why_not(p, n)) for n in known]
+        if all(r for _, r in reasons):
+            listed = "; ".join(f"{name}: {r}" for name, r in reasons[:3])
+            return f"pod {p.name} cannot run on the reserved nodes ({listed}{'; ...' if len(reasons) > 3 else ''})"
+    return ""
+
+
 def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[str, str],
                deleting: set[str], uid_of: dict[str, str]) -> list[Eviction]:
     """Bound, live pods that hold devices outside their GPR's reservation: pods of Evicting, finished, requeued
@@ -1070,6 +1093,26 @@ def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[
         # again (a node affinity cannot be widened): it goes too, and its owner makes a new one, gated
         out.extend(Eviction(p, why, uid_of.get(key, "")) for p in pods if p.live and not p.terminating
                    and (p.node or (gr.SCHEDULING_GATE not in p.gates and narrowed(p))))
+    return out
+
+
+def _stale_narrowings(sched: Scheduler, pods_of: dict[str, list[PodView]], snap: Snapshot,
+                      uid_of: dict[str, str]) -> list[Eviction]:
+    """Ungated, unbound pods of a holding GPR narrowed to nodes it no longer holds (requeued and placed elsewhere
+    in one pass, before they were evicted as pods of a queued GPR): a node affinity cannot be widened, so they
+    go, and their owner makes new ones, gated."""
+    out: list[Eviction] = []
+    for key, g in sched.holders.items():
+        pods = pods_of.get(key)
+        if not pods or g.placement is None:
+            continue
+        waiting = [p for p in pods if not p.node and p.live and not p.terminating
+                   and gr.SCHEDULING_GATE not in p.gates and narrowed(p)]  # most holders: none (pods bound)
+        if not waiting:
+            continue
+        nodes = [n for a in g.placement.assignments if (n := snap.nodes.get(sched.inv.names[a.node])) is not None]
+        out.extend(Eviction(p, f"narrowed to nodes GPR {key} no longer holds", uid_of.get(key, "")) for p in waiting
+                   if nodes and all(selector_mismatch(None, p.affinity, n.name, n.labels) for n in nodes))
     return out
 
 
