@@ -684,9 +684,13 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     inv = sched.inv
 
     pods_of: dict[str, list[PodView]] = {}
+    loose: list[PodView] = []  # ungated and unbound: waiting for kube-scheduler (few: the rest are bound or gated)
+    gate = gr.SCHEDULING_GATE
     for p in snap.pods.values():
         if p.gpr:
             pods_of.setdefault(p.gpr, []).append(p)
+            if not p.node and gate not in p.gates:
+                loose.append(p)
 
     size_ranked = sched.cfg.use_priority and sched.cfg.order == "size"
     uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
@@ -905,7 +909,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                         body.pop(k, None)
             plan.writes.append(StatusWrite(uid, key, body, holding, refresh and g.phase is Phase.QUEUED
                                            and not _differs(current, body, False, now)))
-    plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of) + _stale_narrowings(sched, pods_of, snap,
+    plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of) + _stale_narrowings(sched, loose, snap,
                                                                                             uid_of)
     plan.orphans = _orphans(decoded, pods_of, now, cfg.orphan_grace)
     plan.queued = len(plan.queue)
@@ -1096,23 +1100,20 @@ def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[
     return out
 
 
-def _stale_narrowings(sched: Scheduler, pods_of: dict[str, list[PodView]], snap: Snapshot,
+def _stale_narrowings(sched: Scheduler, loose: list[PodView], snap: Snapshot,
                       uid_of: dict[str, str]) -> list[Eviction]:
-    """Ungated, unbound pods of a holding GPR narrowed to nodes it no longer holds (requeued and placed elsewhere
-    in one pass, before they were evicted as pods of a queued GPR): a node affinity cannot be widened, so they
-    go, and their owner makes new ones, gated."""
+    """Ungated, unbound pods (``loose``) of a holding GPR narrowed to nodes it no longer holds (requeued and
+    placed elsewhere in one pass, before they were evicted as pods of a queued GPR): a node affinity cannot be
+    widened, so they go, and their owner makes new ones, gated."""
     out: list[Eviction] = []
-    for key, g in sched.holders.items():
-        pods = pods_of.get(key)
-        if not pods or g.placement is None:
+    names = sched.inv.names
+    for p in loose:
+        g = sched.holders.get(p.gpr)
+        if g is None or g.placement is None or not p.live or p.terminating or not narrowed(p):
             continue
-        waiting = [p for p in pods if not p.node and p.live and not p.terminating
-                   and gr.SCHEDULING_GATE not in p.gates and narrowed(p)]  # most holders: none (pods bound)
-        if not waiting:
-            continue
-        nodes = [n for a in g.placement.assignments if (n := snap.nodes.get(sched.inv.names[a.node])) is not None]
-        out.extend(Eviction(p, f"narrowed to nodes GPR {key} no longer holds", uid_of.get(key, "")) for p in waiting
-                   if nodes and all(selector_mismatch(None, p.affinity, n.name, n.labels) for n in nodes))
+        nodes = [n for a in g.placement.assignments if (n := snap.nodes.get(names[a.node])) is not None]
+        if nodes and all(selector_mismatch(None, p.affinity, n.name, n.labels) for n in nodes):
+            out.append(Eviction(p, f"narrowed to nodes GPR {p.gpr} no longer holds", uid_of.get(p.gpr, "")))
     return out
 
 
