@@ -1046,10 +1046,12 @@ def test_a_large_reservation_is_named_by_hostname_labels_in_one_term() -> None:
         "nodeSelectorTerms"]) == MAX_NAMED_TERMS
 
 
-def _overlap(later_pod_running: bool) -> Plan:
+def _overlap(later_pod_running: bool, room: bool = True) -> Plan:
     """Two GPRs whose stored statuses both reserve all of n0 (a status write that landed after its writer gave
-    up, while the next pass gave the node to another GPR)."""
-    nodes = {"n0": node_view(node("n0", gpus=4), (GPU,)), "n1": node_view(node("n1", gpus=4), (GPU,))}
+    up, while the next pass gave the node to another GPR); with ``room``, a free node n1."""
+    nodes = {"n0": node_view(node("n0", gpus=4), (GPU,))}
+    if room:
+        nodes["n1"] = node_view(node("n1", gpus=4), (GPU,))
     gprs = {}
     for i, name in enumerate(("first", "second")):
         obj = gpr(name, phase="Admitted", devices=4, reservation={"n0": 4}, exitDuration="1h")
@@ -1073,6 +1075,10 @@ def test_a_reservation_that_no_longer_fits_fails_only_a_gpr_that_ran_there() -> 
     assert written["default/second"]["reservation"] == [{"node": "n1", "devices": 4}]
     assert not written["default/second"].get("failures")
     assert "default/first" not in written or written["default/first"]["reservation"] == [{"node": "n0", "devices": 4}]
+    # no room elsewhere: it waits in the queue, holding nothing
+    written = {w.key: w.status for w in _overlap(later_pod_running=False, room=False).writes}
+    assert written["default/second"]["phase"] == "Queued" and written["default/second"]["reservation"] == []
+    assert not written["default/second"].get("failures") and "NodeLost" in written["default/second"]["reason"]
     # its pod ran on the devices it had: that is a failure (the default: no requeue)
     plan = _overlap(later_pod_running=True)
     written = {w.key: w.status for w in plan.writes}
