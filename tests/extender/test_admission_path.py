@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -74,6 +75,18 @@ async def team(peer: APIServerPeer) -> None:
         "spec": {"devicesPerNode": 1, "priority": 50, "exitDuration": "4h"}})
 
 
+@contextlib.asynccontextmanager
+async def webhook_stack(peer: APIServerPeer) -> AsyncIterator[str]:
+    """An extender serving the admission webhooks (auto-GPR on) with its own client to the peer; its base URL."""
+    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
+    handler = Webhook(KubeLookup(Kube(KubeClient(api, field_manager="accelstack-extender"))), auto_gpr=True)
+    try:
+        async with stack(peer, extra_routes=lambda app: add_webhook_routes(app, handler)) as (_, server):
+            yield f"http://127.0.0.1:{server.port}"
+    finally:
+        await api.close()
+
+
 async def test_a_burst_of_pods_makes_each_gpr_once_through_the_api_servers_gpr_webhook() -> None:
     peer = APIServerPeer()
     await peer.start()
@@ -82,12 +95,8 @@ async def test_a_burst_of_pods_makes_each_gpr_once_through_the_api_servers_gpr_w
                                        "metadata": {"name": "train", "namespace": "team"}, "spec": {}})
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": job["metadata"]["uid"],
              "controller": True}
-    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
-    handler = Webhook(KubeLookup(Kube(KubeClient(api, field_manager="accelstack-extender"))), auto_gpr=True)
     try:
-        async with stack(peer, extra_routes=lambda app: add_webhook_routes(app, handler)) as (_, server), \
-                aiohttp.ClientSession() as http:
-            base = f"http://127.0.0.1:{server.port}"
+        async with webhook_stack(peer) as base, aiohttp.ClientSession() as http:
             hook = ValidatingWebhook("gprs.accelstack.io", f"{base}/validate-gprs",
                                      frozenset({"gpuprovisioningrequests"}))
             peer.admission.validating.append(hook)
@@ -121,7 +130,6 @@ async def test_a_burst_of_pods_makes_each_gpr_once_through_the_api_servers_gpr_w
                 assert r.status == 403, await r.text()
             assert peer.get(GPRS, "team", "solo-0")["spec"]["priority"] == 50  # type: ignore[index]
     finally:
-        await api.close()
         await peer.stop()
 
 
@@ -193,7 +201,6 @@ async def test_every_write_our_own_webhooks_judge_takes_at_most_half_the_pool() 
         assert read_took < 0.4, read_took  # (a write holds its connection 0.6 s)
         assert time.monotonic() - started >= 4 * 0.6 - 0.05  # 12 writes, 3 at a time
     finally:
-        await api.close()
         await peer.stop()
 
 
@@ -210,12 +217,8 @@ async def test_a_pod_whose_gpr_cannot_be_made_in_time_is_refused_with_a_reason_b
     peer = APIServerPeer()
     await peer.start()
     await team(peer)
-    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
-    handler = Webhook(KubeLookup(Kube(KubeClient(api, field_manager="accelstack-extender"))), auto_gpr=True)
     try:
-        async with stack(peer, extra_routes=lambda app: add_webhook_routes(app, handler)) as (_, server), \
-                aiohttp.ClientSession() as http:
-            base = f"http://127.0.0.1:{server.port}"
+        async with webhook_stack(peer) as base, aiohttp.ClientSession() as http:
             with peer.inject("POST", "gpuprovisioningrequests", hang=True):
                 started = time.monotonic()
                 outcome = await create_pod(http, peer, f"{base}/mutate-pods", a_pod("late"), timeout=2)
@@ -228,5 +231,4 @@ async def test_a_pod_whose_gpr_cannot_be_made_in_time_is_refused_with_a_reason_b
             # the next pod, with the API server answering again, is admitted as ever
             assert await create_pod(http, peer, f"{base}/mutate-pods", a_pod("fine"), timeout=2) == ""
     finally:
-        await api.close()
         await peer.stop()
