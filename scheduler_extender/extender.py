@@ -56,7 +56,7 @@ class ExtenderMetrics:
                                  registry=self.registry)
         self.catch_up = Counter(p + "catch_up_reads_total", "GPRs read afresh by filter because the view said a "
                                 "scheduled pod's GPR was missing or not admitted, by outcome (newer: the view lagged; "
-                                "same: it did not; failed: no answer in time)", ["outcome"], registry=self.registry)
+                                "same: it did not; failed: not read - not found, an API error or no answer in time)", ["outcome"], registry=self.registry)
         self.loop_lag = Histogram(p + "loop_lag_seconds", "How late the event loop that serves the verbs and "
                                   "webhooks ran a timer due now (time a request waits behind other work)",
                                   # from 1 ms: an idle loop already runs a timer up to ~0.5 ms late
