@@ -39,8 +39,9 @@ class Phase(StrEnum):
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.QUEUED: frozenset({Phase.ADMITTED, Phase.CANCELLED}),
-    Phase.ADMITTED: frozenset({Phase.RUNNING, Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.EVICTING,
-                               Phase.CANCELLED}),
+    # Admitted -> Queued: the reservation given back before any pod of it ran (see Scheduler.give_back)
+    Phase.ADMITTED: frozenset({Phase.QUEUED, Phase.RUNNING, Phase.COMPLETE, Phase.FAILED, Phase.EVICTED,
+                               Phase.EVICTING, Phase.CANCELLED}),
     Phase.RUNNING: frozenset({Phase.COMPLETE, Phase.FAILED, Phase.EVICTED, Phase.EVICTING, Phase.CANCELLED}),
     Phase.EVICTING: frozenset({Phase.EVICTED, Phase.QUEUED, Phase.CANCELLED}),
     Phase.FAILED: frozenset({Phase.QUEUED, Phase.CANCELLED}),

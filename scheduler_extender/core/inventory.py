@@ -116,6 +116,8 @@ class Inventory:
         self.allocations: dict[str, Placement] = {}
         self.stamp = np.zeros(n, dtype=np.int64)
         self.uid = next(_uids)
+        # node-name sets (Request.nodes) as boolean masks: shared by every copy, which has the same nodes
+        self._name_masks: dict[frozenset[str], np.ndarray] = {}
 
     def touch(self, node: int) -> None:
         self.stamp[node] += 1
@@ -150,6 +152,20 @@ class Inventory:
             return np.ones(len(self.names), dtype=bool)
         idx = [self.model_index[m] for m in models if m in self.model_index]
         return np.isin(self.model, np.array(idx, dtype=np.int32))
+
+    def names_mask(self, names: frozenset[str]) -> np.ndarray:
+        """Boolean per node: its name is in ``names`` (names of nodes not here are ignored). Cached per set, and
+        the cache is shared with this inventory's copies (the same nodes); read only."""
+        hit = self._name_masks.get(names)
+        if hit is None:
+            if len(self._name_masks) >= 1024:  # sets of pods long gone: start again rather than grow
+                self._name_masks.clear()
+            hit = np.zeros(len(self.names), dtype=bool)
+            index = self.index
+            hit[[index[n] for n in names if n in index]] = True
+            hit.flags.writeable = False
+            self._name_masks[names] = hit
+        return hit
 
     # ------------------------------------------------------------- mutation
     def allocate(self, owner: str, placement: Placement) -> None:

@@ -25,7 +25,9 @@ from .inventory import GPU, MILLI_PER_DEVICE, Inventory, NodeAssignment, Placeme
 @dataclass(frozen=True)
 class Request:
     """What one placement needs: ``node_count`` nodes, each giving ``count`` devices with ``milli`` free
-    (``milli`` = 1000 for whole devices) plus host CPU and memory. ``count`` 0 asks for host resources only."""
+    (``milli`` = 1000 for whole devices) plus host CPU and memory. ``count`` 0 asks for host resources only.
+    ``nodes``: the only nodes it may use (where its pods can run: their tolerations, node selector and required
+    node affinity, judged outside the core); None: any node."""
 
     count: int
     milli: int = MILLI_PER_DEVICE
@@ -35,6 +37,7 @@ class Request:
     cpu_milli: int = 0
     memory_mib: int = 0
     device_memory_mib: int = 0
+    nodes: frozenset[str] | None = None
 
     def milli_total(self) -> int:
         return self.count * self.milli * self.node_count
@@ -54,6 +57,8 @@ def feasible_nodes(inv: Inventory, req: Request, blocked: np.ndarray | None = No
     ok = inv.resource == inv.resource_index[req.resource]
     if req.models:
         ok &= inv.models_mask(req.models)
+    if req.nodes is not None:
+        ok &= inv.names_mask(req.nodes)
     if req.cpu_milli:
         ok &= inv.cpu_free >= req.cpu_milli
     if req.memory_mib:

@@ -245,6 +245,7 @@ class Scheduler:
         self._idle: list[tuple[float, str, float]] = []  # (deadline, name, last_active_at)
         self._empty = inventory.empty_copy()  # same nodes and health, nothing allocated: "could it ever fit?"
         self._ever: dict[Request, bool] = {}
+        self.limits: dict[str, frozenset[str]] = {}  # GPR name -> the only nodes it may be placed on (see limit)
 
     # ------------------------------------------------------------------ events in
     def submit(self, g: GPR, now: float, not_before: float | None = None, validated: bool = False) -> list[Event]:
@@ -434,6 +435,21 @@ class Scheduler:
         self._arm_idle(g)  # an Admitted GPR whose pods never start is idle since its admission
         return True
 
+    def limit(self, name: str, nodes: frozenset[str] | None) -> None:
+        """GPR ``name`` may be placed on ``nodes`` only (None: anywhere): the nodes its pods can run on, as the
+        driver judges them from the pods' tolerations, node selector and node affinity (facts outside the core).
+        It holds for every placement, eviction plan and reservation of it from then on."""
+        if nodes is None:
+            self.limits.pop(name, None)
+        else:
+            self.limits[name] = nodes
+
+    def request_of(self, g: GPR) -> Request:
+        """What placing ``g`` asks: its spec's request, kept to its limit (see :meth:`limit`)."""
+        req = g.request()
+        nodes = self.limits.get(g.name) if self.limits else None
+        return req if nodes is None else dataclasses.replace(req, nodes=nodes)
+
     def hold(self, owner: str, node: str, count: int) -> int:
         """Take up to ``count`` free whole devices of ``node`` for work the queue does not manage (pods without a
         GPR, pods still terminating, pods of finished GPRs): capacity no GPR may be given. Returns how many were
@@ -512,6 +528,18 @@ class Scheduler:
             else:
                 g.reason = "RetryLimitExceeded"
         return events
+
+    def give_back(self, name: str, now: float, why: str) -> list[Event]:
+        """An Admitted GPR none of whose pods has run gives its reservation back (its pods cannot run there) and
+        is queued again as it is: no failure, no backoff."""
+        g = self.gprs[name]
+        if g.phase is not Phase.ADMITTED:
+            raise ValueError(f"{name} is not admitted ({g.phase.value})")
+        self._release(g)
+        g.transition(Phase.QUEUED, now, why)
+        g.not_before = now
+        self.queue.push(g)
+        return [Event(now, "requeued", name, why)]
 
     def cancel(self, name: str, now: float) -> list[Event]:
         g = self.gprs[name]
@@ -991,10 +1019,10 @@ class Scheduler:
     def _reserve(self, g: GPR, prior: list[Reservation], now: float, st: _Pass | None = None) -> Reservation:
         base = self._base_without(prior)
         if st is None:
-            req = g.request()
+            req = self.request_of(g)
             start, state = earliest_fit(base, req, self._holder_bounds(now), now)
         else:
-            req = st.reqs.get(g.name) or g.request()
+            req = st.reqs.get(g.name) or self.request_of(g)
             if st.bounds is None:
                 st.bounds = sorted(self._holder_bounds(now), key=holder_order)
             start, state = earliest_fit(base, req, st.bounds, now, presorted=True)
@@ -1024,7 +1052,7 @@ class Scheduler:
         qshadow: dict[str, float] = {}  # workspace -> earliest quota-start of its quota-blocked requests
         qcount: dict[str, int] = {}
         for g in walk:
-            req = g.request()
+            req = self.request_of(g)
             caps = model_caps.get(g.workspace)
             if caps:
                 capped = self._capped(g, req, caps)
@@ -1069,7 +1097,9 @@ class Scheduler:
             if not self._ever_fits(req):
                 if g.reason != "Unschedulable":
                     g.reason = "Unschedulable"
-                    events.append(Event(now, "unschedulable", g.name, "does not fit even on the empty healthy cluster"))
+                    where = " on the nodes its pods can run on" if req.nodes is not None else ""
+                    events.append(Event(now, "unschedulable", g.name,
+                                        f"does not fit even on the empty healthy cluster{where}"))
                 continue  # waits (it may fit when devices recover) but blocks nobody
             if not st.blocked:
                 p = None if req in st.failed else self.policy.place(self.inv, req)

@@ -4,17 +4,21 @@ no over-allocation under random request streams."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler_extender.core.eviction import Candidate, plan_eviction
 from scheduler_extender.core.inventory import Inventory, NodeSpec
 from scheduler_extender.core.placement import (
     FGD,
+    POLICIES,
     BestFit,
     RandomFit,
     Request,
     Shape,
     TypicalShapes,
+    fits,
     make_policy,
 )
 
@@ -45,6 +49,33 @@ def test_models_and_resource_filter() -> None:
     assert p is not None and inv.names[p.assignments[0].node] == "a100"
     assert BestFit().place(inv, Request(count=1, resource="neureality.com/nr1")) is None
     assert BestFit().place(inv, Request(count=1, models=frozenset({"H100"}))) is None
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_request_kept_to_some_nodes_is_placed_on_those_only(name: str) -> None:
+    """Request.nodes (where the GPR's pods can run): every policy keeps to it, on whole and fractional devices
+    and across nodes; names of nodes not in the inventory are ignored; a set too small does not fit."""
+    inv = _inv(8, 8, 8, 8)
+    policy = make_policy(name)
+    for req in (Request(count=2, nodes=frozenset({"n2"})), Request(count=1, milli=250, nodes=frozenset({"n3"})),
+                Request(count=8, node_count=2, nodes=frozenset({"n1", "n3", "gone"}))):
+        p = policy.place(inv, req)
+        assert p is not None
+        assert {inv.names[a.node] for a in p.assignments} <= set(req.nodes or ())
+        assert fits(inv, req)
+    assert policy.place(inv, Request(count=8, node_count=2, nodes=frozenset({"n0", "gone"}))) is None
+    assert policy.place(inv, Request(count=1, nodes=frozenset())) is None
+    assert not fits(inv, Request(count=1, nodes=frozenset()))
+
+
+def test_eviction_frees_room_only_on_the_nodes_a_request_may_use() -> None:
+    inv = _inv(4, 4)
+    inv.allocate("low0", BestFit().place(inv, Request(count=4, nodes=frozenset({"n0"}))))  # type: ignore[arg-type]
+    inv.allocate("low1", BestFit().place(inv, Request(count=4, nodes=frozenset({"n1"}))))  # type: ignore[arg-type]
+    cands = [Candidate("low0", 10, True, 0.0, 4000), Candidate("low1", 10, True, 1.0, 4000)]
+    # low0 is the cheaper victim, but the request may use n1 only
+    assert plan_eviction(inv, Request(count=4, nodes=frozenset({"n1"})), 100, cands) == ["low1"]
+    assert plan_eviction(inv, Request(count=4), 100, cands) == ["low0"]
 
 
 def test_unhealthy_devices_take_no_work() -> None:

@@ -761,3 +761,54 @@ def test_a_request_admitted_in_a_tick_is_not_evicted_in_the_same_tick() -> None:
     assert s.gprs["small"].holding and s.gprs["large"].phase.value == "Queued"
     later = s.tick(20)  # a later tick: the higher priority takes its place, as priority says
     assert ("evicted", "small") in kinds(later) and s.gprs["large"].holding
+
+
+def _nodes_of(s: Scheduler, name: str) -> set[str]:
+    placement = s.gprs[name].placement
+    assert placement is not None
+    return {s.inv.names[a.node] for a in placement.assignments}
+
+
+def test_a_limited_gpr_is_placed_within_its_limit_and_blocks_no_one_outside_it() -> None:
+    """Scheduler.limit (the nodes a GPR's pods can run on): placements keep to it; a GPR waiting for its only
+    node reserves that node and lets work that fits elsewhere go ahead; limited to nodes that could never hold it,
+    it is Unschedulable and blocks nobody."""
+    s = _sched(4, 4)
+    s.submit(GPR("a", devices_per_node=4, exit_duration_s=100), 0)
+    s.limit("a", frozenset({"n1"}))
+    s.tick(0)
+    assert _nodes_of(s, "a") == {"n1"}
+    s.submit(GPR("b", devices_per_node=2, priority=200, exit_duration_s=100), 1)
+    s.limit("b", frozenset({"n1"}))  # waits for a, the head of the queue
+    s.submit(GPR("c", devices_per_node=4, exit_duration_s=1000), 2)  # fits on n0, after b's reservation starts
+    s.submit(GPR("d", devices_per_node=4, exit_duration_s=10), 3)
+    s.limit("d", frozenset({"nowhere"}))
+    events = s.tick(3)
+    assert s.gprs["b"].phase is Phase.QUEUED and s.gprs["d"].reason == "Unschedulable"
+    assert ("unschedulable", "d") in kinds(events)
+    assert s.gprs["c"].phase is Phase.ADMITTED and _nodes_of(s, "c") == {"n0"}
+    s.finish("a", 10)
+    s.tick(10)
+    assert _nodes_of(s, "b") == {"n1"}
+    s.limit("d", None)  # its pods can run anywhere again: it is placed when there is room
+    s.finish("c", 11)
+    s.tick(11)
+    assert s.gprs["d"].phase is Phase.ADMITTED and _nodes_of(s, "d") == {"n0"}
+
+
+def test_an_admitted_gpr_gives_its_reservation_back_and_is_placed_again() -> None:
+    s = _sched(4, 4)
+    s.submit(GPR("a", devices_per_node=4, exit_duration_s=100), 0)
+    s.tick(0)
+    assert _nodes_of(s, "a") == {"n0"}
+    events = s.give_back("a", 5, "Requeued: its pods cannot run on reserved node n0")
+    g = s.gprs["a"]
+    assert kinds(events) == [("requeued", "a")]
+    assert g.phase is Phase.QUEUED and g.failures == 0 and g.placement is None and s.inv.used_milli() == 0
+    s.limit("a", frozenset({"n1"}))
+    s.tick(5)
+    assert g.phase is Phase.ADMITTED and _nodes_of(s, "a") == {"n1"}
+    s.check()
+    s.start("a", 6)
+    with pytest.raises(ValueError, match="not admitted"):
+        s.give_back("a", 7, "too late: a pod of it runs")
