@@ -29,7 +29,6 @@ CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
 HOLDING = ("Admitted", "Running")
 ALLOCATED = (*HOLDING, "Evicting")  # phases whose reservation still takes devices
 MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}  # the device plugins' node labels
-CAPACITY_LABELS = (MODEL_LABEL[GPU], "nvidia.com/gpu.memory", MODEL_LABEL[NR1])
 # The node lifecycle controller's taints on a node whose kubelet stopped answering (kube-scheduler places nothing
 # there, whatever the effect, unless a pod tolerates them)
 OUT_OF_SERVICE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
@@ -70,12 +69,12 @@ class NodeView:
         return self.unhealthy.get(resource) or self.unhealthy.get("*", "")
 
     def same_capacity(self, other: NodeView) -> bool:
-        """Whether the GPR controller would see no difference (allocatable, health, ledger, model labels)."""
+        """Whether the GPR controller would see no difference (allocatable, health, ledger, labels: models and
+        what pods select nodes by, taints: what pods must tolerate)."""
         return (self.allocatable == other.allocatable and self.unhealthy == other.unhealthy
                 and self.closed == other.closed
                 and self.ledger == other.ledger and self.ledger_error == other.ledger_error
-                and {k: v for k, v in self.labels.items() if k in CAPACITY_LABELS}
-                == {k: v for k, v in other.labels.items() if k in CAPACITY_LABELS})
+                and self.labels == other.labels and self.taints == other.taints)
 
 
 @dataclass

@@ -1,15 +1,21 @@
 """Whether a pod could run on a node as kube-scheduler's own filters judge it, before any extender is asked:
 TaintToleration (every ``NoSchedule``/``NoExecute`` taint of the node tolerated) and NodeAffinity (the pod's
 ``nodeSelector`` and required node affinity: terms ORed, requirements ANDed; ``matchFields`` name the node).
-Pure functions over the informer views, for the GPR controller to say when a GPR's pods cannot run on the nodes
-reserved for it (the reservation is made from the GPR's spec, not from its pods' constraints)."""
+Pure functions over the informer views, and :class:`NodeFit`, which keeps them between passes: the GPR controller
+places a queued GPR only on nodes its pods can run on, and says when an admitted GPR's pods cannot run on the
+nodes reserved for it (created after the admission, say)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+NODE_NAME_FIELD = "metadata.name"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
@@ -78,6 +84,28 @@ def selector_mismatch(node_selector: Mapping[str, str] | None, affinity: Mapping
     return ""
 
 
+@dataclass(frozen=True)
+class Constraints:
+    """A pod's constraints on nodes, read from a pod spec as sent (an admission request): what :func:`why_not`
+    reads of a pod view."""
+
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] | None = None
+    affinity: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of_spec(cls, spec: Mapping[str, Any]) -> Constraints | None:
+        """None when a field is not of its type (the API server refuses such a pod: nothing to judge)."""
+        tolerations, selector, affinity = spec.get("tolerations") or [], spec.get("nodeSelector"), spec.get("affinity")
+        if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
+            return None
+        if selector is not None and not isinstance(selector, Mapping):
+            return None
+        if affinity is not None and not isinstance(affinity, Mapping):
+            return None
+        return cls(tuple(tolerations), selector, affinity)
+
+
 def why_not(pod: Any, node: Any) -> str:
     """Why kube-scheduler's own filters keep ``pod`` (a PodView) off ``node`` (a NodeView); "" when they would
     let it through."""
@@ -85,3 +113,115 @@ def why_not(pod: Any, node: Any) -> str:
     if taint:
         return f"untolerated taint {taint}"
     return selector_mismatch(pod.node_selector, pod.affinity, node.name, node.labels)
+
+
+def _required_terms(affinity: Mapping[str, Any] | None) -> list[Any]:
+    return list((((affinity or {}).get("nodeAffinity") or {}).get(REQUIRED_AFFINITY) or {})
+                 .get("nodeSelectorTerms") or [])
+
+
+def narrowed(pod: Any) -> bool:
+    """Whether accelstack narrowed this pod to a reservation (a required term names nodes by metadata.name or
+    by their hostname label)."""
+    terms = _required_terms(pod.affinity)
+    return any(f.get("key") == NODE_NAME_FIELD for t in terms for f in t.get("matchFields") or []) or \
+        any(e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
+            for t in terms for e in t.get("matchExpressions") or [])
+
+
+def fit_key(pod: Any) -> str:
+    """The pod's constraints on nodes, in one canonical string: tolerations (in any order), ``nodeSelector`` and
+    required node affinity, the affinity left out when accelstack narrowed it (a narrowing names an old
+    reservation, and a narrowed pod is replaced when its GPR moves: see reconcile._stale_narrowings)."""
+    tolerations = sorted(json.dumps(t, sort_keys=True) for t in pod.tolerations)
+    terms = [] if narrowed(pod) else _required_terms(pod.affinity)
+    return json.dumps([tolerations, pod.node_selector or {}, terms], sort_keys=True, separators=(",", ":"))
+
+
+class NodeFit:
+    """Which nodes a GPR's pods can run on, as kube-scheduler's own filters judge them (:func:`why_not`, the
+    narrowing left out: :func:`fit_key`), kept between passes: each pod's key by its view, and the nodes each
+    distinct key allows, until a node's labels or taints change or the node set does (a status heartbeat, which
+    replaces a node's view, changes nothing). What it answers is a function of the views alone: a restart
+    rebuilds it identically."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.views: dict[str, Any] = {}
+        self.groups: list[tuple[tuple[Any, ...], list[str]]] = []  # distinct taints -> the nodes that have them
+        self.allowed_by_key: dict[str, frozenset[str] | None] = {}
+        self.keys: dict[str, tuple[Any, str]] = {}  # pod UID -> (its view, its key)
+
+    def sync(self, names: Sequence[str], nodes: Mapping[str, Any]) -> None:
+        """Judge against ``names`` (the inventory's nodes), as ``nodes`` (views by name) now have them."""
+        same = len(names) == len(self.names) and list(names) == self.names
+        if same:
+            views = self.views
+            for name in names:
+                view, old = nodes[name], views[name]
+                if view is not old:
+                    if view.labels != old.labels or view.taints != old.taints:
+                        same = False
+                        break
+                    views[name] = view
+        if same:
+            return
+        self.names = list(names)
+        self.views = {name: nodes[name] for name in names}
+        by_taints: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
+        for name in names:
+            taints = self.views[name].taints
+            key = json.dumps(list(taints), sort_keys=True)
+            by_taints.setdefault(key, (taints, []))[1].append(name)
+        self.groups = list(by_taints.values())
+        self.allowed_by_key = {}
+
+    def allowed(self, pod: Any) -> frozenset[str] | None:
+        """The nodes ``pod`` can run on (None: every node)."""
+        hit = self.keys.get(pod.uid)
+        if hit is not None and hit[0] is pod:
+            key = hit[1]
+        else:
+            key = fit_key(pod)
+            self.keys[pod.uid] = (pod, key)
+        if key in self.allowed_by_key:
+            return self.allowed_by_key[key]
+        affinity = None if narrowed(pod) else pod.affinity
+        selective = bool(pod.node_selector) or bool(_required_terms(affinity))
+        ok: list[str] = []
+        for taints, names in self.groups:
+            if untolerated(taints, pod.tolerations):
+                continue
+            if not selective:
+                ok += names
+                continue
+            views = self.views
+            ok += [n for n in names if not selector_mismatch(pod.node_selector, affinity, n, views[n].labels)]
+        allowed = None if len(ok) == len(self.names) else frozenset(ok)
+        self.allowed_by_key[key] = allowed
+        return allowed
+
+    def of_group(self, pods: Iterable[Any], node_count: int) -> frozenset[str] | None:
+        """The nodes a GPR of ``node_count`` nodes may be placed on for ``pods`` (None: any): those every pod
+        can run on while there are enough of them; when pods pinned apart leave fewer, those any of them can
+        run on (each pod then picks the reserved node it can go to, and the controller says when one has
+        none)."""
+        sets = {self.allowed(p) for p in pods}
+        if not sets or sets == {None}:
+            return None
+        limited = [s for s in sets if s is not None]
+        both = limited[0].intersection(*limited[1:]) if len(limited) > 1 else limited[0]
+        if len(both) >= node_count:
+            return both
+        if None in sets:
+            return None
+        return frozenset().union(*limited)
+
+    def forget_except(self, live: Iterable[str]) -> None:
+        """Drop the keys of pods not in ``live`` (UIDs): pods come and go, this must not grow with them."""
+        keep = set(live)
+        if len(self.keys) > len(keep):
+            for uid in [u for u in self.keys if u not in keep]:
+                del self.keys[uid]
+        if len(self.allowed_by_key) > 4 * max(len(self.keys), 64):
+            self.allowed_by_key = {}

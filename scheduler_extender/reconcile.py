@@ -42,7 +42,15 @@ from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor
 from scheduler_extender.core.scheduler import Event, HolderState, QueuedBlock, Scheduler, SchedulerConfig
 from scheduler_extender.core.waittime import Calibrator, Interval
-from scheduler_extender.podfit import selector_mismatch, why_not
+from scheduler_extender.podfit import (
+    HOSTNAME_LABEL,
+    NODE_NAME_FIELD,
+    REQUIRED_AFFINITY,
+    NodeFit,
+    narrowed,
+    selector_mismatch,
+    why_not,
+)
 from scheduler_extender.predictor_store import job_key as history_key
 from scheduler_extender.workspaces import WorkspaceIndex
 
@@ -175,6 +183,7 @@ class PassCache:
         self.rest: tuple[list[Decoded], Waiting | None, int, Holders | None, list[Decoded]] | None = None
         self.holders: Holders | None = None
         self.versions: tuple[Decoded, ...] = ()  # the last pass's allocated GPRs, as decoded (see Holders)
+        self.fit = NodeFit()  # which nodes waiting pods can run on (by their constraints, the nodes' labels, taints)
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -686,11 +695,15 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     pods_of: dict[str, list[PodView]] = {}
     loose: list[PodView] = []  # ungated and unbound: waiting for kube-scheduler (few: the rest are bound or gated)
     gate = gr.SCHEDULING_GATE
+    unplaced: dict[str, list[PodView]] = {}  # live pods of a GPR that no node has yet: their constraints count
     for p in snap.pods.values():
         if p.gpr:
             pods_of.setdefault(p.gpr, []).append(p)
-            if not p.node and gate not in p.gates:
-                loose.append(p)
+            if not p.node:
+                if gate not in p.gates:
+                    loose.append(p)
+                if not p.terminating and p.phase not in TERMINAL_POD_PHASES:
+                    unplaced.setdefault(p.gpr, []).append(p)
 
     size_ranked = sched.cfg.use_priority and sched.cfg.order == "size"
     uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
@@ -820,6 +833,11 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
         elif name in inv.index and node.closed:  # no new reservation; the ones it has stay
             sched.close(name)
+    fit = cache.fit
+    if unplaced:
+        fit.sync(inv.names, snap.nodes)
+        plan.events += [(uid_of.get(e.gpr, ""), e) for e in _fit_pods(sched, fit, unplaced, pods_of, now)]
+    fit.forget_except(p.uid for group in unplaced.values() for p in group)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
     ticked = sched.tick(now)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]
@@ -1062,6 +1080,32 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) 
     return events
 
 
+def _fit_pods(sched: Scheduler, fit: NodeFit, unplaced: dict[str, list[PodView]],
+              pods_of: dict[str, list[PodView]], now: float) -> list[Event]:
+    """Keep each queued GPR to the nodes its waiting pods can run on (their tolerations, node selector and node
+    affinity: see :class:`NodeFit`). An Admitted GPR reserved on a node they cannot run on, while enough other
+    nodes would take them and no pod of it has been bound, gives the reservation back and is placed again in this
+    pass (its pods were created after its admission, say, or a node's labels or taints changed since)."""
+    events: list[Event] = []
+    names = sched.inv.names
+    for key, pods in unplaced.items():
+        g = sched.gprs.get(key)
+        if g is None:
+            continue
+        if g.phase is Phase.QUEUED:
+            sched.limit(key, fit.of_group(pods, g.node_count))
+        elif g.phase is Phase.ADMITTED and g.placement is not None and key in sched.holders:
+            allowed = fit.of_group(pods, g.node_count)
+            if allowed is None or len(allowed) < g.node_count:
+                continue
+            off = [names[a.node] for a in g.placement.assignments if names[a.node] not in allowed]
+            if not off or any(p.node and p.live for p in pods_of.get(key, ())):
+                continue
+            events += sched.give_back(key, now, f"Requeued: its pods cannot run on reserved node {off[0]}")
+            sched.limit(key, allowed)
+    return events
+
+
 def _cannot_run(pods: list[PodView], nodes: list[NodeView | None]) -> str:
     """Why the first unbound, live pod that kube-scheduler's own filters (taints, nodeSelector, node affinity)
     keep off every one of ``nodes`` cannot go there; "" when each can go to one of them."""
@@ -1252,9 +1296,6 @@ def _spots_moved(spots: list[tuple[float, float, float, float, float]], estimate
     return moved
 
 
-NODE_NAME_FIELD = "metadata.name"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def _by_name(node: str) -> dict[str, Any]:
@@ -1323,16 +1364,6 @@ def _within(term: dict[str, Any], kind: str, key: str, allowed: set[str]) -> boo
     those)."""
     return any(r.get("key") == key and r.get("operator") == "In" and r.get("values")
                and set(r["values"]) <= allowed for r in term.get(kind) or [])
-
-
-def narrowed(pod: PodView) -> bool:
-    """Whether accelstack narrowed this pod to a reservation (a required term names nodes by metadata.name or
-    by their hostname label)."""
-    terms = ((((pod.affinity or {}).get("nodeAffinity") or {}).get(REQUIRED_AFFINITY) or {})
-             .get("nodeSelectorTerms") or [])
-    return any(f.get("key") == NODE_NAME_FIELD for t in terms for f in t.get("matchFields") or []) or \
-        any(e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
-            for t in terms for e in t.get("matchExpressions") or [])
 
 
 def ungate_patch(pod: PodView, nodes: list[str], gate: str, hostnames: Mapping[str, str] | None = None

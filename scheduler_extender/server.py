@@ -49,8 +49,9 @@ def _pod_matters(old: PodView | None, new: PodView | None) -> bool:
     """Whether a pod change can change a controller decision (pods that ask for no managed resource never do)."""
     if old is None or new is None:
         return old is not new
-    return (old.phase, old.node, old.gates, old.terminating, old.gpr, old.ended_at) != (
-        new.phase, new.node, new.gates, new.terminating, new.gpr, new.ended_at)
+    return (old.phase, old.node, old.gates, old.terminating, old.gpr, old.ended_at, old.node_selector, old.affinity,
+            old.tolerations) != (new.phase, new.node, new.gates, new.terminating, new.gpr, new.ended_at,
+                                 new.node_selector, new.affinity, new.tolerations)
 
 
 def make_informers(kube: Kube, view: ClusterView, on_node: Callable[[str, dict[str, Any]], None],

@@ -68,6 +68,7 @@ from .gpr_resource import (
 from .http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
 from .http_body import loads as json_loads
 from .kube import Kube
+from .podfit import Constraints, why_not
 from .reconcile import HOSTNAME_LABEL, live_cluster_limitation, narrow_affinity
 from .resources import pod_requests
 from .workspace_admission import (
@@ -493,8 +494,10 @@ class Webhook:
         if spec.get("nodeName"):
             warnings.append(f"the pod names its node ({spec['nodeName']}), so it cannot be held by the scheduling "
                             f"gate {SCHEDULING_GATE}; its devices are not reserved through GPR {gpr_name}")
-        elif held and not already_gated:
-            # its GPR is admitted already (a Job's pods, a restart): no gate, straight to the reserved nodes
+        elif held and not already_gated and self._can_run_on(spec, held):
+            # its GPR is admitted already (a Job's pods, a restart): no gate, straight to the reserved nodes (a pod
+            # that cannot run on any of them is gated instead: the controller moves a GPR none of whose pods has
+            # run to where its pods can, or says why it cannot)
             affinity = spec.get("affinity")
             patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, held, self._hostnames(held))
         elif gates is None:
@@ -502,6 +505,16 @@ class Webhook:
         elif not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
             patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}})
         return review_response(uid, True, patch=patch, warnings=warnings)
+
+    def _can_run_on(self, spec: dict[str, Any], nodes: list[str]) -> bool:
+        """Whether kube-scheduler's own filters (taints, nodeSelector, node affinity) let the pod go to one of
+        ``nodes``, as the informer holds them (true when that cannot be judged: no view, no such node yet)."""
+        known = self.view.nodes if self.view is not None else {}
+        views = [v for n in nodes if (v := known.get(n)) is not None]
+        constraints = Constraints.of_spec(spec)
+        if not views or constraints is None:
+            return True
+        return any(not why_not(constraints, v) for v in views)
 
     def _hostnames(self, nodes: list[str]) -> dict[str, str]:
         """The nodes' ``kubernetes.io/hostname`` labels, as the informer holds them."""

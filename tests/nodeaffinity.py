@@ -72,3 +72,23 @@ def named_nodes(pod: dict[str, Any]) -> set[str] | None:
             return None
         out |= names
     return out
+
+
+def _tolerated(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return toleration.get("operator", "Equal") == "Equal" and \
+        (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def tolerates(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+    """kube-scheduler's TaintToleration filter: every NoSchedule or NoExecute taint of the node is tolerated by one
+    of the pod's tolerations (k8s.io/api core/v1 Toleration.ToleratesTaint)."""
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
+    return all(any(_tolerated(t, taint) for t in tolerations)
+               for taint in (node.get("spec") or {}).get("taints") or []
+               if taint.get("effect") in ("NoSchedule", "NoExecute"))

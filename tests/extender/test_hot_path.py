@@ -145,6 +145,10 @@ async def test_only_changes_that_matter_trigger_a_pass() -> None:
     poke.clear()
     service.pod_changed(p, pod_view(pod("p", 1, gpr="g", gated=True), view.resources))
     assert not poke.is_set()  # the same pod again (a resync, a label nobody reads): nothing
+    picky = pod("p", 1, gpr="g", gated=True)
+    picky["spec"]["nodeSelector"] = {"pool": "batch"}  # a gated pod's constraints may change: where its GPR may go
+    service.pod_changed(p, pod_view(picky, view.resources))
+    assert poke.is_set()
 
 
 def test_idle_timers_stay_bounded_under_constant_activity() -> None:

@@ -59,9 +59,12 @@ def test_selectors_and_required_affinity() -> None:
 
 
 def _pass(pods: list[dict[str, Any]], phase: str | None, reservation: dict[str, int] | None,
-          tainted: bool = True) -> Plan:
-    n1 = node("n1", gpus=4, taints=[TAINT] if tainted else None)
+          tainted: bool = True, spare: bool = False, cache: PassCache | None = None) -> Plan:
+    """One pass over a GPR of 4 GPUs on n1 (tainted unless told otherwise) and, with ``spare``, an untainted n2."""
+    n1 = node("n1", gpus=4, taints=[TAINT] if tainted else None, labels={"zone": "a"})
     nodes = {"n1": node_view(n1, (GPU,))}
+    if spare:
+        nodes["n2"] = node_view(node("n2", gpus=4, labels={"zone": "b"}), (GPU,))
     obj = gpr("g", phase=phase, devices=4, reservation=reservation, exitDuration="1h")
     obj["metadata"].update(uid="u-g", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
     if phase:
@@ -71,7 +74,7 @@ def _pass(pods: list[dict[str, Any]], phase: str | None, reservation: dict[str, 
         view = pod_view(p, (GPU,))
         assert view is not None
         views[view.uid] = view
-    return plan_pass(Snapshot(time.time(), nodes, views, {"u-g": obj}), PassConfig(), PassCache())
+    return plan_pass(Snapshot(time.time(), nodes, views, {"u-g": obj}), PassConfig(), cache or PassCache())
 
 
 def _conditions(plan: Plan) -> dict[str, dict[str, Any]]:
@@ -79,22 +82,71 @@ def _conditions(plan: Plan) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in write.status.get("conditions") or []}
 
 
+def _written(plan: Plan) -> dict[str, Any]:
+    (write,) = [w for w in plan.writes if w.key == "default/g"]
+    return write.status
+
+
+def test_a_queued_gpr_is_placed_only_where_its_pods_can_run() -> None:
+    # n1 comes first in every tie, but the gated pod does not tolerate its taint: the GPR goes to n2
+    plan = _pass([pod("g-0", 4, gpr="g", uid="p0", gated=True)], None, None, spare=True)
+    assert _written(plan)["phase"] == "Admitted"
+    assert _written(plan)["reservation"] == [{"node": "n2", "devices": 4}]
+    assert "PodsCannotRun" not in _conditions(plan)
+    # tolerating it, the pod may go to either: n1, first in the tie
+    tolerant = pod("g-0", 4, gpr="g", uid="p0", gated=True)
+    tolerant["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    assert _written(_pass([tolerant], None, None, spare=True))["reservation"] == [{"node": "n1", "devices": 4}]
+    # a nodeSelector, and a required node affinity, choose among untainted nodes the same way
+    picky = pod("g-0", 4, gpr="g", uid="p0", gated=True)
+    picky["spec"]["nodeSelector"] = {"zone": "b"}
+    assert _written(_pass([picky], None, None, tainted=False, spare=True))["reservation"] == [
+        {"node": "n2", "devices": 4}]
+    affine = pod("g-0", 4, gpr="g", uid="p0", gated=True)
+    affine["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}]}}}
+    assert _written(_pass([affine], None, None, tainted=False, spare=True))["reservation"] == [
+        {"node": "n2", "devices": 4}]
+
+
+def test_a_gpr_whose_pods_can_run_nowhere_waits_and_blocks_nobody() -> None:
+    plan = _pass([pod("g-0", 4, gpr="g", uid="p0", gated=True)], None, None)
+    status = _written(plan)
+    assert status["phase"] == "Queued" and status["reason"] == "Unschedulable"
+    assert any("on the nodes its pods can run on" in e.detail for _, e in plan.events)
+
+
 def test_an_admitted_gpr_whose_pods_cannot_go_to_its_nodes_says_so() -> None:
+    # admitted before its pods existed, onto the only node, which they cannot go to: there is nowhere better
     gated = pod("g-0", 4, gpr="g", uid="p0", gated=True)
-    plan = _pass([gated], None, None)
-    written = {w.key: w.status for w in plan.writes}
-    assert written["default/g"]["phase"] == "Admitted"  # reserved from the GPR's spec, as before
+    plan = _pass([gated], "Admitted", {"n1": 4})
+    assert _written(plan)["phase"] == "Admitted"
     condition = _conditions(plan)["PodsCannotRun"]
     assert condition["status"] == "True" and condition["reason"] == "Unschedulable"
     assert "pod g-0" in condition["message"] and "untolerated taint dedicated=team-a:NoSchedule" in condition["message"]
-    # the pod tolerates it: no condition
+    # the pod tolerates it: nothing to say
     tolerant = pod("g-0", 4, gpr="g", uid="p0", gated=True)
     tolerant["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
-    assert "PodsCannotRun" not in _conditions(_pass([tolerant], None, None))
+    assert "PodsCannotRun" not in _conditions(_pass([tolerant], "Admitted", {"n1": 4}))
     # a nodeSelector the node does not match
     picky = pod("g-0", 4, gpr="g", uid="p0", gated=True)
     picky["spec"]["nodeSelector"] = {"zone": "b"}
-    assert "nodeSelector zone=b" in _conditions(_pass([picky], None, None, tainted=False))["PodsCannotRun"]["message"]
+    assert "nodeSelector zone=b" in _conditions(_pass([picky], "Admitted", {"n1": 4}, tainted=False))[
+        "PodsCannotRun"]["message"]
+
+
+def test_an_admitted_gpr_whose_pods_cannot_go_to_its_nodes_moves_where_they_can() -> None:
+    """Admitted onto n1 before its pods existed; they cannot tolerate n1's taint and n2 is free: the reservation
+    moves to n2 in one pass, with no failure counted. Once a pod of it is bound, it stays (and says so)."""
+    plan = _pass([pod("g-0", 4, gpr="g", uid="p0", gated=True)], "Admitted", {"n1": 4}, spare=True)
+    status = _written(plan)
+    assert status["phase"] == "Admitted" and status["reservation"] == [{"node": "n2", "devices": 4}]
+    assert status.get("failures", 0) == 0
+    assert any(e.kind == "requeued" and "cannot run on reserved node n1" in e.detail for _, e in plan.events)
+    assert plan.ungate["u-g"] == ["n2"]
+    bound = pod("g-1", 4, gpr="g", uid="p1", node_name="n1", phase="Running")
+    plan = _pass([pod("g-0", 4, gpr="g", uid="p0", gated=True), bound], "Admitted", {"n1": 4}, spare=True)
+    assert not any(e.kind == "requeued" for _, e in plan.events)
 
 
 def test_a_pod_narrowed_to_nodes_its_gpr_no_longer_holds_is_evicted() -> None:

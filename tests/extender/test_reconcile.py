@@ -47,6 +47,8 @@ def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str
         obj = node(f"n{i}", gpus=rng.choice([2, 4, 8]), labels={"nvidia.com/gpu.product": rng.choice(["A", "B"])})
         if rng.random() < 0.15:  # cordoned: no new reservation there
             obj["spec"]["unschedulable"] = True
+        if rng.random() < 0.25:  # kept for one team: only pods that tolerate it go there
+            obj["spec"]["taints"] = [{"key": "dedicated", "value": "a", "effect": "NoSchedule"}]
         nodes[f"n{i}"] = node_view(obj, (GPU,))
     pods: dict[str, Any] = {}
     gprs: dict[str, dict[str, Any]] = {}
@@ -68,6 +70,10 @@ def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str
             state = rng.choice(["Pending", "Running", "Succeeded", "Failed"])
             p = pod(f"g{i}-{k}", 1, gpr=f"g{i}", uid=f"p{i}-{k}", gated=state == "Pending" and rng.random() < 0.7,
                     node_name=target if state != "Pending" else "", phase=state)
+            if rng.random() < 0.3:  # pods that may go to some nodes only: the GPR is placed where they can run
+                p["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": rng.choice(["A", "B"])}
+            if rng.random() < 0.3:
+                p["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
             view = pod_view(p, (GPU,))
             if view is not None:
                 pods[view.uid] = view
@@ -222,6 +228,10 @@ def test_warm_caches_plan_what_a_fresh_start_plans(seed: int, passes: int, learn
             name = sorted(nodes)[-1]
             entry = ledger.Entry(f"bound{i}", f"default/bound-{i}", {GPU: 1}, "", now)
             nodes = {**nodes, name: dataclasses.replace(nodes[name], ledger={**nodes[name].ledger, entry.uid: entry})}
+            # and a node tainted or untainted (pods that could go there may not any more, or the other way round)
+            name = sorted(nodes)[i % len(nodes)]
+            taints = () if nodes[name].taints else ({"key": "dedicated", "value": "a", "effect": "NoSchedule"},)
+            nodes = {**nodes, name: dataclasses.replace(nodes[name], taints=taints)}
         snap = Snapshot(now, nodes, pods, gprs)
         # passes in which the namespace belongs to a workspace with a quota (its GPRs change quota unit)
         index = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 6000}) if i in in_workspace else None
@@ -1127,3 +1137,6 @@ def test_a_heartbeat_is_no_change_a_readiness_change_is() -> None:
     down = node("n0")
     down["status"]["conditions"][0]["status"] = "False"
     assert not before.same_capacity(node_view(down, (GPU,)))
+    # what pods select nodes by, and must tolerate: a pass places queued GPRs by them
+    assert not before.same_capacity(node_view(node("n0", labels={"pool": "batch"}), (GPU,)))
+    assert not before.same_capacity(node_view(node("n0", taints=[{"key": "k", "effect": "NoSchedule"}]), (GPU,)))

@@ -866,7 +866,8 @@ async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gate
         {"metadata": {"name": "q", "namespace": "team-a", "uid": "u-q"}, "spec": {"devicesPerNode": 2},
          "status": {"phase": "Queued"}}])
     for name in ("n1", "n2"):
-        view.on_node("ADDED", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": f"host-{name}"}},
+        view.on_node("ADDED", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": f"host-{name}",
+                                                                     "zone": "a"}},
                                "status": {"allocatable": {"nvidia.com/gpu": "4"}}})
     http = await serve(Webhook(lookup, clock=lambda: NOW, view=view))
     lookup.fail = True  # the informer view answers: the API server is not asked
@@ -893,6 +894,17 @@ async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gate
         queued = pod(labels={"accelstack.io/gpr": "q"}, namespace="team-a")
         response = await call(http, "/mutate-pods", review(queued))
         assert gates(patched(queued, response)) == ["accelstack.io/gpr"]  # not admitted: held at the gate
+        # a pod that can run on none of the reserved nodes: held at the gate, not narrowed to them (its GPR is
+        # moved to where it can run by the controller, or says why not)
+        elsewhere = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a")
+        elsewhere["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "host-n9"}
+        out = patched(elsewhere, await call(http, "/mutate-pods", review(elsewhere)))
+        assert gates(out) == ["accelstack.io/gpr"] and "affinity" not in out["spec"]
+        # one of them will do
+        one = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a")
+        one["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "host-n2"}
+        out = patched(one, await call(http, "/mutate-pods", review(one)))
+        assert not gates(out) and out["spec"]["affinity"]
         too_big = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a", gpus=4)
         response = await call(http, "/mutate-pods", review(too_big))
         assert response["allowed"] is False and "reserves 2 per node" in response["status"]["message"]

@@ -117,7 +117,7 @@ async def break_watches(peer: APIServerPeer, rng: random.Random, stop: asyncio.E
 
 
 class Scheduler:
-    """kube-scheduler's part: one pod at a time, its own filters (gates, node affinity), a sample of the feasible
+    """kube-scheduler's part: one pod at a time, its own filters (gates, node affinity, taints), a sample of the feasible
     nodes to the extender, the extender's answer, bind through the extender; a pod that fails waits a backoff."""
 
     def __init__(self, peer: APIServerPeer, ports: list[int], rng: random.Random) -> None:
@@ -162,7 +162,8 @@ class Scheduler:
 
     async def schedule(self, http: aiohttp.ClientSession, p: dict[str, Any]) -> bool:
         feasible = sorted(name for (res, _, name), obj in self.peer.objects.items() if res == NODES_PATH
-                          and nodeaffinity.matches(p, name, obj["metadata"].get("labels") or {}))
+                          and nodeaffinity.matches(p, name, obj["metadata"].get("labels") or {})
+                          and nodeaffinity.tolerates(p, obj))
         names = self.rng.sample(feasible, max(1, round(len(feasible) * SAMPLE)))
         answer = await self.call(http, "filter", {"Pod": p, "Nodes": None, "NodeNames": names})
         assert answer.get("Error", "") == "", answer
