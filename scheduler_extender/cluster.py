@@ -20,6 +20,7 @@ from kubeapi.collector import collector_paused
 from scheduler_extender import ledger
 from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION, TERMINAL_PHASES, parse_duration
 from scheduler_extender.loop import let_go, slices
+from scheduler_extender.podfit import label_keys
 from scheduler_extender.resources import pod_requests, whole
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
@@ -29,6 +30,7 @@ CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
 HOLDING = ("Admitted", "Running")
 ALLOCATED = (*HOLDING, "Evicting")  # phases whose reservation still takes devices
 MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}  # the device plugins' node labels
+CAPACITY_LABELS = (MODEL_LABEL[GPU], "nvidia.com/gpu.memory", MODEL_LABEL[NR1], "kubernetes.io/hostname")
 # The node lifecycle controller's taints on a node whose kubelet stopped answering (kube-scheduler places nothing
 # there, whatever the effect, unless a pod tolerates them)
 OUT_OF_SERVICE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
@@ -68,13 +70,16 @@ class NodeView:
             return ""
         return self.unhealthy.get(resource) or self.unhealthy.get("*", "")
 
-    def same_capacity(self, other: NodeView) -> bool:
-        """Whether the GPR controller would see no difference (allocatable, health, ledger, labels: models and
-        what pods select nodes by, taints: what pods must tolerate)."""
+    def same_capacity(self, other: NodeView, labels: Iterable[str] = ()) -> bool:
+        """Whether the GPR controller would see no difference: allocatable, health, ledger, taints (what pods must
+        tolerate), the device model labels and the ``labels`` given (those pods select nodes by). Other labels
+        do not count: GPU feature discovery rewrites ``nvidia.com/gfd.timestamp`` on every node every minute."""
         return (self.allocatable == other.allocatable and self.unhealthy == other.unhealthy
                 and self.closed == other.closed
                 and self.ledger == other.ledger and self.ledger_error == other.ledger_error
-                and self.labels == other.labels and self.taints == other.taints)
+                and self.taints == other.taints
+                and all(self.labels.get(k) == other.labels.get(k) for k in CAPACITY_LABELS)
+                and all(self.labels.get(k) == other.labels.get(k) for k in labels))
 
 
 @dataclass
@@ -307,6 +312,7 @@ class ClusterView:
         self.nodes: dict[str, NodeView] = {}
         self.gprs: dict[str, GPRView] = {}
         self.pods: dict[str, PodView] = {}  # by UID
+        self.selector_keys: set[str] = set()  # node labels some pod's nodeSelector or node affinity read (grows only)
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.recorded: dict[str, str] = {}  # pod UID -> the node whose ledger records devices for it
         self._live: dict[str, set[str]] = {}  # namespace -> keys of its unfinished GPRs (not Complete/Cancelled)
@@ -468,6 +474,7 @@ class ClusterView:
         replaced = self.pods
         self.version += 1
         self.pods = fresh.pods
+        self.selector_keys |= fresh.selector_keys
         return replaced
 
     def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
@@ -481,6 +488,8 @@ class ClusterView:
             self.pods.pop(uid, None)
         else:
             self.pods[uid] = view
+            if view.node_selector or view.affinity:
+                self.selector_keys |= label_keys(view.node_selector, view.affinity)
 
     # queries
     def unfinished_in(self, namespaces: Iterable[str], exclude: str = "") -> int:

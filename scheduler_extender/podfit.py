@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 NODE_NAME_FIELD = "metadata.name"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -129,21 +131,30 @@ def narrowed(pod: Any) -> bool:
             for t in terms for e in t.get("matchExpressions") or [])
 
 
+def label_keys(node_selector: Mapping[str, Any] | None, affinity: Mapping[str, Any] | None) -> set[str]:
+    """The node labels a pod's ``nodeSelector`` and required node affinity read."""
+    keys = set(node_selector or ())
+    for term in _required_terms(affinity):
+        if isinstance(term, Mapping):
+            keys.update(str(r.get("key")) for r in term.get("matchExpressions") or () if isinstance(r, Mapping))
+    return keys
+
+
 def fit_key(pod: Any) -> str:
     """The pod's constraints on nodes, in one canonical string: tolerations (in any order), ``nodeSelector`` and
-    required node affinity, the affinity left out when accelstack narrowed it (a narrowing names an old
-    reservation, and a narrowed pod is replaced when its GPR moves: see reconcile._stale_narrowings)."""
-    tolerations = sorted(json.dumps(t, sort_keys=True) for t in pod.tolerations)
-    terms = [] if narrowed(pod) else _required_terms(pod.affinity)
-    return json.dumps([tolerations, pod.node_selector or {}, terms], sort_keys=True, separators=(",", ":"))
+    required node affinity."""
+    tolerations = sorted(orjson.dumps(t, option=orjson.OPT_SORT_KEYS) for t in pod.tolerations)
+    terms = _required_terms(pod.affinity)
+    return orjson.dumps([[t.decode() for t in tolerations], pod.node_selector or {}, terms],
+                        option=orjson.OPT_SORT_KEYS).decode()
 
 
 class NodeFit:
-    """Which nodes a GPR's pods can run on, as kube-scheduler's own filters judge them (:func:`why_not`, the
-    narrowing left out: :func:`fit_key`), kept between passes: each pod's key by its view, and the nodes each
-    distinct key allows, until a node's labels or taints change or the node set does (a status heartbeat, which
-    replaces a node's view, changes nothing). What it answers is a function of the views alone: a restart
-    rebuilds it identically."""
+    """Which nodes a GPR's pods can run on, as kube-scheduler's own filters judge them (:func:`why_not`), kept
+    between passes: each pod's key by its view, and the nodes each
+    distinct key allows, until the node set changes, a node's taints do, or a node label that some key reads (a
+    status heartbeat, or a label nobody selects by such as GPU feature discovery's ``nvidia.com/gfd.timestamp``,
+    changes nothing). What it answers is a function of the views alone: a restart rebuilds it identically."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -151,6 +162,7 @@ class NodeFit:
         self.groups: list[tuple[tuple[Any, ...], list[str]]] = []  # distinct taints -> the nodes that have them
         self.allowed_by_key: dict[str, frozenset[str] | None] = {}
         self.keys: dict[str, tuple[Any, str]] = {}  # pod UID -> (its view, its key)
+        self.label_keys: set[str] = set()  # the node labels the keys in allowed_by_key read
 
     def sync(self, names: Sequence[str], nodes: Mapping[str, Any]) -> None:
         """Judge against ``names`` (the inventory's nodes), as ``nodes`` (views by name) now have them."""
@@ -160,7 +172,8 @@ class NodeFit:
             for name in names:
                 view, old = nodes[name], views[name]
                 if view is not old:
-                    if view.labels != old.labels or view.taints != old.taints:
+                    if view.taints != old.taints or any(
+                            view.labels.get(k) != old.labels.get(k) for k in self.label_keys):
                         same = False
                         break
                     views[name] = view
@@ -175,6 +188,7 @@ class NodeFit:
             by_taints.setdefault(key, (taints, []))[1].append(name)
         self.groups = list(by_taints.values())
         self.allowed_by_key = {}
+        self.label_keys = set()
 
     def allowed(self, pod: Any) -> frozenset[str] | None:
         """The nodes ``pod`` can run on (None: every node)."""
@@ -186,8 +200,9 @@ class NodeFit:
             self.keys[pod.uid] = (pod, key)
         if key in self.allowed_by_key:
             return self.allowed_by_key[key]
-        affinity = None if narrowed(pod) else pod.affinity
+        affinity = pod.affinity
         selective = bool(pod.node_selector) or bool(_required_terms(affinity))
+        self.label_keys |= label_keys(pod.node_selector, affinity)
         ok: list[str] = []
         for taints, names in self.groups:
             if untolerated(taints, pod.tolerations):
@@ -225,3 +240,4 @@ class NodeFit:
                 del self.keys[uid]
         if len(self.allowed_by_key) > 4 * max(len(self.keys), 64):
             self.allowed_by_key = {}
+            self.label_keys = set()

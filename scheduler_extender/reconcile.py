@@ -695,15 +695,17 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     pods_of: dict[str, list[PodView]] = {}
     loose: list[PodView] = []  # ungated and unbound: waiting for kube-scheduler (few: the rest are bound or gated)
     gate = gr.SCHEDULING_GATE
-    unplaced: dict[str, list[PodView]] = {}  # live pods of a GPR that no node has yet: their constraints count
+    # live pods of a GPR held at its gate: where they can run is where the GPR may go. Their node affinity is all
+    # their own (accelstack narrows a pod only in the patch that lifts the gate, or, in the webhook, instead of it)
+    gated: dict[str, list[PodView]] = {}
     for p in snap.pods.values():
         if p.gpr:
             pods_of.setdefault(p.gpr, []).append(p)
             if not p.node:
                 if gate not in p.gates:
                     loose.append(p)
-                if not p.terminating and p.phase not in TERMINAL_POD_PHASES:
-                    unplaced.setdefault(p.gpr, []).append(p)
+                elif not p.terminating and p.phase not in TERMINAL_POD_PHASES:
+                    gated.setdefault(p.gpr, []).append(p)
 
     size_ranked = sched.cfg.use_priority and sched.cfg.order == "size"
     uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
@@ -834,10 +836,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         elif name in inv.index and node.closed:  # no new reservation; the ones it has stay
             sched.close(name)
     fit = cache.fit
-    if unplaced:
+    if gated:
         fit.sync(inv.names, snap.nodes)
-        plan.events += [(uid_of.get(e.gpr, ""), e) for e in _fit_pods(sched, fit, unplaced, pods_of, now)]
-    fit.forget_except(p.uid for group in unplaced.values() for p in group)
+        plan.events += [(uid_of.get(e.gpr, ""), e) for e in _fit_pods(sched, fit, gated, pods_of, now)]
+    fit.forget_except(p.uid for group in gated.values() for p in group)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
     ticked = sched.tick(now)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]
@@ -1080,15 +1082,16 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) 
     return events
 
 
-def _fit_pods(sched: Scheduler, fit: NodeFit, unplaced: dict[str, list[PodView]],
+def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
               pods_of: dict[str, list[PodView]], now: float) -> list[Event]:
-    """Keep each queued GPR to the nodes its waiting pods can run on (their tolerations, node selector and node
+    """Keep each queued GPR to the nodes its gated pods can run on (their tolerations, node selector and node
     affinity: see :class:`NodeFit`). An Admitted GPR reserved on a node they cannot run on, while enough other
     nodes would take them and no pod of it has been bound, gives the reservation back and is placed again in this
-    pass (its pods were created after its admission, say, or a node's labels or taints changed since)."""
+    pass (its pods were created after its admission, and the webhook held them at the gate because none of the
+    reserved nodes would take them, say, or a node's labels or taints changed before they were let go)."""
     events: list[Event] = []
     names = sched.inv.names
-    for key, pods in unplaced.items():
+    for key, pods in gated.items():
         g = sched.gprs.get(key)
         if g is None:
             continue

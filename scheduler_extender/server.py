@@ -150,7 +150,7 @@ class ControllerService:
 
     # events from the informers (the owner of the view calls these after updating it)
     def node_changed(self, old: Any, new: Any) -> None:
-        if old is None or new is None or not old.same_capacity(new):
+        if old is None or new is None or not old.same_capacity(new, self.view.selector_keys):
             self.controller.changed()
 
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:

@@ -47,12 +47,22 @@ import numpy as np
 
 from .eviction import Candidate, plan_eviction
 from .gpr import GPR, Phase, backoff_delay, clone, priority_class
-from .inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
+from .inventory import MILLI_PER_DEVICE, AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from .placement import PlacementPolicy, Request, fits
 from .predictor import DurationPredictor, JobKey, shape_of
 from .predictor import job_key as make_job_key
 from .queue import GPRQueue, Key, queue_key
-from .waittime import Calibrator, Holder, Interval, Job, Release, earliest_fit, holder_order, project
+from .waittime import (
+    Calibrator,
+    Holder,
+    Interval,
+    Job,
+    Release,
+    earliest_fit,
+    holder_order,
+    project,
+    serve_pool,
+)
 
 ORDERS = ("priority", "size")
 LEVEL = {"low": 1, "medium": 2, "high": 3}  # priority levels: strict between them
@@ -722,7 +732,8 @@ class Scheduler:
             res = self.inv.resources[int(self.inv.resource[p.assignments[0].node])] if p.assignments else ""
             releases.append(Release(math.inf, p.milli_total(), res, ""))
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
-        raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now)
+        raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now,
+                                        self._kept_starts(order, jobs, now))
         first = self._first_est
         names: list[str] = []  # those asked about, in order
         asked: list[tuple[str, float]] = []
@@ -742,6 +753,54 @@ class Scheduler:
                     for name in [n for n in memo if n not in out]:
                         del memo[name]
         return out
+
+    def _kept_starts(self, order: list[GPR], jobs: list[Job], now: float) -> dict[str, float]:
+        """For queued GPRs kept to some of their resource's nodes (``models``, or a limit: where their pods can
+        run), the earliest start those nodes alone allow: each such node set served as a pool of its own (its
+        healthy devices, the holders' devices on it released at their predicted ends, its GPRs in queue order),
+        as a workspace's quota is. A lower bound the whole pool's projection then starts from, so that a GPR
+        that may use only busy H100 nodes is not promised the idle A100 ones. Empty when no GPR is kept."""
+        limits, inv = self.limits, self.inv
+        groups: dict[tuple[str, frozenset[str], frozenset[str] | None], list[tuple[float, int, int, float, str]]] = {}
+        for g, j in zip(order, jobs, strict=True):
+            nodes = limits.get(g.name) if limits else None
+            if g.models or nodes is not None:
+                groups.setdefault((g.resource, frozenset(g.models), nodes), []).append(
+                    (max(j.ready, now), j.order, j.milli, j.duration, j.name))
+        if not groups:
+            return {}
+        # every holder's devices, node by node: (node, milli, predicted release)
+        at: list[tuple[int, int, float]] = []
+        releases = self._releases  # (estimate_ranges has just brought every holder's up to date)
+        for h in self.holders.values():
+            end = releases[h.name].end
+            at += [(a.node, len(a.devices) * a.milli, end) for a in self._assignments(h)]
+        for g in self.evicting.values():
+            at += [(a.node, len(a.devices) * a.milli, now) for a in self._assignments(g)]
+        for p in self.external.values():
+            at += [(a.node, len(a.devices) * a.milli, math.inf) for a in p.assignments]
+        held_node = np.fromiter((n for n, _, _ in at), dtype=np.int64, count=len(at))
+        healthy = inv.healthy.sum(axis=1) * MILLI_PER_DEVICE
+        out: dict[str, float] = {}
+        for (resource, models, nodes), members in groups.items():
+            if resource not in inv.resource_index:
+                continue
+            mask = inv.resource == inv.resource_index[resource]
+            whole = mask.copy()
+            if models:
+                mask &= inv.models_mask(models)
+            if nodes is not None:
+                mask &= inv.names_mask(nodes)
+            if np.array_equal(mask, whole):
+                continue  # kept to all of its resource's nodes: the whole pool's projection says it all
+            on = mask[held_node].tolist() if at else []
+            freed = [(end, milli) for (_, milli, end), inside in zip(at, on, strict=True) if inside]
+            out.update(serve_pool(int(healthy[mask].sum()), freed, members, now))
+        return out
+
+    @staticmethod
+    def _assignments(g: GPR) -> tuple[NodeAssignment, ...]:
+        return g.placement.assignments if g.placement is not None else ()
 
     def check(self) -> None:
         """Invariants: inventory consistent; holders are exactly the allocations; quotas respected."""

@@ -197,7 +197,7 @@ class Job(NamedTuple):
     workspace: str
 
 
-def _serve(
+def serve_pool(
     capacity: int, releases: list[tuple[float, int]], jobs: list[tuple[float, int, int, float, str]], now: float
 ) -> dict[str, float]:
     """One pool of ``capacity`` milli: ``releases`` (end, milli) of what holds it now; ``jobs`` (ready, order,
@@ -248,6 +248,7 @@ def project(
     holders: Sequence[Release],
     jobs: Sequence[Job],
     now: float,
+    floor: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Predicted start of each queued job with devices counted as one pool per resource (placement
     constraints and fragmentation are left to the calibration), holders releasing at their *predicted* ends
@@ -255,21 +256,24 @@ def project(
 
     First each workspace with a quota is served on its own (its quota as the pool, its holders, its jobs in
     queue order): that gives the earliest start the quota allows. Then each resource's pool serves every job
-    from that time on, in queue order among those ready. Cost: O(n log n) for n holders and jobs."""
+    from that time on, in queue order among those ready. ``floor``: the earliest start of some jobs, found apart
+    (the nodes they may use: see Scheduler._kept_starts). Cost: O(n log n) for n holders and jobs."""
     ready: dict[str, float] = {}
     by_ws: dict[str, list[tuple[float, int, int, float, str]]] = {}
+    floor = floor or {}
     for j in jobs:
+        at = max(j.ready, now, floor[j.name]) if j.name in floor else max(j.ready, now)
         if j.workspace in quotas:
-            by_ws.setdefault(j.workspace, []).append((max(j.ready, now), j.order, j.milli, j.duration, j.name))
+            by_ws.setdefault(j.workspace, []).append((at, j.order, j.milli, j.duration, j.name))
         else:
-            ready[j.name] = max(j.ready, now)
+            ready[j.name] = at
     if by_ws:
         ws_rel: dict[str, list[tuple[float, int]]] = {}
         for h in holders:
             if h.workspace in by_ws:
                 ws_rel.setdefault(h.workspace, []).append((h.end, h.milli))
         for ws, wjobs in by_ws.items():
-            ready.update(_serve(quotas[ws], ws_rel.get(ws, []), wjobs, now))
+            ready.update(serve_pool(quotas[ws], ws_rel.get(ws, []), wjobs, now))
     by_res: dict[str, list[tuple[float, int, int, float, str]]] = {}
     out: dict[str, float] = {}
     for j in jobs:
@@ -282,7 +286,7 @@ def project(
     for h in holders:
         res_rel.setdefault(h.resource, []).append((h.end, h.milli))
     for res, rjobs in by_res.items():
-        out.update(_serve(capacity.get(res, 0), res_rel.get(res, []), rjobs, now))
+        out.update(serve_pool(capacity.get(res, 0), res_rel.get(res, []), rjobs, now))
     return out
 
 

@@ -219,6 +219,24 @@ def test_estimates_follow_exit_durations() -> None:
     assert s.estimates(10) == {"b": 100, "c": 130}
 
 
+def test_estimates_of_a_gpr_kept_to_some_nodes_wait_for_those_nodes() -> None:
+    """An H100 node busy until 100 and an idle A100 node: a GPR that may use the H100 node only (its pods' limit,
+    or its models) is estimated to start when that node frees, not now; one that may use either, now."""
+    inv = Inventory([NodeSpec("h0", 4, model="H100"), NodeSpec("a0", 4, model="A100")])
+    s = Scheduler(inv, BestFit(), SchedulerConfig(backfill=True))
+    s.submit(GPR("busy", devices_per_node=4, exit_duration_s=100), 0)
+    s.limit("busy", frozenset({"h0"}))
+    s.tick(0)
+    assert _nodes_of(s, "busy") == {"h0"}
+    s.submit(GPR("pinned", devices_per_node=2, exit_duration_s=50, priority=300), 1)
+    s.limit("pinned", frozenset({"h0"}))
+    s.submit(GPR("modelled", devices_per_node=2, exit_duration_s=50, models=("H100",), priority=300), 1)
+    s.submit(GPR("any", devices_per_node=4, exit_duration_s=50), 1)
+    assert s.estimates(1) == {"pinned": 100, "modelled": 100, "any": 1}
+    s.limit("pinned", None)  # its pods can run anywhere now
+    assert s.estimates(1)["pinned"] == 1
+
+
 # ----------------------------------------------------------------------------------- properties
 gpr_spec = st.fixed_dictionaries(
     {

@@ -149,6 +149,21 @@ async def test_only_changes_that_matter_trigger_a_pass() -> None:
     picky["spec"]["nodeSelector"] = {"pool": "batch"}  # a gated pod's constraints may change: where its GPR may go
     service.pod_changed(p, pod_view(picky, view.resources))
     assert poke.is_set()
+    poke.clear()
+    # a node label: only one that some pod selects nodes by (GPU feature discovery rewrites a timestamp label on
+    # every node every minute)
+    stamped = node("n0", gpus=4, labels={"nvidia.com/gfd.timestamp": "1764662400", "pool": "batch"})
+    restamped = node("n0", gpus=4, labels={"nvidia.com/gfd.timestamp": "1764662460", "pool": "batch"})
+    moved = node("n0", gpus=4, labels={"nvidia.com/gfd.timestamp": "1764662460", "pool": "interactive"})
+    service.node_changed(node_view(stamped, view.resources), node_view(restamped, view.resources))
+    service.node_changed(node_view(restamped, view.resources), node_view(moved, view.resources))
+    assert not poke.is_set()  # no pod in the view selects by either
+    view.on_pod("ADDED", picky)
+    assert view.selector_keys == {"pool"}
+    service.node_changed(node_view(stamped, view.resources), node_view(restamped, view.resources))
+    assert not poke.is_set()
+    service.node_changed(node_view(restamped, view.resources), node_view(moved, view.resources))
+    assert poke.is_set()
 
 
 def test_idle_timers_stay_bounded_under_constant_activity() -> None:

@@ -107,6 +107,14 @@ def test_a_queued_gpr_is_placed_only_where_its_pods_can_run() -> None:
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}]}}}
     assert _written(_pass([affine], None, None, tainted=False, spare=True))["reservation"] == [
         {"node": "n2", "devices": 4}]
+    # pinned by the user to a host (the form accelstack's own narrowing takes too): a gated pod's affinity is
+    # all its own, and counts
+    pinned = pod("g-0", 4, gpr="g", uid="p0", gated=True)
+    pinned["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                     "values": ["n2"]}]}]}}}
+    assert _written(_pass([pinned], None, None, tainted=False, spare=True))["reservation"] == [
+        {"node": "n2", "devices": 4}]
 
 
 def test_a_gpr_whose_pods_can_run_nowhere_waits_and_blocks_nobody() -> None:
@@ -159,3 +167,42 @@ def test_a_pod_narrowed_to_nodes_its_gpr_no_longer_holds_is_evicted() -> None:
     plan = _pass([old, current], "Admitted", {"n1": 4}, tainted=False)
     assert [e.pod.uid for e in plan.evictions] == ["p-old"]
     assert "no longer holds" in plan.evictions[0].why
+
+
+def test_node_fit_is_kept_until_a_label_it_reads_or_a_taint_changes() -> None:
+    """NodeFit answers from what it computed while no node's taints and no label some pod selects by changed;
+    a heartbeat or another label (GPU feature discovery's timestamp) keeps it; answers equal a fresh one's."""
+    from scheduler_extender.podfit import NodeFit
+
+    def views(**labels: dict[str, str]) -> dict[str, Any]:
+        return {name: node_view(node(name, labels=lab, taints=[TAINT] if name == "n2" else None), (GPU,))
+                for name, lab in labels.items()}
+
+    picky = pod_view({**pod("p", 1, gpr="g", gated=True, uid="p"), "spec": {
+        **pod("p", 1)["spec"], "nodeSelector": {"zone": "a"}}}, (GPU,))
+    plain = pod_view(pod("q", 1, gpr="h", gated=True, uid="q"), (GPU,))
+    assert picky is not None and plain is not None
+    nodes = views(n0={"zone": "a", "stamp": "1"}, n1={"zone": "b", "stamp": "1"}, n2={"zone": "a", "stamp": "1"})
+    fit = NodeFit()
+    fit.sync(sorted(nodes), nodes)
+    assert fit.allowed(picky) == frozenset({"n0"})  # n2 is tainted
+    assert fit.allowed(plain) == frozenset({"n0", "n1"})
+    kept = fit.allowed_by_key
+    restamped = views(n0={"zone": "a", "stamp": "2"}, n1={"zone": "b", "stamp": "2"}, n2={"zone": "a", "stamp": "2"})
+    fit.sync(sorted(restamped), restamped)
+    assert fit.allowed_by_key is kept  # nothing read changed
+    moved = views(n0={"zone": "b"}, n1={"zone": "a"}, n2={"zone": "a"})
+    fit.sync(sorted(moved), moved)
+    assert fit.allowed(picky) == frozenset({"n1"})
+    fresh = NodeFit()
+    fresh.sync(sorted(moved), moved)
+    assert fresh.allowed(picky) == fit.allowed(picky) and fresh.allowed(plain) == fit.allowed(plain)
+    # every pod can run everywhere: no limit at all; pods pinned apart: any of their nodes
+    untainted = {n: node_view(node(n, labels={"zone": z}), (GPU,)) for n, z in (("n0", "a"), ("n1", "b"))}
+    fit.sync(sorted(untainted), untainted)
+    assert fit.of_group([plain], 1) is None
+    other = pod_view({**pod("r", 1, gpr="g", gated=True, uid="r"), "spec": {
+        **pod("r", 1)["spec"], "nodeSelector": {"zone": "b"}}}, (GPU,))
+    assert other is not None
+    assert fit.of_group([picky, plain], 1) == frozenset({"n0"})  # both can run there
+    assert fit.of_group([picky, other], 2) == frozenset({"n0", "n1"})  # none in common: each to its own

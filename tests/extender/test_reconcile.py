@@ -1137,6 +1137,9 @@ def test_a_heartbeat_is_no_change_a_readiness_change_is() -> None:
     down = node("n0")
     down["status"]["conditions"][0]["status"] = "False"
     assert not before.same_capacity(node_view(down, (GPU,)))
-    # what pods select nodes by, and must tolerate: a pass places queued GPRs by them
-    assert not before.same_capacity(node_view(node("n0", labels={"pool": "batch"}), (GPU,)))
+    # what pods must tolerate, and select nodes by: a pass places queued GPRs by them
     assert not before.same_capacity(node_view(node("n0", taints=[{"key": "k", "effect": "NoSchedule"}]), (GPU,)))
+    relabelled = node_view(node("n0", labels={"pool": "batch"}), (GPU,))
+    assert before.same_capacity(relabelled)  # a label no pod selects by (GFD's timestamp, say): nothing
+    assert not before.same_capacity(relabelled, {"pool"})
+    assert not before.same_capacity(node_view(node("n0", labels={"nvidia.com/gpu.product": "H100"}), (GPU,)))
