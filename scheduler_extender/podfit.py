@@ -163,6 +163,10 @@ class NodeFit:
         self.allowed_by_key: dict[str, frozenset[str] | None] = {}
         self.keys: dict[str, tuple[Any, str]] = {}  # pod UID -> (its view, its key)
         self.label_keys: set[str] = set()  # the node labels the keys in allowed_by_key read
+        self.generation = 0  # +1 whenever allowed_by_key is dropped
+        # GPR -> (generation, node count, its pods' views, answer) of the last pass: most GPRs' pods stay the same
+        self.by_group: dict[str, tuple[int, int, list[Any], frozenset[str] | None]] = {}
+        self._seen: dict[str, tuple[int, int, list[Any], frozenset[str] | None]] = {}
 
     def sync(self, names: Sequence[str], nodes: Mapping[str, Any]) -> None:
         """Judge against ``names`` (the inventory's nodes), as ``nodes`` (views by name) now have them."""
@@ -189,6 +193,7 @@ class NodeFit:
         self.groups = list(by_taints.values())
         self.allowed_by_key = {}
         self.label_keys = set()
+        self.generation += 1
 
     def allowed(self, pod: Any) -> frozenset[str] | None:
         """The nodes ``pod`` can run on (None: every node)."""
@@ -216,6 +221,15 @@ class NodeFit:
         self.allowed_by_key[key] = allowed
         return allowed
 
+    def of_gpr(self, key: str, pods: list[Any], node_count: int) -> frozenset[str] | None:
+        """:meth:`of_group` for GPR ``key``, kept while its pods are the very views seen last time (a list compares
+        its items by identity first) and nothing the answers depend on changed."""
+        hit = self.by_group.get(key)
+        if hit is None or hit[0] != self.generation or hit[1] != node_count or hit[2] != pods:
+            hit = (self.generation, node_count, pods, self.of_group(pods, node_count))
+        self._seen[key] = hit
+        return hit[3]
+
     def of_group(self, pods: Iterable[Any], node_count: int) -> frozenset[str] | None:
         """The nodes a GPR of ``node_count`` nodes may be placed on for ``pods`` (None: any): those every pod
         can run on while there are enough of them; when pods pinned apart leave fewer, those any of them can
@@ -241,3 +255,5 @@ class NodeFit:
         if len(self.allowed_by_key) > 4 * max(len(self.keys), 64):
             self.allowed_by_key = {}
             self.label_keys = set()
+            self.generation += 1
+        self.by_group, self._seen = self._seen, {}  # the GPRs asked about since the last call

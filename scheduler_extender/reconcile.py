@@ -1096,9 +1096,11 @@ def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
         if g is None:
             continue
         if g.phase is Phase.QUEUED:
-            sched.limit(key, fit.of_group(pods, g.node_count))
+            nodes = fit.of_gpr(key, pods, g.node_count)
+            if nodes is not None:
+                sched.limit(key, nodes)
         elif g.phase is Phase.ADMITTED and g.placement is not None and key in sched.holders:
-            allowed = fit.of_group(pods, g.node_count)
+            allowed = fit.of_gpr(key, pods, g.node_count)
             if allowed is None or len(allowed) < g.node_count:
                 continue
             off = [names[a.node] for a in g.placement.assignments if names[a.node] not in allowed]
