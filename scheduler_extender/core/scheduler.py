@@ -39,6 +39,7 @@ import dataclasses
 import heapq
 import math
 import weakref
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ from .waittime import (
     Holder,
     Interval,
     Job,
+    KeptJobs,
     Release,
     earliest_fit,
     holder_order,
@@ -733,7 +735,7 @@ class Scheduler:
             releases.append(Release(math.inf, p.milli_total(), res, ""))
         capacity = {r: self.inv.capacity_milli(r, healthy_only=True) for r in {j.resource for j in jobs}}
         raw = self.projection = project(capacity, self.cfg.quotas or {}, releases, jobs, now,
-                                        self._kept_starts(order, jobs, now))
+                                        self._kept_jobs(order, jobs, now))
         first = self._first_est
         names: list[str] = []  # those asked about, in order
         asked: list[tuple[str, float]] = []
@@ -754,34 +756,22 @@ class Scheduler:
                         del memo[name]
         return out
 
-    def _kept_starts(self, order: list[GPR], jobs: list[Job], now: float) -> dict[str, float]:
-        """For queued GPRs kept to some of their resource's nodes (``models``, or a limit: where their pods can
-        run), the earliest start those nodes alone allow: each such node set served as a pool of its own (its
-        healthy devices, the holders' devices on it released at their predicted ends, its GPRs in queue order),
-        as a workspace's quota is. A lower bound the whole pool's projection then starts from, so that a GPR
-        that may use only busy H100 nodes is not promised the idle A100 ones. Empty when no GPR is kept."""
+    def _kept_jobs(self, order: list[GPR], jobs: list[Job], now: float) -> KeptJobs | None:
+        """Queued GPRs kept to some of their resource's nodes (``models``, or a limit: where their pods can run),
+        for the fluid projection (see :class:`.waittime.KeptJobs`): each such node set is a pool of its healthy
+        devices, released as the holders on it are predicted to leave. So a GPR that may use only busy H100 nodes
+        is not promised the idle A100 ones. None when no GPR is kept."""
         limits, inv = self.limits, self.inv
-        groups: dict[tuple[str, frozenset[str], frozenset[str] | None], list[tuple[float, int, int, float, str]]] = {}
-        for g, j in zip(order, jobs, strict=True):
+        groups: dict[tuple[str, tuple[str, ...], frozenset[str] | None], list[int]] = {}  # -> positions in order
+        for i, g in enumerate(order):
             nodes = limits.get(g.name) if limits else None
             if g.models or nodes is not None:
-                groups.setdefault((g.resource, frozenset(g.models), nodes), []).append(
-                    (max(j.ready, now), j.order, j.milli, j.duration, j.name))
+                groups.setdefault((g.resource, g.models, nodes), []).append(i)
         if not groups:
-            return {}
-        # every holder's devices, node by node: (node, milli, predicted release)
-        at: list[tuple[int, int, float]] = []
-        releases = self._releases  # (estimate_ranges has just brought every holder's up to date)
-        for h in self.holders.values():
-            end = releases[h.name].end
-            at += [(a.node, len(a.devices) * a.milli, end) for a in self._assignments(h)]
-        for g in self.evicting.values():
-            at += [(a.node, len(a.devices) * a.milli, now) for a in self._assignments(g)]
-        for p in self.external.values():
-            at += [(a.node, len(a.devices) * a.milli, math.inf) for a in p.assignments]
-        held_node = np.fromiter((n for n, _, _ in at), dtype=np.int64, count=len(at))
-        healthy = inv.healthy.sum(axis=1) * MILLI_PER_DEVICE
-        out: dict[str, float] = {}
+            return None
+        per_resource = Counter(g.resource for g in order)
+        # by node set: GPRs kept to the same nodes (by models, or by their pods) share one pool, in queue order
+        by_set: dict[tuple[str, bytes], tuple[np.ndarray, list[int]]] = {}
         for (resource, models, nodes), members in groups.items():
             if resource not in inv.resource_index:
                 continue
@@ -791,12 +781,45 @@ class Scheduler:
                 mask &= inv.models_mask(models)
             if nodes is not None:
                 mask &= inv.names_mask(nodes)
-            if np.array_equal(mask, whole):
-                continue  # kept to all of its resource's nodes: the whole pool's projection says it all
-            on = mask[held_node].tolist() if at else []
-            freed = [(end, milli) for (_, milli, end), inside in zip(at, on, strict=True) if inside]
-            out.update(serve_pool(int(healthy[mask].sum()), freed, members, now))
-        return out
+            if not np.array_equal(mask, whole):  # kept to all of its resource's nodes: nothing to say
+                by_set.setdefault((resource, mask.tobytes()), (mask, []))[1].extend(members)
+        if not by_set:
+            return None
+        masks: dict[str, list[tuple[np.ndarray, list[int]]]] = {}
+        for (resource, _), (mask, members) in by_set.items():
+            members.sort()  # queue order
+            masks.setdefault(resource, []).append((mask, members))
+        # every holder's devices, node by node: (node, milli, predicted release)
+        at: list[tuple[int, int, float]] = []
+        releases = self._releases  # (estimate_ranges has just brought every holder's up to date)
+        for h in self.holders.values():
+            if h.placement is not None:
+                end = releases[h.name].end
+                at += [(a.node, len(a.devices) * a.milli, end) for a in h.placement.assignments]
+        for g in self.evicting.values():
+            at += [(a.node, len(a.devices) * a.milli, now) for a in self._assignments(g)]
+        for p in self.external.values():
+            at += [(a.node, len(a.devices) * a.milli, math.inf) for a in p.assignments]
+        held_node = np.fromiter((n for n, _, _ in at), dtype=np.int64, count=len(at))
+        healthy = inv.healthy.sum(axis=1) * MILLI_PER_DEVICE
+        kept = KeptJobs()
+        for resource, sets in masks.items():
+            # every job of the resource kept to one of sets that do not overlap: each set is its jobs' pool
+            apart = (sum(len(m) for _, m in sets) == per_resource[resource]
+                     and int(np.sum([mask for mask, _ in sets], axis=0).max()) <= 1)
+            for k, (mask, members) in enumerate(sets):
+                on = mask[held_node].tolist() if at else []
+                freed = [(end, milli) for (_, milli, end), inside in zip(at, on, strict=True) if inside]
+                capacity = int(healthy[mask].sum())
+                if apart:
+                    pool = f"{resource}#{k}"
+                    kept.pools[pool] = (capacity, freed)
+                    kept.pool_of.update((order[i].name, pool) for i in members)
+                else:
+                    served = [(max(jobs[i].ready, now), jobs[i].order, jobs[i].milli, jobs[i].duration,
+                               jobs[i].name) for i in members]
+                    kept.floor.update(serve_pool(capacity, freed, served, now))
+        return kept
 
     @staticmethod
     def _assignments(g: GPR) -> tuple[NodeAssignment, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .inventory import Inventory, Placement
@@ -248,7 +248,7 @@ def project(
     holders: Sequence[Release],
     jobs: Sequence[Job],
     now: float,
-    floor: dict[str, float] | None = None,
+    kept: KeptJobs | None = None,
 ) -> dict[str, float]:
     """Predicted start of each queued job with devices counted as one pool per resource (placement
     constraints and fragmentation are left to the calibration), holders releasing at their *predicted* ends
@@ -256,11 +256,12 @@ def project(
 
     First each workspace with a quota is served on its own (its quota as the pool, its holders, its jobs in
     queue order): that gives the earliest start the quota allows. Then each resource's pool serves every job
-    from that time on, in queue order among those ready. ``floor``: the earliest start of some jobs, found apart
-    (the nodes they may use: see Scheduler._kept_starts). Cost: O(n log n) for n holders and jobs."""
+    from that time on, in queue order among those ready. ``kept``: jobs kept to some of their resource's nodes
+    (see :class:`KeptJobs`). Cost: O(n log n) for n holders and jobs."""
     ready: dict[str, float] = {}
     by_ws: dict[str, list[tuple[float, int, int, float, str]]] = {}
-    floor = floor or {}
+    kept = kept or KeptJobs()
+    floor, pool_of = kept.floor, kept.pool_of
     for j in jobs:
         at = max(j.ready, now, floor[j.name]) if j.name in floor else max(j.ready, now)
         if j.workspace in quotas:
@@ -281,13 +282,31 @@ def project(
         if math.isinf(r):
             out[j.name] = r
         else:
-            by_res.setdefault(j.resource, []).append((r, j.order, j.milli, j.duration, j.name))
+            by_res.setdefault(pool_of.get(j.name, j.resource) if pool_of else j.resource, []).append(
+                (r, j.order, j.milli, j.duration, j.name))
     res_rel: dict[str, list[tuple[float, int]]] = {}
     for h in holders:
         res_rel.setdefault(h.resource, []).append((h.end, h.milli))
     for res, rjobs in by_res.items():
-        out.update(serve_pool(capacity.get(res, 0), res_rel.get(res, []), rjobs, now))
+        if res in kept.pools:
+            cap, freed = kept.pools[res]
+            out.update(serve_pool(cap, freed, rjobs, now))
+        else:
+            out.update(serve_pool(capacity.get(res, 0), res_rel.get(res, []), rjobs, now))
     return out
+
+
+@dataclass
+class KeptJobs:
+    """Jobs kept to some of their resource's nodes (by models, or by where their pods can run), as the fluid
+    projection takes them. Where every job of a resource is kept to one of some node sets that do not overlap,
+    each set is that resource's pool for its jobs (``pools``: id -> (capacity, (release, milli) of what holds it);
+    ``pool_of``: job -> id). Otherwise a kept job's set is served on its own first, as a quota is, and its start
+    there (``floor``) is the earliest the resource's pool may start it."""
+
+    floor: dict[str, float] = field(default_factory=dict)
+    pool_of: dict[str, str] = field(default_factory=dict)
+    pools: dict[str, tuple[int, list[tuple[float, int]]]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ calibration

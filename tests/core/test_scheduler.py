@@ -237,6 +237,21 @@ def test_estimates_of_a_gpr_kept_to_some_nodes_wait_for_those_nodes() -> None:
     assert s.estimates(1)["pinned"] == 1
 
 
+def test_estimates_when_every_queued_gpr_is_kept_to_node_sets_apart() -> None:
+    """Every queued GPR kept to H100 or to A100 nodes (sets that do not overlap): each set is its GPRs' pool. A
+    GPR behind a waiting H100 one in the queue does not wait for it when it may use the idle A100 node."""
+    inv = Inventory([NodeSpec("h0", 4, model="H100"), NodeSpec("a0", 4, model="A100")])
+    s = Scheduler(inv, BestFit(), SchedulerConfig(backfill=True))
+    s.submit(GPR("busy", devices_per_node=4, exit_duration_s=100, models=("H100",)), 0)
+    s.tick(0)
+    s.submit(GPR("h", devices_per_node=4, exit_duration_s=50, models=("H100",), priority=300), 1)
+    s.submit(GPR("h2", devices_per_node=4, exit_duration_s=50, priority=300), 1)
+    s.limit("h2", frozenset({"h0"}))
+    s.submit(GPR("a", devices_per_node=4, exit_duration_s=50, models=("A100",)), 1)
+    s.submit(GPR("a2", devices_per_node=4, exit_duration_s=50, models=("A100",)), 1)
+    assert s.estimates(1) == {"h": 100, "h2": 150, "a": 1, "a2": 51}
+
+
 # ----------------------------------------------------------------------------------- properties
 gpr_spec = st.fixed_dictionaries(
     {
