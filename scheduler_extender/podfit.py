@@ -149,9 +149,21 @@ def fit_key(pod: Any) -> str:
                         option=orjson.OPT_SORT_KEYS).decode()
 
 
+LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
+
+
+def placement_taints(node: Any) -> tuple[Mapping[str, Any], ...]:
+    """The node's taints that decide where a GPR may be placed: all but the node lifecycle's own
+    (``node.kubernetes.io/unschedulable``, ``not-ready``, ``unreachable``, ``memory-pressure``, ``disk-pressure``
+    ...). Those come and go with the node's state: a cordoned or unready node is closed to new reservations (see
+    cluster.closed_reason) and expected back; a GPR's nodes are not moved, nor a GPR called Unschedulable, while
+    a node is under pressure for a while."""
+    return tuple(t for t in node.taints if not str(t.get("key") or "").startswith(LIFECYCLE_TAINT_PREFIX))
+
+
 class NodeFit:
-    """Which nodes a GPR's pods can run on, as kube-scheduler's own filters judge them (:func:`why_not`), kept
-    between passes: each pod's key by its view, and the nodes each
+    """Which nodes a GPR's pods can run on, as kube-scheduler's own filters judge them (:func:`why_not`, the
+    node lifecycle's taints left to the node's state: :func:`placement_taints`), kept between passes: each pod's key by its view, and the nodes each
     distinct key allows, until the node set changes, a node's taints do, or a node label that some key reads (a
     status heartbeat, or a label nobody selects by such as GPU feature discovery's ``nvidia.com/gfd.timestamp``,
     changes nothing). What it answers is a function of the views alone: a restart rebuilds it identically."""
@@ -176,7 +188,7 @@ class NodeFit:
             for name in names:
                 view, old = nodes[name], views[name]
                 if view is not old:
-                    if view.taints != old.taints or any(
+                    if placement_taints(view) != placement_taints(old) or any(
                             view.labels.get(k) != old.labels.get(k) for k in self.label_keys):
                         same = False
                         break
@@ -187,7 +199,7 @@ class NodeFit:
         self.views = {name: nodes[name] for name in names}
         by_taints: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
         for name in names:
-            taints = self.views[name].taints
+            taints = placement_taints(self.views[name])
             key = json.dumps(list(taints), sort_keys=True)
             by_taints.setdefault(key, (taints, []))[1].append(name)
         self.groups = list(by_taints.values())

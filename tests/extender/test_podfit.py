@@ -206,3 +206,31 @@ def test_node_fit_is_kept_until_a_label_it_reads_or_a_taint_changes() -> None:
     assert other is not None
     assert fit.of_group([picky, plain], 1) == frozenset({"n0"})  # both can run there
     assert fit.of_group([picky, other], 2) == frozenset({"n0", "n1"})  # none in common: each to its own
+
+
+def test_the_node_lifecycles_taints_do_not_decide_where_a_gpr_goes() -> None:
+    """A node under disk pressure or cordoned carries the lifecycle's taints for a while: GPRs are not kept off it
+    for good (a cordoned node is closed to new reservations and expected back), nor moved off it."""
+    from scheduler_extender.podfit import NodeFit
+
+    pressure = {"key": "node.kubernetes.io/disk-pressure", "effect": "NoSchedule"}
+    nodes = {"n0": node_view(node("n0", taints=[pressure]), (GPU,)), "n1": node_view(node("n1"), (GPU,))}
+    plain = pod_view(pod("q", 1, gpr="h", gated=True, uid="q"), (GPU,))
+    assert plain is not None
+    fit = NodeFit()
+    fit.sync(sorted(nodes), nodes)
+    assert fit.allowed(plain) is None
+    # an Admitted GPR on the node under pressure, its pod gated: it stays
+    gated = pod_view(pod("g-0", 4, gpr="g", uid="p0", gated=True), (GPU,))
+    assert gated is not None
+    n1 = node("n1", gpus=4, taints=[pressure])
+    plan = plan_pass(Snapshot(time.time(), {"n1": node_view(n1, (GPU,)),
+                                            "n2": node_view(node("n2", gpus=4), (GPU,))},
+                              {"p0": gated},
+                              {"u-g": {**gpr("g", phase="Admitted", devices=4, reservation={"n1": 4},
+                                             exitDuration="1h"),
+                                       "metadata": {"name": "g", "namespace": "default", "uid": "u-g",
+                                                    "resourceVersion": "1", "generation": 1,
+                                                    "creationTimestamp": "2026-11-30T00:00:00Z"}}}),
+                     PassConfig(), PassCache())
+    assert not any(e.kind == "requeued" for _, e in plan.events)
