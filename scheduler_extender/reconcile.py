@@ -855,6 +855,16 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             if why:
                 extra.setdefault(key, []).append({"type": "PodsCannotRun", "status": "True", "reason": "Unschedulable",
                                                   "message": why})
+    for key, nodes in sched.limits.items():  # queued, kept to where its pods can run, and too big for those nodes
+        waiting = sched.gprs.get(key)
+        if waiting is not None and waiting.phase is Phase.QUEUED and waiting.reason == "Unschedulable":
+            listed = ", ".join(sorted(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
+            extra.setdefault(key, []).append({
+                "type": "PodsCannotRun", "status": "True", "reason": "Unschedulable",
+                "message": f"its pods can run on {len(nodes)} node(s) with {waiting.resource}"
+                           + (f" ({listed})" if nodes else "")
+                           + ", too few or too small for it even with nothing else running (their tolerations, "
+                             "nodeSelector and node affinity against the nodes' taints and labels)"})
 
     estimates: dict[str, Interval] = {}
     plan.queue = tuple(sched.queued_names())

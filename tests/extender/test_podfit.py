@@ -122,6 +122,8 @@ def test_a_gpr_whose_pods_can_run_nowhere_waits_and_blocks_nobody() -> None:
     status = _written(plan)
     assert status["phase"] == "Queued" and status["reason"] == "Unschedulable"
     assert any("on the nodes its pods can run on" in e.detail for _, e in plan.events)
+    message = _conditions(plan)["PodsCannotRun"]["message"]
+    assert message.startswith("its pods can run on 0 node(s) with nvidia.com/gpu, too few or too small"), message
 
 
 def test_an_admitted_gpr_whose_pods_cannot_go_to_its_nodes_says_so() -> None:
