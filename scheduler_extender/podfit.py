@@ -108,10 +108,10 @@ class Constraints:
         return cls(tuple(tolerations), selector, affinity)
 
 
-def why_not(pod: Any, node: Any) -> str:
+def why_not(pod: Any, node: Any, lifecycle: bool = True) -> str:
     """Why kube-scheduler's own filters keep ``pod`` (a PodView) off ``node`` (a NodeView); "" when they would
-    let it through."""
-    taint = untolerated(node.taints, pod.tolerations)
+    let it through. ``lifecycle=False``: the node lifecycle's taints left out (see :func:`placement_taints`)."""
+    taint = untolerated(node.taints if lifecycle else placement_taints(node), pod.tolerations)
     if taint:
         return f"untolerated taint {taint}"
     return selector_mismatch(pod.node_selector, pod.affinity, node.name, node.labels)

@@ -508,13 +508,14 @@ class Webhook:
 
     def _can_run_on(self, spec: dict[str, Any], nodes: list[str]) -> bool:
         """Whether kube-scheduler's own filters (taints, nodeSelector, node affinity) let the pod go to one of
-        ``nodes``, as the informer holds them (true when that cannot be judged: no view, no such node yet)."""
+        ``nodes``, as the informer holds them, the node lifecycle's passing taints aside (as the controller judges
+        where a GPR may go); true when that cannot be judged: no view, no such node yet."""
         known = self.view.nodes if self.view is not None else {}
         views = [v for n in nodes if (v := known.get(n)) is not None]
         constraints = Constraints.of_spec(spec)
         if not views or constraints is None:
             return True
-        return any(not why_not(constraints, v) for v in views)
+        return any(not why_not(constraints, v, lifecycle=False) for v in views)  # a cordon, a pressure: passes
 
     def _hostnames(self, nodes: list[str]) -> dict[str, str]:
         """The nodes' ``kubernetes.io/hostname`` labels, as the informer holds them."""

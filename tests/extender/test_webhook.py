@@ -905,6 +905,16 @@ async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gate
         one["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "host-n2"}
         out = patched(one, await call(http, "/mutate-pods", review(one)))
         assert not gates(out) and out["spec"]["affinity"]
+        # both reserved nodes cordoned for a while: the lifecycle's taint passes, the pod is narrowed all the same
+        for name in ("n1", "n2"):
+            view.on_node("MODIFIED", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": f"host-{name}",
+                                                                          "zone": "a"}},
+                                      "spec": {"taints": [{"key": "node.kubernetes.io/unschedulable",
+                                                           "effect": "NoSchedule"}]},
+                                      "status": {"allocatable": {"nvidia.com/gpu": "4"}}})
+        cordoned = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a")
+        out = patched(cordoned, await call(http, "/mutate-pods", review(cordoned)))
+        assert not gates(out) and out["spec"]["affinity"]
         too_big = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a", gpus=4)
         response = await call(http, "/mutate-pods", review(too_big))
         assert response["allowed"] is False and "reserves 2 per node" in response["status"]["message"]
