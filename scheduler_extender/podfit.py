@@ -258,10 +258,11 @@ class NodeFit:
             return None
         return frozenset().union(*limited)
 
-    def forget_except(self, live: Iterable[str]) -> None:
-        """Drop the keys of pods not in ``live`` (UIDs): pods come and go, this must not grow with them."""
-        keep = set(live)
-        if len(self.keys) > len(keep):
+    def forget_except(self, live: Mapping[str, Sequence[Any]]) -> None:
+        """Drop what was kept of pods not in ``live`` (GPR -> pod views) once it is twice as much: pods come and
+        go, this must not grow with them."""
+        if len(self.keys) > 2 * sum(map(len, live.values())) + 64:
+            keep = {p.uid for group in live.values() for p in group}
             for uid in [u for u in self.keys if u not in keep]:
                 del self.keys[uid]
         if len(self.allowed_by_key) > 4 * max(len(self.keys), 64):

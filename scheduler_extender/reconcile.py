@@ -839,7 +839,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     if gated:
         fit.sync(inv.names, snap.nodes)
         plan.events += [(uid_of.get(e.gpr, ""), e) for e in _fit_pods(sched, fit, gated, pods_of, now)]
-    fit.forget_except(p.uid for group in gated.values() for p in group)
+    fit.forget_except(gated)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
     ticked = sched.tick(now)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]
@@ -1140,9 +1140,17 @@ def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[
     """Bound, live pods that hold devices outside their GPR's reservation: pods of Evicting, finished, requeued
     or deleted GPRs. Pods without a GPR and pods never bound are left alone (they hold nothing of ours)."""
     out: list[Eviction] = []
+    gate, holding = gr.SCHEDULING_GATE, (Phase.ADMITTED, Phase.RUNNING)
     for key, pods in pods_of.items():
         g = sched.gprs.get(key)
-        if g is not None and g.phase in (Phase.ADMITTED, Phase.RUNNING):
+        if g is not None and g.phase in holding:
+            continue
+        # bound pods hold devices; an ungated, unbound pod narrowed to an old reservation could never be placed
+        # again (a node affinity cannot be widened): it goes too, and its owner makes a new one, gated. (Most
+        # pods here are a queued GPR's, at the gate: looked at first, before a reason is written for them.)
+        going = [p for p in pods if (p.node or gate not in p.gates) and p.live and not p.terminating
+                 and (p.node or narrowed(p))]
+        if not going:
             continue
         if g is not None:
             why = f"GPR {key} is {g.phase.value}" + (f" ({g.reason})" if g.reason else "")
@@ -1152,10 +1160,7 @@ def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[
             why = f"GPR {key} was deleted"
         else:
             continue  # no such GPR (yet): its pods wait at the gate; never delete a user's pods on a guess
-        # bound pods hold devices; an ungated, unbound pod narrowed to an old reservation could never be placed
-        # again (a node affinity cannot be widened): it goes too, and its owner makes a new one, gated
-        out.extend(Eviction(p, why, uid_of.get(key, "")) for p in pods if p.live and not p.terminating
-                   and (p.node or (gr.SCHEDULING_GATE not in p.gates and narrowed(p))))
+        out.extend(Eviction(p, why, uid_of.get(key, "")) for p in going)
     return out
 
 

@@ -236,3 +236,25 @@ def test_the_node_lifecycles_taints_do_not_decide_where_a_gpr_goes() -> None:
                                                     "creationTimestamp": "2026-11-30T00:00:00Z"}}}),
                      PassConfig(), PassCache())
     assert not any(e.kind == "requeued" for _, e in plan.events)
+
+
+def test_node_fit_stays_bounded_as_pods_come_and_go() -> None:
+    """Pods (each with constraints of its own) come and go, pass after pass: what NodeFit keeps stays within a
+    small multiple of what is live."""
+    from scheduler_extender.podfit import NodeFit
+
+    nodes = {f"n{i}": node_view(node(f"n{i}", labels={"rack": str(i % 4)}), (GPU,)) for i in range(8)}
+    fit = NodeFit()
+    for round_ in range(300):
+        live: dict[str, list[Any]] = {}
+        for k in range(5):  # five GPRs, one pod each, a selector never seen before
+            raw = pod(f"p{round_}-{k}", 1, gpr=f"g{k}", gated=True, uid=f"u{round_}-{k}")
+            raw["spec"]["nodeSelector"] = {"rack": str(k % 4), "round": str(round_)}
+            view = pod_view(raw, (GPU,))
+            assert view is not None
+            live[f"g{k}"] = [view]
+        fit.sync(sorted(nodes), nodes)
+        for key, pods in live.items():
+            assert fit.of_gpr(key, pods, 1) == frozenset()  # no node has the label "round"
+        fit.forget_except(live)
+        assert len(fit.keys) <= 2 * 5 + 64 and len(fit.allowed_by_key) <= 4 * 74 and len(fit.by_group) == 5
