@@ -184,6 +184,7 @@ class PassCache:
         self.holders: Holders | None = None
         self.versions: tuple[Decoded, ...] = ()  # the last pass's allocated GPRs, as decoded (see Holders)
         self.fit = NodeFit()  # which nodes waiting pods can run on (by their constraints, the nodes' labels, taints)
+        self.pods: PodsByGPR | None = None
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -280,6 +281,33 @@ class PassCache:
             if len(table) > len(live):
                 for uid in [u for u in table if u not in live]:
                     del table[uid]
+
+
+class PodsByGPR:
+    """The pods of a snapshot by GPR, as a pass reads them; a function of the pods alone (kept between passes
+    while every pod is the one seen last time)."""
+
+    def __init__(self, seen: list[PodView]) -> None:
+        self.seen = seen
+        self.of: dict[str, list[PodView]] = {}  # every pod of each GPR
+        self.placed: dict[str, list[PodView]] = {}  # bound or past the gate: the only ones an eviction may take
+        self.loose: list[PodView] = []  # ungated and unbound: waiting for kube-scheduler (few)
+        # live pods of a GPR held at its gate: where they can run is where the GPR may go. Their node affinity is
+        # all their own (accelstack narrows a pod only in the patch that lifts the gate, or, in the webhook,
+        # instead of it)
+        self.gated: dict[str, list[PodView]] = {}
+        gate = gr.SCHEDULING_GATE
+        for p in seen:
+            if not p.gpr:
+                continue
+            self.of.setdefault(p.gpr, []).append(p)
+            if p.node:
+                self.placed.setdefault(p.gpr, []).append(p)
+            elif gate not in p.gates:
+                self.loose.append(p)
+                self.placed.setdefault(p.gpr, []).append(p)
+            elif not p.terminating and p.phase not in TERMINAL_POD_PHASES:
+                self.gated.setdefault(p.gpr, []).append(p)
 
 
 class Waiting:
@@ -692,20 +720,14 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     sched = Scheduler(base.inv.copy(), make_policy(cfg.policy), cfg.core, cfg.predictor, cfg.calibrator)
     inv = sched.inv
 
-    pods_of: dict[str, list[PodView]] = {}
-    loose: list[PodView] = []  # ungated and unbound: waiting for kube-scheduler (few: the rest are bound or gated)
-    gate = gr.SCHEDULING_GATE
-    # live pods of a GPR held at its gate: where they can run is where the GPR may go. Their node affinity is all
-    # their own (accelstack narrows a pod only in the patch that lifts the gate, or, in the webhook, instead of it)
-    gated: dict[str, list[PodView]] = {}
-    for p in snap.pods.values():
-        if p.gpr:
-            pods_of.setdefault(p.gpr, []).append(p)
-            if not p.node:
-                if gate not in p.gates:
-                    loose.append(p)
-                elif not p.terminating and p.phase not in TERMINAL_POD_PHASES:
-                    gated.setdefault(p.gpr, []).append(p)
+    # the pods by GPR: a function of the pods alone, kept while every pod is the one seen last time
+    pods_seen = list(snap.pods.values())
+    kept_pods = cache.pods
+    if kept_pods is not None and kept_pods.seen == pods_seen:
+        pods = kept_pods
+    else:
+        pods = cache.pods = PodsByGPR(pods_seen)
+    pods_of, loose, gated = pods.of, pods.loose, pods.gated
 
     size_ranked = sched.cfg.use_priority and sched.cfg.order == "size"
     uid_of: dict[str, str] = {}  # core name (namespace/name) -> UID of the live object
@@ -812,7 +834,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     # devices held outside reservations: a function of the pods, the nodes' ledgers and the allocated GPRs alone,
     # so the last pass's answer stands while every pod is the one seen then, every node has the ledger seen then
     # (a status heartbeat, ~17 node updates a second at 5,000 nodes, changes nothing) and the base is the same
-    pods_seen, nodes_seen = list(snap.pods.values()), list(snap.nodes.values())
+    nodes_seen = list(snap.nodes.values())
     last = cache.outside
     same = (last is not None and last[1] == pods_seen
             and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen)))
@@ -939,7 +961,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                         body.pop(k, None)
             plan.writes.append(StatusWrite(uid, key, body, holding, refresh and g.phase is Phase.QUEUED
                                            and not _differs(current, body, False, now)))
-    plan.evictions = _evictions(sched, pods_of, final, deleting, uid_of) + _stale_narrowings(sched, loose, snap,
+    plan.evictions = _evictions(sched, pods.placed, final, deleting, uid_of) + _stale_narrowings(sched, loose, snap,
                                                                                             uid_of)
     plan.orphans = _orphans(decoded, pods_of, now, cfg.orphan_grace)
     plan.queued = len(plan.queue)
@@ -1135,13 +1157,14 @@ def _cannot_run(pods: list[PodView], nodes: list[NodeView | None]) -> str:
     return ""
 
 
-def _evictions(sched: Scheduler, pods_of: dict[str, list[PodView]], final: dict[str, str],
+def _evictions(sched: Scheduler, placed: dict[str, list[PodView]], final: dict[str, str],
                deleting: set[str], uid_of: dict[str, str]) -> list[Eviction]:
     """Bound, live pods that hold devices outside their GPR's reservation: pods of Evicting, finished, requeued
-    or deleted GPRs. Pods without a GPR and pods never bound are left alone (they hold nothing of ours)."""
+    or deleted GPRs. Pods without a GPR and pods never bound are left alone (they hold nothing of ours).
+    ``placed``: the GPRs' pods that are bound or past the gate (a gated pod never goes)."""
     out: list[Eviction] = []
     gate, holding = gr.SCHEDULING_GATE, (Phase.ADMITTED, Phase.RUNNING)
-    for key, pods in pods_of.items():
+    for key, pods in placed.items():
         g = sched.gprs.get(key)
         if g is not None and g.phase in holding:
             continue
