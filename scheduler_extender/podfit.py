@@ -242,6 +242,10 @@ class NodeFit:
         self._seen[key] = hit
         return hit[3]
 
+    def keep_groups(self) -> None:
+        """Keep every GPR's answer through the next :meth:`forget_except` (a pass that asked none again)."""
+        self._seen.update(self.by_group)
+
     def of_group(self, pods: Iterable[Any], node_count: int) -> frozenset[str] | None:
         """The nodes a GPR of ``node_count`` nodes may be placed on for ``pods`` (None: any): those every pod
         can run on while there are enough of them; when pods pinned apart leave fewer, those any of them can

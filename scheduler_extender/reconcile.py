@@ -185,6 +185,8 @@ class PassCache:
         self.versions: tuple[Decoded, ...] = ()  # the last pass's allocated GPRs, as decoded (see Holders)
         self.fit = NodeFit()  # which nodes waiting pods can run on (by their constraints, the nodes' labels, taints)
         self.pods: PodsByGPR | None = None
+        # (pods, fit generation, base, queued GPR -> the nodes it may use) of the last pass (see _fit_pods)
+        self.limits: tuple[PodsByGPR, int, Base, dict[str, frozenset[str]]] | None = None
 
     def decode(self, uid: str, obj: dict[str, Any], now: float) -> Decoded:
         hit = self.decoded.get(uid)
@@ -860,7 +862,14 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     fit = cache.fit
     if gated:
         fit.sync(inv.names, snap.nodes)
-        plan.events += [(uid_of.get(e.gpr, ""), e) for e in _fit_pods(sched, fit, gated, pods_of, now)]
+        # the last pass's limits stand while the GPR objects, the pods, what the fit reads of the nodes and the
+        # inventory are the very ones it had
+        last_fit = cache.limits
+        reuse = (last_fit is not None and cache.same and last_fit[0] is pods and last_fit[1] == fit.generation
+                 and last_fit[2] is base)
+        gave_back, limits = _fit_pods(sched, fit, gated, pods_of, now, last_fit[3] if reuse and last_fit else None)
+        cache.limits = (pods, fit.generation, base, limits)
+        plan.events += [(uid_of.get(e.gpr, ""), e) for e in gave_back]
     fit.forget_except(gated)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
     ticked = sched.tick(now)
@@ -1115,23 +1124,35 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) 
 
 
 def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
-              pods_of: dict[str, list[PodView]], now: float) -> list[Event]:
+              pods_of: dict[str, list[PodView]], now: float,
+              kept: dict[str, frozenset[str]] | None) -> tuple[list[Event], dict[str, frozenset[str]]]:
     """Keep each queued GPR to the nodes its gated pods can run on (their tolerations, node selector and node
     affinity: see :class:`NodeFit`). An Admitted GPR reserved on a node they cannot run on, while enough other
     nodes would take them and no pod of it has been bound, gives the reservation back and is placed again in this
     pass (its pods were created after its admission, and the webhook held them at the gate because none of the
-    reserved nodes would take them, say, or a node's labels or taints changed before they were let go)."""
+    reserved nodes would take them, say, or a node's labels or taints changed before they were let go).
+
+    ``kept``: the queued GPRs' limits of the last pass, when nothing they depend on changed since (the GPR
+    objects, the pods, the nodes' taints and labels, the inventory). Returns the events and this pass's limits."""
     events: list[Event] = []
     names = sched.inv.names
-    for key, pods in gated.items():
-        g = sched.gprs.get(key)
-        if g is None:
-            continue
-        if g.phase is Phase.QUEUED:
-            nodes = fit.of_gpr(key, pods, g.node_count)
-            if nodes is not None:
-                sched.limit(key, nodes)
-        elif g.phase is Phase.ADMITTED and g.placement is not None and key in sched.holders:
+    if kept is not None:
+        sched.limits.update(kept)
+        fit.keep_groups()
+        limits = kept
+    else:
+        limits = {}
+        for key, pods in gated.items():
+            g = sched.gprs.get(key)
+            if g is not None and g.phase is Phase.QUEUED:
+                nodes = fit.of_gpr(key, pods, g.node_count)
+                if nodes is not None:
+                    limits[key] = nodes
+        sched.limits.update(limits)
+    holders = sched.holders
+    for key in [k for k in gated if k in holders]:
+        g, pods = holders[key], gated[key]
+        if g.phase is Phase.ADMITTED and g.placement is not None:
             allowed = fit.of_gpr(key, pods, g.node_count)
             if allowed is None or len(allowed) < g.node_count:
                 continue
@@ -1140,7 +1161,7 @@ def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
                 continue
             events += sched.give_back(key, now, f"Requeued: its pods cannot run on reserved node {off[0]}")
             sched.limit(key, allowed)
-    return events
+    return events, limits
 
 
 def _cannot_run(pods: list[PodView], nodes: list[NodeView | None]) -> str:

@@ -258,3 +258,34 @@ def test_node_fit_stays_bounded_as_pods_come_and_go() -> None:
             assert fit.of_gpr(key, pods, 1) == frozenset()  # no node has the label "round"
         fit.forget_except(live)
         assert len(fit.keys) <= 2 * 5 + 64 and len(fit.allowed_by_key) <= 4 * 74 and len(fit.by_group) == 5
+
+
+def test_a_pass_on_the_same_objects_keeps_the_limits_and_plans_what_a_fresh_start_plans() -> None:
+    """A pass on the very objects the last one saw keeps the queued GPRs' limits instead of working them out
+    again; its plan is the one a fresh start makes. A node's new taint is worked out again."""
+    nodes = {"n1": node_view(node("n1", gpus=4, taints=[TAINT]), (GPU,)), "n2": node_view(node("n2", gpus=4), (GPU,))}
+    busy = gpr("busy", phase="Running", devices=4, reservation={"n2": 4}, exitDuration="1h")
+    busy["metadata"].update(uid="u-busy", resourceVersion="1", creationTimestamp="2026-11-30T00:00:00Z")
+    busy["status"]["admittedAt"] = rfc3339(time.time() - 30)
+    waiting = gpr("g", phase="Queued", devices=4, exitDuration="1h")
+    waiting["metadata"].update(uid="u-g", resourceVersion="2", creationTimestamp="2026-11-30T00:00:01Z")
+    views = {v.uid: v for v in (pod_view(pod("g-0", 4, gpr="g", uid="p0", gated=True), (GPU,)),
+                                pod_view(pod("busy-0", 4, gpr="busy", uid="pb", node_name="n2", phase="Running"),
+                                         (GPU,))) if v is not None}
+    gprs = {"u-busy": busy, "u-g": waiting}
+    cache = PassCache()
+    now = time.time()
+    for _ in range(3):
+        plan = plan_pass(Snapshot(now, nodes, views, gprs), PassConfig(), cache)
+        fresh = plan_pass(Snapshot(now, nodes, views, gprs), PassConfig(), PassCache())
+        assert [(w.uid, w.status.get("phase")) for w in plan.writes] == [
+            (w.uid, w.status.get("phase")) for w in fresh.writes]
+        assert not [w for w in plan.writes if w.status.get("phase") == "Admitted"]  # n1: its pod may not go
+    assert cache.limits is not None
+    kept = cache.limits[3]
+    assert kept == {"default/g": frozenset({"n2"})}
+    plan_pass(Snapshot(now, nodes, views, gprs), PassConfig(), cache)
+    assert cache.limits[3] is kept  # the same objects: kept as it was
+    tolerated = {**nodes, "n1": node_view(node("n1", gpus=4), (GPU,))}  # the taint is lifted
+    plan = plan_pass(Snapshot(now, tolerated, views, gprs), PassConfig(), cache)
+    assert [w.status["reservation"] for w in plan.writes if w.uid == "u-g"] == [[{"node": "n1", "devices": 4}]]
