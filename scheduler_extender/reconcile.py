@@ -1360,8 +1360,6 @@ def _spots_moved(spots: list[tuple[float, float, float, float, float]], estimate
     return moved
 
 
-
-
 def _by_name(node: str) -> dict[str, Any]:
     # a node field selector takes exactly one value (the API server refuses `In` with two or more)
     return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
