@@ -72,6 +72,9 @@ class ControllerMetrics:
         self.passes = Counter(p + "passes_total", "Controller passes by result", ["result"], registry=self.registry)
         self.actions = Counter(p + "actions_total", "API actions by kind and result", ["action", "result"],
                                registry=self.registry)
+        self.gpr_events = Counter(p + "gpr_events_total", "GPR transitions whose status was written, by kind "
+                                  "(admitted, backfilled, requeued, evicted, failed, unschedulable, ...)", ["kind"],
+                                  registry=self.registry)
         self.queued = Gauge(p + "queued_gprs", "GPRs waiting in the queue", registry=self.registry)
         self.holding = Gauge(p + "holding_gprs", "GPRs holding a reservation", registry=self.registry)
 
@@ -332,9 +335,11 @@ class GPRController:
         self.refusals.update({uid: "; ".join(msgs) for uid, msgs in refusals.items()})
         live = set(snap.pods)
         self._evicted_at = {uid: t for uid, t in self._evicted_at.items() if uid in live}
+        landed = [(uid, event) for uid, event in plan.events if uid in written and event.kind != "submitted"]
+        for _, event in landed:
+            self.metrics.gpr_events.labels(event.kind).inc()
         if self.emit_events:
-            await self._bounded(functools.partial(self._event, uid, e) for uid, e in plan.events
-                                if uid in written and e.kind != "submitted")
+            await self._bounded(functools.partial(self._event, uid, e) for uid, e in landed)
         await self._bounded(functools.partial(self._delete_orphan, *o) for o in plan.orphans)
 
     async def _write(self, uid: str, status: dict[str, Any]) -> bool:

@@ -110,6 +110,12 @@ async def test_reservations_follow_where_the_pods_can_run_while_the_api_server_m
                            if res == PODS and (p.get("status") or {}).get("phase") == "Succeeded")
 
             await until(peer, lambda: done() == len(wants), 120)
+            # the moves, as the controller's metrics count them (each once its status was written)
+            registry = server.metrics.registry
+            assert (registry.get_sample_value("accelstack_controller_gpr_events_total", {"kind": "requeued"})
+                    or 0) >= len(late)
+            assert (registry.get_sample_value("accelstack_controller_gpr_events_total", {"kind": "failed"})
+                    or 0) == 0
             await until(peer, lambda: all(((peer.get(GPRS, "default", n) or {}).get("status") or {})
                                           .get("phase") == "Complete" for n in groups), 30)
             stop.set()
