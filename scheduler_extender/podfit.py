@@ -163,10 +163,11 @@ def placement_taints(node: Any) -> tuple[Mapping[str, Any], ...]:
 
 class NodeFit:
     """Which nodes a GPR's pods can run on, as kube-scheduler's own filters judge them (:func:`why_not`, the
-    node lifecycle's taints left to the node's state: :func:`placement_taints`), kept between passes: each pod's key by its view, and the nodes each
-    distinct key allows, until the node set changes, a node's taints do, or a node label that some key reads (a
-    status heartbeat, or a label nobody selects by such as GPU feature discovery's ``nvidia.com/gfd.timestamp``,
-    changes nothing). What it answers is a function of the views alone: a restart rebuilds it identically."""
+    node lifecycle's taints left to the node's state: :func:`placement_taints`), kept between passes: each pod's
+    key by its view, the nodes each distinct key allows and each GPR's answer, until the node set changes, a
+    node's taints do, or a node label that some key reads (a status heartbeat, or a label nobody selects by such
+    as GPU feature discovery's ``nvidia.com/gfd.timestamp``, changes nothing). What it answers is a function of
+    the views alone: a restart rebuilds it identically."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
