@@ -185,6 +185,7 @@ class PassCache:
         self.versions: tuple[Decoded, ...] = ()  # the last pass's allocated GPRs, as decoded (see Holders)
         self.fit = NodeFit()  # which nodes waiting pods can run on (by their constraints, the nodes' labels, taints)
         self.pods: PodsByGPR | None = None
+        self._autos: tuple[list[Decoded], list[Decoded]] | None = None
         # (pods, fit generation, base, queued GPR -> the nodes it may use) of the last pass (see _fit_pods)
         self.limits: tuple[PodsByGPR, int, Base, dict[str, frozenset[str]]] | None = None
 
@@ -238,6 +239,12 @@ class PassCache:
         if not self.same:
             self.seen, self.sorted = seen, sorted(seen, key=_ORDER)
         return self.sorted
+
+    def autos_of(self, decoded: list[Decoded]) -> list[Decoded]:
+        """The auto-created GPRs among ``decoded`` (kept while the decoded list is the one seen last time)."""
+        if self._autos is None or self._autos[0] is not decoded:
+            self._autos = (decoded, [d for d in decoded if d.auto])
+        return self._autos[1]
 
     def gpr(self, d: Decoded) -> GPR:
         """A fresh core GPR (spec and status restored) copied from the decoded prototype."""
@@ -859,6 +866,14 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
         elif name in inv.index and node.closed:  # no new reservation; the ones it has stay
             sched.close(name)
+    # a GPR the webhook made for a pod that no informer has shown yet waits for it: where its pod may run is not
+    # known, and a pod whose creation failed after the webhook answered never comes (it is deleted after
+    # orphan_grace, having held nothing meanwhile)
+    for d in cache.autos_of(decoded):
+        if d.key not in pods_of and not d.deleting:
+            held = sched.gprs.get(d.key)
+            if held is not None and held.phase is Phase.QUEUED:
+                sched.defer(d.key)
     fit = cache.fit
     if gated:
         fit.sync(inv.names, snap.nodes)

@@ -258,6 +258,7 @@ class Scheduler:
         self._empty = inventory.empty_copy()  # same nodes and health, nothing allocated: "could it ever fit?"
         self._ever: dict[Request, bool] = {}
         self.limits: dict[str, frozenset[str]] = {}  # GPR name -> the only nodes it may be placed on (see limit)
+        self.deferred: set[str] = set()  # queued GPRs passed over by placement for now (see defer)
 
     # ------------------------------------------------------------------ events in
     def submit(self, g: GPR, now: float, not_before: float | None = None, validated: bool = False) -> list[Event]:
@@ -455,6 +456,12 @@ class Scheduler:
             self.limits.pop(name, None)
         else:
             self.limits[name] = nodes
+
+    def defer(self, name: str) -> None:
+        """Pass queued GPR ``name`` over in the next placements, without a word and blocking nobody (a GPR made
+        for a pod that does not exist yet: where it may go is not known, and the pod may never come). It keeps its
+        place in the queue and its estimate."""
+        self.deferred.add(name)
 
     def request_of(self, g: GPR) -> Request:
         """What placing ``g`` asks: its spec's request, kept to its limit (see :meth:`limit`)."""
@@ -1133,7 +1140,10 @@ class Scheduler:
         walk = self.queue.walk()
         qshadow: dict[str, float] = {}  # workspace -> earliest quota-start of its quota-blocked requests
         qcount: dict[str, int] = {}
+        deferred = self.deferred
         for g in walk:
+            if deferred and g.name in deferred:
+                continue
             req = self.request_of(g)
             caps = model_caps.get(g.workspace)
             if caps:

@@ -289,3 +289,25 @@ def test_a_pass_on_the_same_objects_keeps_the_limits_and_plans_what_a_fresh_star
     tolerated = {**nodes, "n1": node_view(node("n1", gpus=4), (GPU,))}  # the taint is lifted
     plan = plan_pass(Snapshot(now, tolerated, views, gprs), PassConfig(), cache)
     assert [w.status["reservation"] for w in plan.writes if w.uid == "u-g"] == [[{"node": "n1", "devices": 4}]]
+
+
+def test_an_auto_gpr_waits_for_its_pod_before_it_is_placed() -> None:
+    """The webhook makes a GPR for a pod before the API server stores the pod (or never, when the creation fails
+    after the webhook answered). Until a pod of it is seen, the GPR holds nothing and its status is not touched;
+    then it is placed where the pod can run."""
+    nodes = {"n1": node_view(node("n1", gpus=4, taints=[TAINT]), (GPU,)), "n2": node_view(node("n2", gpus=4), (GPU,))}
+    auto = gpr("job-a", phase="Queued", devices=4, exitDuration="1h")
+    auto["metadata"].update(uid="u-a", resourceVersion="1", creationTimestamp=rfc3339(time.time() - 5),
+                            labels={"accelstack.io/auto-gpr": "true"})
+    now = time.time()
+    plan = plan_pass(Snapshot(now, nodes, {}, {"u-a": auto}), PassConfig(), PassCache())
+    assert not [w for w in plan.writes if w.status.get("phase") == "Admitted"] and not plan.ungate
+    assert not plan.orphans  # within its grace
+    gated = pod_view(pod("job-a-0", 4, gpr="job-a", uid="p0", gated=True), (GPU,))
+    assert gated is not None
+    plan = plan_pass(Snapshot(now, nodes, {"p0": gated}, {"u-a": auto}), PassConfig(), PassCache())
+    assert [w.status["reservation"] for w in plan.writes if w.uid == "u-a"] == [[{"node": "n2", "devices": 4}]]
+    # never created: deleted once its grace is over, having held nothing
+    late = plan_pass(Snapshot(now + 300, nodes, {}, {"u-a": auto}), PassConfig(), PassCache())
+    assert late.orphans == [("default", "job-a", "u-a")]
+    assert not [w for w in late.writes if w.status.get("phase") == "Admitted"]
