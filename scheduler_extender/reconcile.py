@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import operator
 import time
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -174,6 +175,8 @@ class PassCache:
         self.base: Base | None = None
         self.seen: list[Decoded] = []  # the last pass's decoded objects, as the snapshot listed them
         self.sorted: list[Decoded] = []  # the same in creation order
+        # (UIDs, objects) as the last snapshot listed them, in step with ``seen``
+        self.listed: tuple[list[str], list[dict[str, Any]]] = ([], [])
         # (base, pod views, node views, devices used outside reservations by node) of the last pass
         self.outside: tuple[Base, list[PodView], list[NodeView], dict[str, int]] | None = None
         self.changed: set[str] = set()  # UIDs decoded anew since the waiting block last looked
@@ -183,9 +186,12 @@ class PassCache:
         self.rest: tuple[list[Decoded], Waiting | None, int, Holders | None, list[Decoded]] | None = None
         self.holders: Holders | None = None
         self.versions: tuple[Decoded, ...] = ()  # the last pass's allocated GPRs, as decoded (see Holders)
+        self.tallies = PodTallies()  # what each allocated GPR's pods say (see pod_tally)
         self.fit = NodeFit()  # which nodes waiting pods can run on (by their constraints, the nodes' labels, taints)
         self.pods: PodsByGPR | None = None
         self._autos: tuple[list[Decoded], list[Decoded]] | None = None
+        self._allocated: tuple[list[Decoded], list[Decoded], tuple[Any, ...]] | None = None
+        self._flagged: tuple[list[NodeView], list[tuple[str, bool]]] | None = None
         # (pods, fit generation, base, queued GPR -> the nodes it may use) of the last pass (see _fit_pods)
         self.limits: tuple[PodsByGPR, int, Base, dict[str, frozenset[str]]] | None = None
 
@@ -233,12 +239,53 @@ class PassCache:
     def ordered(self, gprs: Mapping[str, dict[str, Any]], now: float) -> list[Decoded]:
         """The GPRs decoded, in creation order; the last order again when every object is the one seen then."""
         decode = self.decode
-        seen = [decode(uid, obj, now) for uid, obj in gprs.items()]
+        uids, objs = list(gprs), list(gprs.values())
+        last_uids, last_objs = self.listed
+        if len(objs) == len(last_objs) and uids == last_uids:
+            # the same UIDs in the same places (a snapshot copies the informer's dict, whose order an update
+            # keeps): only the places whose object was replaced are decoded again, found without a Python loop
+            # over the 15,000 that were not (a steady pass spent 9 ms here on identity checks)
+            seen = self.seen
+            changed = list(itertools.compress(itertools.count(), map(operator.is_not, objs, last_objs)))
+            if changed:
+                seen = list(seen)
+                for i in changed:
+                    seen[i] = decode(uids[i], objs[i], now)
+        else:
+            seen = [decode(uid, obj, now) for uid, obj in gprs.items()]
+        self.listed = (uids, objs)
         # a list compares its items by identity first: equal lists cost no Decoded.__eq__
         self.same = seen == self.seen
         if not self.same:
             self.seen, self.sorted = seen, sorted(seen, key=_ORDER)
         return self.sorted
+
+    def allocated_of(self, decoded: list[Decoded]) -> tuple[list[Decoded], tuple[Any, ...]]:
+        """The allocated GPRs among ``decoded`` (their devices taken: Admitted, Running, Evicting; valid, not
+        being deleted) and what the base is keyed by of each (:attr:`Decoded.placed`), kept while the decoded
+        list is the one seen last time."""
+        if self._allocated is None or self._allocated[0] is not decoded:
+            allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
+            self._allocated = (decoded, allocated, tuple(d.placed for d in allocated))
+        return self._allocated[1], self._allocated[2]
+
+    def flagged(self, nodes: list[NodeView], inv: Inventory) -> list[tuple[str, bool]]:
+        """The inventory's nodes that are unhealthy for their resource (True) or closed to new work (False), in
+        the snapshot's order: a function of the node views alone (the inventory's nodes and resources are made
+        from them), kept while every view is the one seen last time."""
+        if self._flagged is None or self._flagged[0] != nodes:
+            index, specs = inv.index, inv.specs
+            out = []
+            for node in nodes:
+                n = index.get(node.name)
+                if n is None:
+                    continue
+                if node.health_reason(specs[n].resource):
+                    out.append((node.name, True))
+                elif node.closed:
+                    out.append((node.name, False))
+            self._flagged = (nodes, out)
+        return self._flagged[1]
 
     def autos_of(self, decoded: list[Decoded]) -> list[Decoded]:
         """The auto-created GPRs among ``decoded`` (kept while the decoded list is the one seen last time)."""
@@ -714,8 +761,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     plan = Plan()
     specs = cache.node_specs(snap.nodes)
     decoded = cache.ordered(snap.gprs, now)
-    allocated = [d for d in decoded if d.phase in gr.ALLOCATED_PHASES and not d.deleting and d.proto is not None]
-    base_key = (tuple(specs), tuple(d.placed for d in allocated))
+    allocated, placed = cache.allocated_of(decoded)
+    base_key = (tuple(specs), placed)
     versions = tuple(allocated)  # the objects themselves (one Decoded per version, compared by identity)
     # the inventory with every allocated GPR's reservation: the last pass's, derived from it (a few entries
     # changed: an admission stored, a GPR finished), or built afresh
@@ -775,6 +822,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             skip = (w.members.keys() if w is not None else set()) | (hb.members if hb is not None else set())
             rest = [d for d in decoded if d.uid not in skip]
             cache.rest = (decoded, w, w.version if w else 0, hb, rest)
+    tally = cache.tallies.of
     keeping: list[tuple[GPR, Placement]] = []  # adopted after the loop: holders first, then the rest
     leaving: list[tuple[GPR, Placement]] = []
     for d in rest:
@@ -806,7 +854,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             stamped = g.admitted_at is None
             if stamped:
                 g.admitted_at = now
-            g.last_active_at = _last_active(g, pods_of.get(key, ()), now)
+            g.last_active_at = _last_active(g, tally(key, g, pods_of.get(key, _NO_PODS)), now)
             placement = base.adopted.get(key)
             if placement is None:
                 ran = any(p.live and p.node for p in pods_of.get(key, ()))
@@ -825,7 +873,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         fresh: dict[str, GPR] = {}
         for name, template in hb.templates:
             g = clone(template)
-            g.last_active_at = _last_active(g, pods_of.get(name, ()), now)
+            g.last_active_at = _last_active(g, tally(name, g, pods_of.get(name, _NO_PODS)), now)
             fresh[name] = g
         sched.restore_holders(hb.state, fresh, now)
     else:
@@ -840,10 +888,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     for g, placement in leaving:
         sched.adopt(g, placement, now, allocated=True, seq=0)
 
+    nodes_seen = list(snap.nodes.values())
     # devices held outside reservations: a function of the pods, the nodes' ledgers and the allocated GPRs alone,
     # so the last pass's answer stands while every pod is the one seen then, every node has the ledger seen then
     # (a status heartbeat, ~17 node updates a second at 5,000 nodes, changes nothing) and the base is the same
-    nodes_seen = list(snap.nodes.values())
     last = cache.outside
     same = (last is not None and last[1] == pods_seen
             and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen)))
@@ -861,10 +909,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     cache.outside = (base, pods_seen, nodes_seen, used)
     for name, count in used.items():
         sched.hold(f"pods@{name}", name, count)
-    for name, node in snap.nodes.items():
-        if name in inv.index and node.health_reason(inv.specs[inv.index[name]].resource):
+    for name, sick in cache.flagged(nodes_seen, inv):
+        if sick:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
-        elif name in inv.index and node.closed:  # no new reservation; the ones it has stay
+        else:  # closed: no new reservation; the ones it has stay
             sched.close(name)
     # a GPR the webhook made for a pod that no informer has shown yet waits for it: where its pod may run is not
     # known, and a pod whose creation failed after the webhook answered never comes (it is deleted after
@@ -886,7 +934,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         cache.limits = (pods, fit.generation, base, limits)
         plan.events += [(uid_of.get(e.gpr, ""), e) for e in gave_back]
     fit.forget_except(gated)
-    plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, now)]
+    plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, tally, now)]
+    cache.tallies.prune(sched.holders)
     ticked = sched.tick(now)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]
     extra: dict[str, list[dict[str, Any]]] = {}
@@ -938,7 +987,12 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         return moved[place - 1] if place is not None else _spot_moved(d.spot, None, estimate, now)
 
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
+    # queued as their prototypes and never handed out (most of 10,000): nothing happened to them; outside a
+    # refresh their status stands (the first test below), found with one set lookup each
+    untouched = sched.queue.shared() if not refresh else ()
     for key, g in sched.gprs.items():
+        if key in untouched:
+            continue
         d = objects[key]
         if g is d.proto and (not refresh or (
                 not (refusals and d.uid in refusals) and key not in extra
@@ -996,16 +1050,71 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     return plan
 
 
-def _last_active(g: GPR, pods: Any, now: float) -> float:
+def _last_active(g: GPR, tally: PodTally, now: float) -> float:
     """When the GPR last had a running pod: now if one runs, else the latest end of one of its pods after
     admission, else its start (or admission). An Admitted GPR whose pods never start is idle since admission."""
+    if tally.any_running:
+        return now
     since = g.started_at or g.admitted_at or now
+    return tally.last_end if tally.last_end > since else since
+
+
+class PodTally(NamedTuple):
+    """What a pass reads of an allocated GPR's pods: a function of the pods and the GPR's admission time alone."""
+
+    counted: int  # pods of this admission (not bound, nor ended, before it)
+    running: int  # of those, Running
+    ended: int  # of those, Succeeded or Failed
+    failed: int  # of those, Failed
+    any_running: bool  # any pod Running (of this admission or not)
+    last_end: float  # the latest end of any pod (0 if none ended)
+
+
+_NO_PODS: tuple[PodView, ...] = ()
+
+
+def pod_tally(pods: Sequence[PodView], since: float) -> PodTally:
+    counted = running = ended = failed = 0
+    any_running, last_end = False, 0.0
     for p in pods:
-        if p.phase == "Running":
-            return now
-        if p.ended_at and p.ended_at > since:
-            since = p.ended_at
-    return since
+        phase = p.phase
+        if phase == "Running":
+            any_running = True
+        if p.ended_at > last_end:
+            last_end = p.ended_at
+        terminal = phase in TERMINAL_POD_PHASES
+        # pods of an earlier admission of this GPR (bound or ended before this one) say nothing about this one
+        if (p.bound_at and p.bound_at < since) or (terminal and p.ended_at and p.ended_at < since):
+            continue
+        counted += 1
+        if phase == "Running":
+            running += 1
+        elif terminal:
+            ended += 1
+            failed += phase == "Failed"
+    return PodTally(counted, running, ended, failed, any_running, last_end)
+
+
+class PodTallies:
+    """:func:`pod_tally` of each allocated GPR, kept while its pods are the very views (or equal ones) and its
+    admission time the one seen last time: 4,800 running GPRs cost a pass a lookup each, not a count of their
+    pods twice."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, tuple[Sequence[PodView], float, PodTally]] = {}
+
+    def of(self, key: str, g: GPR, pods: Sequence[PodView]) -> PodTally:
+        since = g.admitted_at or 0.0
+        hit = self.kept.get(key)
+        if hit is not None and hit[1] == since and hit[0] == pods:
+            return hit[2]
+        tally = pod_tally(pods, since)
+        self.kept[key] = (pods, since, tally)
+        return tally
+
+    def prune(self, live: Container[str]) -> None:
+        if len(self.kept) > 64:
+            self.kept = {key: hit for key, hit in self.kept.items() if key in live}
 
 
 def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[Event]:
@@ -1100,27 +1209,15 @@ def _used_outside_reservations(sched: Scheduler, snap: Snapshot,
     return used
 
 
-def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]], now: float) -> list[Event]:
+def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]],
+               tally: Callable[[str, GPR, Sequence[PodView]], PodTally], now: float) -> list[Event]:
     events: list[Event] = []
     admitted, running_phase = Phase.ADMITTED, Phase.RUNNING
     for key, g in list(sched.holders.items()):
         group = pods_of.get(key)
         if not group:
             continue
-        since = g.admitted_at or 0.0
-        counted = running = ended = failed = 0  # counted once per pod (4,800 holders a pass: no lists made)
-        for p in group:
-            phase = p.phase
-            terminal = phase in TERMINAL_POD_PHASES
-            # pods of an earlier admission of this GPR (bound or ended before this one) say nothing about this one
-            if (p.bound_at and p.bound_at < since) or (terminal and p.ended_at and p.ended_at < since):
-                continue
-            counted += 1
-            if phase == "Running":
-                running += 1
-            elif terminal:
-                ended += 1
-                failed += phase == "Failed"
+        counted, running, ended, failed = tally(key, g, group)[:4]
         if not counted:
             continue
         if ended == counted:  # every pod ended

@@ -18,6 +18,7 @@ import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 
 from .gpr import GPR
 
@@ -140,6 +141,11 @@ class GPRQueue:
         which nobody may change (see :meth:`is_shared`)."""
         items = self._items
         return [items[k[3]][2] for k in self._keys()]
+
+    def shared(self) -> AbstractSet[str]:
+        """The entries that still hold their prototypes (never handed out); read only, valid until the queue
+        next changes."""
+        return self._shared
 
     def is_shared(self, name: str) -> bool:
         """Whether the entry still holds its prototype (never handed out)."""

@@ -1143,3 +1143,54 @@ def test_a_heartbeat_is_no_change_a_readiness_change_is() -> None:
     assert before.same_capacity(relabelled)  # a label no pod selects by (GFD's timestamp, say): nothing
     assert not before.same_capacity(relabelled, {"pool"})
     assert not before.same_capacity(node_view(node("n0", labels={"nvidia.com/gpu.product": "H100"}), (GPU,)))
+
+
+def test_a_warm_pass_that_reads_only_what_was_replaced_still_sees_every_change() -> None:
+    """A warm pass decodes only the GPR objects that were replaced since the last (the others are found by
+    identity, all at once) and recounts only the pods of GPRs whose pods changed: a pod that ends, an object
+    deleted and created again (its place in the informer's order moves), an object replaced by a new version of
+    the same content, a new pod of a holder, each still planned as a fresh start plans it."""
+    now = time.time()
+    nodes = {f"n{i}": node_view(node(f"n{i}", gpus=2), (GPU,)) for i in range(4)}
+    gprs: dict[str, dict[str, Any]] = {}
+    pods: dict[str, Any] = {}
+    for i in range(3):
+        obj = gpr(f"h{i}", phase="Running", reservation={f"n{i}": 2}, devices=2, exitDuration="1h")
+        obj["metadata"].update(uid=f"u{i}", resourceVersion=str(i + 1), creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        obj["status"].update(admittedAt=rfc3339(now - 600), startedAt=rfc3339(now - 600))
+        gprs[f"u{i}"] = obj
+        view = pod_view(pod(f"h{i}-0", 2, gpr=f"h{i}", uid=f"p{i}", node_name=f"n{i}", phase="Running"), (GPU,))
+        assert view is not None
+        pods[view.uid] = view
+    for i in range(2):
+        obj = gpr(f"q{i}", phase=None, devices=2, exitDuration="1h")
+        obj["metadata"].update(uid=f"uq{i}", resourceVersion=str(10 + i), creationTimestamp=f"2026-11-30T00:01:0{i}Z")
+        gprs[f"uq{i}"] = obj
+    p = Passes(now, nodes, gprs, pods)
+    for _ in range(3):
+        p.step()
+    assert p.step().writes == []  # settled
+    decoded = {d.uid: d for d in p.warm.sorted}
+    p.pods["p0"] = dataclasses.replace(p.pods["p0"], phase="Succeeded", ended_at=now - 1)  # h0's pod ends
+    p.now += 1
+    plan = p.step()
+    assert [(w.key, w.status["phase"]) for w in plan.writes if w.key == "default/h0"] == [("default/h0", "Complete")]
+    assert all(d is decoded[d.uid] for d in p.warm.seen if d.uid != "u0")  # the others were not decoded again
+    obj = p.gprs.pop("uq0")  # deleted and created again: the same UID at the end of the informer's order
+    p.gprs["uq0"] = obj
+    p.gprs["u1"] = {**p.gprs["u1"], "metadata": {**p.gprs["u1"]["metadata"], "resourceVersion": "900"}}
+    p.now += 1
+    plan = p.step()
+    assert not [w for w in plan.writes if w.key in ("default/h1", "default/q0")]  # nothing new for either
+    assert [d.uid for d in p.warm.seen] == list(p.gprs)
+    # h2 gets a second pod, pending (its Job scaled up): the tally of h2's pods is taken again
+    view = pod_view(pod("h2-1", 2, gpr="h2", uid="p2b", phase="Pending"), (GPU,))
+    assert view is not None
+    p.pods = {**p.pods, view.uid: view}
+    p.now += 1
+    p.step()
+    p.pods["p2"] = dataclasses.replace(p.pods["p2"], phase="Failed", ended_at=p.now - 1)
+    p.pods["p2b"] = dataclasses.replace(p.pods["p2b"], phase="Failed", ended_at=p.now - 1)
+    p.now += 1
+    plan = p.step()
+    assert [w.status["phase"] for w in plan.writes if w.key == "default/h2"] in (["Failed"], ["Queued"])
