@@ -28,7 +28,7 @@ import itertools
 import math
 import operator
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -1112,8 +1112,9 @@ class PodTallies:
         self.kept[key] = (pods, since, tally)
         return tally
 
-    def prune(self, live: Container[str]) -> None:
-        if len(self.kept) > 64:
+    def prune(self, live: Collection[str]) -> None:
+        """Forget the GPRs not in ``live`` once they are as many as those in it (amortised: not every pass)."""
+        if len(self.kept) > 2 * len(live) + 64:
             self.kept = {key: hit for key, hit in self.kept.items() if key in live}
 
 
