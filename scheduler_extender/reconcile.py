@@ -29,6 +29,7 @@ import math
 import operator
 import time
 from collections.abc import Callable, Collection, Container, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -978,8 +979,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     position_of, estimate_of = (positions.index().get if refresh else positions.get), estimates.get
     # a refresh asks every queued prototype whether its stored spot moved enough: all at once, by queue position
     queue = plan.queue
-    moved = (_spots_moved([objects[key].spot_numbers for key in queue], [estimate_of(key) for key in queue], now).tolist()
-             if refresh else [])
+    moved_at = (_spots_moved([objects[key].spot_numbers for key in queue], [estimate_of(key) for key in queue], now)
+                if refresh else np.zeros(0, dtype=bool))
+    moved = moved_at.tolist()
 
     def spot_moved(key: str, d: Decoded, estimate: Any) -> bool:
         """On a refresh: whether a queued GPR's stored place and estimate moved enough to be written again."""
@@ -988,8 +990,13 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
 
     names, refusals, holding_phases = inv.names, snap.refusals, (Phase.ADMITTED, Phase.RUNNING)
     # queued as their prototypes and never handed out (most of 10,000): nothing happened to them; outside a
-    # refresh their status stands (the first test below), found with one set lookup each
-    untouched = sched.queue.shared() if not refresh else ()
+    # refresh their status stands, on a refresh too unless their place or estimate moved enough or they have a
+    # condition or an eviction refusal to write (the first test below), found with one set lookup each
+    untouched: AbstractSet[str] = sched.queue.shared()
+    if refresh:
+        still = set(map(queue.__getitem__, np.flatnonzero(~moved_at).tolist()))
+        refused = {key for key, u in uid_of.items() if u in refusals} if refusals else ()
+        untouched = (still & untouched) - extra.keys() - set(refused)
     for key, g in sched.gprs.items():
         if key in untouched:
             continue
