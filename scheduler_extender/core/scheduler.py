@@ -148,7 +148,8 @@ class QueuedBlock:
     into each fresh scheduler at the cost of a few dictionary and list copies (:meth:`Scheduler.restore_block`):
     the GPR controller queues 10,000 stored GPRs at every pass, and only a few of them change between passes."""
 
-    def __init__(self) -> None:
+    def __init__(self, few: int = 64) -> None:
+        self.few = few  # up to this many keys discarded from a workspace's list are taken out one by one
         self.gprs: dict[str, GPR] = {}
         self.pred: dict[str, float] = {}  # predicted hold times (the rank's third part)
         self.items: dict[str, tuple[str, Key, GPR]] = {}  # as GPRQueue keeps its entries
@@ -192,8 +193,18 @@ class QueuedBlock:
     def by_ws(self) -> dict[str, list[Key]]:
         """Each workspace's keys, sorted (one filter and one sort per changed workspace since the last read)."""
         for ws, gone in self._gone.items():
-            if gone:
-                lst = self._by_ws[ws]
+            if not gone:
+                continue
+            lst = self._by_ws[ws]
+            if len(gone) <= self.few:  # a few taken out (an admission, a status write): found by bisection, sorted first
+                if ws in self._unsorted:
+                    lst.sort()
+                    self._unsorted.discard(ws)
+                for key in gone:
+                    i = bisect.bisect_left(lst, key)
+                    if i < len(lst) and lst[i] == key:
+                        del lst[i]
+            else:  # many: one pass over the list (hashing 10,000 keys costs a pass ~8 ms: not for one)
                 lst[:] = [k for k in lst if k not in gone]
         self._gone.clear()
         for ws in self._unsorted:

@@ -588,9 +588,9 @@ def test_a_shared_queue_entry_is_copied_when_first_handed_out_and_never_changed(
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 300), st.integers(1, 4)), min_size=0,
                 max_size=30, unique_by=lambda t: t), st.sets(st.integers(0, 29)),
-       st.lists(st.tuples(st.integers(0, 29), st.booleans(), st.booleans()), max_size=24))
+       st.lists(st.tuples(st.integers(0, 29), st.booleans(), st.booleans()), max_size=24), st.sampled_from([0, 3, 64]))
 def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: list, dropped: set[int],
-                                                                      churn: list) -> None:
+                                                                      churn: list, few: int) -> None:
     """A block of prototypes (kept by the controller between passes, some discarded again as their objects
     change, changed ones discarded and added again, under the same rank or an edited one, with or without a
     read in between) restores the queue that restore_queued(shared=True) of each prototype in it builds: the
@@ -600,7 +600,7 @@ def test_a_queued_block_restores_what_restoring_each_prototype_queues(items: lis
                   devices_per_node=d) for i, (ws, p, d) in enumerate(items)]
     before = [dict(vars(p)) for p in protos]
     a, b = _sched(4, 4), _sched(4, 4)
-    block = QueuedBlock()
+    block = QueuedBlock(few)  # keys taken out one by one (by bisection) or by filtering the whole list
     for p in protos:
         block.add(p, a.size_rank(p))
     current = {p.name: p for i, p in enumerate(protos) if i not in dropped}  # what the block holds
