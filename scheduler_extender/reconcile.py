@@ -1303,17 +1303,17 @@ def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
     return events, limits
 
 
-def _cannot_run(pods: list[PodView], nodes: list[NodeView | None]) -> str:
+def _cannot_run(pods: Sequence[PodView], nodes: Sequence[NodeView | None]) -> str:
     """Why the first unbound, live pod that kube-scheduler's own filters (taints, nodeSelector, node affinity)
     keep off every one of ``nodes`` cannot go there; "" when each can go to one of them."""
     known = [n for n in nodes if n is not None]
     for p in pods:
         if p.node or not p.live or p.terminating or not known:
             continue
-        reasons = [(n.name, why_not(p, n)) for n in known]
-        if all(r for _, r in reasons):
-            listed = "; ".join(f"{name}: {r}" for name, r in reasons[:3])
-            return f"pod {p.name} cannot run on the reserved nodes ({listed}{'; ...' if len(reasons) > 3 else ''})"
+        if any(not why_not(p, n) for n in known):  # stops at the first node it can go to (one, once narrowed)
+            continue
+        listed = "; ".join(f"{n.name}: {why_not(p, n)}" for n in known[:3])
+        return f"pod {p.name} cannot run on the reserved nodes ({listed}{'; ...' if len(known) > 3 else ''})"
     return ""
 
 
