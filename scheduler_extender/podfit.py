@@ -7,7 +7,6 @@ nodes reserved for it (created after the admission, say)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -198,10 +197,10 @@ class NodeFit:
             return
         self.names = list(names)
         self.views = {name: nodes[name] for name in names}
-        by_taints: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
+        by_taints: dict[bytes, tuple[tuple[Any, ...], list[str]]] = {}
         for name in names:
             taints = placement_taints(self.views[name])
-            key = json.dumps(list(taints), sort_keys=True)
+            key = orjson.dumps(list(taints), option=orjson.OPT_SORT_KEYS)
             by_taints.setdefault(key, (taints, []))[1].append(name)
         self.groups = list(by_taints.values())
         self.allowed_by_key = {}
