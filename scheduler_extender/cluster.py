@@ -21,7 +21,7 @@ from scheduler_extender import ledger
 from scheduler_extender.gpr_resource import ALLOCATION_ANNOTATION, TERMINAL_PHASES, parse_duration
 from scheduler_extender.loop import let_go, slices
 from scheduler_extender.podfit import label_keys
-from scheduler_extender.resources import pod_requests, whole
+from scheduler_extender.resources import host_allocatable, host_requests, pod_requests, whole
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
 GPR_LABEL = "accelstack.io/gpr"
@@ -55,6 +55,9 @@ class NodeView:
     # node lifecycle controller (kube-scheduler would place no pod there); "" when it takes work
     closed: str = ""
     taints: tuple[dict[str, Any], ...] = ()  # spec.taints that keep pods off (NoSchedule, NoExecute)
+    # allocatable (CPU millicores, memory MiB): what kube-scheduler's NodeResourcesFit gives pods; None when the
+    # node states neither
+    host: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         # aggregated once per node update, so filter and bind read them in O(1) per node
@@ -74,7 +77,7 @@ class NodeView:
         """Whether the GPR controller would see no difference: allocatable, health, ledger, taints (what pods must
         tolerate), the device model labels and the ``labels`` given (those pods select nodes by). Other labels
         do not count: GPU feature discovery rewrites ``nvidia.com/gfd.timestamp`` on every node every minute."""
-        return (self.allocatable == other.allocatable and self.unhealthy == other.unhealthy
+        return (self.allocatable == other.allocatable and self.host == other.host and self.unhealthy == other.unhealthy
                 and self.closed == other.closed
                 and self.ledger == other.ledger and self.ledger_error == other.ledger_error
                 and self.taints == other.taints
@@ -121,6 +124,7 @@ class PodView:
     affinity: dict[str, Any] | None = None  # spec.affinity as sent, for narrowing before the gate is lifted
     tolerations: tuple[dict[str, Any], ...] = ()  # spec.tolerations
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
+    host: tuple[int, int] = (0, 0)  # effective CPU (millicores) and memory (MiB) request (resources.host_requests)
 
     @property
     def live(self) -> bool:
@@ -155,7 +159,7 @@ def node_view(obj: dict[str, Any], resources: Iterable[str]) -> NodeView:
         error = f"unreadable {ledger.LEDGER_ANNOTATION} annotation ({str(exc)[:120]})"
     return NodeView(meta.get("name", ""), allocatable, dict(meta.get("labels") or {}), unhealthy, entries,
                     meta.get("resourceVersion", ""), error, capacity=capacity, unhealthy_since=since,
-                    closed=closed_reason(spec, status),
+                    closed=closed_reason(spec, status), host=host_allocatable(status.get("allocatable")),
                     taints=tuple(t for t in spec.get("taints") or []
                                  if isinstance(t, dict) and t.get("effect") in ("NoSchedule", "NoExecute")))
 
@@ -272,7 +276,8 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    bound_at=_bound_at(meta.get("annotations") or {}),
                    affinity=affinity if isinstance(affinity, dict) else None,
                    tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
-                   node_selector=selector if isinstance(selector := spec.get("nodeSelector"), dict) else None)
+                   node_selector=selector if isinstance(selector := spec.get("nodeSelector"), dict) else None,
+                   host=host_requests(spec))
 
 
 def _bound_at(annotations: dict[str, Any]) -> float:
@@ -312,6 +317,10 @@ class ClusterView:
         self.nodes: dict[str, NodeView] = {}
         self.gprs: dict[str, GPRView] = {}
         self.pods: dict[str, PodView] = {}  # by UID
+        # every pod bound to a node and not finished, managed or not: UID -> (node, CPU millicores, memory MiB),
+        # and their sums per node (what kube-scheduler's NodeResourcesFit counts as requested there)
+        self.host_of: dict[str, tuple[str, int, int]] = {}
+        self.host_used: dict[str, tuple[int, int]] = {}
         self.selector_keys: set[str] = set()  # node labels some pod's nodeSelector or node affinity read (grows only)
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.recorded: dict[str, str] = {}  # pod UID -> the node whose ledger records devices for it
@@ -474,6 +483,7 @@ class ClusterView:
         replaced = self.pods
         self.version += 1
         self.pods = fresh.pods
+        self.host_of, self.host_used = fresh.host_of, fresh.host_used
         self.selector_keys |= fresh.selector_keys
         return replaced
 
@@ -482,14 +492,41 @@ class ClusterView:
         uid = obj.get("metadata", {}).get("uid", "")
         if kind == "DELETED":
             self.pods.pop(uid, None)
+            self._host(uid, None)
             return
         view = pod_view(obj, self.resources)
+        if view is not None:
+            self._host(uid, (view.node, *view.host) if view.node and view.live else None)
+        else:
+            spec, status = obj.get("spec") or {}, obj.get("status") or {}
+            node = spec.get("nodeName") if isinstance(spec, dict) else None
+            live = isinstance(status, dict) and status.get("phase") not in TERMINAL_POD_PHASES
+            self._host(uid, (node, *host_requests(spec)) if node and isinstance(node, str) and live else None)
         if view is None:
             self.pods.pop(uid, None)
         else:
             self.pods[uid] = view
             if view.node_selector or view.affinity:
                 self.selector_keys |= label_keys(view.node_selector, view.affinity)
+
+    def _host(self, uid: str, entry: tuple[str, int, int] | None) -> None:
+        """Keep :attr:`host_used` in step with pod ``uid`` now requesting ``entry`` (None: nothing anywhere)."""
+        old = self.host_of.get(uid)
+        if old == entry:
+            return
+        used = self.host_used
+        if old is not None:
+            del self.host_of[uid]
+            cpu, mem = used[old[0]]
+            cpu, mem = cpu - old[1], mem - old[2]
+            if cpu or mem:
+                used[old[0]] = (cpu, mem)
+            else:
+                del used[old[0]]
+        if entry is not None and (entry[1] or entry[2]):
+            self.host_of[uid] = entry
+            cpu, mem = used.get(entry[0], (0, 0))
+            used[entry[0]] = (cpu + entry[1], mem + entry[2])
 
     # queries
     def unfinished_in(self, namespaces: Iterable[str], exclude: str = "") -> int:

@@ -190,7 +190,7 @@ class GPRController:
     # ----------------------------------------------------------------------------------------- a pass
     def snapshot(self) -> Snapshot:
         return Snapshot(self.clock(), dict(self.view.nodes), dict(self.view.pods), dict(self.objects),
-                        dict(self.refusals))
+                        dict(self.refusals), dict(self.view.host_used))
 
     async def reconcile(self) -> Plan:
         snap = self.snapshot()

@@ -102,9 +102,11 @@ class ControllerProcess:
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid", "")
-        old = self.view.pods.get(uid)
+        old, host = self.view.pods.get(uid), self.view.host_of.get(uid)
         self.view.on_pod(kind, obj)
         self.service.pod_changed(old, self.view.pods.get(uid))
+        if host is not None and self.view.host_of.get(uid) != host:
+            self.service.host_freed(host[0])
 
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)

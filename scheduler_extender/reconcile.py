@@ -74,6 +74,9 @@ class Snapshot:
     pods: Mapping[str, PodView]  # by UID
     gprs: Mapping[str, dict[str, Any]]  # by UID
     refusals: Mapping[str, str] = field(default_factory=dict)  # GPR UID -> eviction refusals the API answered
+    # node -> CPU (millicores) and memory (MiB) requested by the live pods bound there, accelstack's or not
+    # (ClusterView.host_used); None: from ``pods`` alone (see host_used_of)
+    host: Mapping[str, tuple[int, int]] | None = None
 
 
 @dataclass
@@ -486,7 +489,8 @@ def node_spec(node: NodeView) -> NodeSpec | None:
                 memory = int(node.labels.get(MEMORY_LABEL, "0")) if resource == GPU else 0
             except ValueError:
                 memory = 0
-            return NodeSpec(node.name, count, node.labels.get(MODEL_LABEL[resource], ""), resource, memory)
+            cpu, mem = node.host if node.host is not None else (1 << 40, 1 << 40)
+            return NodeSpec(node.name, count, node.labels.get(MODEL_LABEL[resource], ""), resource, memory, cpu, mem)
     return None
 
 
@@ -929,6 +933,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     cache.outside = (base, pods_seen, nodes_seen, used)
     for name, count in used.items():
         sched.hold(f"pods@{name}", name, count)
+    short = _withhold_host(sched, snap, pods, pods_of)
     for name, sick in cache.flagged(nodes_seen, inv):
         if sick:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
@@ -953,6 +958,11 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         gave_back, limits = _fit_pods(sched, fit, gated, pods_of, now, last_fit[3] if reuse and last_fit else None)
         cache.limits = (pods, fit.generation, base, limits)
         plan.events += [(uid_of.get(e.gpr, ""), e) for e in gave_back]
+        for key, node in short:  # reserved where its pods' CPU or memory no longer fits: placed again
+            held = sched.holders.get(key)
+            if held is not None and held.phase is Phase.ADMITTED:
+                plan.events += [(uid_of.get(key, ""), e) for e in sched.give_back(
+                    key, now, f"Requeued: its pods' CPU or memory requests do not fit on reserved node {node}")]
     fit.forget_except(gated)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, tally, now)]
     cache.tallies.prune(sched.holders)
@@ -1234,6 +1244,90 @@ def _used_outside_reservations(sched: Scheduler, snap: Snapshot,
                     count -= take
                 used[name] = used.get(name, 0) + max(0, count)
     return used
+
+
+def host_used_of(pods: Mapping[str, PodView]) -> dict[str, tuple[int, int]]:
+    """What :attr:`.cluster.ClusterView.host_used` holds, from ``pods`` alone (those that ask for managed
+    resources): for a snapshot made without it."""
+    used: dict[str, tuple[int, int]] = {}
+    for p in pods.values():
+        if p.node and p.live and (p.host[0] or p.host[1]):
+            cpu, mem = used.get(p.node, (0, 0))
+            used[p.node] = (cpu + p.host[0], mem + p.host[1])
+    return used
+
+
+def host_need(pods: Sequence[PodView], node_count: int) -> tuple[int, int]:
+    """The host CPU (millicores) and memory (MiB) a GPR's pods need on each of its ``node_count`` nodes: the
+    largest requests of as many pods as one node takes when they are spread evenly (all of them on one node).
+    Pods that ended or are being deleted need nothing."""
+    live = [p.host for p in pods if p.live and not p.terminating]
+    if not live:
+        return 0, 0
+    each = -(-len(live) // max(1, node_count))
+    cpu = sorted((h[0] for h in live), reverse=True)[:each]
+    mem = sorted((h[1] for h in live), reverse=True)[:each]
+    return sum(cpu), sum(mem)
+
+
+def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR,
+                   pods_of: dict[str, list[PodView]]) -> list[tuple[str, str]]:
+    """Take out of the inventory's host CPU and memory what kube-scheduler will count on each node: the requests of
+    every live pod bound there (accelstack's or not), and, on each node an allocated GPR holds, what its pods not
+    yet bound will ask of it (:func:`host_need`, less what its pods bound there already take). Queued GPRs with
+    pods at the gate are placed only where their pods' requests fit (:meth:`.Scheduler.need_host`).
+
+    Returns (GPR, node) for Admitted GPRs none of whose pods is bound, reserved on a node their pods' requests do
+    not fit (taken by other pods since, or the GPR was admitted before its pods existed): they go elsewhere."""
+    inv = sched.inv
+    index = inv.index
+    used = dict(snap.host if snap.host is not None else host_used_of(snap.pods))
+    gated = pods.gated
+    for key, at_gate in gated.items():
+        g = sched.gprs.get(key)
+        if g is not None:
+            sched.need_host(key, *host_need(at_gate, g.node_count))
+    # GPRs holding nodes whose pods are not all bound: at the gate, or let go and not yet bound
+    waiting = set(gated)
+    waiting.update(p.gpr for p in pods.loose)
+    pending: dict[tuple[str, str], tuple[int, int]] = {}  # (GPR, node) -> what its unbound pods will ask there
+    names = inv.names
+    for key in waiting:
+        g = sched.holders.get(key) or sched.evicting.get(key)
+        if g is None or g.placement is None:
+            continue
+        members = pods_of.get(key) or _NO_PODS
+        cpu, mem = host_need(members, g.node_count)
+        if not cpu and not mem:
+            continue
+        for a in g.placement.assignments:
+            node = names[a.node]
+            bound_cpu = bound_mem = 0
+            for p in members:
+                if p.node == node and p.live:
+                    bound_cpu, bound_mem = bound_cpu + p.host[0], bound_mem + p.host[1]
+            left = (max(0, cpu - bound_cpu), max(0, mem - bound_mem))
+            if left[0] or left[1]:
+                pending[key, node] = left
+                held = used.get(node, (0, 0))
+                used[node] = (held[0] + left[0], held[1] + left[1])
+    short: list[tuple[str, str]] = []
+    for key, node in pending:
+        n = index.get(node)
+        g = sched.holders.get(key)
+        if n is None or g is None or g.phase is not Phase.ADMITTED or key not in gated:
+            continue
+        if any(p.node and p.live for p in pods_of.get(key, ())):
+            continue
+        held = used[node]  # its own share counted: room = capacity - everything else
+        if held[0] > inv.cpu_cap[n] or held[1] > inv.mem_cap[n]:
+            short.append((key, node))
+    taken = [(index[node], amounts) for node, amounts in used.items() if node in index]
+    if taken:
+        inv.withhold_host(np.fromiter((n for n, _ in taken), dtype=np.int64, count=len(taken)),
+                          np.fromiter((a[0] for _, a in taken), dtype=np.int64, count=len(taken)),
+                          np.fromiter((a[1] for _, a in taken), dtype=np.int64, count=len(taken)))
+    return short
 
 
 def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]],

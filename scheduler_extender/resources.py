@@ -110,3 +110,83 @@ def pod_requests(spec: Any, resources: Iterable[str]) -> dict[str, int]:
     for name, n in peak.items():
         total[name] = max(total.get(name, 0), n)
     return {k: v for k, v in total.items() if v > 0}
+
+
+MIB = 1 << 20
+HOST = ("cpu", "memory")
+
+
+def _host_amounts(container: Any) -> tuple[int, int]:
+    """A container's (or a pod's ``resources``/``overhead``) CPU request in millicores and memory request in MiB,
+    rounded up; a request missing where the limit is set takes the limit (the API server defaults it so); a
+    malformed quantity (the API server refuses those) counts as none."""
+    if not isinstance(container, Mapping):
+        return 0, 0
+    res = container.get("resources") if "resources" in container else container
+    if not isinstance(res, Mapping):
+        return 0, 0
+    requests, limits = res.get("requests") or {}, res.get("limits") or {}
+    if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
+        return 0, 0
+    out = []
+    for name, scale in (("cpu", 1000), ("memory", 1)):
+        value = requests.get(name, limits.get(name))
+        try:
+            q = parse_quantity(value) * scale if value is not None else Decimal(0)
+        except ValueError:
+            q = Decimal(0)
+        if name == "memory":
+            q = q / MIB
+        out.append(max(0, int(q.to_integral_value(rounding="ROUND_CEILING"))) if q > 0 else 0)
+    return out[0], out[1]
+
+
+def host_requests(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """A pod's effective CPU (millicores) and memory (MiB) request as kube-scheduler's NodeResourcesFit counts it
+    (``resource.PodRequests``): the pod-level ``resources`` when set (PodLevelResources), else the app containers
+    and native sidecars or the largest init container's peak, whichever is larger (the rule of
+    :func:`pod_requests`); plus ``overhead`` (RuntimeClass)."""
+    if not isinstance(spec, Mapping):
+        return 0, 0
+    containers, inits = spec.get("containers") or [], spec.get("initContainers") or []
+    cpu = mem = 0
+    for c in containers if isinstance(containers, list) else ():
+        a, b = _host_amounts(c)
+        cpu, mem = cpu + a, mem + b
+    side_cpu = side_mem = peak_cpu = peak_mem = 0
+    for c in inits if isinstance(inits, list) else ():
+        a, b = _host_amounts(c)
+        if isinstance(c, Mapping) and _restarts_always(c):
+            side_cpu, side_mem = side_cpu + a, side_mem + b
+            cpu, mem = cpu + a, mem + b
+            peak_cpu, peak_mem = max(peak_cpu, side_cpu), max(peak_mem, side_mem)
+        else:
+            peak_cpu, peak_mem = max(peak_cpu, a + side_cpu), max(peak_mem, b + side_mem)
+    cpu, mem = max(cpu, peak_cpu), max(mem, peak_mem)
+    pod_level = spec.get("resources")
+    if isinstance(pod_level, Mapping) and (pod_level.get("requests") or pod_level.get("limits")):
+        a, b = _host_amounts(pod_level)
+        cpu, mem = a or cpu, b or mem
+    overhead = spec.get("overhead")
+    if isinstance(overhead, Mapping):
+        a, b = _host_amounts({"requests": overhead})
+        cpu, mem = cpu + a, mem + b
+    return cpu, mem
+
+
+def host_allocatable(allocatable: Any) -> tuple[int, int] | None:
+    """A node's allocatable CPU (millicores, rounded down) and memory (MiB, rounded down); None when the node
+    states neither (a node the kubelet has not reported yet)."""
+    if not isinstance(allocatable, Mapping) or not any(k in allocatable for k in HOST):
+        return None
+    out = []
+    for name, scale in (("cpu", 1000), ("memory", 1)):
+        value = allocatable.get(name)
+        try:
+            q = parse_quantity(value) * scale if value is not None else Decimal(-1)
+        except ValueError:
+            q = Decimal(-1)
+        if name == "memory" and q > 0:
+            q = q / MIB
+        out.append(int(q) if q >= 0 else 1 << 40)  # a missing or malformed amount: not a limit
+    return out[0], out[1]

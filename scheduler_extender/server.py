@@ -46,7 +46,8 @@ DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well und
 
 
 def _pod_matters(old: PodView | None, new: PodView | None) -> bool:
-    """Whether a pod change can change a controller decision (pods that ask for no managed resource never do)."""
+    """Whether a pod change of the view can change a controller decision (what pods that ask for no managed resource
+    request of a node's CPU and memory counts through :meth:`ControllerService.host_freed`)."""
     if old is None or new is None:
         return old is not new
     return (old.phase, old.node, old.gates, old.terminating, old.gpr, old.ended_at, old.node_selector, old.affinity,
@@ -165,6 +166,13 @@ class ControllerService:
         if _pod_matters(old, new):
             self.controller.changed()
 
+    def host_freed(self, node: str) -> None:
+        """A pod (one that asks for no managed resource, say) ended, left or changed what it requests on ``node``:
+        CPU or memory a queued GPR's pods wait for may be free there."""
+        view = self.view.nodes.get(node)
+        if view is not None and any(view.allocatable.values()):
+            self.controller.changed()
+
     def start(self, stop: asyncio.Event) -> None:
         self._tasks = [
             asyncio.create_task(supervise("leader-election", self.elector.run, stop), name="leader-election"),
@@ -274,10 +282,12 @@ class ExtenderServer:
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid", "")
-        old = self.view.pods.get(uid)
+        old, host = self.view.pods.get(uid), self.view.host_of.get(uid)
         self.view.on_pod(kind, obj)
         if self.service is not None:
             self.service.pod_changed(old, self.view.pods.get(uid))
+            if host is not None and self.view.host_of.get(uid) != host:
+                self.service.host_freed(host[0])
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in ("Succeeded", "Failed"):
             node = (obj.get("spec") or {}).get("nodeName") or ""

@@ -270,6 +270,21 @@ class Inventory:
                 new.healthy[i, :w] = self.healthy[j, :w]
         return new, lost
 
+    def withhold_host(self, nodes: np.ndarray, cpu_milli: np.ndarray, memory_mib: np.ndarray) -> None:
+        """Take host CPU and memory of ``nodes`` (indices) out of what may be placed, for work no placement here
+        records (pods already running there, say): each node's capacity shrinks by as much as is free of it
+        (over-committed work leaves none free)."""
+        if not len(nodes):
+            return
+        cpu = np.minimum(np.maximum(cpu_milli, 0), self.cpu_free[nodes])
+        mem = np.minimum(np.maximum(memory_mib, 0), self.mem_free[nodes])
+        self.cpu_cap, self.mem_cap = self.cpu_cap.copy(), self.mem_cap.copy()  # the capacity arrays are shared
+        np.subtract.at(self.cpu_cap, nodes, cpu)
+        np.subtract.at(self.mem_cap, nodes, mem)
+        np.subtract.at(self.cpu_free, nodes, cpu)
+        np.subtract.at(self.mem_free, nodes, mem)
+        self.stamp[nodes] += 1
+
     def copy(self) -> Inventory:
         """An independent copy (shares the immutable node specs)."""
         new = object.__new__(Inventory)

@@ -270,6 +270,7 @@ class Scheduler:
         self._ever: dict[Request, bool] = {}
         self.limits: dict[str, frozenset[str]] = {}  # GPR name -> the only nodes it may be placed on (see limit)
         self.deferred: set[str] = set()  # queued GPRs passed over by placement for now (see defer)
+        self.host_needs: dict[str, tuple[int, int]] = {}  # GPR name -> host CPU/memory per node (see need_host)
 
     # ------------------------------------------------------------------ events in
     def submit(self, g: GPR, now: float, not_before: float | None = None, validated: bool = False) -> list[Event]:
@@ -474,10 +475,23 @@ class Scheduler:
         place in the queue and its estimate."""
         self.deferred.add(name)
 
+    def need_host(self, name: str, cpu_milli: int, memory_mib: int) -> None:
+        """GPR ``name`` needs this much host CPU (millicores) and memory (MiB) on each node it is placed on, on top
+        of what its spec says: what its pods request, as the driver reads them (facts outside the core)."""
+        if cpu_milli or memory_mib:
+            self.host_needs[name] = (cpu_milli, memory_mib)
+        else:
+            self.host_needs.pop(name, None)
+
     def request_of(self, g: GPR) -> Request:
-        """What placing ``g`` asks: its spec's request, kept to its limit (see :meth:`limit`)."""
+        """What placing ``g`` asks: its spec's request, kept to its limit (see :meth:`limit`), with the host CPU and
+        memory its pods need (see :meth:`need_host`)."""
         req = g.request()
         nodes = self.limits.get(g.name) if self.limits else None
+        host = self.host_needs.get(g.name) if self.host_needs else None
+        if host is not None:
+            return dataclasses.replace(req, nodes=nodes if nodes is not None else req.nodes,
+                                       cpu_milli=max(req.cpu_milli, host[0]), memory_mib=max(req.memory_mib, host[1]))
         return req if nodes is None else dataclasses.replace(req, nodes=nodes)
 
     def hold(self, owner: str, node: str, count: int) -> int:

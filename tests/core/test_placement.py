@@ -18,6 +18,7 @@ from scheduler_extender.core.placement import (
     Request,
     Shape,
     TypicalShapes,
+    feasible_nodes,
     fits,
     make_policy,
 )
@@ -181,3 +182,20 @@ def test_fgd_without_history_uses_generic_shapes() -> None:
     assert p is not None  # the second half goes on the same device, keeping the other node whole
     assert p.assignments[0].node == inv.allocations["a"].assignments[0].node
     assert p.assignments[0].devices == inv.allocations["a"].assignments[0].devices
+
+
+def test_host_withheld_from_a_copy_shrinks_its_capacity_and_leaves_the_original_alone() -> None:
+    """Work outside any placement (pods running on the node) takes CPU and memory out of a pass's copy; over-
+    committed work leaves nothing free; the invariants still hold and the nodes' stamps move (cached scores go)."""
+    base = Inventory([NodeSpec("a", 8, cpu_milli=32_000, memory_mib=1024), NodeSpec("b", 8, cpu_milli=32_000,
+                                                                                    memory_mib=1024)])
+    inv = base.copy()
+    stamps = inv.stamp.copy()
+    inv.withhold_host(np.array([1, 0]), np.array([40_000, 2_000]), np.array([10, -5]))
+    assert inv.cpu_free.tolist() == [30_000, 0] and inv.mem_free.tolist() == [1024, 1014]
+    assert (inv.stamp > stamps).all()
+    inv.check()
+    assert base.cpu_free.tolist() == [32_000, 32_000] and base.cpu_cap.tolist() == [32_000, 32_000]
+    base.check()
+    ok, _ = feasible_nodes(inv, Request(count=1, cpu_milli=1))
+    assert ok.tolist() == [True, False]

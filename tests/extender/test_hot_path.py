@@ -164,6 +164,15 @@ async def test_only_changes_that_matter_trigger_a_pass() -> None:
     assert not poke.is_set()
     service.node_changed(node_view(restamped, view.resources), node_view(moved, view.resources))
     assert poke.is_set()
+    poke.clear()
+    # a pod that asks for no device but ends on a node with devices: the CPU it gave back may be what a queued
+    # GPR's pods wait for; on a node without managed devices it is nobody's concern
+    view.on_node("ADDED", node("n0", gpus=4))
+    view.on_node("ADDED", node("cpu-only", gpus=0))
+    service.host_freed("cpu-only")
+    assert not poke.is_set()
+    service.host_freed("n0")
+    assert poke.is_set()
 
 
 def test_idle_timers_stay_bounded_under_constant_activity() -> None:

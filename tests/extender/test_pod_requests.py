@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from scheduler_extender import ledger, wire
 from scheduler_extender.cluster import GPU, NR1, ClusterView
-from scheduler_extender.resources import pod_requests
+from scheduler_extender.resources import host_allocatable, host_requests, pod_requests
 from scheduler_extender.verbs import ask_of, filter_nodes
 from tests.extender.harness import node
 
@@ -102,3 +102,72 @@ def test_filter_keeps_a_pod_with_a_gpu_sidecar_off_a_node_with_one_gpu_free() ->
     out = filter_nodes(view, ask, ["n1", "n2"])
     assert out.passed == ["n2"]
     assert "n1" in out.failed or "n1" in out.unresolvable
+
+
+def cpu_mem(container: dict[str, Any]) -> dict[str, Any]:
+    """The same container asking for its devices' count in CPU cores and in GiB of memory instead."""
+    out = dict(container)
+    res = container.get("resources")
+    if res:
+        out["resources"] = {kind: {"cpu": v[GPU], "memory": f"{v[GPU]}Gi"} for kind, v in res.items()}
+    return out
+
+
+@pytest.mark.parametrize(("containers", "inits", "expected"), CASES)
+def test_host_cpu_and_memory_add_up_by_the_same_rule(containers: list[dict[str, Any]],
+                                                      inits: list[dict[str, Any]], expected: int) -> None:
+    """kube-scheduler's NodeResourcesFit counts CPU and memory by the rule it counts devices by."""
+    spec = {"containers": [cpu_mem(x) for x in containers], "initContainers": [cpu_mem(x) for x in inits]}
+    assert host_requests(spec) == (expected * 1000, expected * 1024)
+
+
+def test_host_requests_round_up_and_add_overhead_and_take_pod_level_resources() -> None:
+    spec: dict[str, Any] = {"containers": [{"name": "a", "resources": {"requests": {"cpu": "0.0001", "memory": "1"}}},
+                                           {"name": "b", "resources": {"limits": {"cpu": "250m", "memory": "1.5Mi"}}}]}
+    assert host_requests(spec) == (1 + 250, 1 + 2)  # a millicore and a MiB each at least, rounded up
+    spec["overhead"] = {"cpu": "100m", "memory": "64Mi"}  # RuntimeClass overhead comes on top
+    assert host_requests(spec) == (351, 67)
+    spec["resources"] = {"requests": {"cpu": "4"}}  # pod-level resources win where they are set
+    assert host_requests(spec) == (4100, 67)
+
+
+@pytest.mark.parametrize("spec", [
+    {}, {"containers": None}, {"containers": "x"}, {"containers": [1, None, "x"]},
+    {"containers": [{"resources": {"requests": {"cpu": "lots", "memory": []}}}]},
+    {"containers": [{"resources": {"requests": ["cpu"]}}]}, {"containers": [{"resources": "x"}]},
+    {"overhead": "x", "resources": 3, "initContainers": {"a": 1}},
+])
+def test_malformed_host_requests_count_as_none(spec: dict[str, Any]) -> None:
+    assert host_requests(spec) == (0, 0)
+
+
+def test_node_allocatable_cpu_and_memory_round_down() -> None:
+    assert host_allocatable({"cpu": "31500m", "memory": "1025Ki", GPU: "8"}) == (31500, 1)
+    assert host_allocatable({"cpu": "7.9999"}) == (7999, 1 << 40)  # no memory stated: not a limit
+    assert host_allocatable({GPU: "8"}) is None
+    assert host_allocatable(None) is None
+
+
+def bound(name: str, node_name: str, cpu: str, *, gpus: int = 0, phase: str = "Running") -> dict[str, Any]:
+    res = {"requests": {"cpu": cpu, "memory": "1Gi", **({GPU: str(gpus)} if gpus else {})}}
+    return {"metadata": {"name": name, "namespace": "default", "uid": name},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": res}]},
+            "status": {"phase": phase}}
+
+
+def test_the_view_sums_the_cpu_and_memory_of_every_live_pod_bound_to_each_node() -> None:
+    """Pods that ask for no managed resource count too (kube-scheduler counts them); a pod that ended or was
+    deleted gives its share back; a relist builds the same sums."""
+    view = ClusterView(MANAGED)
+    view.on_pod("ADDED", bound("web", "n1", "2"))  # no device: not in view.pods, but on the node
+    view.on_pod("ADDED", bound("train", "n1", "500m", gpus=1))
+    view.on_pod("ADDED", bound("pending", "", "8"))  # not bound: nowhere yet
+    assert "web" not in view.pods and view.host_used == {"n1": (2500, 2048)}
+    view.on_pod("MODIFIED", bound("pending", "n2", "8"))
+    view.on_pod("MODIFIED", bound("web", "n1", "2", phase="Succeeded"))
+    assert view.host_used == {"n1": (500, 1024), "n2": (8000, 1024)}
+    view.on_pod("DELETED", bound("pending", "n2", "8"))
+    assert view.host_used == {"n1": (500, 1024)}
+    fresh = ClusterView(MANAGED)
+    fresh.sync_pods([bound("web", "n1", "2", phase="Succeeded"), bound("train", "n1", "500m", gpus=1)])
+    assert fresh.host_used == view.host_used and fresh.host_of == view.host_of

@@ -42,6 +42,7 @@ from tests.extender.harness import gpr, node, pod
 
 def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
     rng = random.Random(seed)
+    host = random.Random(seed + 1_000_003)  # pods' CPU requests (8 cores a node): apart, so seeds keep their worlds
     nodes = {}
     for i in range(rng.randint(1, 6)):
         obj = node(f"n{i}", gpus=rng.choice([2, 4, 8]), labels={"nvidia.com/gpu.product": rng.choice(["A", "B"])})
@@ -74,6 +75,8 @@ def world(seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str
                 p["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": rng.choice(["A", "B"])}
             if rng.random() < 0.3:
                 p["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+            if host.random() < 0.4:  # GPRs are placed where their pods' CPU fits
+                p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = host.choice(["1", "3", "6"])
             view = pod_view(p, (GPU,))
             if view is not None:
                 pods[view.uid] = view

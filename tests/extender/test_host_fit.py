@@ -1,0 +1,161 @@
+"""GPRs are reserved only where their pods' CPU and memory requests fit (issue #10: the cluster is the truth).
+
+kube-scheduler's NodeResourcesFit keeps a pod off a node whose allocatable CPU or memory the pods bound there
+already request, accelstack's or not. A GPR reserved on such a node holds devices its pods can never use (narrowed
+to the reservation, they wait Pending until the GPR's idle timeout or exitDuration). So the controller counts,
+per node, what every live bound pod requests and what the unbound pods of the GPRs holding it will request, and
+places a queued GPR only where its pods at the gate fit; an Admitted GPR whose pods came after it and do not fit
+its nodes goes elsewhere before any of them runs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from scheduler_extender.cluster import GPU, ClusterView
+from scheduler_extender.gpr_resource import rfc3339
+from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, host_need, plan_pass
+from tests.extender.harness import gpr, node, pod
+
+
+def cpu_pod(name: str, gpus: int, cpu: str, *, memory: str = "1Gi", **kw: Any) -> dict[str, Any]:
+    p = pod(name, gpus, uid=kw.pop("uid", name), **kw)
+    p["spec"]["containers"][0]["resources"]["requests"].update(cpu=cpu, memory=memory)
+    if not gpus:
+        del p["spec"]["containers"][0]["resources"]["limits"][GPU]
+        del p["spec"]["containers"][0]["resources"]["requests"][GPU]
+    return p
+
+
+def big_node(name: str, gpus: int = 8, cpu: str = "32", memory: str = "256Gi") -> dict[str, Any]:
+    obj = node(name, gpus)
+    alloc = {**obj["status"]["allocatable"], "cpu": cpu, "memory": memory}
+    obj["status"]["allocatable"] = obj["status"]["capacity"] = alloc
+    return obj
+
+
+def queued(name: str, index: int, devices: int = 1, **status: Any) -> dict[str, Any]:
+    obj = gpr(name, phase=None, devices=devices, exitDuration="1h")
+    obj["metadata"].update(uid=f"u-{name}", resourceVersion=str(index + 1),
+                           creationTimestamp=f"2026-11-30T00:{index // 60:02d}:{index % 60:02d}Z")
+    if status:
+        obj["status"] = status
+    return obj
+
+
+def run(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], gprs: list[dict[str, Any]]) -> Plan:
+    """One pass over the objects as the controller's informers hold them (ClusterView: every pod's CPU and memory
+    counted on its node, whether it asks for a device or not)."""
+    view = ClusterView((GPU,))
+    view.sync_nodes(nodes)
+    view.sync_pods(pods)
+    snap = Snapshot(time.time(), dict(view.nodes), dict(view.pods), {g["metadata"]["uid"]: g for g in gprs},
+                    {}, dict(view.host_used))
+    return plan_pass(snap, PassConfig(), PassCache())
+
+
+def reserved(plan: Plan) -> dict[str, list[str]]:
+    return {w.key: [r["node"] for r in w.status.get("reservation") or []] for w in plan.writes
+            if w.status.get("phase") == "Admitted"}
+
+
+def test_a_gpr_goes_where_its_pods_cpu_fits_not_only_where_its_devices_do() -> None:
+    """``busy`` has the fewest free GPUs (best fit would take it) but its CPU is nearly all requested: by a pod
+    with GPUs outside any GPR and by a web server that asks for no device at all."""
+    nodes = [big_node("busy"), big_node("idle")]
+    others = [cpu_pod("train", 4, "4", node_name="busy", phase="Running"),
+              cpu_pod("web", 0, "24", node_name="busy", phase="Running")]
+    big = run(nodes, [*others, cpu_pod("g-0", 1, "8", gpr="g", gated=True)], [queued("g", 0)])
+    assert reserved(big) == {"default/g": ["idle"]}
+    # a pod that fits the 4 cores left still packs onto the busy node
+    small = run(nodes, [*others, cpu_pod("g-0", 1, "3", gpr="g", gated=True)], [queued("g", 0)])
+    assert reserved(small) == {"default/g": ["busy"]}
+    # memory counts the same way (2 of the 256 GiB are requested already)
+    hungry = run(nodes, [*others, cpu_pod("g-0", 1, "1", memory="255Gi", gpr="g", gated=True)], [queued("g", 0)])
+    assert reserved(hungry) == {"default/g": ["idle"]}
+    # a web server that finished gives its CPU back
+    done = [others[0], cpu_pod("web", 0, "24", node_name="busy", phase="Succeeded")]
+    assert reserved(run(nodes, [*done, cpu_pod("g-0", 1, "8", gpr="g", gated=True)], [queued("g", 0)])) == \
+        {"default/g": ["busy"]}
+
+
+def test_gprs_admitted_in_one_pass_share_a_nodes_cpu_without_overcommitting_it() -> None:
+    """Ten one-GPU GPRs whose pods ask for 10 of a node's 32 cores: three fit a node, whatever its free GPUs."""
+    nodes = [big_node(f"n{i}") for i in range(4)]
+    gprs = [queued(f"g{i}", i) for i in range(10)]
+    pods = [cpu_pod(f"g{i}-0", 1, "10", gpr=f"g{i}", gated=True) for i in range(10)]
+    placed = reserved(run(nodes, pods, gprs))
+    assert len(placed) == 10
+    per_node: dict[str, int] = {}
+    for names in placed.values():
+        for n in names:
+            per_node[n] = per_node.get(n, 0) + 1
+    assert max(per_node.values()) == 3, per_node
+
+
+def test_the_cpu_an_admitted_gprs_unbound_pods_will_ask_for_is_kept_for_them() -> None:
+    """``a`` holds n0 and its pods wait at the gate (and one was let go, not yet bound): what they will request
+    stays theirs, so ``b`` (asking for 20 of the 32 cores) goes to n1 though n0 has more GPUs in use."""
+    nodes = [big_node("n0"), big_node("n1", gpus=8)]
+    a = queued("a", 0, devices=4, phase="Admitted", reservation=[{"node": "n0", "devices": 4}],
+               admittedAt=rfc3339(time.time() - 5))
+    pods = [cpu_pod(f"a-{i}", 1, "4", gpr="a", gated=i < 2) for i in range(3)]
+    pods.append(cpu_pod("a-3", 1, "4", gpr="a", node_name="n0", phase="Running"))
+    plan = run(nodes, [*pods, cpu_pod("b-0", 1, "20", gpr="b", gated=True)], [a, queued("b", 1)])
+    assert reserved(plan).get("default/b") == ["n1"]
+    # once all of a's pods are bound, what they request is counted once (as bound pods), not twice
+    bound = [cpu_pod(f"a-{i}", 1, "4", gpr="a", node_name="n0", phase="Running") for i in range(4)]
+    plan = run(nodes, [*bound, cpu_pod("b-0", 1, "16", gpr="b", gated=True)], [a, queued("b", 1)])
+    assert reserved(plan).get("default/b") == ["n0"]
+
+
+def test_an_admitted_gpr_whose_later_pods_do_not_fit_its_node_goes_elsewhere_before_any_runs() -> None:
+    """Admitted from its spec alone (its Job came later) onto a node whose CPU other pods took: given back and
+    placed again, with no failure counted; once a pod of it runs there, it stays."""
+    nodes = [big_node("busy"), big_node("idle")]
+    early = queued("early", 0, phase="Admitted", reservation=[{"node": "busy", "devices": 1}],
+                   admittedAt=rfc3339(time.time() - 5))
+    web = cpu_pod("web", 0, "30", node_name="busy", phase="Running")
+    plan = run(nodes, [web, cpu_pod("early-0", 1, "8", gpr="early", gated=True)], [early])
+    written = {w.key: w.status for w in plan.writes}
+    assert written["default/early"]["phase"] == "Admitted", written
+    assert [r["node"] for r in written["default/early"]["reservation"]] == ["idle"]
+    assert not written["default/early"].get("failures")
+    assert any(e.kind == "requeued" and "CPU or memory" in e.detail for _, e in plan.events)
+    # its pods fit where it is: nothing moves
+    plan = run(nodes, [web, cpu_pod("early-0", 1, "2", gpr="early", gated=True)], [early])
+    assert reserved(plan).get("default/early", ["busy"]) == ["busy"]
+    assert not any(e.kind == "requeued" for _, e in plan.events)
+    # one of its pods runs there already: it keeps its node
+    ran = cpu_pod("early-1", 1, "1", gpr="early", node_name="busy", phase="Running")
+    plan = run(nodes, [web, ran, cpu_pod("early-0", 1, "8", gpr="early", gated=True)], [early])
+    assert reserved(plan).get("default/early", ["busy"]) == ["busy"]
+    assert not any(e.kind == "requeued" for _, e in plan.events)
+
+
+def test_a_node_that_states_no_cpu_is_no_limit_and_a_pod_too_big_for_every_node_waits() -> None:
+    bare = node("bare", gpus=8)
+    del bare["status"]["allocatable"]["cpu"], bare["status"]["allocatable"]["memory"]
+    plan = run([bare], [cpu_pod("g-0", 1, "500", gpr="g", gated=True)], [queued("g", 0)])
+    assert reserved(plan) == {"default/g": ["bare"]}
+    plan = run([big_node("n0")], [cpu_pod("g-0", 1, "64", gpr="g", gated=True)], [queued("g", 0)])
+    assert reserved(plan) == {}
+    assert {w.key: w.status["phase"] for w in plan.writes} == {"default/g": "Queued"}
+
+
+def test_a_gprs_need_per_node_is_its_largest_pods_spread_evenly() -> None:
+    from scheduler_extender.cluster import pod_view
+
+    def views(*cpus: str, ended: int = 0) -> list[Any]:
+        out = []
+        for i, c in enumerate(cpus):
+            v = pod_view(cpu_pod(f"p{i}", 1, c, phase="Succeeded" if i < ended else "Pending"), (GPU,))
+            assert v is not None
+            out.append(v)
+        return out
+
+    assert host_need(views("1", "2", "3", "4"), 1) == (10_000, 4096)
+    assert host_need(views("1", "2", "3", "4"), 2) == (7000, 2048)  # two a node: the two largest
+    assert host_need(views("1", "2", "3"), 2) == (5000, 2048)  # three on two nodes: two on one of them
+    assert host_need(views("8", "2", ended=1), 1) == (2000, 1024)  # a pod that ended needs nothing
+    assert host_need([], 3) == (0, 0)
