@@ -92,3 +92,46 @@ def tolerates(pod: dict[str, Any], node: dict[str, Any]) -> bool:
     return all(any(_tolerated(t, taint) for t in tolerations)
                for taint in (node.get("spec") or {}).get("taints") or []
                if taint.get("effect") in ("NoSchedule", "NoExecute"))
+
+
+# NodeResourcesFit, CPU and memory only, for the plain pods the tests make (containers' requests, no init
+# containers): a pod fits a node when what the live pods bound there request plus its own is within allocatable.
+_UNITS = {"m": 0.001, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _amount(value: Any) -> float:
+    text = str(value)
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * _UNITS[unit]
+    return float(text)
+
+
+def _asks(pod: dict[str, Any]) -> tuple[float, float]:
+    cpu = mem = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        requests = (c.get("resources") or {}).get("requests") or {}
+        cpu += _amount(requests.get("cpu", 0))
+        mem += _amount(requests.get("memory", 0))
+    return cpu, mem
+
+
+def requested(pods: Any) -> dict[str, tuple[float, float]]:
+    """Node -> CPU cores and memory bytes the live pods bound there request."""
+    out: dict[str, tuple[float, float]] = {}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName")
+        if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            cpu, mem = _asks(p)
+            have = out.get(node, (0.0, 0.0))
+            out[node] = (have[0] + cpu, have[1] + mem)
+    return out
+
+
+def room(pod: dict[str, Any], node: dict[str, Any], used: dict[str, tuple[float, float]]) -> bool:
+    """Whether the node's allocatable CPU and memory take the pod beside what ``used`` says is bound there."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    cpu, mem = _asks(pod)
+    have = used.get(node["metadata"]["name"], (0.0, 0.0))
+    return ((cpu == 0 or "cpu" not in allocatable or have[0] + cpu <= _amount(allocatable["cpu"]) + 1e-9)
+            and (mem == 0 or "memory" not in allocatable or have[1] + mem <= _amount(allocatable["memory"])))

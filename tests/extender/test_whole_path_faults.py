@@ -46,6 +46,7 @@ from tests.extender.test_controller import GPRS, set_phase
 PODS, NODES_PATH = "api/v1/pods", "api/v1/nodes"
 NODES, GPUS, GROUPS = 16, 4, 36
 SAMPLE = 0.5  # the share of the feasible nodes the scheduler sends (percentageOfNodesToScore)
+KEEP_RUNNING = "test.accelstack.io/keep-running"  # a pod the kubelet stand-in leaves as it is (a web server, say)
 ORDER = ["Queued", "Admitted", "Running", "Complete"]
 
 
@@ -161,9 +162,10 @@ class Scheduler:
             return await r.json()
 
     async def schedule(self, http: aiohttp.ClientSession, p: dict[str, Any]) -> bool:
+        requested = nodeaffinity.requested(self.peer.objects[k] for k in self.peer.objects if k[0] == PODS)
         feasible = sorted(name for (res, _, name), obj in self.peer.objects.items() if res == NODES_PATH
                           and nodeaffinity.matches(p, name, obj["metadata"].get("labels") or {})
-                          and nodeaffinity.tolerates(p, obj))
+                          and nodeaffinity.tolerates(p, obj) and nodeaffinity.room(p, obj, requested))
         names = self.rng.sample(feasible, max(1, round(len(feasible) * SAMPLE)))
         answer = await self.call(http, "filter", {"Pod": p, "Nodes": None, "NodeNames": names})
         assert answer.get("Error", "") == "", answer
@@ -193,7 +195,7 @@ async def kubelet(peer: APIServerPeer, rng: random.Random, stop: asyncio.Event) 
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         for (res, _, name), p in list(peer.objects.items()):
-            if res != PODS or not p["spec"].get("nodeName"):
+            if res != PODS or not p["spec"].get("nodeName") or (p["metadata"].get("labels") or {}).get(KEEP_RUNNING):
                 continue
             phase = (p.get("status") or {}).get("phase")
             if phase == "Pending":
