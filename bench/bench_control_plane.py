@@ -243,9 +243,10 @@ class Planner:
 
     def __init__(self, seed: list[tuple[str, dict[str, Any]]]) -> None:
         from scheduler_extender.core.predictor import DurationPredictor
-        from scheduler_extender.reconcile import PassCache
+        from scheduler_extender.reconcile import PassCache, host_used_of
 
         self.nodes, self.pods, self.gprs = planned_state(seed)
+        self.host = host_used_of(self.pods)  # the informer's CPU/memory by node, kept as pods change (here: none)
         self.cache, self.version = PassCache(), 10_000_000
         self.predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
         self.noted: set[str] = set()  # GPRs whose first projection is kept (the controller's history.first)
@@ -253,7 +254,7 @@ class Planner:
     def plan(self, refresh: bool, cache: Any = None) -> Any:
         from scheduler_extender.reconcile import PassConfig, Snapshot, run_pass
 
-        plan = run_pass(Snapshot(time.time(), self.nodes, self.pods, self.gprs),
+        plan = run_pass(Snapshot(time.time(), self.nodes, self.pods, self.gprs, {}, dict(self.host)),
                         PassConfig(refresh_queue=refresh, refresh_on_change=False, predictor=self.predictor,
                                    noted=frozenset(self.noted)),
                         self.cache if cache is None else cache)

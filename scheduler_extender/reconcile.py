@@ -194,6 +194,9 @@ class PassCache:
         self.tallies = PodTallies()  # what each allocated GPR's pods say (see pod_tally)
         self.fit = NodeFit()  # which nodes waiting pods can run on (by their constraints, the nodes' labels, taints)
         self.pods: PodsByGPR | None = None
+        # (host requests by node, the inventory's node names, CPU and memory requested by node index) of the last
+        # pass (see _withhold_host)
+        self.host: tuple[Mapping[str, tuple[int, int]], list[str], np.ndarray, np.ndarray] | None = None
         self._autos: tuple[list[Decoded], list[Decoded]] | None = None
         self._allocated: tuple[list[Decoded], list[Decoded], tuple[Any, ...]] | None = None
         self._flagged: tuple[list[NodeView], list[tuple[str, bool]]] | None = None
@@ -933,7 +936,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     cache.outside = (base, pods_seen, nodes_seen, used)
     for name, count in used.items():
         sched.hold(f"pods@{name}", name, count)
-    short = _withhold_host(sched, snap, pods, pods_of)
+    short = _withhold_host(sched, snap, pods, pods_of, cache)
     for name, sick in cache.flagged(nodes_seen, inv):
         if sick:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
@@ -1270,18 +1273,29 @@ def host_need(pods: Sequence[PodView], node_count: int) -> tuple[int, int]:
     return sum(cpu), sum(mem)
 
 
-def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR,
-                   pods_of: dict[str, list[PodView]]) -> list[tuple[str, str]]:
+def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR, pods_of: dict[str, list[PodView]],
+                   cache: PassCache) -> list[tuple[str, str]]:
     """Take out of the inventory's host CPU and memory what kube-scheduler will count on each node: the requests of
     every live pod bound there (accelstack's or not), and, on each node an allocated GPR holds, what its pods not
     yet bound will ask of it (:func:`host_need`, less what its pods bound there already take). Queued GPRs with
     pods at the gate are placed only where their pods' requests fit (:meth:`.Scheduler.need_host`).
 
     Returns (GPR, node) for Admitted GPRs none of whose pods is bound, reserved on a node their pods' requests do
-    not fit (taken by other pods since, or the GPR was admitted before its pods existed): they go elsewhere."""
+    not fit (taken by other pods since, or the GPR was admitted before its pods existed): they go elsewhere.
+    What the bound pods request, by node index, is kept while the requests by node and the nodes are the same."""
     inv = sched.inv
-    index = inv.index
-    used = dict(snap.host if snap.host is not None else host_used_of(snap.pods))
+    index, names = inv.index, inv.names
+    host = snap.host if snap.host is not None else host_used_of(snap.pods)
+    kept = cache.host
+    if kept is not None and kept[1] is names and kept[0] == host:
+        cpu, mem = kept[2], kept[3]
+    else:
+        cpu, mem = np.zeros(len(names), dtype=np.int64), np.zeros(len(names), dtype=np.int64)
+        for node, (c, m) in host.items():
+            n = index.get(node)
+            if n is not None:
+                cpu[n], mem[n] = c, m
+        cache.host = (host, names, cpu, mem)
     gated = pods.gated
     for key, at_gate in gated.items():
         g = sched.gprs.get(key)
@@ -1290,15 +1304,14 @@ def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR,
     # GPRs holding nodes whose pods are not all bound: at the gate, or let go and not yet bound
     waiting = set(gated)
     waiting.update(p.gpr for p in pods.loose)
-    pending: dict[tuple[str, str], tuple[int, int]] = {}  # (GPR, node) -> what its unbound pods will ask there
-    names = inv.names
+    pending: list[tuple[str, int]] = []  # (GPR, node index) where its unbound pods will ask for more
     for key in waiting:
         g = sched.holders.get(key) or sched.evicting.get(key)
         if g is None or g.placement is None:
             continue
         members = pods_of.get(key) or _NO_PODS
-        cpu, mem = host_need(members, g.node_count)
-        if not cpu and not mem:
+        need_cpu, need_mem = host_need(members, g.node_count)
+        if not need_cpu and not need_mem:
             continue
         for a in g.placement.assignments:
             node = names[a.node]
@@ -1306,27 +1319,23 @@ def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR,
             for p in members:
                 if p.node == node and p.live:
                     bound_cpu, bound_mem = bound_cpu + p.host[0], bound_mem + p.host[1]
-            left = (max(0, cpu - bound_cpu), max(0, mem - bound_mem))
-            if left[0] or left[1]:
-                pending[key, node] = left
-                held = used.get(node, (0, 0))
-                used[node] = (held[0] + left[0], held[1] + left[1])
+            left_cpu, left_mem = max(0, need_cpu - bound_cpu), max(0, need_mem - bound_mem)
+            if left_cpu or left_mem:
+                if not pending:
+                    cpu, mem = cpu.copy(), mem.copy()  # the kept arrays stay as the bound pods left them
+                pending.append((key, a.node))
+                cpu[a.node] += left_cpu
+                mem[a.node] += left_mem
     short: list[tuple[str, str]] = []
-    for key, node in pending:
-        n = index.get(node)
+    for key, n in pending:  # its own share counted: room = capacity - everything else
         g = sched.holders.get(key)
-        if n is None or g is None or g.phase is not Phase.ADMITTED or key not in gated:
+        if g is None or g.phase is not Phase.ADMITTED or key not in gated:
             continue
-        if any(p.node and p.live for p in pods_of.get(key, ())):
-            continue
-        held = used[node]  # its own share counted: room = capacity - everything else
-        if held[0] > inv.cpu_cap[n] or held[1] > inv.mem_cap[n]:
-            short.append((key, node))
-    taken = [(index[node], amounts) for node, amounts in used.items() if node in index]
-    if taken:
-        inv.withhold_host(np.fromiter((n for n, _ in taken), dtype=np.int64, count=len(taken)),
-                          np.fromiter((a[0] for _, a in taken), dtype=np.int64, count=len(taken)),
-                          np.fromiter((a[1] for _, a in taken), dtype=np.int64, count=len(taken)))
+        if (cpu[n] > inv.cpu_cap[n] or mem[n] > inv.mem_cap[n]) and not any(p.node and p.live
+                                                                           for p in pods_of.get(key, ())):
+            short.append((key, names[n]))
+    taken = np.flatnonzero(cpu | mem)
+    inv.withhold_host(taken, cpu[taken], mem[taken])
     return short
 
 
