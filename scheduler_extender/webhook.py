@@ -70,7 +70,7 @@ from .http_body import loads as json_loads
 from .kube import Kube
 from .podfit import Constraints, why_not
 from .reconcile import HOSTNAME_LABEL, live_cluster_limitation, narrow_affinity
-from .resources import pod_requests
+from .resources import host_requests, pod_requests
 from .workspace_admission import (
     binding_refusal,
     choose_template,
@@ -507,15 +507,26 @@ class Webhook:
         return review_response(uid, True, patch=patch, warnings=warnings)
 
     def _can_run_on(self, spec: dict[str, Any], nodes: list[str]) -> bool:
-        """Whether kube-scheduler's own filters (taints, nodeSelector, node affinity) let the pod go to one of
-        ``nodes``, as the informer holds them, the node lifecycle's passing taints aside (as the controller judges
-        where a GPR may go); true when that cannot be judged: no view, no such node yet."""
+        """Whether kube-scheduler's own filters (taints, nodeSelector, node affinity; CPU and memory beside what the
+        pods bound there request) let the pod go to one of ``nodes``, as the informer holds them, the node
+        lifecycle's passing taints aside (as the controller judges where a GPR may go); true when that cannot be
+        judged: no view, no such node yet."""
         known = self.view.nodes if self.view is not None else {}
         views = [v for n in nodes if (v := known.get(n)) is not None]
         constraints = Constraints.of_spec(spec)
-        if not views or constraints is None:
+        if not views or constraints is None or self.view is None:
             return True
-        return any(not why_not(constraints, v, lifecycle=False) for v in views)  # a cordon, a pressure: passes
+        cpu, mem = host_requests(spec)
+        used = self.view.host_used
+        for v in views:
+            if why_not(constraints, v, lifecycle=False):  # a cordon, a pressure: passes
+                continue
+            if v.host is None or not (cpu or mem):
+                return True
+            have = used.get(v.name, (0, 0))
+            if have[0] + cpu <= v.host[0] and have[1] + mem <= v.host[1]:
+                return True
+        return False
 
     def _hostnames(self, nodes: list[str]) -> dict[str, str]:
         """The nodes' ``kubernetes.io/hostname`` labels, as the informer holds them."""

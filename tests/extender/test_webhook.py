@@ -918,5 +918,22 @@ async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gate
         too_big = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a", gpus=4)
         response = await call(http, "/mutate-pods", review(too_big))
         assert response["allowed"] is False and "reserves 2 per node" in response["status"]["message"]
+        # nodes of 8 cores, 7 of n1's and 6 of n2's requested by pods already bound there (one asks for no device):
+        # a pod that asks for 3 cores fits neither (NodeResourcesFit would keep it Pending), so it is held at the
+        # gate; one that asks for 2 goes straight to them
+        for name in ("n1", "n2"):
+            view.on_node("MODIFIED", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": f"host-{name}"}},
+                                      "status": {"allocatable": {"nvidia.com/gpu": "4", "cpu": "8",
+                                                                 "memory": "64Gi"}}})
+        for name, node, cores in (("web", "n1", "7"), ("etl", "n2", "6")):
+            view.on_pod("ADDED", {"metadata": {"name": name, "namespace": "x", "uid": name},
+                                  "spec": {"nodeName": node, "containers": [
+                                      {"name": "c", "resources": {"requests": {"cpu": cores}}}]},
+                                  "status": {"phase": "Running"}})
+        for cores, held in (("3", True), ("2", False)):
+            hungry = pod(labels={"accelstack.io/gpr": "t"}, namespace="team-a")
+            hungry["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cores}
+            out = patched(hungry, await call(http, "/mutate-pods", review(hungry)))
+            assert (gates(out) == ["accelstack.io/gpr"]) is held and ("affinity" in out["spec"]) is not held, cores
     finally:
         await http.close()
