@@ -215,11 +215,14 @@ class Cluster:
 
 
 # ------------------------------------------------------------------------------------------------ part load
-def planned_state(seed: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(nodes, pods, GPR objects) of the seed as the controller's snapshot holds them."""
-    from scheduler_extender.cluster import GPU, node_view, pod_view
+def planned_state(seed: list[tuple[str, dict[str, Any]]]
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, tuple[int, int]]]:
+    """(nodes, pods, GPR objects, CPU/memory requested by node) of the seed as the controller's snapshot holds
+    them (the pods' sums through the informer's own view: pods that ask for no device count there too)."""
+    from scheduler_extender.cluster import GPU, ClusterView, node_view, pod_view
 
     nodes, pods, gprs = {}, {}, {}
+    view = ClusterView((GPU,))
     for i, (path, obj) in enumerate(seed):
         obj = json.loads(json.dumps(obj))
         meta = obj["metadata"]
@@ -229,12 +232,13 @@ def planned_state(seed: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any
         if path == "api/v1/nodes":
             nodes[meta["name"]] = node_view(obj, (GPU,))
         elif path == "api/v1/pods":
-            view = pod_view(obj, (GPU,))
-            if view is not None:
-                pods[view.uid] = view
+            view.on_pod("ADDED", obj)
+            pv = pod_view(obj, (GPU,))
+            if pv is not None:
+                pods[pv.uid] = pv
         else:
             gprs[meta["uid"]] = obj
-    return nodes, pods, gprs
+    return nodes, pods, gprs, dict(view.host_used)
 
 
 class Planner:
@@ -243,10 +247,11 @@ class Planner:
 
     def __init__(self, seed: list[tuple[str, dict[str, Any]]]) -> None:
         from scheduler_extender.core.predictor import DurationPredictor
-        from scheduler_extender.reconcile import PassCache, host_used_of
+        from scheduler_extender.reconcile import PassCache
 
-        self.nodes, self.pods, self.gprs = planned_state(seed)
-        self.host = host_used_of(self.pods)  # the informer's CPU/memory by node, kept as pods change (here: none)
+        self.nodes, self.pods, self.gprs, self.host = planned_state(seed)
+        self.host_churn = False  # a pod binds somewhere before every pass (the sums by node change)
+        self.rng = random.Random(11)
         self.cache, self.version = PassCache(), 10_000_000
         self.predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
         self.noted: set[str] = set()  # GPRs whose first projection is kept (the controller's history.first)
@@ -254,6 +259,10 @@ class Planner:
     def plan(self, refresh: bool, cache: Any = None) -> Any:
         from scheduler_extender.reconcile import PassConfig, Snapshot, run_pass
 
+        if self.host_churn and self.host:
+            name = self.rng.choice(sorted(self.host))
+            cpu, mem = self.host[name]
+            self.host[name] = (cpu + 1, mem)
         plan = run_pass(Snapshot(time.time(), self.nodes, self.pods, self.gprs, {}, dict(self.host)),
                         PassConfig(refresh_queue=refresh, refresh_on_change=False, predictor=self.predictor,
                                    noted=frozenset(self.noted)),
@@ -323,6 +332,44 @@ def gated_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[li
             if i > 1:
                 out.append(plan.seconds)
     return a, b, sum(1 for p in with_c.pods.values() if p.gates)
+
+
+def with_host_requests(seed: list[tuple[str, dict[str, Any]]], per_node: int = 3) -> list[tuple[str, dict[str, Any]]]:
+    """The gated-pods seed (:func:`with_gated_pods`, unconstrained) with every pod asking for CPU and memory, and
+    ``per_node`` pods on every node that ask for CPU and memory only (as DaemonSets make them)."""
+    from tests.extender.harness import pod
+
+    out = []
+    for path, obj in with_gated_pods(seed, False):
+        if path == "api/v1/pods":
+            obj = json.loads(json.dumps(obj))
+            obj["spec"]["containers"][0]["resources"]["requests"].update(cpu="4", memory="16Gi")
+        out.append((path, obj))
+        if path == "api/v1/nodes":
+            obj["status"]["allocatable"] = {**obj["status"]["allocatable"], "cpu": "128", "memory": "1024Gi"}
+            for k in range(per_node):
+                p = pod(f"ds-{k}-{obj['metadata']['name']}", 0, node_name=obj["metadata"]["name"], phase="Running")
+                p["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "250m", "memory": "512Mi"}}
+                out.append(("api/v1/pods", p))
+    return out
+
+
+def host_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[list[float], list[float], int]:
+    """Steady passes where every pod asks for CPU and memory, 3 CPU-only pods run on every node and one pod binds
+    before every pass (the CPU/memory sums by node change each time), beside the same gated pods asking for none
+    on nodes without CPU-only pods, planned in turn. (seconds with, seconds without, pods counted by node)."""
+    hosted = with_host_requests(seed)
+    with_h, without = Planner(hosted), Planner(with_gated_pods(seed, False))
+    with_h.host_churn = True
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(passes + 2):
+        for planner, out in ((with_h, a), (without, b)) if i % 2 else ((without, b), (with_h, a)):
+            plan = planner.plan(refresh=False)
+            if i > 1:
+                out.append(plan.seconds)
+    counted = sum(1 for path, _ in hosted if path == "api/v1/pods")
+    return a, b, counted
 
 
 def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
@@ -524,6 +571,7 @@ async def part_load(samples: int) -> list[str]:
     passes, refreshes, estimates = pass_times(seed, 30)
     churned, cold, holder, admitted, finished = churn_times(seed, 5)
     constrained, unconstrained, gated = gated_times(seed, 20)
+    hosted, unhosted, counted = host_times(seed, 20)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
     bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(4 * samples)]
     seed += [("api/v1/pods", p) for p in bindable]
@@ -574,7 +622,10 @@ async def part_load(samples: int) -> list[str]:
              f"{ms(finished)}",
              f"  with {gated:,} gated pods of the queued GPRs, each selecting its GPU model (where the GPR may go is "
              f"worked out): {ms(constrained)}; the same pods without constraints, planned in turn: "
-             f"{ms(unconstrained)}; {statistics.median(constrained) / statistics.median(unconstrained):.2f}x p50"]
+             f"{ms(unconstrained)}; {statistics.median(constrained) / statistics.median(unconstrained):.2f}x p50",
+             f"  with {counted:,} pods asking for CPU and memory (the gated pods, the running ones and 3 CPU-only pods "
+             f"a node), the sums by node changing at every pass: {ms(hosted)}; the same gated pods asking for none, "
+             f"planned in turn: {ms(unhosted)}; {statistics.median(hosted) / statistics.median(unhosted):.2f}x p50"]
     for separate in (True, False):
         where = ("extender on a core of its own, controller and API-server peer on the other" if separate
                  else "every process on both cores")
