@@ -993,6 +993,21 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                            + (f" ({listed})" if nodes else "")
                            + ", too few or too small for it even with nothing else running (their tolerations, "
                              "nodeSelector and node affinity against the nodes' taints and labels)"})
+    largest: dict[str, tuple[int, int]] = {}  # resource -> the most CPU and memory one of its nodes offers
+    for key, (cpu, mem) in sched.host_needs.items():  # queued, and asking more CPU or memory than any node has
+        waiting = sched.gprs.get(key)
+        if waiting is None or waiting.phase is not Phase.QUEUED or waiting.reason != "Unschedulable" or key in extra:
+            continue
+        if waiting.resource not in largest:
+            specs = [sp for sp in inv.specs if sp.resource == waiting.resource]
+            largest[waiting.resource] = (max((sp.cpu_milli for sp in specs), default=0),
+                                         max((sp.memory_mib for sp in specs), default=0))
+        most_cpu, most_mem = largest[waiting.resource]
+        if cpu > most_cpu or mem > most_mem:
+            extra.setdefault(key, []).append({
+                "type": "PodsCannotRun", "status": "True", "reason": "Unschedulable",
+                "message": f"its pods ask for {cpu}m CPU and {mem}Mi memory on each node, more than any node with "
+                           f"{waiting.resource} has allocatable (at most {most_cpu}m CPU, {most_mem}Mi memory)"})
 
     estimates: dict[str, Interval] = {}
     plan.queue = tuple(sched.queued_names())

@@ -141,6 +141,8 @@ def test_a_node_that_states_no_cpu_is_no_limit_and_a_pod_too_big_for_every_node_
     plan = run([big_node("n0")], [cpu_pod("g-0", 1, "64", gpr="g", gated=True)], [queued("g", 0)])
     assert reserved(plan) == {}
     assert {w.key: w.status["phase"] for w in plan.writes} == {"default/g": "Queued"}
+    cannot = [c for c in plan.writes[0].status["conditions"] if c["type"] == "PodsCannotRun"]
+    assert cannot and "64000m CPU" in cannot[0]["message"] and "at most 32000m CPU" in cannot[0]["message"], cannot
 
 
 def test_a_gprs_need_per_node_is_its_largest_pods_spread_evenly() -> None:
