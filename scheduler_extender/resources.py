@@ -116,6 +116,45 @@ MIB = 1 << 20
 HOST = ("cpu", "memory")
 
 
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def _cpu_milli(value: Any) -> int:
+    """A CPU quantity in millicores, rounded up; 0 when malformed. Plain forms ("2", "250m") without Decimal: every
+    pod event of the informer reads them."""
+    if isinstance(value, str):
+        if value.isdigit():
+            return int(value) * 1000
+        if value[-1:] == "m" and value[:-1].isdigit():
+            return int(value[:-1])
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return max(0, value * 1000)
+    try:
+        q = parse_quantity(value) * 1000
+    except ValueError:
+        return 0
+    return max(0, int(q.to_integral_value(rounding="ROUND_CEILING")))
+
+
+def _memory_mib(value: Any) -> int:
+    """A memory quantity in MiB, rounded up; 0 when malformed (plain forms without Decimal, as for CPU)."""
+    number: int | None = None
+    if isinstance(value, str):
+        if value.isdigit():
+            number = int(value)
+        elif value[-2:] in _BINARY and value[:-2].isdigit():
+            number = int(value[:-2]) * _BINARY[value[-2:]]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    if number is not None:
+        return max(0, -(-number // MIB))
+    try:
+        q = parse_quantity(value) / MIB
+    except ValueError:
+        return 0
+    return max(0, int(q.to_integral_value(rounding="ROUND_CEILING")))
+
+
 def _host_amounts(container: Any) -> tuple[int, int]:
     """A container's (or a pod's ``resources``/``overhead``) CPU request in millicores and memory request in MiB,
     rounded up; a request missing where the limit is set takes the limit (the API server defaults it so); a
@@ -128,17 +167,8 @@ def _host_amounts(container: Any) -> tuple[int, int]:
     requests, limits = res.get("requests") or {}, res.get("limits") or {}
     if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
         return 0, 0
-    out = []
-    for name, scale in (("cpu", 1000), ("memory", 1)):
-        value = requests.get(name, limits.get(name))
-        try:
-            q = parse_quantity(value) * scale if value is not None else Decimal(0)
-        except ValueError:
-            q = Decimal(0)
-        if name == "memory":
-            q = q / MIB
-        out.append(max(0, int(q.to_integral_value(rounding="ROUND_CEILING"))) if q > 0 else 0)
-    return out[0], out[1]
+    cpu, mem = requests.get("cpu", limits.get("cpu")), requests.get("memory", limits.get("memory"))
+    return (_cpu_milli(cpu) if cpu is not None else 0), (_memory_mib(mem) if mem is not None else 0)
 
 
 def host_requests(spec: Mapping[str, Any]) -> tuple[int, int]:

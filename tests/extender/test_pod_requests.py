@@ -171,3 +171,19 @@ def test_the_view_sums_the_cpu_and_memory_of_every_live_pod_bound_to_each_node()
     fresh = ClusterView(MANAGED)
     fresh.sync_pods([bound("web", "n1", "2", phase="Succeeded"), bound("train", "n1", "500m", gpus=1)])
     assert fresh.host_used == view.host_used and fresh.host_of == view.host_of
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=10**15), st.sampled_from(["", "m", "k", "M", "G", "Ki", "Mi", "Gi", "Ti",
+                                                                     "e3", ".5", ".0001m"]), st.booleans())
+def test_the_plain_quantity_forms_read_as_the_general_parser_reads_them(n: int, suffix: str, as_int: bool) -> None:
+    """CPU and memory amounts are read at every pod event: the plain forms skip Decimal, with the same result."""
+    import math
+    from decimal import Decimal
+
+    from scheduler_extender.resources import MIB, _cpu_milli, _memory_mib, parse_quantity
+
+    value: Any = n if as_int and not suffix else f"{n}{suffix}"
+    q = parse_quantity(value)
+    assert _cpu_milli(value) == math.ceil(q * 1000)
+    assert _memory_mib(value) == math.ceil(q / Decimal(MIB))
