@@ -1275,16 +1275,20 @@ def host_used_of(pods: Mapping[str, PodView]) -> dict[str, tuple[int, int]]:
     return used
 
 
-def host_need(pods: Sequence[PodView], node_count: int) -> tuple[int, int]:
-    """The host CPU (millicores) and memory (MiB) a GPR's pods need on each of its ``node_count`` nodes: the
-    largest requests of as many pods as one node takes when they are spread evenly (all of them on one node).
-    Pods that ended or are being deleted need nothing."""
-    live = [p.host for p in pods if p.live and not p.terminating]
+def host_need(pods: Sequence[PodView], g: GPR) -> tuple[int, int]:
+    """The host CPU (millicores) and memory (MiB) GPR ``g``'s pods need on each of its nodes: the largest requests
+    of as many pods as one node takes when they are spread evenly over its ``nodeCount`` nodes, and no more than
+    its ``devicesPerNode`` hold at once (8 one-GPU pods of an 8-GPU node when a Job has 16). Pods that ended or
+    are being deleted need nothing."""
+    live = [p for p in pods if p.live and not p.terminating]
     if not live:
         return 0, 0
-    each = -(-len(live) // max(1, node_count))
-    cpu = sorted((h[0] for h in live), reverse=True)[:each]
-    mem = sorted((h[1] for h in live), reverse=True)[:each]
+    each = -(-len(live) // max(1, g.node_count))
+    smallest = min(p.requests.get(g.resource, 0) for p in live)
+    if smallest > 0:
+        each = min(each, max(1, g.devices_per_node // smallest))
+    cpu = sorted((p.host[0] for p in live), reverse=True)[:each]
+    mem = sorted((p.host[1] for p in live), reverse=True)[:each]
     return sum(cpu), sum(mem)
 
 
@@ -1315,7 +1319,7 @@ def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR, pods_of: d
     for key, at_gate in gated.items():
         g = sched.gprs.get(key)
         if g is not None:
-            sched.need_host(key, *host_need(at_gate, g.node_count))
+            sched.need_host(key, *host_need(at_gate, g))
     # GPRs holding nodes whose pods are not all bound: at the gate, or let go and not yet bound
     waiting = set(gated)
     waiting.update(p.gpr for p in pods.loose)
@@ -1325,7 +1329,7 @@ def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR, pods_of: d
         if g is None or g.placement is None:
             continue
         members = pods_of.get(key) or _NO_PODS
-        need_cpu, need_mem = host_need(members, g.node_count)
+        need_cpu, need_mem = host_need(members, g)
         if not need_cpu and not need_mem:
             continue
         for a in g.placement.assignments:

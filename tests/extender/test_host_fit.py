@@ -147,17 +147,24 @@ def test_a_node_that_states_no_cpu_is_no_limit_and_a_pod_too_big_for_every_node_
 
 def test_a_gprs_need_per_node_is_its_largest_pods_spread_evenly() -> None:
     from scheduler_extender.cluster import pod_view
+    from scheduler_extender.core.gpr import GPR
 
-    def views(*cpus: str, ended: int = 0) -> list[Any]:
+    def views(*cpus: str, ended: int = 0, gpus: int = 1) -> list[Any]:
         out = []
         for i, c in enumerate(cpus):
-            v = pod_view(cpu_pod(f"p{i}", 1, c, phase="Succeeded" if i < ended else "Pending"), (GPU,))
+            v = pod_view(cpu_pod(f"p{i}", gpus, c, phase="Succeeded" if i < ended else "Pending"), (GPU,))
             assert v is not None
             out.append(v)
         return out
 
-    assert host_need(views("1", "2", "3", "4"), 1) == (10_000, 4096)
-    assert host_need(views("1", "2", "3", "4"), 2) == (7000, 2048)  # two a node: the two largest
-    assert host_need(views("1", "2", "3"), 2) == (5000, 2048)  # three on two nodes: two on one of them
-    assert host_need(views("8", "2", ended=1), 1) == (2000, 1024)  # a pod that ended needs nothing
-    assert host_need([], 3) == (0, 0)
+    assert host_need(views("1", "2", "3", "4"), GPR("g", devices_per_node=4)) == (10_000, 4096)
+    # two a node: the two largest
+    assert host_need(views("1", "2", "3", "4"), GPR("g", devices_per_node=2, node_count=2)) == (7000, 2048)
+    # three on two nodes: two on one of them
+    assert host_need(views("1", "2", "3"), GPR("g", devices_per_node=2, node_count=2)) == (5000, 2048)
+    # a pod that ended needs nothing
+    assert host_need(views("8", "2", ended=1), GPR("g", devices_per_node=2)) == (2000, 1024)
+    # more pods than the node's devices take at once (a Job's parallelism above the GPR): as many as they take
+    assert host_need(views("1", "2", "3", "4"), GPR("g", devices_per_node=2)) == (7000, 2048)
+    assert host_need(views("1", "2", "3", "4", gpus=2), GPR("g", devices_per_node=4)) == (7000, 2048)
+    assert host_need([], GPR("g", node_count=3)) == (0, 0)
