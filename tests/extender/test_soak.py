@@ -52,13 +52,22 @@ class Cluster:
                 self.pod_event("DELETED", done)
                 del self.pods[p["metadata"]["name"]]
             self.gpr_event("DELETED", obj)
+            web = self.pods.pop(f"web-{name}")
+            self.pod_event("MODIFIED", {**web, "status": {"phase": "Succeeded"}})
+            self.pod_event("DELETED", web)
             return
         obj = gpr(name, phase=None, devices=1)
         obj["metadata"]["uid"] = f"uid-{self.serial}"
         self.gprs[name] = obj
         self.gpr_event("ADDED", obj)
         p = pod(f"{name}-0", 1, gpr=name, uid=f"pod-{self.serial}", gated=True)
+        p["spec"]["containers"][0]["resources"]["requests"].update(cpu="100m", memory="256Mi")
         self.pods[p["metadata"]["name"]] = p
+        # beside it, a pod that asks for no device (its CPU and memory count on its node all the same)
+        web = pod(f"web-{name}", 0, uid=f"web-{self.serial}", node_name=f"n{self.serial % 20}", phase="Running")
+        web["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "200m", "memory": "128Mi"}}
+        self.pods[web["metadata"]["name"]] = web
+        self.pod_event("ADDED", web)
         self.pod_event("ADDED", p)
         running = {**p, "spec": {**p["spec"], "nodeName": f"n{self.serial % 20}", "schedulingGates": []},
                    "status": {"phase": "Running"}}
@@ -82,7 +91,9 @@ def test_memory_stays_flat_over_100000_events() -> None:
     cfg = PassConfig(refresh_queue=False, refresh_on_change=False)
 
     def run_until(events: int) -> None:
-        while cluster.events < events:
+        # names cycle every 600 steps (300 created, then those 300 deleted): every sample is taken at the same
+        # point of the cycle (all 300 alive), so what exists is the same at each
+        while cluster.events < events or cluster.serial % 600 != 300:
             for _ in range(150):
                 cluster.step()
             snap = controller.snapshot()
@@ -112,3 +123,7 @@ def test_memory_stays_flat_over_100000_events() -> None:
     assert grown < 1_000, grown  # RSS moves with the allocator; a leak of Python objects shows here
     assert len(controller.objects) <= 300 and len(controller.cache.specs) <= 300
     assert len(controller.cache.decoded) <= 300 and len(view.pods) <= 300
+    assert len(view.host_of) <= 600  # every live bound pod, accelstack's or not, and no more
+    live = ClusterView(("nvidia.com/gpu",))
+    live.sync_pods(list(cluster.pods.values()))
+    assert view.host_used == live.host_used  # the sums kept event by event are those a relist makes
