@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -252,6 +253,7 @@ class Planner:
         self.nodes, self.pods, self.gprs, self.host = planned_state(seed)
         self.host_churn = False  # a pod binds somewhere before every pass (the sums by node change)
         self.rng = random.Random(11)
+        self.churned: list[str] | None = None
         self.cache, self.version = PassCache(), 10_000_000
         self.predictor = DurationPredictor()  # kept across passes, as the controller keeps its history's
         self.noted: set[str] = set()  # GPRs whose first projection is kept (the controller's history.first)
@@ -259,10 +261,15 @@ class Planner:
     def plan(self, refresh: bool, cache: Any = None) -> Any:
         from scheduler_extender.reconcile import PassConfig, Snapshot, run_pass
 
-        if self.host_churn and self.host:
-            name = self.rng.choice(sorted(self.host))
-            cpu, mem = self.host[name]
-            self.host[name] = (cpu + 1, mem)
+        if self.host_churn:
+            if self.host:
+                name = self.rng.choice(sorted(self.host))
+                cpu, mem = self.host[name]
+                self.host[name] = (cpu + 1, mem)
+            if self.churned is None:
+                self.churned = sorted(uid for uid, p in self.pods.items() if p.node)
+            uid = self.rng.choice(self.churned)  # and a pod's object changes (the pass sorts the pods again)
+            self.pods[uid] = dataclasses.replace(self.pods[uid], bound_at=self.pods[uid].bound_at + 1)
         plan = run_pass(Snapshot(time.time(), self.nodes, self.pods, self.gprs, {}, dict(self.host)),
                         PassConfig(refresh_queue=refresh, refresh_on_change=False, predictor=self.predictor,
                                    noted=frozenset(self.noted)),
@@ -355,12 +362,13 @@ def with_host_requests(seed: list[tuple[str, dict[str, Any]]], per_node: int = 3
 
 
 def host_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[list[float], list[float], int]:
-    """Steady passes where every pod asks for CPU and memory, 3 CPU-only pods run on every node and one pod binds
-    before every pass (the CPU/memory sums by node change each time), beside the same gated pods asking for none
-    on nodes without CPU-only pods, planned in turn. (seconds with, seconds without, pods counted by node)."""
+    """Steady passes where every pod asks for CPU and memory, 3 CPU-only pods run on every node and, before every
+    pass, one pod binds (the CPU/memory sums by node change) and a bound pod's object changes (the pods are read
+    again: each allocated GPR's share of its nodes is worked out again), beside the same gated pods asking for
+    none on nodes without CPU-only pods, a pod's object changing there too, planned in turn. (seconds with, seconds without, pods counted by node)."""
     hosted = with_host_requests(seed)
     with_h, without = Planner(hosted), Planner(with_gated_pods(seed, False))
-    with_h.host_churn = True
+    with_h.host_churn = without.host_churn = True
     a: list[float] = []
     b: list[float] = []
     for i in range(passes + 2):

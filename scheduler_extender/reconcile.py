@@ -197,6 +197,7 @@ class PassCache:
         # (host requests by node, the inventory's node names, CPU and memory requested by node index) of the last
         # pass (see _withhold_host)
         self.host: tuple[Mapping[str, tuple[int, int]], list[str], np.ndarray, np.ndarray] | None = None
+        self.shares: tuple[tuple[Any, ...], HostShares] | None = None  # (its key, the GPRs' shares): _withhold_host
         self._autos: tuple[list[Decoded], list[Decoded]] | None = None
         self._allocated: tuple[list[Decoded], list[Decoded], tuple[Any, ...]] | None = None
         self._flagged: tuple[list[NodeView], list[tuple[str, bool]]] | None = None
@@ -378,6 +379,8 @@ class PodsByGPR:
         # all their own (accelstack narrows a pod only in the patch that lifts the gate, or, in the webhook,
         # instead of it)
         self.gated: dict[str, list[PodView]] = {}
+        # GPR -> node -> CPU and memory its live pods bound there request (only GPRs whose pods request some)
+        self.hosted: dict[str, dict[str, tuple[int, int]]] = {}
         gate = gr.SCHEDULING_GATE
         for p in seen:
             if not p.gpr:
@@ -385,6 +388,10 @@ class PodsByGPR:
             self.of.setdefault(p.gpr, []).append(p)
             if p.node:
                 self.placed.setdefault(p.gpr, []).append(p)
+                if (p.host[0] or p.host[1]) and p.phase not in TERMINAL_POD_PHASES:
+                    on = self.hosted.setdefault(p.gpr, {})
+                    have = on.get(p.node, (0, 0))
+                    on[p.node] = (have[0] + p.host[0], have[1] + p.host[1])
             elif gate not in p.gates:
                 self.loose.append(p)
                 self.placed.setdefault(p.gpr, []).append(p)
@@ -936,7 +943,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     cache.outside = (base, pods_seen, nodes_seen, used)
     for name, count in used.items():
         sched.hold(f"pods@{name}", name, count)
-    short = _withhold_host(sched, snap, pods, pods_of, cache)
+    gated_needs = GatedNeeds(pods.gated)
+    sched.need_host(gated_needs)
+    short = _withhold_host(sched, snap, pods, pods_of, cache, (pods, base, versions))
     for name, sick in cache.flagged(nodes_seen, inv):
         if sick:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
@@ -994,7 +1003,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                            + ", too few or too small for it even with nothing else running (their tolerations, "
                              "nodeSelector and node affinity against the nodes' taints and labels)"})
     largest: dict[str, tuple[int, int]] = {}  # resource -> the most CPU and memory one of its nodes offers
-    for key, (cpu, mem) in sched.host_needs.items():  # queued, and asking more CPU or memory than any node has
+    for key, (cpu, mem) in gated_needs.asked.items():  # queued, and asking more CPU or memory than any node has
         waiting = sched.gprs.get(key)
         if waiting is None or waiting.phase is not Phase.QUEUED or waiting.reason != "Unschedulable" or key in extra:
             continue
@@ -1284,6 +1293,8 @@ def host_need(pods: Sequence[PodView], g: GPR) -> tuple[int, int]:
     if not live:
         return 0, 0
     each = -(-len(live) // max(1, g.node_count))
+    if each == 1:  # a pod a node (one pod, or a pod per node of a gang): the largest
+        return max(p.host[0] for p in live), max(p.host[1] for p in live)
     smallest = min(p.requests.get(g.resource, 0) for p in live)
     if smallest > 0:
         each = min(each, max(1, g.devices_per_node // smallest))
@@ -1292,16 +1303,109 @@ def host_need(pods: Sequence[PodView], g: GPR) -> tuple[int, int]:
     return sum(cpu), sum(mem)
 
 
+class GatedNeeds:
+    """What each GPR's pods at the gate need of a node's CPU and memory (:func:`host_need`), worked out when the core
+    asks: it asks for the GPRs it tries to place (the head of a queue of 10,000, not all of them)."""
+
+    def __init__(self, gated: Mapping[str, list[PodView]]) -> None:
+        self.gated = gated
+        self.asked: dict[str, tuple[int, int]] = {}  # GPR -> a need beyond nothing, for each one asked about
+
+    def need(self, g: GPR) -> tuple[int, int] | None:
+        hit = self.asked.get(g.name)
+        if hit is not None:
+            return hit
+        pods = self.gated.get(g.name)
+        if not pods:
+            return None
+        need = host_need(pods, g)
+        if not need[0] and not need[1]:
+            return None
+        self.asked[g.name] = need
+        return need
+
+
+class HostShares(NamedTuple):
+    """Each allocated GPR's share of the CPU and memory of the nodes it holds (see :func:`_withhold_host`): a
+    function of the pods, the allocated GPRs' objects and the base inventory alone, kept while they are the same."""
+
+    owned: dict[str, tuple[Placement, tuple[tuple[int, int, int], ...]]]  # as Inventory.host_owned keeps it
+    nodes: np.ndarray  # every share's node, CPU and memory, flat
+    cpu: np.ndarray
+    mem: np.ndarray
+    bound_cpu: np.ndarray  # by node: what those GPRs' pods bound there request (counted in the node's sums)
+    bound_mem: np.ndarray
+    pending: list[tuple[str, int]]  # (GPR, node) where its pods not yet bound will ask for more
+
+
+def _host_shares(sched: Scheduler, pods: PodsByGPR, size: int) -> HostShares:
+    names = sched.inv.names
+    holders, evicting, allocations = sched.holders, sched.evicting, sched.inv.allocations
+    waiting = {k for k in pods.gated if k in holders or k in evicting}
+    waiting.update(p.gpr for p in pods.loose if p.gpr in holders or p.gpr in evicting)
+    hosted = pods.hosted
+    owned: dict[str, tuple[Placement, tuple[tuple[int, int, int], ...]]] = {}
+    flat: list[tuple[int, int, int]] = []
+    pending: list[tuple[str, int]] = []
+    bound: dict[int, tuple[int, int]] = {}  # node -> what the allocated GPRs' pods bound there request
+    for key in hosted.keys() | waiting if waiting else hosted:  # (any order: Inventory.own_host sorts)
+        placement = allocations.get(key)
+        if placement is None:
+            continue
+        on = hosted.get(key)  # node -> what its bound pods request there
+        if key not in waiting:  # all its pods bound: its share is what they request on its nodes
+            assert on is not None
+            shares = []
+            for a in placement.assignments:
+                there = on.get(names[a.node])
+                if there is not None:
+                    shares.append((a.node, there[0], there[1]))
+                    have = bound.get(a.node)
+                    bound[a.node] = there if have is None else (have[0] + there[0], have[1] + there[1])
+            if shares:
+                owned[key] = (placement, tuple(shares))
+                flat += shares
+            continue
+        g = holders.get(key) or evicting.get(key)
+        if g is None or g.placement is not placement:
+            continue
+        need_cpu, need_mem = host_need(pods.of.get(key) or _NO_PODS, g)
+        shares = []
+        for a in placement.assignments:
+            there = on.get(names[a.node], (0, 0)) if on else (0, 0)
+            left_cpu, left_mem = max(0, need_cpu - there[0]), max(0, need_mem - there[1])
+            if left_cpu or left_mem:
+                pending.append((key, a.node))
+            if there[0] or there[1] or left_cpu or left_mem:
+                shares.append((a.node, there[0] + left_cpu, there[1] + left_mem))
+                have = bound.get(a.node, (0, 0))
+                bound[a.node] = (have[0] + there[0], have[1] + there[1])
+        if shares:
+            owned[key] = (placement, tuple(shares))
+            flat += shares
+    bound_cpu, bound_mem = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64)
+    if bound:
+        at = np.fromiter(bound.keys(), dtype=np.int64, count=len(bound))
+        bound_cpu[at] = np.fromiter((c for c, _ in bound.values()), dtype=np.int64, count=len(bound))
+        bound_mem[at] = np.fromiter((m for _, m in bound.values()), dtype=np.int64, count=len(bound))
+    return HostShares(owned, np.fromiter((n for n, _, _ in flat), dtype=np.int64, count=len(flat)),
+                      np.fromiter((c for _, c, _ in flat), dtype=np.int64, count=len(flat)),
+                      np.fromiter((m for _, _, m in flat), dtype=np.int64, count=len(flat)),
+                      bound_cpu, bound_mem, pending)
+
+
 def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR, pods_of: dict[str, list[PodView]],
-                   cache: PassCache) -> list[tuple[str, str]]:
+                   cache: PassCache, key: tuple[Any, ...]) -> list[tuple[str, str]]:
     """Take out of the inventory's host CPU and memory what kube-scheduler will count on each node: the requests of
     every live pod bound there (accelstack's or not), and, on each node an allocated GPR holds, what its pods not
-    yet bound will ask of it (:func:`host_need`, less what its pods bound there already take). Queued GPRs with
-    pods at the gate are placed only where their pods' requests fit (:meth:`.Scheduler.need_host`).
+    yet bound will ask of it (:func:`host_need`, less what its pods bound there already take). What an allocated
+    GPR's pods take on its nodes, bound or to come, goes with its allocation (:meth:`.Inventory.own_host`): an
+    eviction plan that frees the GPR frees that CPU too.
 
     Returns (GPR, node) for Admitted GPRs none of whose pods is bound, reserved on a node their pods' requests do
     not fit (taken by other pods since, or the GPR was admitted before its pods existed): they go elsewhere.
-    What the bound pods request, by node index, is kept while the requests by node and the nodes are the same."""
+    What the bound pods request, by node index, is kept while the requests by node and the nodes are the same;
+    the GPRs' shares while ``key`` (the pods, the base inventory, the allocated GPRs' objects) is."""
     inv = sched.inv
     index, names = inv.index, inv.names
     host = snap.host if snap.host is not None else host_used_of(snap.pods)
@@ -1315,46 +1419,33 @@ def _withhold_host(sched: Scheduler, snap: Snapshot, pods: PodsByGPR, pods_of: d
             if n is not None:
                 cpu[n], mem[n] = c, m
         cache.host = (host, names, cpu, mem)
-    gated = pods.gated
-    for key, at_gate in gated.items():
-        g = sched.gprs.get(key)
-        if g is not None:
-            sched.need_host(key, *host_need(at_gate, g))
-    # GPRs holding nodes whose pods are not all bound: at the gate, or let go and not yet bound
-    waiting = set(gated)
-    waiting.update(p.gpr for p in pods.loose)
-    pending: list[tuple[str, int]] = []  # (GPR, node index) where its unbound pods will ask for more
-    for key in waiting:
-        g = sched.holders.get(key) or sched.evicting.get(key)
-        if g is None or g.placement is None:
-            continue
-        members = pods_of.get(key) or _NO_PODS
-        need_cpu, need_mem = host_need(members, g)
-        if not need_cpu and not need_mem:
-            continue
-        for a in g.placement.assignments:
-            node = names[a.node]
-            bound_cpu = bound_mem = 0
-            for p in members:
-                if p.node == node and p.live:
-                    bound_cpu, bound_mem = bound_cpu + p.host[0], bound_mem + p.host[1]
-            left_cpu, left_mem = max(0, need_cpu - bound_cpu), max(0, need_mem - bound_mem)
-            if left_cpu or left_mem:
-                if not pending:
-                    cpu, mem = cpu.copy(), mem.copy()  # the kept arrays stay as the bound pods left them
-                pending.append((key, a.node))
-                cpu[a.node] += left_cpu
-                mem[a.node] += left_mem
+    last = cache.shares
+    # the pods and the base by identity, the allocated GPRs' objects one by one (a new tuple each pass)
+    if last is not None and last[0][0] is key[0] and last[0][1] is key[1] and last[0][2] == key[2]:
+        shares = last[1]
+    else:
+        shares = _host_shares(sched, pods, len(names))
+        cache.shares = (key, shares)
+    # what no allocation takes: the bound pods outside allocated GPRs (or on nodes their GPR does not hold)
+    free_cpu, free_mem = np.maximum(cpu - shares.bound_cpu, 0), np.maximum(mem - shares.bound_mem, 0)
     short: list[tuple[str, str]] = []
-    for key, n in pending:  # its own share counted: room = capacity - everything else
-        g = sched.holders.get(key)
-        if g is None or g.phase is not Phase.ADMITTED or key not in gated:
-            continue
-        if (cpu[n] > inv.cpu_cap[n] or mem[n] > inv.mem_cap[n]) and not any(p.node and p.live
-                                                                           for p in pods_of.get(key, ())):
-            short.append((key, names[n]))
-    taken = np.flatnonzero(cpu | mem)
-    inv.withhold_host(taken, cpu[taken], mem[taken])
+    if shares.pending:
+        own_cpu, own_mem = np.zeros(len(names), dtype=np.int64), np.zeros(len(names), dtype=np.int64)
+        np.add.at(own_cpu, shares.nodes, shares.cpu)
+        np.add.at(own_mem, shares.nodes, shares.mem)
+        gated = pods.gated
+        for gpr, n in shares.pending:  # its own share counted: room = capacity - everything else
+            g = sched.holders.get(gpr)
+            if g is None or g.phase is not Phase.ADMITTED or gpr not in gated:
+                continue
+            if (free_cpu[n] + own_cpu[n] > inv.cpu_cap[n] or free_mem[n] + own_mem[n] > inv.mem_cap[n]) \
+                    and not any(p.node and p.live for p in pods_of.get(gpr, ())):
+                short.append((gpr, names[n]))
+    short.sort()
+    taken = np.flatnonzero(free_cpu | free_mem)
+    inv.withhold_host(taken, free_cpu[taken], free_mem[taken])
+    if shares.owned:
+        inv.take_host(shares.owned, shares.nodes, shares.cpu, shares.mem)
     return short
 
 

@@ -114,6 +114,12 @@ class Inventory:
         else:
             self.rank = np.random.default_rng(tie_seed).permutation(n).astype(np.int64)
         self.allocations: dict[str, Placement] = {}
+        # host CPU and memory an owner's work takes beside its placement (its pods' requests on its nodes, see
+        # own_host): owner -> (the placement it was taken with, ((node, cpu, memory), ...)); released and taken
+        # again with that very placement. Never changed in place (copies share it); ``_host_out``: the owners whose
+        # share is given back (released), per copy
+        self.host_owned: dict[str, tuple[Placement, tuple[tuple[int, int, int], ...]]] = {}
+        self._host_out: set[str] = set()
         self.stamp = np.zeros(n, dtype=np.int64)
         self.uid = next(_uids)
         # node-name sets (Request.nodes) as boolean masks: shared by every copy, which has the same nodes
@@ -207,12 +213,23 @@ class Inventory:
             for d in a.devices:
                 row[d] -= a.milli
         self.allocations[owner] = placement
+        if owner in self._host_out and self.host_owned[owner][0] is placement:  # put back as it was
+            self._host_out.discard(owner)
+            for n, cpu, mem in self.host_owned[owner][1]:
+                self.cpu_free[n] -= cpu
+                self.mem_free[n] -= mem
 
     def release(self, owner: str) -> Placement | None:
         """Return ``owner``'s devices to the pool (unhealthy ones stay out of new placements)."""
         placement = self.allocations.pop(owner, None)
         if placement is None:
             return None
+        owned = self.host_owned.get(owner) if self.host_owned else None
+        if owned is not None and owner not in self._host_out:
+            self._host_out.add(owner)
+            for n, cpu, mem in owned[1]:
+                self.cpu_free[n] += cpu
+                self.mem_free[n] += mem
         for a in placement.assignments:
             if a.cpu_milli or a.memory_mib:
                 self.cpu_free[a.node] += a.cpu_milli
@@ -285,6 +302,52 @@ class Inventory:
         np.subtract.at(self.mem_free, nodes, mem)
         self.stamp[nodes] += 1
 
+    def own_host(self, owned: dict[str, tuple[tuple[int, int, int], ...]]) -> None:
+        """Take host CPU and memory for owners that hold a placement here, on their nodes (the requests of their
+        pods, bound there or to come): ``owner -> ((node, cpu, memory), ...)``. Each share is clamped to what is
+        free, given back when its owner is released and taken again when that placement is allocated again (an
+        eviction plan's scratch copy puts victims back so), so freeing a holder frees its pods' CPU too."""
+        table = dict(self.host_owned)
+        touched = []
+        # by owner name: where a node is over-committed, which share is cut short depends on nothing else
+        for owner, shares in sorted(owned.items()):
+            placement = self.allocations.get(owner)
+            if placement is None or owner in table:
+                continue
+            taken = []
+            for n, cpu, mem in shares:
+                cpu = min(max(0, cpu), int(self.cpu_free[n]))
+                mem = min(max(0, mem), int(self.mem_free[n]))
+                if cpu or mem:
+                    self.cpu_free[n] -= cpu
+                    self.mem_free[n] -= mem
+                    taken.append((n, cpu, mem))
+                    touched.append(n)
+            if taken:
+                table[owner] = (placement, tuple(taken))
+        self.host_owned = table
+        if touched:
+            self.stamp[np.array(touched, dtype=np.int64)] += 1
+
+    def take_host(self, owned: dict[str, tuple[Placement, tuple[tuple[int, int, int], ...]]], nodes: np.ndarray,
+                  cpu: np.ndarray, memory: np.ndarray) -> None:
+        """:meth:`own_host` for shares worked out before, kept as :attr:`host_owned` keeps them (``owned``, never
+        changed afterwards) and flat (``nodes``, ``cpu``, ``memory``): taken at once when every node has room for
+        its shares, else one by one, each clamped to what is left."""
+        if self.host_owned or any(self.allocations.get(o) is not p for o, (p, _) in owned.items()):
+            self.own_host({o: shares for o, (_, shares) in owned.items()})
+            return
+        cpu_total, mem_total = np.zeros(len(self.names), dtype=np.int64), np.zeros(len(self.names), dtype=np.int64)
+        np.add.at(cpu_total, nodes, cpu)
+        np.add.at(mem_total, nodes, memory)
+        if (cpu_total > self.cpu_free).any() or (mem_total > self.mem_free).any():
+            self.own_host({o: shares for o, (_, shares) in owned.items()})
+            return
+        self.cpu_free -= cpu_total
+        self.mem_free -= mem_total
+        self.stamp[np.flatnonzero(cpu_total | mem_total)] += 1
+        self.host_owned = owned
+
     def copy(self) -> Inventory:
         """An independent copy (shares the immutable node specs)."""
         new = object.__new__(Inventory)
@@ -292,6 +355,7 @@ class Inventory:
         for name in ("free", "healthy", "cpu_free", "mem_free", "stamp"):
             setattr(new, name, getattr(self, name).copy())
         new.allocations = dict(self.allocations)
+        new._host_out = set(self._host_out)
         new.uid = next(_uids)
         return new
 
@@ -302,6 +366,7 @@ class Inventory:
         new.cpu_free = self.cpu_cap.copy()
         new.mem_free = self.mem_cap.copy()
         new.allocations = {}
+        new.host_owned, new._host_out = {}, set()
         return new
 
     def check(self) -> None:
@@ -315,6 +380,11 @@ class Inventory:
                 mem[a.node] -= a.memory_mib
                 for d in a.devices:
                     free[a.node, d] -= a.milli
+        for owner, (_, shares) in self.host_owned.items():
+            if owner in self.allocations and owner not in self._host_out:
+                for n, c, m in shares:
+                    cpu[n] -= c
+                    mem[n] -= m
         assert np.array_equal(free, self.free), "free milli disagrees with allocations"
         assert np.array_equal(cpu, self.cpu_free) and np.array_equal(mem, self.mem_free), "host accounting"
         assert (self.free[self.present] >= 0).all(), "a device is over-allocated"

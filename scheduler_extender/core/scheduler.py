@@ -42,7 +42,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -213,6 +213,14 @@ class QueuedBlock:
         return self._by_ws
 
 
+class HostNeeds(Protocol):
+    """A driver's answer to what a GPR's pods need of a node's CPU and memory (see :meth:`Scheduler.need_host`)."""
+
+    def need(self, g: GPR) -> tuple[int, int] | None:
+        """(CPU millicores, memory MiB) per node, or None for nothing beyond the spec."""
+        ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -270,7 +278,7 @@ class Scheduler:
         self._ever: dict[Request, bool] = {}
         self.limits: dict[str, frozenset[str]] = {}  # GPR name -> the only nodes it may be placed on (see limit)
         self.deferred: set[str] = set()  # queued GPRs passed over by placement for now (see defer)
-        self.host_needs: dict[str, tuple[int, int]] = {}  # GPR name -> host CPU/memory per node (see need_host)
+        self.host_needs: HostNeeds | None = None  # host CPU/memory a GPR's pods need per node (see need_host)
 
     # ------------------------------------------------------------------ events in
     def submit(self, g: GPR, now: float, not_before: float | None = None, validated: bool = False) -> list[Event]:
@@ -475,20 +483,18 @@ class Scheduler:
         place in the queue and its estimate."""
         self.deferred.add(name)
 
-    def need_host(self, name: str, cpu_milli: int, memory_mib: int) -> None:
-        """GPR ``name`` needs this much host CPU (millicores) and memory (MiB) on each node it is placed on, on top
-        of what its spec says: what its pods request, as the driver reads them (facts outside the core)."""
-        if cpu_milli or memory_mib:
-            self.host_needs[name] = (cpu_milli, memory_mib)
-        else:
-            self.host_needs.pop(name, None)
+    def need_host(self, needs: HostNeeds | None) -> None:
+        """What each GPR needs of host CPU (millicores) and memory (MiB) on each node it is placed on, on top of
+        what its spec says: what its pods request, as the driver reads them (facts outside the core). Asked only
+        of the GPRs a placement is tried for."""
+        self.host_needs = needs
 
     def request_of(self, g: GPR) -> Request:
         """What placing ``g`` asks: its spec's request, kept to its limit (see :meth:`limit`), with the host CPU and
         memory its pods need (see :meth:`need_host`)."""
         req = g.request()
         nodes = self.limits.get(g.name) if self.limits else None
-        host = self.host_needs.get(g.name) if self.host_needs else None
+        host = self.host_needs.need(g) if self.host_needs is not None else None
         if host is not None:
             return dataclasses.replace(req, nodes=nodes if nodes is not None else req.nodes,
                                        cpu_milli=max(req.cpu_milli, host[0]), memory_mib=max(req.memory_mib, host[1]))

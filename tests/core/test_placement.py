@@ -199,3 +199,36 @@ def test_host_withheld_from_a_copy_shrinks_its_capacity_and_leaves_the_original_
     base.check()
     ok, _ = feasible_nodes(inv, Request(count=1, cpu_milli=1))
     assert ok.tolist() == [True, False]
+
+
+def test_host_owned_by_an_allocation_goes_and_comes_back_with_it() -> None:
+    """A holder's pods' CPU taken with its allocation: released with it (an eviction plan's scratch copy sees it
+    free), taken again when that very placement is put back, not when the owner is placed anew elsewhere."""
+    from scheduler_extender.core.inventory import NodeAssignment, Placement
+
+    inv = Inventory([NodeSpec("a", 4, cpu_milli=8_000, memory_mib=100), NodeSpec("b", 4, cpu_milli=8_000,
+                                                                                 memory_mib=100)])
+    held = Placement((NodeAssignment(0, (0, 1), 1000),))
+    inv.allocate("low", held)
+    inv.own_host({"low": ((0, 6_000, 50),), "nobody": ((1, 1_000, 1),)})  # one that holds nothing: ignored
+    assert inv.cpu_free.tolist() == [2_000, 8_000] and inv.mem_free.tolist() == [50, 100]
+    inv.check()
+    scratch = inv.copy()
+    scratch.release("low")
+    assert scratch.cpu_free.tolist() == [8_000, 8_000]
+    scratch.check()
+    assert inv.cpu_free.tolist() == [2_000, 8_000]  # the original is untouched
+    scratch.allocate("low", held)  # put back as it was
+    assert scratch.cpu_free.tolist() == [2_000, 8_000]
+    scratch.check()
+    scratch.release("low")
+    scratch.allocate("low", Placement((NodeAssignment(1, (0,), 1000),)))  # placed anew elsewhere
+    assert scratch.cpu_free.tolist() == [8_000, 8_000]
+    scratch.check()
+    assert not fits(scratch, Request(count=1, cpu_milli=9_000))
+    # a share larger than what is free is clamped
+    over = Inventory([NodeSpec("a", 4, cpu_milli=1_000)])
+    over.allocate("x", Placement((NodeAssignment(0, (0,), 1000),)))
+    over.own_host({"x": ((0, 5_000, 0),)})
+    assert over.cpu_free.tolist() == [0]
+    over.check()

@@ -168,3 +168,24 @@ def test_a_gprs_need_per_node_is_its_largest_pods_spread_evenly() -> None:
     assert host_need(views("1", "2", "3", "4"), GPR("g", devices_per_node=2)) == (7000, 2048)
     assert host_need(views("1", "2", "3", "4", gpus=2), GPR("g", devices_per_node=4)) == (7000, 2048)
     assert host_need([], GPR("g", node_count=3)) == (0, 0)
+
+
+def test_evicting_a_lower_priority_gpr_frees_the_cpu_its_pods_hold() -> None:
+    """``low``'s pod holds 4 of n0's GPUs and 28 of its 32 cores; ``high`` asks for the 4 free GPUs and 16 cores:
+    only evicting ``low`` makes room, and the eviction plan must count the CPU its pod gives back."""
+    nodes = [big_node("n0")]
+    low = queued("low", 0, devices=4, phase="Running", reservation=[{"node": "n0", "devices": 4}],
+                 admittedAt=rfc3339(time.time() - 600), startedAt=rfc3339(time.time() - 590))
+    low["spec"].update(priority=50, preemptible=True)
+    high = queued("high", 1, devices=4)
+    high["spec"].update(priority=250, enableEviction=True)
+    pods = [cpu_pod("low-0", 4, "28", gpr="low", node_name="n0", phase="Running"),
+            cpu_pod("high-0", 4, "16", gpr="high", gated=True)]
+    plan = run(nodes, pods, [low, high])
+    written = {w.key: w.status.get("phase") for w in plan.writes}
+    assert written.get("default/low") == "Evicting", written
+    assert [e.pod.name for e in plan.evictions] == ["low-0"]
+    # a pod that fits beside it: no eviction
+    pods[1] = cpu_pod("high-0", 4, "4", gpr="high", gated=True)
+    plan = run(nodes, pods, [low, high])
+    assert reserved(plan).get("default/high") == ["n0"] and not plan.evictions
