@@ -51,6 +51,14 @@ MOVES = {("Queued", "Admitted"), ("Admitted", "Running"), ("Running", "Complete"
          # meanwhile): the Queued in between is never stored
          ("Evicting", "Admitted")}
 HOLDING = ("Admitted", "Running", "Evicting")
+CORES_PER_GPU = [0]  # set by the test: what each pod asks of its node's 8 cores a GPU (2: a 4-GPU pod takes all 8)
+
+
+def gpu_pod(name: str, devices: int, group: str) -> dict[str, Any]:
+    p = pod(name, devices, gpr=group, gated=True)
+    if CORES_PER_GPU[0]:
+        p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = str(CORES_PER_GPU[0] * devices)
+    return p
 
 
 class PatientScheduler(Scheduler):
@@ -93,7 +101,7 @@ async def job_controller(peer: APIServerPeer, wants: dict[str, int], stop: async
                 made[group] += 1
                 name = f"{group}-r{made[group]}"
                 wants[name] = GPUS
-                await peer.put_object(PODS, pod(name, GPUS, gpr=group, gated=True))
+                await peer.put_object(PODS, gpu_pod(name, GPUS, group))
         await asyncio.sleep(0.05)
 
 
@@ -219,7 +227,12 @@ def running_pod(peer: APIServerPeer, group: str) -> bool:
 
 
 @pytest.mark.timeout(240)
-async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_server_misbehaves() -> None:
+@pytest.mark.parametrize("cores_per_gpu", [0, 2], ids=["devices", "devices-and-cpu"])
+async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_server_misbehaves(
+        cores_per_gpu: int) -> None:
+    """With ``cores_per_gpu`` 2, every pod asks for 2 of its node's 8 cores a GPU: a low GPR's pod holds all of a
+    node's CPU, and an eviction makes room only if it counts the CPU its victims' pods give back."""
+    CORES_PER_GPU[0] = cores_per_gpu
     rng = random.Random(int(os.environ.get("WHOLE_PATH_SEED", "20261202")))
     peer = APIServerPeer(history=500_000)
     peer.pod_grace = rng.uniform(0.4, 1.0)  # an evicted pod holds its devices this long after its eviction
@@ -230,7 +243,7 @@ async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_
     for g in range(LOW):
         await peer.put_object(GPRS, gpr(f"low{g}", phase=None, devices=GPUS, priority=50, exitDuration="1h"))
         wants[f"low{g}-r0"] = GPUS
-        await peer.put_object(PODS, pod(f"low{g}-r0", GPUS, gpr=f"low{g}", gated=True))
+        await peer.put_object(PODS, gpu_pod(f"low{g}-r0", GPUS, f"low{g}"))
     stop = asyncio.Event()
     faults = misbehave(peer, rng)
     every = [0]
@@ -261,7 +274,7 @@ async def test_evictions_hold_their_nodes_until_the_pods_are_gone_while_the_api_
                                                 enable_eviction=True, exitDuration="1h"))
                 for k in range(count):
                     wants[f"hi{h}-{k}"] = devices
-                    await peer.put_object(PODS, pod(f"hi{h}-{k}", devices, gpr=f"hi{h}", gated=True))
+                    await peer.put_object(PODS, gpu_pod(f"hi{h}-{k}", devices, f"hi{h}"))
             await until(peer, wants, lambda: sum(phase(peer, f"hi{h}") in ("Running", "Complete") for h in range(HIGH)) >= 2,
                         60)
             leader = a if a.service is not None and a.service.elector.leading.is_set() else b
