@@ -927,17 +927,22 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     # so the last pass's answer stands while every pod is the one seen then, every node has the ledger seen then
     # (a status heartbeat, ~17 node updates a second at 5,000 nodes, changes nothing) and the base is the same
     last = cache.outside
-    same = (last is not None and last[1] == pods_seen
-            and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen)))
-    if same and last is not None and last[0] is base:
+    ledgers = last is not None and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen))
+    # the nodes whose pods changed since the last pass (None: too many to count apart, or nothing to compare)
+    moved = (frozenset() if last[1] == pods_seen else _pods_moved(last[1], pods_seen)) \
+        if ledgers and last is not None else None
+    if moved is not None and not moved and last is not None and last[0] is base:
         used = last[3]
-    elif same and last is not None and derived is not None and last[0] is previous:
-        # a derived base: only the nodes its changed entries name can count differently
-        touched = derived.touched or frozenset()
+    elif moved is not None and last is not None and (last[0] is base or (derived is not None
+                                                                         and last[0] is previous)):
+        # each node's count depends on its own pods, ledger and reservations alone: only the nodes a changed pod
+        # was or is on, and those a derived base's changed entries name, can count differently
+        touched = moved | (derived.touched or frozenset() if last[0] is not base and derived is not None
+                           else frozenset())
         used = {name: count for name, count in last[3].items() if name not in touched}
-        on_node = derived.on_node()
+        on_node = base.on_node()
         naming = {e[1] for n in touched for e in on_node.get(n, ())}  # the GPRs whose reservations name them
-        used.update(_used_outside_reservations(sched, snap, (touched, naming)))
+        used.update(_used_outside_reservations(sched, snap, (frozenset(touched), naming)))
     else:
         used = _used_outside_reservations(sched, snap)
     cache.outside = (base, pods_seen, nodes_seen, used)
@@ -1209,6 +1214,25 @@ def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[E
     g.admitted_at = g.admitted_at or now
     sched.gprs[g.name] = g
     return [Event(now, "failed", g.name, "NodeLost")]
+
+
+MOVED_LIMIT = 256  # pods changed since the last pass up to which only their nodes are counted again
+
+
+def _pods_moved(old: list[PodView], new: list[PodView]) -> frozenset[str] | None:
+    """The nodes the pods that changed between two snapshots' pod lists were or are on ("" left out); None when
+    more than :data:`MOVED_LIMIT` changed. Pods are compared by identity (the informer replaces a pod's view
+    when its object changes), in C where the lists line up."""
+    if len(old) == len(new):
+        changed = list(itertools.compress(range(len(new)), map(operator.is_not, new, old)))
+        if len(changed) <= MOVED_LIMIT and all(old[i].uid == new[i].uid for i in changed):
+            return frozenset(n for i in changed for n in (old[i].node, new[i].node) if n)
+    old_ids, new_ids = set(map(id, old)), set(map(id, new))
+    if len(old_ids ^ new_ids) > 2 * MOVED_LIMIT:
+        return None
+    gone, came = old_ids - new_ids, new_ids - old_ids
+    return frozenset([p.node for p in old if p.node and id(p) in gone]
+                     + [p.node for p in new if p.node and id(p) in came])
 
 
 def _same_ledgers(old: list[NodeView], new: list[NodeView]) -> bool:

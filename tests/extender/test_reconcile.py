@@ -1197,3 +1197,46 @@ def test_a_warm_pass_that_reads_only_what_was_replaced_still_sees_every_change()
     p.now += 1
     plan = p.step()
     assert [w.status["phase"] for w in plan.writes if w.key == "default/h2"] in (["Failed"], ["Queued"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000))
+def test_devices_used_outside_gprs_counted_again_only_where_pods_moved_equal_a_full_count(seed: int) -> None:
+    """Between passes, pods come, go, bind, end and change GPR; a warm pass counts the devices used outside
+    reservations again only on the nodes those pods were or are on, and gets what a fresh count gets."""
+    nodes, pods, gprs = world(seed)
+    rng = random.Random(seed)
+    now = time.time()
+    warm = PassCache()
+    for step in range(6):
+        pods = dict(pods)
+        names = sorted(nodes)
+        for _ in range(rng.randint(0, 3)):
+            kind = rng.choice(["add", "delete", "end", "bind", "relabel"])
+            if kind == "add" or not pods:
+                uid = f"x{step}-{rng.randrange(1000)}"
+                view = pod_view(pod(uid, rng.choice([1, 2]), uid=uid, node_name=rng.choice(names + [""]),
+                                    gpr=rng.choice(["", "g0", "g1"]), phase="Running"), (GPU,))
+                assert view is not None
+                pods[uid] = view
+                continue
+            uid = rng.choice(sorted(pods))
+            if kind == "delete":
+                del pods[uid]
+            elif kind == "end":
+                pods[uid] = dataclasses.replace(pods[uid], phase="Succeeded")
+            elif kind == "bind":
+                pods[uid] = dataclasses.replace(pods[uid], node=rng.choice(names), gates=())
+            else:
+                pods[uid] = dataclasses.replace(pods[uid], gpr=rng.choice(["", "default/g0", "default/g1"]))
+        snap = Snapshot(now + 10 * step, nodes, pods, gprs)
+        a = plan_pass(snap, PassConfig(), warm)
+        cold = PassCache()
+        b = plan_pass(copy.deepcopy(snap), PassConfig(), cold)
+        assert warm.outside is not None and cold.outside is not None
+        assert warm.outside[3] == cold.outside[3], (step, warm.outside[3], cold.outside[3])
+        assert summary(a) == summary(b)
+        for w in a.writes:  # the API server stores what the pass wrote
+            obj = gprs[w.uid]
+            gprs[w.uid] = {**obj, "status": w.status,
+                           "metadata": {**obj["metadata"], "resourceVersion": str(1000 + step)}}
