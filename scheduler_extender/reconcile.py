@@ -368,7 +368,8 @@ class PassCache:
 
 class PodsByGPR:
     """The pods of a snapshot by GPR, as a pass reads them; a function of the pods alone (kept between passes
-    while every pod is the one seen last time)."""
+    while every pod is the one seen last time, and made from the last one when a few pods changed: see
+    :meth:`after`). The tables' key order is not part of what they say."""
 
     def __init__(self, seen: list[PodView]) -> None:
         self.seen = seen
@@ -383,20 +384,70 @@ class PodsByGPR:
         self.hosted: dict[str, dict[str, tuple[int, int]]] = {}
         gate = gr.SCHEDULING_GATE
         for p in seen:
-            if not p.gpr:
-                continue
-            self.of.setdefault(p.gpr, []).append(p)
-            if p.node:
-                self.placed.setdefault(p.gpr, []).append(p)
-                if (p.host[0] or p.host[1]) and p.phase not in TERMINAL_POD_PHASES:
-                    on = self.hosted.setdefault(p.gpr, {})
-                    have = on.get(p.node, (0, 0))
-                    on[p.node] = (have[0] + p.host[0], have[1] + p.host[1])
-            elif gate not in p.gates:
+            if p.gpr and self._file(p, gate):
                 self.loose.append(p)
-                self.placed.setdefault(p.gpr, []).append(p)
-            elif not p.terminating and p.phase not in TERMINAL_POD_PHASES:
-                self.gated.setdefault(p.gpr, []).append(p)
+
+    def _file(self, p: PodView, gate: str) -> bool:
+        """Put pod ``p`` (of a GPR) in its GPR's tables; True when it is loose (ungated and unbound)."""
+        self.of.setdefault(p.gpr, []).append(p)
+        if p.node:
+            self.placed.setdefault(p.gpr, []).append(p)
+            if (p.host[0] or p.host[1]) and p.phase not in TERMINAL_POD_PHASES:
+                on = self.hosted.setdefault(p.gpr, {})
+                have = on.get(p.node, (0, 0))
+                on[p.node] = (have[0] + p.host[0], have[1] + p.host[1])
+        elif gate not in p.gates:
+            self.placed.setdefault(p.gpr, []).append(p)
+            return True
+        elif not p.terminating and p.phase not in TERMINAL_POD_PHASES:
+            self.gated.setdefault(p.gpr, []).append(p)
+        return False
+
+    @classmethod
+    def after(cls, prev: PodsByGPR, seen: list[PodView]) -> PodsByGPR:
+        """``PodsByGPR(seen)``, made from ``prev`` (the last pass's) when at most :data:`MOVED_LIMIT` pods changed
+        (by identity: the informer replaces a pod's view when its object changes, in place in its order, and
+        appends a new pod): the tables of the GPRs those pods belong or belonged to are made again, in
+        ``seen``'s order; every other GPR keeps its lists, the very objects (a later step that keeps what it
+        worked out for a GPR's list sees it unchanged)."""
+        old = prev.seen
+        size = len(old)
+        if len(seen) < size or len(seen) - size > MOVED_LIMIT:
+            return cls(seen)
+        # in C: the places where the two lists hold different objects (a pod deleted shifts the rest: afresh)
+        changed = list(itertools.compress(range(size), map(operator.is_not, seen, old)))
+        if len(changed) > MOVED_LIMIT or any(old[i].uid != seen[i].uid for i in changed):
+            return cls(seen)
+        added = seen[size:]
+        swapped = {id(old[i]): seen[i] for i in changed}  # old view -> its new version, in the same place
+        affected = {old[i].gpr for i in changed if old[i].gpr}
+        affected.update(seen[i].gpr for i in changed if seen[i].gpr)
+        affected.update(p.gpr for p in added if p.gpr)
+        out = cls([])
+        out.seen = seen
+        out.of, out.placed, out.gated, out.hosted = dict(prev.of), dict(prev.placed), dict(prev.gated), dict(prev.hosted)
+        if not affected:
+            out.loose = prev.loose
+            return out
+        regrouped = any(old[i].gpr != seen[i].gpr for i in changed)
+        if regrouped:  # a pod moved to another GPR: its place in that GPR's list is its place in ``seen``
+            members = [p for p in seen if p.gpr in affected]
+        else:
+            members = [swapped.get(id(p), p) for key in affected for p in prev.of.get(key, ())]
+            members += [p for p in added if p.gpr]
+        for key in affected:
+            for table in (out.of, out.placed, out.gated, out.hosted):
+                table.pop(key, None)
+        gate = gr.SCHEDULING_GATE
+        loose_now = {id(p) for p in members if out._file(p, gate)}
+        was = [p for p in prev.loose if p.gpr in affected]
+        if not regrouped and not added and len(loose_now) == len(was) and all(
+                id(swapped.get(id(p), p)) in loose_now for p in was):
+            out.loose = [swapped.get(id(p), p) for p in prev.loose]  # the same pods loose, in their places
+        else:
+            keep = {id(p) for p in prev.loose if p.gpr not in affected} | loose_now
+            out.loose = [p for p in seen if id(p) in keep] if keep else []
+        return out
 
 
 class Waiting:
@@ -816,7 +867,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     if kept_pods is not None and kept_pods.seen == pods_seen:
         pods = kept_pods
     else:
-        pods = cache.pods = PodsByGPR(pods_seen)
+        pods = cache.pods = PodsByGPR(pods_seen) if kept_pods is None else PodsByGPR.after(kept_pods, pods_seen)
     pods_of, loose, gated = pods.of, pods.loose, pods.gated
 
     size_ranked = sched.cfg.use_priority and sched.cfg.order == "size"
@@ -1526,7 +1577,7 @@ def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
                     limits[key] = nodes
         sched.limits.update(limits)
     holders = sched.holders
-    for key in [k for k in gated if k in holders]:
+    for key in sorted(k for k in gated if k in holders):  # by name: the tables' order says nothing
         g, pods = holders[key], gated[key]
         if g.phase is Phase.ADMITTED and g.placement is not None:
             allowed = fit.of_gpr(key, pods, g.node_count)

@@ -1215,7 +1215,7 @@ def test_devices_used_outside_gprs_counted_again_only_where_pods_moved_equal_a_f
             kind = rng.choice(["add", "delete", "end", "bind", "relabel"])
             if kind == "add" or not pods:
                 uid = f"x{step}-{rng.randrange(1000)}"
-                view = pod_view(pod(uid, rng.choice([1, 2]), uid=uid, node_name=rng.choice(names + [""]),
+                view = pod_view(pod(uid, rng.choice([1, 2]), uid=uid, node_name=rng.choice([*names, ""]),
                                     gpr=rng.choice(["", "g0", "g1"]), phase="Running"), (GPU,))
                 assert view is not None
                 pods[uid] = view
@@ -1240,3 +1240,63 @@ def test_devices_used_outside_gprs_counted_again_only_where_pods_moved_equal_a_f
             obj = gprs[w.uid]
             gprs[w.uid] = {**obj, "status": w.status,
                            "metadata": {**obj["metadata"], "resourceVersion": str(1000 + step)}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000))
+def test_the_pods_by_gpr_made_from_the_last_pass_are_those_made_afresh(seed: int) -> None:
+    """Pods come, go, bind, lose their gate, end, move to another GPR or are replaced by an equal view; the tables
+    made from the last pass's equal those made from nothing (lists in the snapshot's order), and where no pod
+    was deleted (the rest keep their places) a GPR none of whose pods changed keeps its very lists."""
+    from scheduler_extender.reconcile import PodsByGPR
+
+    rng = random.Random(seed)
+    groups = ["default/a", "default/b", "default/c", ""]
+
+    def fresh_pod(uid: str) -> Any:
+        view = pod_view(pod(uid, rng.choice([1, 2]), uid=uid, gated=rng.random() < 0.5,
+                            node_name=rng.choice(["", "", "n0", "n1"]), phase="Pending"), (GPU,))
+        assert view is not None
+        return dataclasses.replace(view, gpr=rng.choice(groups), host=(rng.choice([0, 500]), 0))
+
+    pods = {f"p{i}": fresh_pod(f"p{i}") for i in range(rng.randint(0, 30))}
+    prev = PodsByGPR(list(pods.values()))
+    for step in range(8):
+        pods = dict(pods)
+        changed: set[str] = set()
+        deleted = False
+        for _ in range(rng.randint(0, 4)):
+            kind = rng.choice(["add", "delete", "bind", "ungate", "end", "regroup", "same"])
+            if kind == "add" or not pods:
+                uid = f"n{step}-{rng.randrange(10_000)}"
+                pods[uid] = fresh_pod(uid)
+                changed.add(pods[uid].gpr)
+                continue
+            uid = rng.choice(sorted(pods))
+            old = pods[uid]
+            changed.add(old.gpr)
+            if kind == "delete":
+                del pods[uid]
+                deleted = True
+                continue
+            if kind == "bind":
+                new = dataclasses.replace(old, node=rng.choice(["n0", "n1"]))
+            elif kind == "ungate":
+                new = dataclasses.replace(old, gates=())
+            elif kind == "end":
+                new = dataclasses.replace(old, phase="Succeeded")
+            elif kind == "regroup":
+                new = dataclasses.replace(old, gpr=rng.choice(groups))
+            else:
+                new = dataclasses.replace(old)
+            pods[uid] = new
+            changed.add(new.gpr)
+        seen = list(pods.values())
+        made, afresh = PodsByGPR.after(prev, seen), PodsByGPR(seen)
+        for table in ("of", "placed", "gated", "hosted"):
+            assert getattr(made, table) == getattr(afresh, table), (step, table)
+        assert [p.uid for p in made.loose] == [p.uid for p in afresh.loose]
+        for key, lst in prev.of.items():
+            if key not in changed and not deleted:
+                assert made.of[key] is lst
+        prev = made
