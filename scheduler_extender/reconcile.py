@@ -411,29 +411,27 @@ class PodsByGPR:
         ``seen``'s order; every other GPR keeps its lists, the very objects (a later step that keeps what it
         worked out for a GPR's list sees it unchanged)."""
         old = prev.seen
-        size = len(old)
-        if len(seen) < size or len(seen) - size > MOVED_LIMIT:
+        diff = _list_changes(old, seen, MOVED_LIMIT)
+        if diff is None:
             return cls(seen)
-        # in C: the places where the two lists hold different objects (a pod deleted shifts the rest: afresh)
-        changed = list(itertools.compress(range(size), map(operator.is_not, seen, old)))
-        if len(changed) > MOVED_LIMIT or any(old[i].uid != seen[i].uid for i in changed):
-            return cls(seen)
-        added = seen[size:]
-        swapped = {id(old[i]): seen[i] for i in changed}  # old view -> its new version, in the same place
-        affected = {old[i].gpr for i in changed if old[i].gpr}
-        affected.update(seen[i].gpr for i in changed if seen[i].gpr)
+        pairs, deleted, added = diff
+        swapped = {id(a): b for a, b in pairs}  # old view -> its new version, in the same place
+        affected = {a.gpr for a, _ in pairs if a.gpr}
+        affected.update(b.gpr for _, b in pairs if b.gpr)
         affected.update(p.gpr for p in added if p.gpr)
+        affected.update(p.gpr for p in deleted if p.gpr)
         out = cls([])
         out.seen = seen
         out.of, out.placed, out.gated, out.hosted = dict(prev.of), dict(prev.placed), dict(prev.gated), dict(prev.hosted)
         if not affected:
             out.loose = prev.loose
             return out
-        regrouped = any(old[i].gpr != seen[i].gpr for i in changed)
+        regrouped = any(a.gpr != b.gpr for a, b in pairs)
         if regrouped:  # a pod moved to another GPR: its place in that GPR's list is its place in ``seen``
             members = [p for p in seen if p.gpr in affected]
         else:
-            members = [swapped.get(id(p), p) for key in affected for p in prev.of.get(key, ())]
+            gone = {id(p) for p in deleted}
+            members = [swapped.get(id(p), p) for key in affected for p in prev.of.get(key, ()) if id(p) not in gone]
             members += [p for p in added if p.gpr]
         for key in affected:
             for table in (out.of, out.placed, out.gated, out.hosted):
@@ -441,7 +439,7 @@ class PodsByGPR:
         gate = gr.SCHEDULING_GATE
         loose_now = {id(p) for p in members if out._file(p, gate)}
         was = [p for p in prev.loose if p.gpr in affected]
-        if not regrouped and not added and len(loose_now) == len(was) and all(
+        if not regrouped and not added and not deleted and len(loose_now) == len(was) and all(
                 id(swapped.get(id(p), p)) in loose_now for p in was):
             out.loose = [swapped.get(id(p), p) for p in prev.loose]  # the same pods loose, in their places
         else:
@@ -1270,20 +1268,55 @@ def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[E
 MOVED_LIMIT = 256  # pods changed since the last pass up to which only their nodes are counted again
 
 
+def _list_changes(old: list[PodView], new: list[PodView], limit: int
+                  ) -> tuple[list[tuple[PodView, PodView]], list[PodView], list[PodView]] | None:
+    """How ``new`` came from ``old`` when pods were replaced in place (same UID), deleted, and appended at the
+    end, as the informer changes its table: (replaced (old, new) pairs, deleted, appended); None for anything
+    else or more than ``limit`` changes. The unchanged stretches are skipped in C (identity)."""
+    pairs: list[tuple[PodView, PodView]] = []
+    deleted: list[PodView] = []
+    i = j = 0
+    size = len(old)
+    while i < size and j < len(new):
+        # the next place where the lists differ, from (i, j) on, found in C
+        k = next(itertools.compress(itertools.count(), map(operator.is_not, itertools.islice(new, j, None),
+                                                            itertools.islice(old, i, None))), None)
+        if k is None:
+            step = min(size - i, len(new) - j)
+            i, j = i + step, j + step
+            break
+        i, j = i + k, j + k
+        if i >= size or j >= len(new):
+            break
+        a, b = old[i], new[j]
+        if a.uid == b.uid:
+            pairs.append((a, b))
+            i, j = i + 1, j + 1
+        else:  # a deleted: b is what follows it
+            deleted.append(a)
+            i += 1
+        if len(pairs) + len(deleted) > limit:
+            return None
+    deleted += old[i:]
+    added = new[j:]
+    if len(pairs) + len(deleted) + len(added) > limit:
+        return None
+    # what was appended must be new: a pod deleted with its UID reused (or a table rebuilt) starts afresh
+    if added and deleted and {p.uid for p in added} & {p.uid for p in deleted}:
+        return None
+    return pairs, deleted, added
+
+
 def _pods_moved(old: list[PodView], new: list[PodView]) -> frozenset[str] | None:
     """The nodes the pods that changed between two snapshots' pod lists were or are on ("" left out); None when
-    more than :data:`MOVED_LIMIT` changed. Pods are compared by identity (the informer replaces a pod's view
-    when its object changes), in C where the lists line up."""
-    if len(old) == len(new):
-        changed = list(itertools.compress(range(len(new)), map(operator.is_not, new, old)))
-        if len(changed) <= MOVED_LIMIT and all(old[i].uid == new[i].uid for i in changed):
-            return frozenset(n for i in changed for n in (old[i].node, new[i].node) if n)
-    old_ids, new_ids = set(map(id, old)), set(map(id, new))
-    if len(old_ids ^ new_ids) > 2 * MOVED_LIMIT:
+    more than :data:`MOVED_LIMIT` changed, or the lists are not one made from the other by the informer's
+    changes (see :func:`_list_changes`)."""
+    diff = _list_changes(old, new, MOVED_LIMIT)
+    if diff is None:
         return None
-    gone, came = old_ids - new_ids, new_ids - old_ids
-    return frozenset([p.node for p in old if p.node and id(p) in gone]
-                     + [p.node for p in new if p.node and id(p) in came])
+    pairs, deleted, added = diff
+    return frozenset([n for a, b in pairs for n in (a.node, b.node) if n] + [p.node for p in deleted if p.node]
+                     + [p.node for p in added if p.node])
 
 
 def _same_ledgers(old: list[NodeView], new: list[NodeView]) -> bool:

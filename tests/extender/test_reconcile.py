@@ -1300,3 +1300,26 @@ def test_the_pods_by_gpr_made_from_the_last_pass_are_those_made_afresh(seed: int
             if key not in changed and not deleted:
                 assert made.of[key] is lst
         prev = made
+
+
+def test_the_pod_lists_of_two_passes_are_read_as_the_informer_changes_its_table() -> None:
+    from scheduler_extender.reconcile import _list_changes
+
+    def view(uid: str) -> Any:
+        v = pod_view(pod(uid, 1, uid=uid), (GPU,))
+        assert v is not None
+        return v
+
+    old = [view(f"p{i}") for i in range(10)]
+    assert _list_changes(old, list(old), 4) == ([], [], [])
+    new = list(old)
+    new[3] = dataclasses.replace(old[3])  # replaced in its place
+    del new[6], new[0]  # deleted
+    new.append(view("q"))  # appended
+    pairs, deleted, added = _list_changes(old, new, 4)  # type: ignore[misc]
+    assert [(a.uid, b is new[2]) for a, b in pairs] == [("p3", True)]
+    assert [p.uid for p in deleted] == ["p0", "p6"] and [p.uid for p in added] == ["q"]
+    assert _list_changes(old, old[:7], 4) is not None  # the last three deleted
+    assert _list_changes(old, old[:5], 4) is None  # more changes than the limit
+    assert _list_changes(old, [old[1], old[0], *old[2:]], 4) is None  # reordered: not the informer's doing
+    assert _list_changes(old, [*old[1:], view("p0")], 4) is None  # a UID deleted and appended again
