@@ -29,11 +29,12 @@ from tests.extender.test_controller import GPRS
 from tests.extender.test_whole_path_faults import (
     NODES_PATH,
     PODS,
-    Scheduler,
-    break_watches,
-    kubelet,
+    follow_reservation,
+    gpr_phase,
     misbehave,
     replica,
+    reserved_nodes,
+    stand_ins,
     until,
     wind_down,
 )
@@ -93,13 +94,10 @@ async def test_reservations_follow_where_the_pods_can_run_while_the_api_server_m
     tasks: list[asyncio.Task[None]] = []
     try:
         async with replica(peer, "a") as server, aiohttp.ClientSession() as http:
-            scheduler = Scheduler(peer, [server.port], rng)
-            tasks += [asyncio.create_task(scheduler.run(http, stop)), asyncio.create_task(kubelet(peer, rng, stop)),
-                      asyncio.create_task(break_watches(peer, rng, stop))]
+            tasks += stand_ins(peer, [server.port], rng, http, stop)
             # the late GPRs are admitted from their specs; then the rest arrive, with pods, and the late ones' pods
-            await until(peer, lambda: all(((peer.get(GPRS, "default", n) or {}).get("status") or {}).get("phase")
-                                          == "Admitted" for n in late), 30)
-            first = {r["node"] for n in late for r in (peer.get(GPRS, "default", n) or {})["status"]["reservation"]}
+            await until(peer, lambda: all(gpr_phase(peer, n) == "Admitted" for n in late), 30)
+            first = reserved_nodes(peer, late)
             assert first == {"a0", "a1"}, first
             for name, pods in groups.items():
                 if name not in late:
@@ -121,8 +119,7 @@ async def test_reservations_follow_where_the_pods_can_run_while_the_api_server_m
             assert len(late) - unknown <= moves <= len(late), (moves, unknown)
             assert (registry.get_sample_value("accelstack_controller_gpr_events_total", {"kind": "failed"})
                     or 0) == 0
-            await until(peer, lambda: all(((peer.get(GPRS, "default", n) or {}).get("status") or {})
-                                          .get("phase") == "Complete" for n in groups), 30)
+            await until(peer, lambda: all(gpr_phase(peer, n) == "Complete" for n in groups), 30)
             stop.set()
             await asyncio.gather(*tasks)
         met = [f for f in faults if f.hits]
@@ -136,13 +133,7 @@ async def test_reservations_follow_where_the_pods_can_run_while_the_api_server_m
         for _, resource, kind, obj in peer.events:
             meta = obj.get("metadata") or {}
             if resource == GPRS:
-                status = obj.get("status") or {}
-                nodes = tuple(sorted(r["node"] for r in status.get("reservation") or []))
-                if nodes and status.get("phase") in ("Admitted", "Running"):
-                    trail = reserved.setdefault(meta["name"], [])
-                    if not trail or trail[-1] != nodes:
-                        trail.append(nodes)
-                assert not status.get("failures"), (meta["name"], status)
+                follow_reservation(reserved, obj)
             elif resource == PODS:
                 where = obj["spec"].get("nodeName")
                 name = meta["name"]

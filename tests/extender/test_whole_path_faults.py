@@ -220,6 +220,37 @@ def stuck(peer: APIServerPeer) -> str:
     return "\n".join(lines[:40])
 
 
+def gpr_phase(peer: APIServerPeer, name: str) -> str:
+    """The stored phase of GPR default/``name`` ("" before its first status)."""
+    return str(((peer.get(GPRS, "default", name) or {}).get("status") or {}).get("phase") or "")
+
+
+def reserved_nodes(peer: APIServerPeer, names: list[str]) -> set[str]:
+    """The nodes the stored statuses of GPRs default/``names`` reserve."""
+    return {r["node"] for n in names for r in ((peer.get(GPRS, "default", n) or {}).get("status") or {}).get(
+        "reservation") or []}
+
+
+def follow_reservation(reserved: dict[str, list[tuple[str, ...]]], obj: dict[str, Any]) -> None:
+    """Replaying the history: add a GPR version's reserved nodes to its trail when they differ from the last
+    (while it holds them), and check it counts no failure."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    nodes = tuple(sorted(r["node"] for r in status.get("reservation") or []))
+    if nodes and status.get("phase") in ("Admitted", "Running"):
+        trail = reserved.setdefault(meta["name"], [])
+        if not trail or trail[-1] != nodes:
+            trail.append(nodes)
+    assert not status.get("failures"), (meta["name"], status)
+
+
+def stand_ins(peer: APIServerPeer, ports: list[int], rng: random.Random, http: aiohttp.ClientSession,
+              stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    """The scheduler, kubelet and watch-breaking stand-ins of the whole-path tests, running until ``stop``."""
+    scheduler = Scheduler(peer, ports, rng)
+    return [asyncio.create_task(scheduler.run(http, stop)), asyncio.create_task(kubelet(peer, rng, stop)),
+            asyncio.create_task(break_watches(peer, rng, stop))]
+
+
 async def until(peer: APIServerPeer, predicate: Any, timeout: float) -> None:
     try:
         await wait_until(predicate, timeout)

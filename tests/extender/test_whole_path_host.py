@@ -30,11 +30,12 @@ from tests.extender.test_whole_path_faults import (
     KEEP_RUNNING,
     NODES_PATH,
     PODS,
-    Scheduler,
-    break_watches,
-    kubelet,
+    follow_reservation,
+    gpr_phase,
     misbehave,
     replica,
+    reserved_nodes,
+    stand_ins,
     until,
     wind_down,
 )
@@ -85,12 +86,9 @@ async def test_reservations_leave_out_nodes_whose_cpu_other_pods_hold_while_the_
     tasks: list[asyncio.Task[None]] = []
     try:
         async with replica(peer, "a") as server, aiohttp.ClientSession() as http:
-            scheduler = Scheduler(peer, [server.port], rng)
-            tasks += [asyncio.create_task(scheduler.run(http, stop)), asyncio.create_task(kubelet(peer, rng, stop)),
-                      asyncio.create_task(break_watches(peer, rng, stop))]
-            await until(peer, lambda: all(((peer.get(GPRS, "default", n) or {}).get("status") or {}).get("phase")
-                                          == "Admitted" for n in early), 30)
-            first = {r["node"] for n in early for r in (peer.get(GPRS, "default", n) or {})["status"]["reservation"]}
+            tasks += stand_ins(peer, [server.port], rng, http, stop)
+            await until(peer, lambda: all(gpr_phase(peer, n) == "Admitted" for n in early), 30)
+            first = reserved_nodes(peer, early)
             assert first == {"c0"}, first  # packed where the CPU is fullest: no pod says otherwise yet
             for name, pods in groups.items():
                 if name not in early:
@@ -106,8 +104,7 @@ async def test_reservations_leave_out_nodes_whose_cpu_other_pods_hold_while_the_
                            if res == PODS and (p.get("status") or {}).get("phase") == "Succeeded")
 
             await until(peer, lambda: done() == wanted, 120)
-            await until(peer, lambda: all(((peer.get(GPRS, "default", n) or {}).get("status") or {})
-                                          .get("phase") == "Complete" for n in groups), 30)
+            await until(peer, lambda: all(gpr_phase(peer, n) == "Complete" for n in groups), 30)
             registry = server.metrics.registry
             assert (registry.get_sample_value("accelstack_controller_gpr_events_total", {"kind": "failed"})
                     or 0) == 0
@@ -125,13 +122,7 @@ async def test_reservations_leave_out_nodes_whose_cpu_other_pods_hold_while_the_
         for _, resource, kind, obj in peer.events:
             meta = obj.get("metadata") or {}
             if resource == GPRS:
-                status = obj.get("status") or {}
-                nodes = tuple(sorted(r["node"] for r in status.get("reservation") or []))
-                if nodes and status.get("phase") in ("Admitted", "Running"):
-                    trail = reserved.setdefault(meta["name"], [])
-                    if not trail or trail[-1] != nodes:
-                        trail.append(nodes)
-                assert not status.get("failures"), (meta["name"], status)
+                follow_reservation(reserved, obj)
             elif resource == PODS:
                 name, where = meta["name"], obj["spec"].get("nodeName")
                 holds = kind != "DELETED" and where and (obj.get("status") or {}).get("phase") not in (
