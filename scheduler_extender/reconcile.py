@@ -40,7 +40,7 @@ from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import GPU, MODEL_LABEL, NR1, TERMINAL_POD_PHASES, NodeView, PodView
 from scheduler_extender.core.gpr import GPR, Phase, backoff_delay, clone
 from scheduler_extender.core.inventory import AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
-from scheduler_extender.core.placement import make_policy
+from scheduler_extender.core.placement import fits, make_policy
 from scheduler_extender.core.predictor import DurationPredictor
 from scheduler_extender.core.scheduler import Event, HolderState, QueuedBlock, Scheduler, SchedulerConfig
 from scheduler_extender.core.waittime import Calibrator, Interval
@@ -1059,7 +1059,20 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     largest: dict[str, tuple[int, int]] = {}  # resource -> the most CPU and memory one of its nodes offers
     for key, (cpu, mem) in gated_needs.asked.items():  # queued, and asking more CPU or memory than any node has
         waiting = sched.gprs.get(key)
-        if waiting is None or waiting.phase is not Phase.QUEUED or waiting.reason != "Unschedulable" or key in extra:
+        if waiting is None or waiting.phase is not Phase.QUEUED or key in extra:
+            continue
+        if waiting.reason != "Unschedulable":
+            # the core tried to place it (a few a pass: the heads of the queue) and could not: say so when its
+            # devices would be there now and what other pods request of those nodes' CPU or memory is what stops it
+            asked = sched.request_of(waiting)
+            if key not in sched.deferred and waiting.not_before <= now and not fits(inv, asked) and fits(
+                    inv, dataclasses.replace(asked, cpu_milli=waiting.cpu_milli_per_node,
+                                             memory_mib=waiting.memory_mib_per_node)):
+                extra.setdefault(key, []).append({
+                    "type": "PodsCannotRun", "status": "True", "reason": "InsufficientHostResources",
+                    "message": f"its pods ask for {cpu}m CPU and {mem}Mi memory on each node; the nodes with free "
+                               f"{waiting.resource} for it have less CPU or memory free now (what the pods bound "
+                               "there, and those of GPRs holding them, request)"})
             continue
         if waiting.resource not in largest:
             specs = [sp for sp in inv.specs if sp.resource == waiting.resource]

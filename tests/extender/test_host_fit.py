@@ -189,3 +189,23 @@ def test_evicting_a_lower_priority_gpr_frees_the_cpu_its_pods_hold() -> None:
     pods[1] = cpu_pod("high-0", 4, "4", gpr="high", gated=True)
     plan = run(nodes, pods, [low, high])
     assert reserved(plan).get("default/high") == ["n0"] and not plan.evictions
+
+
+def test_a_queued_gpr_waiting_only_for_cpu_says_so() -> None:
+    """n0's GPUs are free but a web server requests 30 of its 32 cores: the GPR waits, and its status says it is
+    the CPU, not the devices; once the web server is gone it is admitted and the condition goes."""
+    nodes = [big_node("n0")]
+    web = cpu_pod("web", 0, "30", node_name="n0", phase="Running")
+    plan = run(nodes, [web, cpu_pod("g-0", 1, "8", gpr="g", gated=True)], [queued("g", 0)])
+    status = {w.key: w.status for w in plan.writes}["default/g"]
+    assert status["phase"] == "Queued"
+    cannot = [c for c in status["conditions"] if c["type"] == "PodsCannotRun"]
+    assert cannot and cannot[0]["reason"] == "InsufficientHostResources" and "8000m CPU" in cannot[0]["message"]
+    # the devices are what is missing (another pod holds them all): not the CPU's fault, nothing said
+    hog = cpu_pod("hog", 8, "1", node_name="n0", phase="Running")
+    plan = run(nodes, [hog, cpu_pod("g-0", 1, "8", gpr="g", gated=True)], [queued("g", 0)])
+    status = {w.key: w.status for w in plan.writes}["default/g"]
+    assert not [c for c in status.get("conditions") or [] if c["type"] == "PodsCannotRun"], status
+    done = cpu_pod("web", 0, "30", node_name="n0", phase="Succeeded")
+    assert reserved(run(nodes, [done, cpu_pod("g-0", 1, "8", gpr="g", gated=True)], [queued("g", 0)])) == \
+        {"default/g": ["n0"]}
