@@ -1291,9 +1291,12 @@ def _list_changes(old: list[PodView], new: list[PodView], limit: int
     i = j = 0
     size = len(old)
     while i < size and j < len(new):
-        # the next place where the lists differ, from (i, j) on, found in C
-        k = next(itertools.compress(itertools.count(), map(operator.is_not, itertools.islice(new, j, None),
-                                                            itertools.islice(old, i, None))), None)
+        # the next place where the lists differ, from (i, j) on, found in C (list iterators set to a position in
+        # O(1): no stretch is walked twice)
+        new_it, old_it = iter(new), iter(old)
+        new_it.__setstate__(j)  # type: ignore[attr-defined]
+        old_it.__setstate__(i)  # type: ignore[attr-defined]
+        k = next(itertools.compress(itertools.count(), map(operator.is_not, new_it, old_it)), None)
         if k is None:
             step = min(size - i, len(new) - j)
             i, j = i + step, j + step
