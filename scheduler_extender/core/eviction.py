@@ -54,7 +54,8 @@ def plan_eviction(
         return None
     # put back whatever is not needed, most expensive first
     for c in sorted(chosen[:-1], key=lambda c: (-c.priority, -c.work_lost, c.name)):
-        scratch.allocate(c.name, inv.allocations[c.name])
+        # as it was: a victim on a node closed since (cordoned) holds devices no new placement may take
+        scratch.allocate(c.name, inv.allocations[c.name], healthy_only=False)
         if ok(scratch, [x for x in chosen if x is not c]):
             chosen.remove(c)
         else:

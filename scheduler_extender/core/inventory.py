@@ -174,9 +174,10 @@ class Inventory:
         return hit
 
     # ------------------------------------------------------------- mutation
-    def allocate(self, owner: str, placement: Placement) -> None:
+    def allocate(self, owner: str, placement: Placement, healthy_only: bool = True) -> None:
         """Record ``placement`` for ``owner``; raise :class:`AllocationError` (changing nothing) if it
-        would over-commit anything or touch an unhealthy device."""
+        would over-commit anything or (``healthy_only``) touch an unhealthy device: a placement put back as it
+        was may hold devices that turned unhealthy, or of a node closed, since."""
         if owner in self.allocations:
             raise AllocationError(f"{owner} already holds an allocation")
         nodes_seen = [a.node for a in placement.assignments]
@@ -200,7 +201,7 @@ class Inventory:
             for d in a.devices:
                 if not 0 <= d < width:
                     raise AllocationError(f"{owner}: node {self.names[a.node]} has no device {d}")
-                if not healthy[d]:
+                if healthy_only and not healthy[d]:
                     raise AllocationError(f"{owner}: device {d} of {self.names[a.node]} is unhealthy")
                 if free[d] < a.milli:
                     raise AllocationError(f"{owner}: device {d} of {self.names[a.node]} over-allocated")

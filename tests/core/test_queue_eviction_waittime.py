@@ -72,6 +72,19 @@ def test_eviction_result_is_minimal() -> None:
     assert plan_eviction(inv, Request(count=2), 100, cands) == ["mid"]
 
 
+def test_a_victim_on_a_closed_node_is_put_back_as_it_was() -> None:
+    """A cordoned node takes no new placement (its devices are marked unusable) but what holds it stays. Planning
+    an eviction releases candidates on a scratch copy and puts back those not needed: one on the cordoned node
+    must go back as it was, not crash the plan (every pass of the controller failed so)."""
+    inv = Inventory([NodeSpec("n0", 2), NodeSpec("n1", 2)])
+    inv.allocate("cordoned", _one(0, (0, 1)))
+    inv.allocate("lo", _one(1, (0, 1)))
+    inv.set_health("n0", None, False)  # closed: Scheduler.close
+    cands = [Candidate("cordoned", 5, True, 0), Candidate("lo", 6, True, 0)]
+    assert plan_eviction(inv, Request(count=2), 100, cands) == ["lo"]
+    inv.check()
+
+
 def test_earliest_fit_and_estimates() -> None:
     inv = _cluster()
     holders = [Holder("lo1", 100), Holder("lo2", 50), Holder("mid", math.inf)]
