@@ -845,3 +845,32 @@ def test_an_admitted_gpr_gives_its_reservation_back_and_is_placed_again() -> Non
     s.start("a", 6)
     with pytest.raises(ValueError, match="not admitted"):
         s.give_back("a", 7, "too late: a pod of it runs")
+
+
+def test_a_gprs_host_need_steers_its_placement_and_is_asked_only_when_placing() -> None:
+    """The driver answers what a GPR's pods need of a node's CPU and memory (``need_host``); the core asks when it
+    places the GPR and keeps it off nodes without that much free, as it does for a spec's own host amounts."""
+    import numpy as np
+
+    inv = Inventory([NodeSpec("busy", 8, cpu_milli=32_000), NodeSpec("idle", 8, cpu_milli=32_000)])
+    inv.withhold_host(np.array([0]), np.array([28_000]), np.array([0]))  # other pods request 28 cores of busy's
+    sched = Scheduler(inv, BestFit(), SchedulerConfig(instant_eviction=False))
+
+    class Needs:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        def need(self, g: GPR) -> tuple[int, int] | None:
+            self.asked.append(g.name)
+            return (8_000, 0) if g.name == "big" else None
+
+    needs = Needs()
+    sched.need_host(needs)
+    sched.submit(GPR("big", devices_per_node=1), 0.0)
+    sched.submit(GPR("small", devices_per_node=1), 0.0)
+    sched.tick(0.0)
+    where = {name: sched.inv.names[g.placement.assignments[0].node] for name, g in sched.holders.items()
+             if g.placement is not None}
+    assert where == {"big": "idle", "small": "busy"}  # best fit packs small onto busy; big needs the cores
+    assert set(needs.asked) == {"big", "small"}
+    sched.check()
