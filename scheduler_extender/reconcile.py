@@ -382,6 +382,10 @@ class PodsByGPR:
         self.gated: dict[str, list[PodView]] = {}
         # GPR -> node -> CPU and memory its live pods bound there request (only GPRs whose pods request some)
         self.hosted: dict[str, dict[str, tuple[int, int]]] = {}
+        # made by after(): the tables it was made from, and the GPRs whose tables were made again (the others
+        # keep their very lists)
+        self.origin: PodsByGPR | None = None
+        self.affected: frozenset[str] = frozenset()
         gate = gr.SCHEDULING_GATE
         for p in seen:
             if p.gpr and self._file(p, gate):
@@ -421,7 +425,8 @@ class PodsByGPR:
         affected.update(p.gpr for p in added if p.gpr)
         affected.update(p.gpr for p in deleted if p.gpr)
         out = cls([])
-        out.seen = seen
+        out.seen, out.origin, out.affected = seen, prev, frozenset(affected)
+        prev.origin = None  # one step back only: no chain of every pass's tables
         out.of, out.placed, out.gated, out.hosted = dict(prev.of), dict(prev.placed), dict(prev.gated), dict(prev.hosted)
         if not affected:
             out.loose = prev.loose
@@ -1019,9 +1024,12 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         # the last pass's limits stand while the GPR objects, the pods, what the fit reads of the nodes and the
         # inventory are the very ones it had
         last_fit = cache.limits
-        reuse = (last_fit is not None and cache.same and last_fit[0] is pods and last_fit[1] == fit.generation
-                 and last_fit[2] is base)
-        gave_back, limits = _fit_pods(sched, fit, gated, pods_of, now, last_fit[3] if reuse and last_fit else None)
+        reuse = (last_fit is not None and cache.same and last_fit[1] == fit.generation and last_fit[2] is base
+                 and (last_fit[0] is pods or last_fit[0] is pods.origin))
+        # made from the last pass's tables: only the GPRs whose pods changed are judged again
+        redo = pods.affected if reuse and last_fit is not None and last_fit[0] is not pods else frozenset()
+        gave_back, limits = _fit_pods(sched, fit, gated, pods_of, now, last_fit[3] if reuse and last_fit else None,
+                                      redo)
         cache.limits = (pods, fit.generation, base, limits)
         plan.events += [(uid_of.get(e.gpr, ""), e) for e in gave_back]
         for key, node in short:  # reserved where its pods' CPU or memory no longer fits: placed again
@@ -1029,6 +1037,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             if held is not None and held.phase is Phase.ADMITTED:
                 plan.events += [(uid_of.get(key, ""), e) for e in sched.give_back(
                     key, now, f"Requeued: its pods' CPU or memory requests do not fit on reserved node {node}")]
+    else:
+        cache.limits = None  # nothing judged this pass: nothing a later pass may build on
     fit.forget_except(gated)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in _pod_facts(sched, pods_of, tally, now)]
     cache.tallies.prune(sched.holders)
@@ -1600,8 +1610,8 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]],
 
 
 def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
-              pods_of: dict[str, list[PodView]], now: float,
-              kept: dict[str, frozenset[str]] | None) -> tuple[list[Event], dict[str, frozenset[str]]]:
+              pods_of: dict[str, list[PodView]], now: float, kept: dict[str, frozenset[str]] | None,
+              redo: AbstractSet[str] = frozenset()) -> tuple[list[Event], dict[str, frozenset[str]]]:
     """Keep each queued GPR to the nodes its gated pods can run on (their tolerations, node selector and node
     affinity: see :class:`NodeFit`). An Admitted GPR reserved on a node they cannot run on, while enough other
     nodes would take them and no pod of it has been bound, gives the reservation back and is placed again in this
@@ -1609,13 +1619,22 @@ def _fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
     reserved nodes would take them, say, or a node's labels or taints changed before they were let go).
 
     ``kept``: the queued GPRs' limits of the last pass, when nothing they depend on changed since (the GPR
-    objects, the pods, the nodes' taints and labels, the inventory). Returns the events and this pass's limits."""
+    objects, the pods, the nodes' taints and labels, the inventory) but the pods of the GPRs in ``redo``, which
+    are judged again. Returns the events and this pass's limits."""
     events: list[Event] = []
     names = sched.inv.names
     if kept is not None:
-        sched.limits.update(kept)
         fit.keep_groups()
         limits = kept
+        if redo:
+            limits = {key: nodes for key, nodes in kept.items() if key not in redo}
+            for key in redo:
+                pods, g = gated.get(key), sched.gprs.get(key)
+                if pods and g is not None and g.phase is Phase.QUEUED:
+                    nodes = fit.of_gpr(key, pods, g.node_count)
+                    if nodes is not None:
+                        limits[key] = nodes
+        sched.limits.update(limits)
     else:
         limits = {}
         for key, pods in gated.items():

@@ -1323,3 +1323,49 @@ def test_the_pod_lists_of_two_passes_are_read_as_the_informer_changes_its_table(
     assert _list_changes(old, old[:5], 4) is None  # more changes than the limit
     assert _list_changes(old, [old[1], old[0], *old[2:]], 4) is None  # reordered: not the informer's doing
     assert _list_changes(old, [*old[1:], view("p0")], 4) is None  # a UID deleted and appended again
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000))
+def test_where_queued_gprs_may_go_is_judged_again_only_for_those_whose_pods_changed(seed: int) -> None:
+    """The GPR objects stay as they are while their gated pods come, go, change their node selector or move to
+    another GPR between passes: a warm pass judges again only the GPRs whose pods changed, and keeps every queued
+    GPR to the nodes a fresh start keeps it to."""
+    nodes, _, gprs = world(seed)
+    rng = random.Random(seed)
+    names = sorted(gprs)
+    keys = [f"default/{gprs[u]['metadata']['name']}" for u in names]
+    now = time.time()
+
+    def gated_pod(uid: str) -> Any:
+        p = pod(uid, 1, uid=uid, gated=True)
+        if rng.random() < 0.6:
+            p["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": rng.choice(["A", "B"])}
+        view = pod_view(p, (GPU,))
+        assert view is not None
+        return dataclasses.replace(view, gpr=rng.choice(keys) if keys else "")
+
+    pods = {f"q{i}": gated_pod(f"q{i}") for i in range(rng.randint(0, 12))}
+    warm = PassCache()
+    for step in range(6):
+        pods = dict(pods)
+        for _ in range(rng.randint(0, 3)):
+            kind = rng.choice(["add", "delete", "reselect", "regroup"])
+            if kind == "add" or not pods:
+                uid = f"n{step}-{rng.randrange(10_000)}"
+                pods[uid] = gated_pod(uid)
+                continue
+            uid = rng.choice(sorted(pods))
+            if kind == "delete":
+                del pods[uid]
+            elif kind == "reselect":
+                pods[uid] = dataclasses.replace(pods[uid], node_selector={"nvidia.com/gpu.product": rng.choice(
+                    ["A", "B"])})
+            elif keys:
+                pods[uid] = dataclasses.replace(pods[uid], gpr=rng.choice(keys))
+        snap = Snapshot(now, nodes, pods, gprs)  # the same time: the GPR objects and the clock stay as they are
+        a = plan_pass(snap, PassConfig(refresh_queue=False), warm)
+        cold = PassCache()
+        b = plan_pass(copy.deepcopy(snap), PassConfig(refresh_queue=False), cold)
+        assert (warm.limits[3] if warm.limits else {}) == (cold.limits[3] if cold.limits else {}), step
+        assert summary(a) == summary(b)
