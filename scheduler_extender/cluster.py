@@ -495,16 +495,14 @@ class ClusterView:
             self._host(uid, None)
             return
         view = pod_view(obj, self.resources)
-        if view is not None:
-            self._host(uid, (view.node, *view.host) if view.node and view.live else None)
-        else:
+        if view is None:  # no managed resource: only what it requests of its node counts
             spec, status = obj.get("spec") or {}, obj.get("status") or {}
             node = spec.get("nodeName") if isinstance(spec, dict) else None
             live = isinstance(status, dict) and status.get("phase") not in TERMINAL_POD_PHASES
             self._host(uid, (node, *host_requests(spec)) if node and isinstance(node, str) and live else None)
-        if view is None:
             self.pods.pop(uid, None)
         else:
+            self._host(uid, (view.node, *view.host) if view.node and view.live else None)
             self.pods[uid] = view
             if view.node_selector or view.affinity:
                 self.selector_keys |= label_keys(view.node_selector, view.affinity)

@@ -386,6 +386,7 @@ class PodsByGPR:
         # keep their very lists)
         self.origin: PodsByGPR | None = None
         self.affected: frozenset[str] = frozenset()
+        self.moved: frozenset[str] = frozenset()  # the nodes the changed pods were or are on
         gate = gr.SCHEDULING_GATE
         for p in seen:
             if p.gpr and self._file(p, gate):
@@ -420,12 +421,13 @@ class PodsByGPR:
             return cls(seen)
         pairs, deleted, added = diff
         swapped = {id(a): b for a, b in pairs}  # old view -> its new version, in the same place
+        moved = _moved_nodes(pairs, deleted, added)
         affected = {a.gpr for a, _ in pairs if a.gpr}
         affected.update(b.gpr for _, b in pairs if b.gpr)
         affected.update(p.gpr for p in added if p.gpr)
         affected.update(p.gpr for p in deleted if p.gpr)
         out = cls([])
-        out.seen, out.origin, out.affected = seen, prev, frozenset(affected)
+        out.seen, out.origin, out.affected, out.moved = seen, prev, frozenset(affected), moved
         prev.origin = None  # one step back only: no chain of every pass's tables
         out.of, out.placed, out.gated, out.hosted = dict(prev.of), dict(prev.placed), dict(prev.gated), dict(prev.hosted)
         if not affected:
@@ -983,15 +985,21 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     last = cache.outside
     ledgers = last is not None and (last[2] == nodes_seen or _same_ledgers(last[2], nodes_seen))
     # the nodes whose pods changed since the last pass (None: too many to count apart, or nothing to compare)
-    moved = (frozenset() if last[1] == pods_seen else _pods_moved(last[1], pods_seen)) \
-        if ledgers and last is not None else None
-    if moved is not None and not moved and last is not None and last[0] is base:
+    pods_moved: frozenset[str] | None = None
+    if ledgers and last is not None:
+        if last[1] == pods_seen:
+            pods_moved = frozenset()
+        elif pods.origin is not None and pods.origin.seen is last[1]:
+            pods_moved = pods.moved  # the tables were made from the last pass's: the same comparison, done once
+        else:
+            pods_moved = _pods_moved(last[1], pods_seen)
+    if pods_moved is not None and not pods_moved and last is not None and last[0] is base:
         used = last[3]
-    elif moved is not None and last is not None and (last[0] is base or (derived is not None
+    elif pods_moved is not None and last is not None and (last[0] is base or (derived is not None
                                                                          and last[0] is previous)):
         # each node's count depends on its own pods, ledger and reservations alone: only the nodes a changed pod
         # was or is on, and those a derived base's changed entries name, can count differently
-        touched = moved | (derived.touched or frozenset() if last[0] is not base and derived is not None
+        touched = pods_moved | (derived.touched or frozenset() if last[0] is not base and derived is not None
                            else frozenset())
         used = {name: count for name, count in last[3].items() if name not in touched}
         on_node = base.on_node()
@@ -1340,7 +1348,11 @@ def _pods_moved(old: list[PodView], new: list[PodView]) -> frozenset[str] | None
     diff = _list_changes(old, new, MOVED_LIMIT)
     if diff is None:
         return None
-    pairs, deleted, added = diff
+    return _moved_nodes(*diff)
+
+
+def _moved_nodes(pairs: list[tuple[PodView, PodView]], deleted: list[PodView], added: list[PodView]) -> frozenset[str]:
+    """The nodes the changed pods of :func:`_list_changes` were or are on ("" left out)."""
     return frozenset([n for a, b in pairs for n in (a.node, b.node) if n] + [p.node for p in deleted if p.node]
                      + [p.node for p in added if p.node])
 
