@@ -326,18 +326,25 @@ def with_gated_pods(seed: list[tuple[str, dict[str, Any]]], constrained: bool) -
     return out
 
 
+def in_turn(first: Planner, second: Planner, passes: int) -> tuple[list[float], list[float]]:
+    """Steady passes of two planners taken in turn (which goes first alternates), so that both meet the same
+    machine; the first two of each are not counted (they decode and adopt everything). (seconds, seconds)."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(passes + 2):
+        for planner, out in ((first, a), (second, b)) if i % 2 else ((second, b), (first, a)):
+            plan = planner.plan(refresh=False)
+            if i > 1:
+                out.append(plan.seconds)
+    return a, b
+
+
 def gated_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[list[float], list[float], int]:
     """Steady passes with a gated pod per node of every queued GPR: the pods selecting their GPU model (the
     controller works out where each GPR may go), and the same pods without constraints, planned in turn so that
     both meet the same machine. (seconds with constraints, seconds without, gated pods)."""
     with_c, without = Planner(with_gated_pods(seed, True)), Planner(with_gated_pods(seed, False))
-    a: list[float] = []
-    b: list[float] = []
-    for i in range(passes + 2):
-        for planner, out in ((with_c, a), (without, b)) if i % 2 else ((without, b), (with_c, a)):
-            plan = planner.plan(refresh=False)
-            if i > 1:
-                out.append(plan.seconds)
+    a, b = in_turn(with_c, without, passes)
     return a, b, sum(1 for p in with_c.pods.values() if p.gates)
 
 
@@ -365,17 +372,12 @@ def host_times(seed: list[tuple[str, dict[str, Any]]], passes: int) -> tuple[lis
     """Steady passes where every pod asks for CPU and memory, 3 CPU-only pods run on every node and, before every
     pass, one pod binds (the CPU/memory sums by node change) and a bound pod's object changes (the pods are read
     again: each allocated GPR's share of its nodes is worked out again), beside the same gated pods asking for
-    none on nodes without CPU-only pods, a pod's object changing there too, planned in turn. (seconds with, seconds without, pods counted by node)."""
+    none on nodes without CPU-only pods, a pod's object changing there too, planned in turn. (seconds with,
+    seconds without, pods counted by node)."""
     hosted = with_host_requests(seed)
     with_h, without = Planner(hosted), Planner(with_gated_pods(seed, False))
     with_h.host_churn = without.host_churn = True
-    a: list[float] = []
-    b: list[float] = []
-    for i in range(passes + 2):
-        for planner, out in ((with_h, a), (without, b)) if i % 2 else ((without, b), (with_h, a)):
-            plan = planner.plan(refresh=False)
-            if i > 1:
-                out.append(plan.seconds)
+    a, b = in_turn(with_h, without, passes)
     counted = sum(1 for path, _ in hosted if path == "api/v1/pods")
     return a, b, counted
 
