@@ -87,26 +87,12 @@ class ControllerProcess:
                                          lease_seconds=opts["lease_seconds"], registry=self.registry,
                                          estimate_every=opts["estimate_every"], concurrency=opts["concurrency"],
                                          refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"])
-        self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr,
+        self.informers = make_informers(kube, self.view, self.service.node_event, self.service.pod_event, self._on_gpr,
                                         self._sync_gprs) + self.service.informers
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
-
-    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
-        old = self.view.nodes.get(name)
-        self.view.on_node(kind, obj)
-        self.service.node_changed(old, self.view.nodes.get(name))
-
-    def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
-        uid = (obj.get("metadata") or {}).get("uid", "")
-        old, host = self.view.pods.get(uid), self.view.host_of.get(uid)
-        self.view.on_pod(kind, obj)
-        self.service.pod_changed(old, self.view.pods.get(uid))
-        if host is not None and self.view.host_of.get(uid) != host:
-            self.service.host_freed(host[0])
 
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)

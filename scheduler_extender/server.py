@@ -166,6 +166,23 @@ class ControllerService:
         if _pod_matters(old, new):
             self.controller.changed()
 
+    def node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """An informer's node event: the view takes it, then a pass is triggered if it changed what passes read."""
+        name = (obj.get("metadata") or {}).get("name", "")
+        old = self.view.nodes.get(name)
+        self.view.on_node(kind, obj)
+        self.node_changed(old, self.view.nodes.get(name))
+
+    def pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """An informer's pod event: the view takes it, then a pass is triggered if the pod is one passes read, or
+        if it gave back CPU or memory on a node with devices (a pod that asks for no device included)."""
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        old, host = self.view.pods.get(uid), self.view.host_of.get(uid)
+        self.view.on_pod(kind, obj)
+        self.pod_changed(old, self.view.pods.get(uid))
+        if host is not None and self.view.host_of.get(uid) != host:
+            self.host_freed(host[0])
+
     def host_freed(self, node: str) -> None:
         """A pod (one that asks for no managed resource, say) ended, left or changed what it requests on ``node``:
         CPU or memory a queued GPR's pods wait for may be free there."""
@@ -261,11 +278,10 @@ class ExtenderServer:
         return all(i.synced.is_set() and i.healthy for i in self.informers)
 
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
-        old = self.view.nodes.get(name)
-        self.view.on_node(kind, obj)
         if self.service is not None:
-            self.service.node_changed(old, self.view.nodes.get(name))
+            self.service.node_event(kind, obj)
+        else:
+            self.view.on_node(kind, obj)
 
     def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
         self.view.on_gpr(kind, obj)
@@ -281,13 +297,11 @@ class ExtenderServer:
         self.service.sync_gprs(objects)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
-        uid = (obj.get("metadata") or {}).get("uid", "")
-        old, host = self.view.pods.get(uid), self.view.host_of.get(uid)
-        self.view.on_pod(kind, obj)
         if self.service is not None:
-            self.service.pod_changed(old, self.view.pods.get(uid))
-            if host is not None and self.view.host_of.get(uid) != host:
-                self.service.host_freed(host[0])
+            self.service.pod_event(kind, obj)
+        else:
+            self.view.on_pod(kind, obj)
+        uid = (obj.get("metadata") or {}).get("uid", "")
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in ("Succeeded", "Failed"):
             node = (obj.get("spec") or {}).get("nodeName") or ""

@@ -175,6 +175,41 @@ async def test_only_changes_that_matter_trigger_a_pass() -> None:
     assert poke.is_set()
 
 
+async def test_the_informers_events_trigger_a_pass_when_cpu_is_given_back() -> None:
+    """The informers' callbacks (``ControllerService.node_event``/``pod_event``, what both processes hand the
+    informers): a pod that asks for no device but ends, leaves or shrinks on a node with devices triggers a pass; on
+    a node without devices, or while it keeps what it asked for, it does not."""
+    view = ClusterView()
+    async with connected("http://127.0.0.1:9", field_manager="test") as client:  # never called here
+        service = ControllerService(Kube(client), view)
+    poke = service.controller.poke
+
+    def web(name: str, where: str, cpu: str = "4", phase: str = "Running") -> dict[str, Any]:
+        p = pod(name, 0, uid=f"uid-{name}", node_name=where, phase=phase)
+        p["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+        return p
+
+    service.node_event("ADDED", node("n0", gpus=4))
+    assert poke.is_set() and "n0" in view.nodes  # a new node: capacity
+    poke.clear()
+    service.node_event("ADDED", node("cpu-only", gpus=0))
+    poke.clear()
+    service.pod_event("ADDED", web("a", "n0"))
+    service.pod_event("MODIFIED", web("a", "n0"))
+    service.pod_event("ADDED", web("b", "cpu-only"))
+    assert not poke.is_set() and view.host_used["n0"] == (4000, 0)  # taken, counted, nothing freed
+    service.pod_event("MODIFIED", web("a", "n0", cpu="2"))  # resized in place: half of it given back
+    assert poke.is_set()
+    poke.clear()
+    service.pod_event("DELETED", web("b", "cpu-only"))
+    assert not poke.is_set()  # nobody's devices there
+    service.pod_event("MODIFIED", web("a", "n0", cpu="2", phase="Succeeded"))
+    assert poke.is_set() and "uid-a" not in view.host_of
+    poke.clear()
+    service.pod_event("DELETED", web("a", "n0", cpu="2", phase="Succeeded"))
+    assert not poke.is_set()  # already given back
+
+
 def test_idle_timers_stay_bounded_under_constant_activity() -> None:
     sched = Scheduler(Inventory([NodeSpec("n", 8)]), BestFit())
     for i in range(2):
