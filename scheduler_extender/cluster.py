@@ -329,6 +329,8 @@ class ClusterView:
         # older events for them are skipped until it catches up, so the view never steps back
         self._ahead: dict[str, int] = {}
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
+        self.nodes_version = 0  # counts changes of nodes alone ...
+        self.gprs_version = 0  # ... and of GPRs alone (an index that reads no pods is not stale after a pod event)
         # node -> (the NodeView they were computed for, facts of that node and the reservations on it): kept
         # until the node or a reservation on it changes (filter asks per node per pod). Facts: resource -> devices
         # reserved here and not yet used (what free_for withholds); ("verdict", resource, count) -> filter's
@@ -377,11 +379,13 @@ class ClusterView:
         """Swap in ``fresh``'s nodes; the replaced ones are returned (to be let go of)."""
         replaced = self.nodes
         self.version += 1
+        self.nodes_version += 1
         self.nodes, self.recorded, self._withheld = fresh.nodes, fresh.recorded, {}
         return replaced
 
     def on_node(self, kind: str, obj: dict[str, Any]) -> None:
         self.version += 1
+        self.nodes_version += 1
         name = obj.get("metadata", {}).get("name", "")
         if kind == "DELETED":
             gone = self.nodes.pop(name, None)
@@ -394,6 +398,7 @@ class ClusterView:
     def update_node(self, view: NodeView) -> None:
         """Take a node's newer state (the binder's own patch responses arrive here too)."""
         self.version += 1
+        self.nodes_version += 1
         current = self.nodes.get(view.name)
         if current is not None and current.resource_version and view.resource_version:
             try:
@@ -424,6 +429,7 @@ class ClusterView:
     def _take_gprs(self, fresh: ClusterView) -> dict[str, GPRView]:
         replaced = self.gprs
         self.version += 1
+        self.gprs_version += 1
         self.gprs, self.reserved, self._live, self._withheld = fresh.gprs, fresh.reserved, fresh._live, {}
         self._ahead = {}  # a relist is the whole truth at its revision; the watch from there brings the rest
         return replaced
@@ -452,6 +458,7 @@ class ClusterView:
                     return  # the watch brings what the catch-up read already showed a newer version of
                 del self._ahead[view.key]
         self.version += 1
+        self.gprs_version += 1
         old = self.gprs.pop(view.key, None)
         namespace = view.key.split("/", 1)[0]
         if old is not None:

@@ -8,15 +8,18 @@ nothing ahead — the time enough holders reach their end bound (admission + exi
 false when no bound exists.
 
 :class:`WhatIf` answers from an index of the view (queued GPRs by priority with running maxima of their
-estimates, free devices per node, holders by end bound), rebuilt in one sweep of O(nodes + GPRs) when the view
-has changed and the index is older than ``max_age`` seconds — or older than twenty times what the last sweep
-cost, so that sweeps take at most 5% of the loop on a cluster whose view changes all the time (:func:`.loop.kept_for`:
-about 2 s at 5,000 nodes and 15,000 GPRs, never over 10 s). An answer then costs O(log GPRs), so a burst of
-requests (a portal's live estimate as its user types) never costs a sweep each. The sweep runs on the event
-loop that also answers the scheduler, so it runs in slices (:mod:`.loop`: a filter request waits about half a
-millisecond for it), and a request that finds the index stale is answered from the previous one while the next
-is built. The answer may lag the view by that age plus one sweep, as the estimates it relays lag the
-controller's pass (which refreshes them every 30 s).
+estimates, free devices per node, holders by end bound), swept again when the nodes or the GPRs have changed
+(pods do not count here) and the index is older than ``max_age`` seconds — or older than twenty times what the
+last sweep held the loop, so that sweeps take at most 5% of the loop on a cluster whose view changes all the
+time (:func:`.loop.kept_for`, never over 10 s). A sweep takes what the last one found where its inputs are the
+same: the GPRs' part (10,000 queued GPRs' order and estimates, the holders' end bounds) while no GPR changed, a
+node's free devices while its object is the same one, so a bind costs a pass over the node list and the change
+of one node. An answer then costs O(log GPRs), so a burst of requests (a portal's live estimate as its user
+types) never costs a sweep each. The sweep runs on the event loop that also answers the scheduler, so it runs
+in slices with gaps between them (:class:`.loop.Sweep`: a filter request waits about half a millisecond for it,
+once), and a request that finds the index stale is answered from the previous one while the next is built.
+The answer may lag the view by that age plus one sweep, as the estimates it relays lag the controller's pass
+(which refreshes them every 30 s).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
-from scheduler_extender.loop import kept_for, slices
+from scheduler_extender.loop import Sweep, kept_for
 
 
 @dataclass
@@ -80,28 +83,40 @@ class _Resource:
 
 
 @dataclass
+class _Queues:
+    """What the index takes from the GPRs alone, kept while no GPR changes (pods and nodes change far more often)."""
+
+    version: int  # the view's gprs_version when the sweep began
+    resources: dict[str, _Resource]  # the queued GPRs' running maxima; ends: every holder's, sorted
+    everyone: list[int]  # every queued GPR's -priority, ascending
+    holding: int
+
+
+@dataclass
 class _Index:
-    version: int
+    version: tuple[int, int]  # the view's (nodes_version, gprs_version) when the sweep began
     built: float
     neg_priority: list[int]  # every queued GPR's -priority, ascending
     resources: dict[str, _Resource]
     holding: int
-    cost: float = 0.0  # seconds from the start of its sweep to its end
+    cost: float = 0.0  # seconds its sweep held the loop
+    queues: _Queues | None = None
+    # node -> (the NodeView swept, (allocatable, free) of each resource of ``queues`` in its order, None where no
+    # new work goes), valid while the GPRs are those of ``queues`` (what is free on a node depends on its object
+    # and the reservations on it)
+    per_node: dict[str, tuple[Any, tuple[tuple[int, int] | None, ...]]] = field(default_factory=dict)
 
 
-async def build_index(view: ClusterView, version: int, built: float) -> _Index:
-    """One sweep of the view (over copies of its node and GPR lists: the view changes while the sweep yields).
-    Every step over GPRs or nodes runs in :func:`.loop.slices`: none holds the loop for more than a slice
-    (a sort of 10,000 queued GPRs and three passes of running maxima over them, run in one piece, held the
-    extender's loop for 5-10 ms, the tail of its filter latency)."""
+async def _sweep_gprs(view: ClusterView, sweep: Sweep) -> _Queues:
+    version = view.gprs_version
     resources: dict[str, _Resource] = {}
     # resource -> -priority -> queued GPRs of that priority, in the view's order (the order a stable sort by
     # priority would give, without sorting 10,000 rows in one piece)
     queued: dict[str, dict[int, list[tuple[float | None, tuple[float, float] | None]]]] = {}
     levels: dict[int, int] = {}  # -priority -> queued GPRs of every resource
+    ends: dict[str, list[tuple[float, str, int]]] = {}
     holding = 0
-    gprs, nodes = list(view.gprs.values()), list(view.nodes.values())
-    async for part in slices(gprs):
+    async for part in sweep.slices(list(view.gprs.values())):  # a copy: the view changes while the sweep yields
         for g in part:
             if g.phase == "Queued":
                 neg = -g.priority
@@ -109,12 +124,18 @@ async def build_index(view: ClusterView, version: int, built: float) -> _Index:
                 queued.setdefault(g.resource, {}).setdefault(neg, []).append((g.estimated_start, g.estimated_range))
             elif g.phase in HOLDING:
                 holding += 1
+            if g.phase in ALLOCATED:
+                held = ends.get(g.resource)
+                if held is None:
+                    held = ends[g.resource] = []
+                for name, n in g.reservation.items():
+                    held.append((g.end, name, n))
     for resource in {*view.resources, *queued}:
         r = resources[resource] = _Resource()
         start_top = low_top = high_top = -math.inf
         start_missing = range_missing = 0
         for neg, rows in sorted(queued.get(resource, {}).items()):
-            async for chunk in slices(rows):
+            async for chunk in sweep.slices(rows):
                 for start, span in chunk:  # running maxima of the estimates over the queue's order
                     if start is None:
                         start_missing += 1
@@ -130,32 +151,57 @@ async def build_index(view: ClusterView, version: int, built: float) -> _Index:
                     r.low_max.append(low_top)
                     r.high_max.append(high_top)
                     r.range_missing.append(range_missing)
-        counts: list[int] = []
-        async for batch in slices(nodes):
-            for node in batch:
-                alloc = node.allocatable.get(resource, 0)
-                if alloc <= 0 or node.health_reason(resource) or node.ledger_error:
-                    continue
-                free = view.free_for(node, resource, "")
-                r.free[node.name] = (alloc, free)
-                if free >= len(counts):
-                    counts += [0] * (free + 1 - len(counts))
-                counts[free] += 1
-        total = 0
-        r.free_at_least = [0] * len(counts)
-        for k in range(len(counts) - 1, -1, -1):
-            total += counts[k]
-            r.free_at_least[k] = total
-    async for part in slices(gprs):
-        for g in part:
-            if g.phase in ALLOCATED and g.resource in resources:
-                r = resources[g.resource]
-                r.ends += [(g.end, name, n) for name, n in g.reservation.items() if name in r.free]
-    for r in resources.values():
-        await asyncio.sleep(0)
-        r.ends.sort()  # some thousands of holders: about a millisecond
+        await sweep.breathe()
+        r.ends = sorted(ends.get(resource, ()))  # some thousands of holders: about a millisecond
     everyone = [neg for neg in sorted(levels) for _ in range(levels[neg])]  # every queued GPR's -priority, sorted
-    return _Index(version, built, everyone, resources, holding)
+    return _Queues(version, resources, everyone, holding)
+
+
+async def build_index(view: ClusterView, built: float, prior: _Index | None = None) -> _Index:
+    """One sweep of the view (over copies of its node and GPR lists: the view changes while the sweep yields),
+    in slices (:class:`.loop.Sweep`: a sort of 10,000 queued GPRs and three passes of running maxima over them,
+    run in one piece, held the extender's loop for 5-10 ms, the tail of its filter latency). What ``prior``
+    swept is taken again where its inputs are the same: the GPRs' part while no GPR changed, a node's free
+    devices while its object is the same one (a bind changes one node; a pod event, none of this)."""
+    sweep = Sweep()
+    version = (view.nodes_version, view.gprs_version)
+    queues = prior.queues if prior is not None and prior.queues is not None else None
+    if queues is None or queues.version != view.gprs_version:
+        queues = await _sweep_gprs(view, sweep)
+        kept: dict[str, tuple[Any, tuple[tuple[int, int] | None, ...]]] = {}
+    else:
+        kept = prior.per_node if prior is not None else {}
+    per_node: dict[str, tuple[Any, tuple[tuple[int, int] | None, ...]]] = {}
+    resources = {name: _Resource(q.neg_priority, q.start_max, q.start_missing, q.low_max, q.high_max,
+                                 q.range_missing) for name, q in queues.resources.items()}
+    counts: dict[str, list[int]] = {name: [] for name in resources}
+    # the resources in the order of queues.resources: a node's facts line up with them while that part is kept
+    columns = [(name, r.free, counts[name]) for name, r in resources.items()]
+    async for batch in sweep.slices(list(view.nodes.values())):
+        for node in batch:
+            hit = kept.get(node.name)
+            if hit is None or hit[0] is not node:  # (allocatable, free) of each resource; None: no new work there
+                hit = (node, tuple([
+                    (alloc, view.free_for(node, resource, "")) if (alloc := node.allocatable.get(resource, 0)) > 0
+                    and not node.ledger_error and not node.health_reason(resource) else None
+                    for resource, _, _ in columns]))
+            per_node[node.name] = hit
+            for (_, free_of, tally), got in zip(columns, hit[1], strict=True):
+                if got is not None:
+                    free_of[node.name] = got
+                    free = got[1]
+                    if free >= len(tally):
+                        tally += [0] * (free + 1 - len(tally))
+                    tally[free] += 1
+    for name, r in resources.items():
+        total, tally = 0, counts[name]
+        r.free_at_least = [0] * len(tally)
+        for k in range(len(tally) - 1, -1, -1):
+            total += tally[k]
+            r.free_at_least[k] = total
+        await sweep.breathe()
+        r.ends = [e for e in queues.resources[name].ends if e[1] in r.free]  # on healthy nodes only, in order
+    return _Index(version, built, queues.everyone, resources, queues.holding, sweep.done(), queues, per_node)
 
 
 class WhatIf:
@@ -168,17 +214,16 @@ class WhatIf:
 
     async def index(self) -> _Index:
         """The current index; a stale one starts the next sweep and is used meanwhile (the first is awaited)."""
-        idx, version, now = self._index, self.view.version, self.monotonic()
+        idx, version, now = self._index, (self.view.nodes_version, self.view.gprs_version), self.monotonic()
         if idx is not None and (idx.version == version or now - idx.built < kept_for(self.max_age, idx.cost)):
             return idx
         if self._building is None:
-            self._building = asyncio.create_task(self._build(version, now))
+            self._building = asyncio.create_task(self._build(now))
         return idx if idx is not None else await asyncio.shield(self._building)
 
-    async def _build(self, version: int, now: float) -> _Index:
+    async def _build(self, now: float) -> _Index:
         try:
-            idx = await build_index(self.view, version, now)
-            idx.cost = self.monotonic() - now
+            idx = await build_index(self.view, now, self._index)
             self._index = idx
             self.builds += 1
             return idx

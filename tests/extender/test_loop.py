@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from scheduler_extender.loop import DUTY, MAX_LAG, kept_for, slices
+from scheduler_extender.loop import DUTY, MAX_LAG, Sweep, kept_for, slices
 
 
 async def _sweep(items: list[int], **kw: object) -> tuple[list[int], list[int]]:
@@ -59,3 +59,49 @@ async def test_the_loop_is_given_back_when_the_budget_is_spent_not_before() -> N
 ])
 def test_kept_for(max_age: float, cost: float, expected: float) -> None:
     assert kept_for(max_age, cost) == pytest.approx(expected)
+
+
+async def _interleaved(sweep: Sweep, slices_: int, steps: int) -> list[str]:
+    """What ran in which order: a sweep's slices ("S") and the steps of requests ("r") that arrive while it runs,
+    each request taking ``steps`` rounds of the loop (read, handle, write)."""
+    order: list[str] = []
+
+    async def request() -> None:
+        for _ in range(steps):
+            order.append("r")
+            await asyncio.sleep(0)
+
+    async def work() -> None:
+        async for _ in sweep.slices(list(range(slices_)), size=1):
+            order.append("S")
+            if len(order) == 1:  # a request arrives while the first slice runs
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(request()))
+
+    await work()
+    await asyncio.sleep(0.01)
+    return order
+
+
+async def test_a_background_sweep_lets_a_request_run_all_its_steps_before_its_next_slice() -> None:
+    # with a bare yield (gap 0) each step of the request waits for a slice of the sweep
+    assert "".join(await _interleaved(Sweep(budget=0, gap=0), 5, 3)) == "SSrSrSrS"
+    # with a gap, the request runs through before the sweep takes the loop again
+    assert "".join(await _interleaved(Sweep(budget=0, gap=0.002), 5, 3)) == "SrrrSSSS"
+
+
+async def test_a_sweeps_budget_runs_across_its_steps_and_its_cost_is_the_time_it_held_the_loop() -> None:
+    clock = [0.0]
+
+    def tick() -> float:  # each look at the clock: 0.2 ms of work done since the last one
+        clock[0] += 0.0002
+        return clock[0]
+
+    sweep = Sweep(budget=0.0005, gap=0, clock=tick)
+    gave_back = 0
+    for _ in range(10):  # ten short lists, one slice each: the budget is spent across them
+        before = clock[0]
+        await sweep.breathe()
+        gave_back += clock[0] - before > 0.0003  # breathe looked twice: it gave the loop back
+    assert 2 <= gave_back <= 5
+    held = sweep.done()
+    assert held == pytest.approx(clock[0] - 0.0002 - gave_back * 0.0002)  # not the looks taken while away

@@ -10,9 +10,10 @@ import time
 from typing import Any
 
 from scheduler_extender import gpr_resource as gr
+from scheduler_extender import ledger
 from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
-from scheduler_extender.whatif import WhatIf
-from tests.extender.harness import gpr, hold_share, node
+from scheduler_extender.whatif import WhatIf, build_index
+from tests.extender.harness import GPU, gpr, hold_share, node, pod
 
 NOW = 1_800_000_000.0
 
@@ -63,37 +64,52 @@ def sweep(view: ClusterView, fields: dict[str, Any], now: float) -> dict[str, An
             "admittedGPRs": sum(1 for v in view.gprs.values() if v.phase in HOLDING)}
 
 
+def random_node(rng: random.Random, name: str) -> dict[str, Any]:
+    conditions = [{"type": "accelstack.io/GPUUnhealthy", "status": "True"}] if rng.random() < 0.1 else None
+    obj = node(name, gpus=rng.choice([0, 2, 4, 8]), conditions=conditions)
+    if rng.random() < 0.5:  # devices recorded for pods (what a bind writes), of a GPR or of none
+        entries = {f"{name}-p{k}": ledger.Entry(f"{name}-p{k}", f"default/p{k}", {GPU: rng.randint(1, 2)},
+                                                rng.choice(["", "default/g0", "default/g1"]))
+                   for k in range(rng.randint(1, 3))}
+        obj["metadata"]["annotations"] = {ledger.LEDGER_ANNOTATION: ledger.render(entries)}
+    return obj
+
+
 def random_view(rng: random.Random) -> ClusterView:
     view = ClusterView()
     names = [f"n{i}" for i in range(rng.randint(1, 12))]
     for name in names:
-        conditions = [{"type": "accelstack.io/GPUUnhealthy", "status": "True"}] if rng.random() < 0.1 else None
-        view.on_node("ADDED", node(name, gpus=rng.choice([0, 2, 4, 8]), conditions=conditions))
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 3600))
+        view.on_node("ADDED", random_node(rng, name))
     for i in range(rng.randint(0, 25)):
-        phase = rng.choice(["Queued", "Queued", "Admitted", "Running", "Evicting", "Complete"])
-        reservation = {n: rng.randint(1, 4) for n in rng.sample(names, rng.randint(1, min(2, len(names))))}
-        extra: dict[str, Any] = {}
-        if rng.random() < 0.7:
-            extra["exitDuration"] = f"{rng.randint(1, 10)}h"
-        obj = gpr(f"g{i}", phase=phase, reservation=reservation if phase in ALLOCATED else None,
-                  priority=rng.choice([50, 100, 200]), devices=rng.randint(1, 4), nodes=rng.randint(1, 2), **extra)
-        obj["metadata"]["uid"] = f"u{i}"
-        status = obj["status"]
-        if phase in ALLOCATED:
-            status["admittedAt"] = stamp
-        if phase == "Queued" and rng.random() < 0.8:
-            start = NOW + rng.randint(-100, 7200)
-            status["estimatedStart"] = gr.rfc3339(start)
-            if rng.random() < 0.8:
-                status["estimatedStartRange"] = {"earliest": gr.rfc3339(start - 60), "latest": gr.rfc3339(start + 600)}
-        view.on_gpr("ADDED", obj)
+        view.on_gpr("ADDED", random_gpr(rng, i, names))
     return view
+
+
+def random_gpr(rng: random.Random, i: int, names: list[str]) -> dict[str, Any]:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 3600))
+    phase = rng.choice(["Queued", "Queued", "Admitted", "Running", "Evicting", "Complete"])
+    reservation = {n: rng.randint(1, 4) for n in rng.sample(names, rng.randint(1, min(2, len(names))))}
+    extra: dict[str, Any] = {}
+    if rng.random() < 0.7:
+        extra["exitDuration"] = f"{rng.randint(1, 10)}h"
+    obj = gpr(f"g{i}", phase=phase, reservation=reservation if phase in ALLOCATED else None,
+              priority=rng.choice([50, 100, 200]), devices=rng.randint(1, 4), nodes=rng.randint(1, 2), **extra)
+    obj["metadata"]["uid"] = f"u{i}"
+    status = obj["status"]
+    if phase in ALLOCATED:
+        status["admittedAt"] = stamp
+    if phase == "Queued" and rng.random() < 0.8:
+        start = NOW + rng.randint(-100, 7200)
+        status["estimatedStart"] = gr.rfc3339(start)
+        if rng.random() < 0.8:
+            status["estimatedStartRange"] = {"earliest": gr.rfc3339(start - 60), "latest": gr.rfc3339(start + 600)}
+    return obj
 
 
 async def test_index_answers_what_the_sweep_answers(monkeypatch: Any) -> None:
     monkeypatch.setattr("scheduler_extender.loop.STEP", 3)  # the sweep yields before every slice of 3 objects:
     monkeypatch.setattr("scheduler_extender.loop.BUDGET", 0)  # the copies it sweeps must hold
+    monkeypatch.setattr("scheduler_extender.loop.GAP", 0)
     rng = random.Random(11)
     checked = set()
     for _ in range(300):
@@ -110,6 +126,69 @@ async def test_index_answers_what_the_sweep_answers(monkeypatch: Any) -> None:
     assert checked >= {"fits now", "after the GPRs ahead of it", "a GPR ahead of it has no estimate yet",
                        "when holders reach their exitDuration", "more than the healthy cluster has",
                        "an unbounded holder is in the way"}, checked
+
+
+async def answered(view: ClusterView, idx: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    what_if = WhatIf(view)
+    what_if._index = idx  # current for this view: answered from it, no sweep
+    return await what_if.answer(fields, NOW)
+
+
+async def test_an_index_swept_on_the_last_one_answers_as_a_fresh_sweep(monkeypatch: Any) -> None:
+    """A sweep takes again what the last one found where its inputs are the same (the GPRs' part while no GPR
+    changed, a node's free devices while its object is the same): after any series of node, GPR and pod events
+    it answers exactly what a sweep from nothing answers, and what the specification does."""
+    monkeypatch.setattr("scheduler_extender.loop.STEP", 3)
+    monkeypatch.setattr("scheduler_extender.loop.BUDGET", 0)
+    monkeypatch.setattr("scheduler_extender.loop.GAP", 0)
+    rng = random.Random(23)
+    kept_gprs = kept_nodes = 0
+    for _ in range(150):
+        view = random_view(rng)
+        names = sorted(view.nodes)
+        idx = await build_index(view, NOW)
+        for step in range(6):
+            change = rng.choice(["node", "node", "gone", "gpr", "pod"])
+            if change == "node":  # a bind or a health change: a new object for one node
+                view.on_node("MODIFIED", random_node(rng, rng.choice(names)))
+            elif change == "gone" and len(view.nodes) > 1:
+                view.on_node("DELETED", {"metadata": {"name": rng.choice(sorted(view.nodes))}})
+            elif change == "gpr":
+                view.on_gpr("MODIFIED", random_gpr(rng, rng.randint(0, 30), names))
+            else:
+                view.on_pod("ADDED", pod(f"p{step}", 1, uid=f"pod-{step}", node_name=rng.choice(names)))
+            prior, idx = idx, await build_index(view, NOW, idx)
+            kept_gprs += idx.queues is prior.queues
+            kept_nodes += sum(1 for name, hit in idx.per_node.items() if prior.per_node.get(name) is hit)
+            fresh = await build_index(view, NOW)
+            for _ in range(4):
+                fields = gr.check_spec({"devicesPerNode": rng.randint(1, 8), "nodeCount": rng.randint(1, 3),
+                                        "priority": rng.choice([10, 50, 100, 150, 200, 300])})
+                want = sweep(view, fields, NOW)
+                assert await answered(view, idx, fields) == await answered(view, fresh, fields) == want, fields
+    assert kept_gprs > 200 and kept_nodes > 1000, (kept_gprs, kept_nodes)  # what was kept was taken again
+
+
+async def test_pod_events_leave_the_index_current() -> None:
+    """The index reads nodes and GPRs, not pods: the pod events of a busy cluster (every bind, every start) do
+    not make it stale."""
+    clock = [0.0]
+    view = ClusterView()
+    view.on_node("ADDED", node("a", gpus=8))
+    what_if = WhatIf(view, max_age=0.5, monotonic=lambda: clock[0])
+    fields = gr.check_spec({"devicesPerNode": 8})
+    await what_if.answer(fields, NOW)
+    for i in range(5):
+        clock[0] += 1.0
+        view.on_pod("ADDED", pod(f"p{i}", 1, uid=f"uid-{i}", node_name="a", phase="Running"))
+        await what_if.answer(fields, NOW)
+        await asyncio.sleep(0)
+    assert what_if.builds == 1
+    view.on_node("MODIFIED", node("a", gpus=4))
+    await what_if.answer(fields, NOW)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert what_if.builds == 2
 
 
 async def test_index_is_swept_only_when_the_view_changed_and_it_is_old_enough() -> None:
@@ -169,7 +248,8 @@ async def test_a_costly_sweep_is_kept_longer_so_sweeps_take_a_bounded_share_of_t
 
     async def slow(*args: Any) -> Any:
         idx = await real(*args)
-        clock[0] += 0.2  # the sweep took 0.2 s
+        clock[0] += 0.2  # the sweep held the loop for 0.2 s
+        idx.cost = 0.2
         return idx
 
     monkeypatch.setattr(whatif, "build_index", slow)
@@ -206,7 +286,7 @@ async def test_a_sweep_of_a_large_queue_gives_the_loop_back_in_slices() -> None:
         view.on_gpr("ADDED", g)
 
     async def longest_hold() -> float:
-        share, idx = await hold_share(lambda: build_index(view, view.version, NOW))
+        share, idx = await hold_share(lambda: build_index(view, NOW))
         assert len(idx.resources[gr.GPU].neg_priority) == 10_000
         return share
 
