@@ -14,9 +14,10 @@ start (they ask for a GPU model only the busy nodes have), 200 idle nodes of ano
   Binding) and ``POST /api/v1/waittime`` p50/p99 while the controller process is stopped (SIGSTOP: idle) and
   while it runs passes back to back (``--resync 0.05``), in the same run (targets: filter p99 <= 2 ms while
   passes run; bind p99 <= 1.2x idle; /waittime p99 <= 20 ms); once with the extender on a core of its own and
-  the controller and the peer on the other (in a cluster the API server runs elsewhere and the controller's
-  container has its own CPU request), once with all processes sharing both cores; the controller at nice 19
-  either way (its passes never take the API server's or the extender's CPU in a cluster). Beside the client's
+  the controller and the peer on the other, once with the controller on a core of its own and the extender and
+  the peer on the other (in a cluster the API server runs elsewhere and each container has its own CPU
+  request: two cores cannot show both at once), once with all processes sharing both cores; the controller at
+  nice 19 throughout (its passes never take the API server's or the extender's CPU in a cluster). Beside the client's
   figures: the same filter request to a do-nothing extender in the same run (the floor HTTP sets on this
   machine), a GET of a node at the API-server peer (the floor under bind), the share of filters the extender
   handled within 2 ms (its own histogram), the share of its event loop's lag samples within 2 ms and the
@@ -554,18 +555,28 @@ def threads(pid: int) -> list[int]:
         return [pid]
 
 
-def pin(cluster: Cluster, separate: bool) -> None:
-    """``separate``: the extender (and this process, the scheduler's stand-in) on one core, the controller and the
-    API-server peer on the other, as in a cluster, where the API server runs elsewhere and the controller's
-    container has a CPU request of its own; else every process may run on every core. Either way the
+LAYOUTS = {
+    "extender": "extender on a core of its own, controller and API-server peer on the other",
+    "controller": "controller on a core of its own, extender and API-server peer on the other",
+    "shared": "every process on both cores",
+}
+
+
+def pin(cluster: Cluster, layout: str) -> None:
+    """``extender``: the extender (and this process, the scheduler's stand-in) on one core, the controller and
+    the API-server peer on the other (in a cluster the extender's container has a CPU request of its own);
+    ``controller``: the controller on one core, everything else on the other (in a cluster the controller's
+    container has a CPU request of its own, and the API server runs elsewhere: its peer here shares no core with
+    the passes, it shares the extender's); ``shared``: every process may run on every core. Either way the
     controller runs at the lowest CPU priority (nice 19): in a cluster its passes never take CPU from the API
     server or the extender (here the API-server peer is a one-process stand-in that would otherwise queue the
     extender's binds behind the controller's passes, which a real API server on its own nodes does not)."""
     cores = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
     everything = set(cores)
-    front, back = ({cores[0]}, set(cores[1:]) or {cores[0]}) if separate else (everything, everything)
+    front, back = ({cores[0]}, set(cores[1:]) or {cores[0]}) if layout != "shared" else (everything, everything)
     assert cluster.peer.pid is not None
-    for pid, where in ((cluster.controller.pid, back), (cluster.peer.pid, back), (cluster.extender.pid, front),
+    peer = front if layout == "controller" else back
+    for pid, where in ((cluster.controller.pid, back), (cluster.peer.pid, peer), (cluster.extender.pid, front),
                        (os.getpid(), front)):
         for tid in threads(pid):
             os.sched_setaffinity(tid, where)
@@ -583,12 +594,12 @@ async def part_load(samples: int) -> list[str]:
     constrained, unconstrained, gated = gated_times(seed, 20)
     hosted, unhosted, counted = host_times(seed, 20)
     print(f"(planned passes in {time.perf_counter() - t:.0f} s)", flush=True)
-    bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(4 * samples)]
+    bindable = [pod(f"bind-{i}", 1, uid=f"bind-uid-{i}") for i in range(2 * len(LAYOUTS) * samples)]
     seed += [("api/v1/pods", p) for p in bindable]
-    runs: dict[tuple[bool, bool], dict[str, list[float]]] = {}
-    served: dict[tuple[bool, bool], float] = {}  # share of filters handled within 2 ms in the server
-    prompt: dict[tuple[bool, bool], float] = {}  # share of the extender's loop-lag samples within 2 ms
-    writes: dict[tuple[bool, bool], int] = {}  # the controller's API writes meanwhile
+    runs: dict[tuple[str, bool], dict[str, list[float]]] = {}
+    served: dict[tuple[str, bool], float] = {}  # share of filters handled within 2 ms in the server
+    prompt: dict[tuple[str, bool], float] = {}  # share of the extender's loop-lag samples within 2 ms
+    writes: dict[tuple[str, bool], int] = {}  # the controller's API writes meanwhile
     with tempfile.TemporaryDirectory() as folder:
         cluster = Cluster(seed, Path(folder), ["--resync", "0.05", "--estimate-every", "5"], [])
         noop_port, (mine, theirs) = free_port(), mp.Pipe()
@@ -601,8 +612,10 @@ async def part_load(samples: int) -> list[str]:
             # warm-up, not counted: the first filter fills the verdicts of its 500 nodes, the first /waittime
             # builds its index, each connection is opened (a scheduler that has been running paid these long ago)
             await asyncio.to_thread(http_latencies, cluster, 50, [], noop_port)
-            for k, separate in enumerate((True, False)):
-                pin(cluster, separate)
+            for k, layout in enumerate(LAYOUTS):
+                if k:  # the idle nodes' devices back, before anything is measured (the extender's releases)
+                    await give_back(cluster, bindable[(k - 1) * 2 * samples:k * 2 * samples])
+                pin(cluster, layout)
                 assert noop.pid is not None
                 for tid in threads(noop.pid):  # the do-nothing extender where the extender is
                     os.sched_setaffinity(tid, os.sched_getaffinity(cluster.extender.pid))
@@ -612,11 +625,11 @@ async def part_load(samples: int) -> list[str]:
                     part = bindable[(2 * k + running) * samples:(2 * k + running + 1) * samples]
                     # a stopped controller answers nothing, its metrics included: it writes nothing then
                     before, wrote = server_buckets(cluster), await controller_actions(cluster) if running else 0
-                    runs[separate, running] = await asyncio.to_thread(http_latencies, cluster, samples, part, noop_port)
+                    runs[layout, running] = await asyncio.to_thread(http_latencies, cluster, samples, part, noop_port)
                     after = server_buckets(cluster)
-                    served[separate, running] = within(before, after, "filter")
-                    prompt[separate, running] = within(before, after, "loop-lag")
-                    writes[separate, running] = int(await controller_actions(cluster) - wrote) if running else 0
+                    served[layout, running] = within(before, after, "filter")
+                    prompt[layout, running] = within(before, after, "loop-lag")
+                    writes[layout, running] = int(await controller_actions(cluster) - wrote) if running else 0
         finally:
             os.sched_setaffinity(os.getpid(), set(range(os.cpu_count() or 1)))
             cluster.stop()
@@ -636,23 +649,21 @@ async def part_load(samples: int) -> list[str]:
              f"  with {counted:,} pods asking for CPU and memory (the gated pods, the running ones and 3 CPU-only pods "
              f"a node), the sums by node changing at every pass: {ms(hosted)}; the same gated pods asking for none, "
              f"planned in turn: {ms(unhosted)}; {statistics.median(hosted) / statistics.median(unhosted):.2f}x p50"]
-    for separate in (True, False):
-        where = ("extender on a core of its own, controller and API-server peer on the other" if separate
-                 else "every process on both cores")
+    for layout, where in LAYOUTS.items():
         lines.append(f"over HTTP, {where}; controller stopped vs running passes back to back:")
         lines.append(f"  {'p50 / p99 ms':<24} {'controller idle':>17} {'passes running':>17} {'ratio p99':>9}")
-        idle, busy = runs[separate, False], runs[separate, True]
+        idle, busy = runs[layout, False], runs[layout, True]
         for verb in ("filter", "noop", "bind", "peer", "waittime"):
             label = {"noop": "filter, do-nothing ext.", "peer": "GET node at the peer"}.get(verb, verb)
             lines.append(f"  {label:<24} {ms(idle[verb]):>17} {ms(busy[verb]):>17} "
                          f"{pct(busy[verb], 99) / pct(idle[verb], 99):8.2f}x")
         lines.append(f"  {'filter p99 / do-nothing':<24} {pct(idle['filter'], 99) / pct(idle['noop'], 99):>16.2f}x "
                      f"{pct(busy['filter'], 99) / pct(busy['noop'], 99):>16.2f}x")
-        lines.append(f"  {'filter <= 2 ms in server':<24} {100 * served[separate, False]:>16.1f}% "
-                     f"{100 * served[separate, True]:>16.1f}%")
-        lines.append(f"  {'ext. loop lag <= 2 ms':<24} {100 * prompt[separate, False]:>16.1f}% "
-                     f"{100 * prompt[separate, True]:>16.1f}%")
-        lines.append(f"  {'controller API writes':<24} {writes[separate, False]:>17} {writes[separate, True]:>17}")
+        lines.append(f"  {'filter <= 2 ms in server':<24} {100 * served[layout, False]:>16.1f}% "
+                     f"{100 * served[layout, True]:>16.1f}%")
+        lines.append(f"  {'ext. loop lag <= 2 ms':<24} {100 * prompt[layout, False]:>16.1f}% "
+                     f"{100 * prompt[layout, True]:>16.1f}%")
+        lines.append(f"  {'controller API writes':<24} {writes[layout, False]:>17} {writes[layout, True]:>17}")
     return lines
 
 
@@ -952,6 +963,31 @@ def webhook_figures(cluster: Cluster) -> str:
     return (f"/mutate-pods answered within 1 s {100 * buckets.get('1.0', 0) / total:.1f}%, within 5 s "
             f"{100 * buckets.get('5.0', 0) / total:.1f}%; its GPR creates at the API server: "
             f"{int(count)}, mean {1000 * post['sum'] / count if count else float('nan'):.0f} ms")
+
+
+async def give_back(cluster: Cluster, pods: list[dict[str, Any]], timeout: float = 120) -> None:
+    """Delete ``pods`` (bound by the bench's binds) and wait until the extender has taken their devices out of the
+    nodes' ledgers: the 200 idle nodes hold 1,600 one-GPU binds, fewer than three layouts' rounds make."""
+    import aiohttp
+
+    from scheduler_extender import ledger
+
+    gone = {p["metadata"]["uid"] for p in pods}
+    async with aiohttp.ClientSession() as http:
+        for p in pods:
+            async with http.delete(f"{cluster.url}/api/v1/namespaces/default/pods/{p['metadata']['name']}") as r:
+                assert r.status in (200, 404), r.status
+        deadline = time.monotonic() + timeout
+        while True:
+            async with http.get(f"{cluster.url}/api/v1/nodes") as r:
+                items = (await r.json())["items"]
+            left = sum(1 for n in items for uid in ledger.parse(
+                (n["metadata"].get("annotations") or {}).get(ledger.LEDGER_ANNOTATION)) if uid in gone)
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{left} ledger entries of deleted pods still held after {timeout} s")
+            await asyncio.sleep(1)
 
 
 async def overallocated(url: str) -> int:
