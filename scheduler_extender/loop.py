@@ -31,14 +31,8 @@ async def slices(items: Sequence[T], size: int | None = None, budget: float | No
     """``items`` in slices of ``size`` (:data:`STEP`); before a slice, the loop is given back if the sweep has
     held it for ``budget`` (:data:`BUDGET`) seconds or more (0: before every slice after the first). Iterate over
     a copy when the loop may change the collection meanwhile."""
-    size = size or STEP
-    budget = BUDGET if budget is None else budget
-    held = clock()
-    for start in range(0, len(items), size):
-        if start and clock() - held >= budget:
-            await asyncio.sleep(0)
-            held = clock()
-        yield items[start:start + size]
+    async for part in Sweep(budget, 0.0, clock).slices(items, size):  # a bare yield: the request waits for it
+        yield part
 
 
 class Sweep:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_extender import gpr_resource as gr
-from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
+from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView, NodeView
 from scheduler_extender.loop import Sweep, kept_for
 
 
@@ -82,6 +82,11 @@ class _Resource:
         return answer
 
 
+# a node's part of the index: the NodeView swept and (allocatable, free) of each resource in the index's order,
+# None where no new work goes
+_NodeFacts = tuple[NodeView, tuple[tuple[int, int] | None, ...]]
+
+
 @dataclass
 class _Queues:
     """What the index takes from the GPRs alone, kept while no GPR changes (pods and nodes change far more often)."""
@@ -101,10 +106,9 @@ class _Index:
     holding: int
     cost: float = 0.0  # seconds its sweep held the loop
     queues: _Queues | None = None
-    # node -> (the NodeView swept, (allocatable, free) of each resource of ``queues`` in its order, None where no
-    # new work goes), valid while the GPRs are those of ``queues`` (what is free on a node depends on its object
+    # node -> its facts, valid while the GPRs are those of ``queues`` (what is free on a node depends on its object
     # and the reservations on it)
-    per_node: dict[str, tuple[Any, tuple[tuple[int, int] | None, ...]]] = field(default_factory=dict)
+    per_node: dict[str, _NodeFacts] = field(default_factory=dict)
 
 
 async def _sweep_gprs(view: ClusterView, sweep: Sweep) -> _Queues:
@@ -168,10 +172,10 @@ async def build_index(view: ClusterView, built: float, prior: _Index | None = No
     queues = prior.queues if prior is not None and prior.queues is not None else None
     if queues is None or queues.version != view.gprs_version:
         queues = await _sweep_gprs(view, sweep)
-        kept: dict[str, tuple[Any, tuple[tuple[int, int] | None, ...]]] = {}
+        kept: dict[str, _NodeFacts] = {}
     else:
         kept = prior.per_node if prior is not None else {}
-    per_node: dict[str, tuple[Any, tuple[tuple[int, int] | None, ...]]] = {}
+    per_node: dict[str, _NodeFacts] = {}
     resources = {name: _Resource(q.neg_priority, q.start_max, q.start_missing, q.low_max, q.high_max,
                                  q.range_missing) for name, q in queues.resources.items()}
     counts: dict[str, list[int]] = {name: [] for name in resources}
