@@ -5,6 +5,9 @@ set -uo pipefail
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)   # kubectl kustomize for the manifest tests
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)             # the real control plane's store (realcluster tests)
+command -v xz >/dev/null 2>&1 || need+=(xz-utils)                  # ../shared/k8s/unpack.sh
+command -v openssl >/dev/null 2>&1 || need+=(openssl)              # the control plane's throwaway CA
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "== installing ${need[*]}"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \

@@ -1,7 +1,9 @@
 """Suite-wide rules: how tests that need root or a GPU behave where those are missing.
 
 On a laptop such tests skip with the reason. With ACCELSTACK_STRICT=1 (set by .ci/run; CI runs as root) a
-missing *root* turns into a failure, because CI can run those tests and must not skip them silently. GPU
+missing *root* turns into a failure, because CI can run those tests and must not skip them silently. Tests
+marked ``realcluster`` (everything under tests/realcluster/) need the real control plane that
+``KUBEBUILDER_ASSETS`` names and likewise skip, or fail under ACCELSTACK_STRICT=1. GPU
 tests always skip without a GPU: neither a developer machine nor CI has one.
 """
 
@@ -22,6 +24,18 @@ def require_root(reason: str) -> None:
         pytest.skip(f"needs root: {reason}")
 
 
+def require_control_plane(nodeid: str) -> None:
+    """Skip (or, under ACCELSTACK_STRICT=1, fail) when KUBEBUILDER_ASSETS names no real control plane."""
+    if not os.environ.get("KUBEBUILDER_ASSETS", "").strip():
+        why = ("KUBEBUILDER_ASSETS is unset: it names the folder with kube-apiserver, etcd and kubectl "
+               "(scripts/test.sh sets it from ../shared/k8s; README 'Testing against a real control plane')")
+        if STRICT:
+            pytest.fail(f"{nodeid} needs the real control plane and ACCELSTACK_STRICT=1 forbids skipping: {why}")
+        pytest.skip(why)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("root") is not None:
         require_root(item.nodeid)
+    if item.get_closest_marker("realcluster") is not None:
+        require_control_plane(item.nodeid)

@@ -1,0 +1,67 @@
+"""Objects and waits the real-cluster tests share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tests.realcluster.controlplane import ControlPlane
+
+GPU = "nvidia.com/gpu"
+GPRS = "apis/accelstack.io/v1alpha1/namespaces/{ns}/gpuprovisioningrequests"
+SCHEDULER = "accelstack-scheduler"
+T = TypeVar("T")
+
+
+def gpr(name: str, *, devices: int = 1, nodes: int = 1, priority: int = 100, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "accelstack.io/v1alpha1", "kind": "GPUProvisioningRequest", "metadata": {"name": name},
+            "spec": {"resource": GPU, "devicesPerNode": devices, "nodeCount": nodes, "priority": priority, **spec}}
+
+
+def pod(name: str, *, gpus: int = 1, gpr_name: str = "", scheduler: str = SCHEDULER, cpu: str = "100m",
+        labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    lab = {**({"accelstack.io/gpr": gpr_name} if gpr_name else {}), **(labels or {})}
+    res: dict[str, Any] = {"requests": {"cpu": cpu}}
+    if gpus:
+        res = {"requests": {"cpu": cpu, GPU: str(gpus)}, "limits": {GPU: str(gpus)}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": lab},
+            "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": res}],
+                     **spec}}
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` and the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def gpr_status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    obj = cp.get(f"{GPRS.format(ns=ns)}/{name}") or {}
+    return dict(obj.get("status") or {})
+
+
+def admitted(cp: ControlPlane, ns: str, name: str) -> dict[str, Any] | None:
+    """The GPR's status once it is Admitted or Running, else None."""
+    status = gpr_status(cp, ns, name)
+    return status if status.get("phase") in ("Admitted", "Running") else None
+
+
+def pod_obj(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return cp.get(f"api/v1/namespaces/{ns}/pods/{name}") or {}
+
+
+def bound_node(cp: ControlPlane, ns: str, name: str) -> str:
+    return str((pod_obj(cp, ns, name).get("spec") or {}).get("nodeName") or "")
+
+
+def events_for(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    items = cp.api("GET", f"api/v1/namespaces/{ns}/events").get("items") or []
+    return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]

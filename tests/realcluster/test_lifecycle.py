@@ -1,0 +1,35 @@
+"""The whole life cycle on the real control plane: the real API server calls the shipped webhooks, the GPR
+controller admits under its shipped RBAC, the real kube-scheduler with the shipped ``accelstack-scheduler``
+profile calls the extender's filter and bind, and the pods end up bound to the GPR's reserved node."""
+
+from __future__ import annotations
+
+from tests.realcluster.conftest import Nodes
+from tests.realcluster.controlplane import ControlPlane
+from tests.realcluster.objects import GPRS, admitted, bound_node, gpr, pod, pod_obj, wait_for
+from tests.realcluster.stack import Stack
+
+
+def test_gated_pod_is_admitted_narrowed_and_bound_by_the_real_scheduler(cp: ControlPlane, stack: Stack, ns: str,
+                                                                       nodes: Nodes) -> None:
+    stack.start_scheduler()
+    a, b = nodes.add("a", gpus=8), nodes.add("b", gpus=8)
+    # a pod created before its GPR: the webhook gates it, nothing can schedule it before the GPR is admitted
+    first = cp.create(f"api/v1/namespaces/{ns}/pods", pod("train-0", gpus=1, gpr_name="train"))
+    assert [g["name"] for g in first["spec"].get("schedulingGates") or []] == ["accelstack.io/gpr"], first["spec"]
+    cp.create(GPRS.format(ns=ns), gpr("train", devices=2, nodes=1))
+    status = wait_for("the GPR admitted", lambda: admitted(cp, ns, "train"))
+    reserved = {r["node"] for r in status.get("reservation") or []}
+    assert len(reserved) == 1 and reserved <= {a, b}, status
+    # a pod created after admission: no gate, narrowed straight to the reservation with matchFields (which keeps
+    # kube-scheduler's NodeAffinity PreFilter shortcut)
+    second = cp.create(f"api/v1/namespaces/{ns}/pods", pod("train-1", gpus=1, gpr_name="train"))
+    assert not second["spec"].get("schedulingGates")
+    terms = second["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                            "values": sorted(reserved)}]}]
+    for i in range(2):
+        name = f"train-{i}"
+        node = wait_for(f"{name} bound", lambda: bound_node(cp, ns, name))  # noqa: B023 - called at once
+        assert node in reserved
+        assert not pod_obj(cp, ns, f"train-{i}")["spec"].get("schedulingGates")
