@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster.controlplane import ControlPlane, assets_dir, missing_assets
+from tests.realcluster.controlplane import ApiCallError, ControlPlane, assets_dir, missing_assets
 from tests.realcluster.shipped import install, render
 from tests.realcluster.stack import Stack
 
@@ -30,6 +30,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.realcluster)
 
 
+_planes: list[ControlPlane] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed real-cluster test's report ends with the last lines (debug left out) of every log of the run:
+    the control plane's components and the product's processes, so a CI failure can be read without a rerun."""
+    report = yield
+    if report.failed and _planes and item.get_closest_marker("realcluster") is not None:
+        plane = _planes[-1]
+        for log in sorted(plane.dir.glob("*.log")):
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if '"level": "debug"' not in ln]
+            report.sections.append((f"log {log.name} (last 15 lines; {plane.dir})", "\n".join(
+                ln[:400] for ln in lines[-15:])))
+    return report
+
+
 @pytest.fixture(scope="session")
 def cp() -> Iterator[ControlPlane]:
     folder = assets_dir()
@@ -38,6 +55,7 @@ def cp() -> Iterator[ControlPlane]:
     if missing:
         pytest.fail(f"KUBEBUILDER_ASSETS={folder} lacks {', '.join(missing)} (scripts/test.sh links them)")
     plane = ControlPlane(folder)
+    _planes.append(plane)
     try:
         yield plane.start()
     finally:
@@ -62,13 +80,23 @@ def stack(cp: ControlPlane, shipped: list[dict[str, Any]]) -> Iterator[Stack]:
 
 @pytest.fixture
 def ns(cp: ControlPlane, shipped: list[dict[str, Any]], request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace with its ``default`` ServiceAccount (no ServiceAccount controller runs by default)."""
+    """A fresh namespace with its ``default`` ServiceAccount (the ServiceAccount controller may not be running)."""
     base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
     name = f"t{next(_names)}-{base}"
     cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    cp.create(f"api/v1/namespaces/{name}/serviceaccounts",
-              {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+    try:  # the ServiceAccount controller makes it too once kube-controller-manager runs
+        cp.create(f"api/v1/namespaces/{name}/serviceaccounts",
+                  {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+    except ApiCallError as exc:
+        if exc.status != 409:
+            raise
     yield name
+    # What the namespace controller would remove, removed now (it may not be running): GPRs first, so that no
+    # queued GPR of this test competes with the next test's, then pods without grace (fake nodes have no kubelet)
+    for path in (f"apis/accelstack.io/v1alpha1/namespaces/{name}/gpuprovisioningrequests",
+                 f"apis/accelstack.io/v1alpha1/namespaces/{name}/inferenceendpoints"):
+        cp.delete(path)
+    cp.api("DELETE", f"api/v1/namespaces/{name}/pods", {"gracePeriodSeconds": 0})
     cp.delete(f"api/v1/namespaces/{name}")
 
 

@@ -166,7 +166,8 @@ class ControlPlane:
             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-cluster", f"test=http://127.0.0.1:{peer_port}",
-            "--quota-backend-bytes", str(4 << 30), "--log-level", "warn"], self.dir / "etcd.log")
+            "--quota-backend-bytes", str(4 << 30), "--log-level", "warn",
+            "--experimental-watch-progress-notify-interval", "1s"], self.dir / "etcd.log")
         crt, key = self.pki.issue("apiserver", "/CN=kube-apiserver",
                                   sans="IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc")
         self.port = free_port()

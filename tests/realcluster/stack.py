@@ -102,8 +102,8 @@ class Product:
 class Stack:
     """The extender and the GPR controller as the shipped Deployment runs them, plus the scheduler on demand."""
 
-    def __init__(self, cp: ControlPlane, objects: list[dict[str, Any]]) -> None:
-        self.cp, self.objects = cp, objects
+    def __init__(self, cp: ControlPlane, objects: list[dict[str, Any]], extender_args: tuple[str, ...] = ()) -> None:
+        self.cp, self.objects, self.extender_args = cp, objects, list(extender_args)
         self.kubeconfig = cp.sa_kubeconfig(SYSTEM_NS, "accelstack-extender")
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -117,15 +117,16 @@ class Stack:
         return Product(self.cp, "extender", "scheduler_extender.main", [
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{self.port}",
             "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key), "--url-prefix", "/scheduler",
-            "--controller=false", "--log-format", "json"], health=self.url, ssl_ctx=self.cp.ssl_context())
+            "--controller=false", "--log-format", "json", *self.extender_args], health=self.url,
+            ssl_ctx=self.cp.ssl_context())
 
-    def controller(self, identity: str = "controller-0", lease_seconds: float = 4.0) -> Product:
-        """A replica of the controller container (its own /readyz port)."""
+    def controller(self, identity: str = "controller-0", lease_seconds: float = 4.0, *args: str) -> Product:
+        """A replica of the controller container (its own /readyz port); ``args`` after the test's defaults."""
         port = free_port()
         return Product(self.cp, identity, "scheduler_extender.controller_main", [
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{port}", "--identity", identity,
             "--lease-seconds", str(lease_seconds), "--resync", "2", "--estimate-every", "5",
-            "--log-format", "json"], env={"POD_NAMESPACE": SYSTEM_NS}, health=f"http://127.0.0.1:{port}")
+            "--log-format", "json", *args], env={"POD_NAMESPACE": SYSTEM_NS}, health=f"http://127.0.0.1:{port}")
 
     def start(self) -> Stack:
         self.extender.start()
