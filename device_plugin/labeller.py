@@ -67,8 +67,10 @@ class NodeLabeller:
         while not stop.is_set():
             try:
                 await self.reconcile()
-            except Exception as exc:  # API server away, RBAC, conflict: retry next round
-                log.warning("labelling failed; will retry", extra={"node": self.node_name, "error": str(exc)[:300]})
+            except Exception as exc:  # API server away, RBAC, admission policy, conflict: retry next round
+                # the API server's answer whole (kubeapi caps it at 1000 characters): an admission policy's
+                # reason comes after some 150 characters of preamble and the node's name
+                log.warning("labelling failed; will retry", extra={"node": self.node_name, "error": str(exc)[:1200]})
             poke.clear()
             waits = [asyncio.create_task(stop.wait()), asyncio.create_task(poke.wait())]
             with contextlib.suppress(TimeoutError):

@@ -8,7 +8,9 @@ creates, updates, deletes, namespace label patches and status writes come out. A
 500, no answer) is logged, shown on that workspace's Ready condition and retried with a backoff of its own
 (1 s, doubling to 30 s: however often passes run, a refused write is not hammered); the other writes go
 ahead. What each write returned is kept at once (newer than the informer's copy), so the next pass does not try
-the same create again.
+the same create again. An object of a wanted name that exists without the managed-by label (a create answered
+AlreadyExists) is someone else's and left alone; the informers do not see such objects, so each is read again
+every ``5 * resync`` seconds and, once it is gone, the name is the controller's again.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ class WorkspaceController:
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.managed: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.errors: dict[str, str] = {}  # workspace -> what the API answered to the last pass's failed writes
-        self.foreign: set[tuple[str, str, str]] = set()
+        # (kind, namespace, name) of objects that exist without the managed-by label -> when last seen there
+        self.foreign: dict[tuple[str, str, str], float] = {}
+        self.recheck = 5 * resync
         # (verb, object) of writes that failed -> (tries, retry after, what the API answered)
         self._failed: dict[tuple[str, str], tuple[int, float, str]] = {}
         self.poke = asyncio.Event()
@@ -206,11 +210,12 @@ class WorkspaceController:
     async def reconcile(self) -> wsp.Plan:
         started = time.perf_counter()
         templates = await self._templates()  # before the snapshot: the pass sees what is current after it
+        await self._recheck_foreign()
         obs = wsp.Observed(list(self.workspaces.values()), dict(self.namespaces), dict(self.managed), templates,
                            list(self.gprs()), self._models(), dict(self.errors), frozenset(self.foreign),
                            gr.rfc3339(self.clock()))
         plan = await asyncio.to_thread(wsp.plan, obs)  # O(GPRs) for the usage: off the event loop
-        self.foreign &= plan.wanted
+        self.foreign = {k: v for k, v in self.foreign.items() if k in plan.wanted}
         errors: dict[str, list[str]] = {}
         now = self.clock()
         # a write that failed is retried with its own backoff; one a pass no longer plans is forgotten
@@ -235,9 +240,14 @@ class WorkspaceController:
             else:
                 self._failed.pop(key, None)
 
-        # namespaces first: the objects in a new namespace wait for the next pass (the informer sees it first)
+        # namespaces first: the objects in a new namespace wait for the next pass (the informer sees it first);
+        # then Roles and ServiceAccounts, then RoleBindings: a binding is written once its Role is in place, and
+        # not at all when creating the Role found one of that name that is not the controller's (binding to it
+        # would grant what that Role grants)
         await asyncio.gather(*(one(a) for a in due if a.kind == "Namespace"))
-        await asyncio.gather(*(one(a) for a in due if a.kind != "Namespace"))
+        await asyncio.gather(*(one(a) for a in due if a.kind not in ("Namespace", "RoleBinding")))
+        await asyncio.gather(*(one(a) for a in due if a.kind == "RoleBinding"
+                               and not (a.verb in ("create", "update") and self._role_taken(a))))
         await asyncio.gather(*(self._write_status(name, body) for name, body in plan.statuses.items()))
         self.errors = {ws: "; ".join(msgs)[:800] for ws, msgs in errors.items()}
         self.passes += 1
@@ -255,7 +265,7 @@ class WorkspaceController:
                     made = await client.create(res, a.body, a.namespace or None)
                 except AlreadyExists:
                     if a.kind != "Namespace":
-                        self.foreign.add((a.kind, a.namespace, a.name))
+                        self.foreign[a.kind, a.namespace, a.name] = self.clock()
                     self.actions.labels(a.verb, a.kind, "exists").inc()
                     return ""
                 self._remember(a, made)
@@ -279,6 +289,32 @@ class WorkspaceController:
         self.actions.labels(a.verb, a.kind, "ok").inc()
         log.info("workspace object written", extra={"workspace": a.workspace, "action": f"{a.verb} {a.key}"})
         return ""
+
+    async def _recheck_foreign(self) -> None:
+        """Read again the objects of others that hold a wanted name, once ``recheck`` seconds have passed since
+        each was last seen: one that is gone is forgotten, so that this pass creates the controller's own (a
+        level-triggered controller must not remember an owner that no longer exists)."""
+        now = self.clock()
+        due = [k for k, seen in self.foreign.items() if now - seen >= self.recheck]
+
+        async def one(key: tuple[str, str, str]) -> None:
+            kind, namespace, name = key
+            try:
+                await self.kube.client.get(KINDS[kind], name, namespace or None)
+            except NotFound:
+                self.foreign.pop(key, None)
+                return
+            except ApiError:  # unknown: keep it as it was, read it again next time
+                pass
+            if key in self.foreign:
+                self.foreign[key] = now
+        await asyncio.gather(*(one(k) for k in due))
+
+    def _role_taken(self, a: wsp.Action) -> bool:
+        """The Role a RoleBinding action would bind to exists and is not the controller's (a create answered
+        AlreadyExists this pass or earlier)."""
+        role = ("Role", a.namespace, a.name)
+        return role in self.foreign and role not in self.managed
 
     def _forget(self, a: wsp.Action) -> None:
         """The object a delete named is gone (deleted, or a 404 or a 409 said so): forget it, but only it. The

@@ -363,6 +363,15 @@ def _norm_subjects(subjects: Any) -> list[tuple[tuple[str, Any], ...]]:
     return sorted(tuple(sorted((k, v) for k, v in s.items() if v)) for s in subjects or () if isinstance(s, dict))
 
 
+def bound_to_foreign(binding: tuple[str, str, str], obs: Observed) -> bool:
+    """Whether the Role a wanted RoleBinding ``(kind, namespace, name)`` refers to (the role of the same name)
+    is someone else's: it exists without the managed-by label. Binding to it would give the workspace's
+    subjects whatever that Role grants instead of the role template; the binding is left out (an existing one
+    is deleted) until the name is free."""
+    role = ("Role", binding[1], binding[2])
+    return role in obs.foreign and role not in obs.managed
+
+
 # ---- the plan ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Action:
@@ -445,6 +454,8 @@ def plan(obs: Observed) -> Plan:
             ready = obj is not None and not terminating
             for kind, body in desired_objects(ws, ns, rules, mine):
                 key = (kind, ns, body["metadata"]["name"])
+                if kind == "RoleBinding" and bound_to_foreign(key, obs):
+                    continue  # never bind the workspace's subjects to someone else's Role (reported as NameTaken)
                 wanted.add(key)
                 if key in obs.foreign and key not in obs.managed:  # exists without the label: not ours
                     if kind != "ServiceAccount":  # (a ServiceAccount that exists is all a rule needs)
