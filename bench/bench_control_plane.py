@@ -1079,6 +1079,16 @@ def main() -> None:
                              "default --max-mutating-requests-inflight is 200)")
     parser.add_argument("--scheduler-qps", type=float, default=50.0,
                         help="kube-scheduler's client QPS (default 50, burst 100, as kube-scheduler's); 0: unlimited")
+    parser.add_argument("--scheduler", choices=("real", "emulated"), default="real",
+                        help="part e2e: inside the real kube-scheduler and kube-apiserver (KUBEBUILDER_ASSETS; default) "
+                             "or the emulated one (its figures did not carry over to a real cluster)")
+    parser.add_argument("--nodes", type=int, default=5000, help="part e2e (real): fake nodes of 8 GPUs")
+    parser.add_argument("--rounds", type=int, default=3, help="part e2e (real): interleaved rounds (median)")
+    parser.add_argument("--clients", type=int, default=32, help="part e2e (real): concurrent pod creators")
+    parser.add_argument("--arms", default="", help="part e2e (real): comma-separated arms to run (default all: "
+                        "none,noop,noop-bind,none-raised,noop-raised,noop-bind-raised,auto,gprs)")
+    parser.add_argument("--arm-timeout", type=float, default=600.0,
+                        help="part e2e (real): seconds an arm may take to bind its pods")
     args = parser.parse_args()
     if not 0 < args.samples <= FREE_NODES * GPUS // 4:
         parser.error(f"--samples: 1 to {FREE_NODES * GPUS // 4}")
@@ -1089,7 +1099,17 @@ def main() -> None:
     lines: list[str] = []
     if args.part in ("load", "all"):
         lines += asyncio.run(part_load(args.samples))
-    if args.part in ("e2e", "all"):
+    if args.part in ("e2e", "all") and args.scheduler == "real":
+        from real_e2e import ARMS, part_e2e_real  # bench/ is on sys.path: this script's folder
+
+        arms = [a for a in args.arms.split(",") if a]
+        unknown = sorted(set(arms) - {a.key for a in ARMS})
+        if unknown:
+            parser.error(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(a.key for a in ARMS)})")
+        if args.nodes < 1 or args.rounds < 1 or args.clients < 1:
+            parser.error("--nodes, --rounds and --clients: at least 1")
+        lines += asyncio.run(part_e2e_real(args.pods, args.nodes, args.rounds, args.clients, arms, args.arm_timeout))
+    elif args.part in ("e2e", "all"):
         lines += asyncio.run(part_e2e(args.pods, args.scheduler_qps, args.create_concurrency))
     print("\n".join(lines))
 
