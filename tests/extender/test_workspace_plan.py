@@ -73,6 +73,59 @@ def test_a_role_of_the_controllers_name_that_is_not_its_own_is_left_alone_and_re
     assert "Role a/accelstack-workspace-admin exists and is not the controller's" in ready["message"]
 
 
+ALICE_AND_BOB = [{"kind": "User", "name": "alice", "role": "admin"}, {"kind": "User", "name": "bob", "role": "viewer"}]
+
+
+def managed_objects(workspace: dict[str, Any], namespace: str) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """What the controller would hold for ``workspace`` in ``namespace`` once reconciled (with UIDs)."""
+    return {(kind, namespace, b["metadata"]["name"]): {**b, "metadata": {**b["metadata"], "uid": f"uid-{kind}-{n}",
+                                                                         "resourceVersion": "7"}}
+            for n, (kind, b) in enumerate(wsp.desired_objects(wsp.parse_workspace(workspace), namespace,
+                                                              wsp.DEFAULT_TEMPLATES, {namespace}))}
+
+
+def test_no_rolebinding_is_planned_for_a_role_someone_else_owns() -> None:
+    """Binding alice to someone else's Role of the admin Role's name would give her whatever that Role grants:
+    the admin role is not bound in that namespace (not created, not wanted, not even once the rest settled);
+    the viewer role and the other namespace are bound as usual."""
+    taken = ("Role", "a", wsp.role_name("admin"))
+    obs = wsp.Observed([ws("w", ["a", "b"], ALICE_AND_BOB)], {"a": ns("a", "w"), "b": ns("b", "w")}, {},
+                       foreign=frozenset({taken}))
+    assert taken not in obs.managed
+    plan = wsp.plan(obs)
+    created = {(a.kind, a.namespace, a.name) for a in plan.actions if a.verb == "create"}
+    admin_binding = ("RoleBinding", "a", wsp.role_name("admin"))
+    assert admin_binding not in created and admin_binding not in plan.wanted
+    assert taken not in created
+    assert {("RoleBinding", "a", wsp.role_name("viewer")), ("RoleBinding", "b", wsp.role_name("admin")),
+            ("RoleBinding", "b", wsp.role_name("viewer")), ("Role", "a", wsp.role_name("viewer"))} <= created
+    ready = plan.statuses["w"]["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "NameTaken")
+    assert "Role a/accelstack-workspace-admin exists and is not the controller's" in ready["message"]
+    settled = settle(obs)
+    assert settled.actions == [] and admin_binding not in settled.wanted
+    # the controller's own Role of that name (the name taken over): the binding is planned again
+    mine = managed_objects(ws("w", ["a"], ALICE), "a")
+    again = wsp.plan(wsp.Observed([ws("w", ["a"], ALICE)], {"a": ns("a", "w")},
+                                  {taken: mine[taken]}, foreign=frozenset({taken})))
+    assert ("create", *admin_binding) in {(a.verb, a.kind, a.namespace, a.name) for a in again.actions}
+
+
+def test_a_managed_rolebinding_to_a_role_someone_else_owns_is_deleted() -> None:
+    """The controller's RoleBinding of a role whose Role name is now someone else's (the controller's Role was
+    deleted and another made in its place): deleted, by its UID; the viewer role's binding is kept."""
+    w = ws("w", ["a"], ALICE_AND_BOB)
+    managed = managed_objects(w, "a")
+    taken = ("Role", "a", wsp.role_name("admin"))
+    del managed[taken]  # the other Role is not the controller's: the informers (managed-by label) do not see it
+    binding = ("RoleBinding", "a", wsp.role_name("admin"))
+    uid = managed[binding]["metadata"]["uid"]
+    plan = wsp.plan(wsp.Observed([w], {"a": ns("a", "w")}, managed, foreign=frozenset({taken})))
+    assert [(a.verb, a.kind, a.namespace, a.name, a.uid) for a in plan.actions] == [("delete", *binding, uid)]
+    assert binding not in plan.wanted and ("RoleBinding", "a", wsp.role_name("viewer")) in plan.wanted
+    assert plan.statuses["w"]["conditions"][0]["reason"] == "NameTaken"
+
+
 def test_a_rolebinding_whose_role_reference_changed_is_replaced_not_updated() -> None:
     body = wsp.desired_objects(wsp.parse_workspace(ws("w", ["a"], ALICE)), "a", wsp.DEFAULT_TEMPLATES, {"a"})
     managed = {(kind, "a", b["metadata"]["name"]): {**b, "metadata": {**b["metadata"], "uid": "u1",
