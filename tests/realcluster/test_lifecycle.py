@@ -33,3 +33,25 @@ def test_gated_pod_is_admitted_narrowed_and_bound_by_the_real_scheduler(cp: Cont
         node = wait_for(f"{name} bound", lambda: bound_node(cp, ns, name))  # noqa: B023 - called at once
         assert node in reserved
         assert not pod_obj(cp, ns, f"train-{i}")["spec"].get("schedulingGates")
+
+
+def test_a_25_node_reservation_is_narrowed_by_name_and_the_real_api_server_takes_it(cp: ControlPlane, stack: Stack,
+                                                                                   ns: str, nodes: Nodes) -> None:
+    """A GPR of 25 nodes x 1 GPU: the gated pod's narrowing at ungate (a scheduling-gated pod may only gain node
+    affinity, KEP-3838) and a later pod's narrowing at creation are both one matchFields term a node, accepted by
+    the real API server, and the real scheduler binds the pods inside the reservation."""
+    stack.start_scheduler()
+    names = {nodes.add(f"w{i:02d}", gpus=1) for i in range(25)}
+    cp.create(f"api/v1/namespaces/{ns}/pods", pod("wide-0", gpus=1, gpr_name="wide"))
+    cp.create(GPRS.format(ns=ns), gpr("wide", devices=1, nodes=25))
+    status = wait_for("the GPR admitted", lambda: admitted(cp, ns, "wide"))
+    assert {r["node"] for r in status["reservation"]} == names
+    cp.create(f"api/v1/namespaces/{ns}/pods", pod("wide-1", gpus=1, gpr_name="wide"))
+    for name in ("wide-0", "wide-1"):
+        node = wait_for(f"{name} bound", lambda: bound_node(cp, ns, name))  # noqa: B023 - called at once
+        assert node in names
+        terms = pod_obj(cp, ns, name)["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert sorted(t["matchFields"][0]["values"][0] for t in terms) == sorted(names)
+        assert all(t == {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                          "values": t["matchFields"][0]["values"]}]} for t in terms)
