@@ -25,9 +25,9 @@ def serve(registry: Any) -> HttpEndpoint:
     return HttpEndpoint("127.0.0.1:0", cast(PluginMetrics, SimpleNamespace(registry=registry)), lambda: True)
 
 
-def scrape(endpoint: HttpEndpoint) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+def scrape(endpoint: HttpEndpoint, timeout: float = 10) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """sample name -> {sorted labels: value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=timeout) as response:
         assert response.status == 200
         text = response.read().decode()
     samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
@@ -118,28 +118,64 @@ def test_allocation_from_pod_resources(gpu_node) -> None:
     assert one(samples, "accelstack_exporter_errors_total", source="podresources") >= 1
 
 
+class Gate(threading.Event):
+    """An event that FakeNVML's hung call waits on, counting the calls that entered and left the wait: a test can
+    tell that a call is blocked right now (entered, not left) without timing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = self.left = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            self.left += 1
+
+
 def test_hung_nvml_call_costs_the_scrape_its_device_metrics_only(gpu_node) -> None:
+    """Judged by ordering, not by wall-clock bounds a loaded machine breaks: each scrape by what the hung call was
+    doing when it answered; the only times are scaled to a healthy scrape measured here."""
     fake, endpoint, collector, _ = gpu_node
-    collector.timeout = 0.3
-    release = threading.Event()
+    assert len(scrape(endpoint)["accelstack_gpu_temperature_celsius"]) == 8  # the GPUs discovered
+    started = time.perf_counter()
+    assert len(scrape(endpoint)["accelstack_gpu_temperature_celsius"]) == 8
+    healthy = time.perf_counter() - started  # a whole scrape, every read included, on this machine now
+    patience = max(10.0, 100 * healthy)  # how long the client waits for an answer: a safety net, never reached
+    # the collect timeout fits a healthy scrape many times over, so the scrape below times out in the hung call,
+    # not on the way to it
+    collector.timeout = max(0.3, 20 * healthy)
+    release = Gate()
     fake.hang["nvmlDeviceGetTemperature"] = release
     try:
-        started = time.monotonic()
-        samples = scrape(endpoint)
-        assert time.monotonic() - started < 2
+        samples = scrape(endpoint, timeout=collector.timeout + patience)
+        # it answered while its read was blocked in the hung call, which nothing has released
+        assert (release.entered, release.left) == (1, 0)
         assert "accelstack_gpu_temperature_celsius" not in samples
         assert one(samples, "accelstack_exporter_collect_timeouts_total") == 1
         assert one(samples, "accelstack_node_allocated_devices", resource="nvidia.com/gpu") == 3
-        started = time.monotonic()
-        scrape(endpoint)  # the stuck read is still stuck: no second thread, an immediate answer
-        assert time.monotonic() - started < 0.25
+        # the stuck read is still stuck: the next scrape neither queues a second read behind it nor waits for it.
+        # Its timeout is one no scrape could sit out: a scrape that waited would leave the client without an answer
+        collector.timeout = 3600.0
+        samples = scrape(endpoint, timeout=patience)
+        assert (release.entered, release.left) == (1, 0)
+        assert "accelstack_gpu_temperature_celsius" not in samples
+        assert one(samples, "accelstack_exporter_collect_timeouts_total") == 2
+        assert one(samples, "accelstack_node_allocated_devices", resource="nvidia.com/gpu") == 3
         assert threading.active_count() < 40
     finally:
         release.set()
         del fake.hang["nvmlDeviceGetTemperature"]
-    time.sleep(0.1)
-    samples = scrape(endpoint)
+    # once the call returns and the reader has finished that read, a scrape reads the GPUs again (until then
+    # scrapes answer at once without them)
+    collector.timeout = patience
+    deadline = time.monotonic() + patience
+    while "accelstack_gpu_temperature_celsius" not in (samples := scrape(endpoint, timeout=2 * patience)):
+        assert time.monotonic() < deadline, "the GPUs were not read again after the hung call returned"
+        time.sleep(0.01)
     assert len(samples["accelstack_gpu_temperature_celsius"]) == 8
+    assert (release.entered, release.left) == (1, 1)
 
 
 def test_no_nvml_is_reported_not_fatal_and_retried(tmp_path: Path) -> None:

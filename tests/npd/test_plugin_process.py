@@ -7,6 +7,7 @@ attribute or kernel log that blocks (a FIFO nobody writes) stands for a wedged d
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -181,14 +182,28 @@ def test_nr1_plugin_without_modules_or_vendor(tmp_path: Path) -> None:
 
 
 def test_nr1_plugin_hung_sysfs_read_is_unknown_in_time(tmp_path: Path) -> None:
+    """The plugin answers by its own deadline while the read is still blocked (nothing ever writes the FIFO), well
+    before NPD would kill it. Times are scaled to a healthy run of the same plugin measured here, not absolute: a
+    loaded machine stretches the interpreter's start and the check's way to the read."""
+    nr1_node(tmp_path / "healthy/sys", 2)  # the same node, healthy, with its own state directory
+    healthy = npd_exec("npd.nr1_check", *nr1_args(tmp_path / "healthy"), timeout=60)
+    assert (healthy.status, healthy.message) == ("OK", "2 NR1 modules healthy"), healthy
     addresses = nr1_node(tmp_path / "sys", 2)
+    # the deadline leaves the check a whole healthy run to reach the read (the run is mostly the interpreter's
+    # start, which happens before the deadline counts), so it is stuck in the read when the deadline passes
+    deadline_ms = max(800, math.ceil(1000 * healthy.seconds))
+    deadline = deadline_ms / 1000
+    limit = 2 * (healthy.seconds + deadline)  # a run that honours the deadline: its start, then the deadline
     attribute = tmp_path / "sys/bus/pci/devices" / addresses[0] / "health"
     attribute.unlink()
     os.mkfifo(attribute)
-    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--plugin-deadline", "800ms"))
-    assert run.status == "Unknown"
-    assert run.message.startswith("no answer within 0.8s (stuck in health NR1 3b:00.0")
-    assert run.seconds < 3
+    # NPD's timeout here is past the limit, so a plugin that waits for the read (or long past its deadline) is
+    # killed: "Timeout when running plugin", not the plugin's own answer
+    run = npd_exec("npd.nr1_check", *nr1_args(tmp_path, "--plugin-deadline", f"{deadline_ms}ms"),
+                   timeout=max(NPD_TIMEOUT, 2 * limit))
+    assert run.status == "Unknown" and run.code == 2, run
+    assert run.message.startswith(f"no answer within {deadline:g}s (stuck in health NR1 3b:00.0"), run
+    assert run.seconds < limit, (run, healthy)
 
 
 def test_nr1_plugin_remembers_the_most_modules_seen_and_reports_a_drop(tmp_path: Path) -> None:
