@@ -1,6 +1,7 @@
 """Bind: the final, locked decision that gives a pod devices on a node.
 
-Per node, one bind at a time in this replica (an asyncio lock); across replicas, the node's ledger annotation
+Per node, one ledger change at a time in this replica (an asyncio lock, held for the ledger's patch only, not for
+the Binding); across replicas, the node's ledger annotation
 is changed only with the Node's ``resourceVersion`` as a precondition, so a concurrent change by another replica
 makes the API server answer 409 and the bind re-reads and re-decides. The order is: decide (health, GPR
 reservation, free devices) -> record the pod in the ledger (conditional patch) -> create the Binding -> record
@@ -76,17 +77,19 @@ class Binder:
         if pod is None:  # asks for no managed resource: a plain Binding
             return (await self._create_binding(namespace, name, uid, node))[0]
         record = {"node": node, "requests": pod.requests, "gpr": pod.gpr, "boundAt": round(self.clock(), 3)}
+        # two round trips: the ledger (the guarantee), under the node's lock, and the Binding, which carries the
+        # allocation record as an annotation the API server copies onto the pod. The Binding is made outside the
+        # lock: the devices are the pod's once the ledger holds them, so the next bind to this node decides on
+        # that ledger without waiting for this pod's Binding (best-fit sends a node's pods in a row)
         async with self.locks[node]:
             error = await self._record(pod, node)
-            if error:
-                return error
-            # two round trips: the ledger (the guarantee) and the Binding, which carries the allocation record
-            # as an annotation the API server copies onto the pod
-            error, may_land = await self._create_binding(namespace, name, uid, node,
-                                                         {ALLOCATION_ANNOTATION: orjson.dumps(record).decode()})
-            if error and not may_land:
-                await self.release(node, [uid])
+        if error:
             return error
+        error, may_land = await self._create_binding(namespace, name, uid, node,
+                                                     {ALLOCATION_ANNOTATION: orjson.dumps(record).decode()})
+        if error and not may_land:
+            await self.release(node, [uid])
+        return error
 
     async def _record(self, pod: PodView, node: str) -> str:
         """Decide and record the pod in the node's ledger; '' when recorded (or already there), else why not."""
@@ -205,7 +208,8 @@ class Binder:
                 entries[p.uid] = ledger.Entry(p.uid, p.key, dict(p.requests), p.gpr, self.clock())
             return entries
 
-        return len(added) if await self._rewrite(node, change) else 0
+        async with self.locks[node]:
+            return len(added) if await self._rewrite(node, change) else 0
 
     async def release(self, node: str, uids: list[str]) -> int:
         """Take pods' entries out of a node's ledger (conditional patch, retried); returns how many went."""
@@ -216,7 +220,8 @@ class Binder:
             return {u: e for u, e in view.ledger.items() if u not in gone} if gone else None
 
         try:
-            return len(gone) if await self._rewrite(node, change) else 0
+            async with self.locks[node]:
+                return len(gone) if await self._rewrite(node, change) else 0
         except ApiError as exc:  # the ledger sweep gives the entries back once their pods are unbound or gone
             log.warning("ledger release failed", extra={"node": node, "pods": uids, "error": str(exc)[:300]})
             return 0

@@ -13,7 +13,8 @@ serving informers, the Lease and HTTP meanwhile. Then, concurrently and bounded:
    estimates drifting together (every queued GPR's, after a restart) never turn into a burst of thousands of
    writes at the API server;
 2. for GPRs whose *stored* status says Admitted/Running: each gated pod's node affinity is narrowed to the
-   reserved nodes and the gate lifted, in one patch (so kube-scheduler's own filters and node sampling work for
+   reserved nodes and the gate lifted, in one patch, right after that GPR's own status write when the pass made
+   one (so kube-scheduler's own filters and node sampling work for
    the reservation, and the extender only sees feasible nodes);
 3. evictions through the Eviction API (PodDisruptionBudgets respected; a refusal shows on the GPR as condition
    ``EvictionBlocked``), at most once per ``evict_every`` per pod;
@@ -262,7 +263,8 @@ class GPRController:
         frees = {node for node, count in stored.items() if count > new.get(node, 0)}
         return takes, frees
 
-    async def _write_all(self, writes: list[StatusWrite]) -> set[str]:
+    async def _write_all(self, writes: list[StatusWrite],
+                         then: Callable[[str], Awaitable[None]] | None = None) -> set[str]:
         """Store the pass's statuses; the UIDs written. A pass may free nodes (a GPR finished, failed, was
         requeued or moved) and give them to another GPR at once. Stored the other way round, or with the freeing
         write failing while the taking one lands, the API objects would say both hold the nodes, and the next pass
@@ -271,12 +273,20 @@ class GPRController:
         move, freeing some nodes and taking others, is both), and waits for the next pass if one of them failed;
         the rest (most of them: first statuses, queue positions) do not wait. Writes that wait only on each other
         (two GPRs swapping nodes) go one at a time: a failure among them leaves a conflict the next pass resolves
-        (the later GPR requeued, see reconcile's NodeLost)."""
+        (the later GPR requeued, see reconcile's NodeLost). ``then(uid)`` runs right after each write that was
+        stored, in the same slot (the GPR's own follow-up, its pods' gates: they need not wait for the pass's other
+        writes)."""
         kinds = {w.uid: self._reserves(w) for w in writes}  # judged against the stored statuses, before any write
         moving = [w for w in writes if kinds[w.uid][0] or kinds[w.uid][1]]
         plain = [w for w in writes if not (kinds[w.uid][0] or kinds[w.uid][1])]
         gate = asyncio.Semaphore(self.concurrency)  # one bound for both: the moves are not held behind the rest
         written: set[str] = set()
+
+        async def write_then(w: StatusWrite) -> bool:
+            ok = await self._write(w.uid, w.status)
+            if ok and then is not None:
+                await then(w.uid)
+            return ok
 
         async def moves() -> None:
             pending, failed = list(moving), list[StatusWrite]()
@@ -287,7 +297,7 @@ class GPRController:
                     if any(kinds[w.uid][0] & {n for f in failed for n in kinds[f.uid][1]} for w in pending):
                         break  # they wait on a free that failed: the next pass plans them again
                     ready = pending[:1]  # only on each other (a swap): one at a time
-                results = await self._bounded((functools.partial(self._write, w.uid, w.status) for w in ready), gate)
+                results = await self._bounded((functools.partial(write_then, w) for w in ready), gate)
                 for w, ok in zip(ready, results, strict=True):
                     pending.remove(w)
                     if ok:
@@ -298,29 +308,45 @@ class GPRController:
                 self.metrics.actions.labels("status", "deferred").inc(len(pending))
 
         async def rest() -> None:
-            results = await self._bounded((functools.partial(self._write, w.uid, w.status) for w in plain), gate)
+            results = await self._bounded((functools.partial(write_then, w) for w in plain), gate)
             written.update(w.uid for w, ok in zip(plain, results, strict=True) if ok)
 
         await asyncio.gather(moves(), rest())
         return written
 
+    def _gated(self, uid: str, nodes: list[str], by_gpr: dict[str, list[Any]]) -> list[Any]:
+        """The gated pods of GPR ``uid`` whose gates may be lifted now: its *stored* status says Admitted or
+        Running on exactly ``nodes`` (status first: a gate is never lifted before the status is stored)."""
+        obj = self.objects.get(uid)
+        if obj is None or gr.phase_of(obj) not in ("Admitted", "Running"):
+            return []
+        if sorted(gr.reservation_of(obj)) != sorted(nodes):
+            return []
+        meta = obj.get("metadata") or {}
+        return by_gpr.get(gr.gpr_key(meta.get("namespace", ""), meta.get("name", "")), [])
+
     async def _act(self, plan: Plan, snap: Snapshot) -> None:
-        written = await self._write_all(self.paced(plan.writes))
         by_gpr: dict[str, list[Any]] = {}
         for pod in snap.pods.values():
             if pod.gpr and gr.SCHEDULING_GATE in pod.gates:
                 by_gpr.setdefault(pod.gpr, []).append(pod)
-        ungates = []
-        for uid, nodes in plan.ungate.items():
-            obj = self.objects.get(uid)
-            if obj is None or gr.phase_of(obj) not in ("Admitted", "Running"):
-                continue  # status first: never lift a gate before the status says Admitted
-            if sorted(gr.reservation_of(obj)) != sorted(nodes):
-                continue
-            meta = obj.get("metadata") or {}
-            ungates += [(pod, nodes) for pod in by_gpr.get(gr.gpr_key(meta.get("namespace", ""), meta.get("name", "")), ())]
-        hostnames = {n: node.labels.get(HOSTNAME_LABEL, "") for _, nodes in ungates for n in nodes
+        hostnames = {n: node.labels.get(HOSTNAME_LABEL, "") for nodes in plan.ungate.values() for n in nodes
                      if (node := snap.nodes.get(n)) is not None}
+        lifted: set[str] = set()
+
+        async def ungate_now(uid: str) -> None:
+            # an admission's gates go right after its status is stored, not after the whole pass's writes: with
+            # 2,000 GPRs admitted in one pass the first pod is schedulable after one write, not 2,000
+            nodes = plan.ungate.get(uid)
+            if nodes is None:
+                return
+            lifted.add(uid)
+            for pod in self._gated(uid, nodes, by_gpr):
+                await self._ungate(pod, nodes, hostnames)
+
+        written = await self._write_all(self.paced(plan.writes), ungate_now)
+        ungates = [(pod, nodes) for uid, nodes in plan.ungate.items() if uid not in lifted
+                   for pod in self._gated(uid, nodes, by_gpr)]
         await self._bounded(functools.partial(self._ungate, pod, nodes, hostnames) for pod, nodes in ungates)
         now = self.clock()
         due = [e for e in plan.evictions if now - self._evicted_at.get(e.pod.uid, -math.inf) >= self.evict_every]

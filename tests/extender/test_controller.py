@@ -289,3 +289,22 @@ def test_writes_cancelled_before_their_turn_are_dropped_without_a_warning() -> N
         gc.collect()
     assert started == [0]
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+async def test_an_admitted_gprs_gates_go_right_after_its_own_status_write() -> None:
+    """Three GPRs admitted in one pass, one write at a time: each GPR's pod is ungated right after that GPR's own
+    status write, not after every status write of the pass (with 2,000 admissions in a pass the first pod would
+    otherwise wait for all of them)."""
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 3)
+    for name in ("a", "b", "c"):
+        await peer.put_object(GPRS, gpr(name, phase=None, devices=4))
+        await peer.put_object("api/v1/pods", pod(f"{name}-0", 4, gpr=name, gated=True))
+    async with stack(peer, **FAST, concurrency=1):
+        await wait_until(lambda: all(not peer.get("api/v1/pods", "default", f"{n}-0")["spec"].get(  # type: ignore[index]
+            "schedulingGates") for n in ("a", "b", "c")))
+    writes = [("status" if path.split("?")[0].endswith("/status") else "ungate") for method, path in peer.requests
+              if (method == "PUT" and "gpuprovisioningrequests" in path) or (method == "PATCH" and "/pods/" in path)]
+    assert writes[:6] == ["status", "ungate"] * 3, writes
+    await peer.stop()
