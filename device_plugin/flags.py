@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -86,6 +87,8 @@ class Checked:
             number = cast(value)
         except ValueError:
             raise UsageError(f"{self.label(flag)}: not a number: {value!r}") from None
+        if isinstance(number, float) and not math.isfinite(number):
+            raise UsageError(f"{self.label(flag)}: must be a finite number, got {value!r}")
         if number < minimum or (maximum is not None and number > maximum):
             bound = f"between {minimum:g} and {maximum:g}" if maximum is not None else f">= {minimum:g}"
             raise UsageError(f"{self.label(flag)}: must be {bound}, got {value!r}")

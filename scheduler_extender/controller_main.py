@@ -46,6 +46,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("refresh-qps", "20", "status writes per second that only move a queued GPR's position or wait estimate "
                              "(the rest wait for a later refresh, those nearest the head of the queue first)")
     add("refresh-burst", "100", "such writes at once after a quiet spell")
+    add("min-pass-gap", "0.25", "least seconds between a pass and the next one that events ask for (a burst of "
+                                "events makes fewer, larger passes: bounded CPU, decisions at most this much later)")
     add_logging_flags(add)
     return p
 
@@ -67,6 +69,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             "concurrency": flags.number("concurrency", int, 1),
             "refresh_qps": flags.number("refresh-qps", float, 0.1),
             "refresh_burst": flags.number("refresh-burst", int, 1),
+            "min_gap": flags.number("min-pass-gap", float, 0.0, 60.0),
             "api_timeout": flags.number("api-timeout", float, 0.1),
             "log_level": log_level, "log_format": log_format}
 
@@ -86,7 +89,8 @@ class ControllerProcess:
                                          policy=opts["policy"], resync=opts["resync"],
                                          lease_seconds=opts["lease_seconds"], registry=self.registry,
                                          estimate_every=opts["estimate_every"], concurrency=opts["concurrency"],
-                                         refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"])
+                                         refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"],
+                                         min_gap=opts["min_gap"])
         self.informers = make_informers(kube, self.view, self.service.node_event, self.service.pod_event, self._on_gpr,
                                         self._sync_gprs) + self.service.informers
         self.stop_event = asyncio.Event()

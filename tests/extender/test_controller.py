@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import itertools
 import time
 import types
 import warnings
@@ -14,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from scheduler_extender.controller import GPRController
+from scheduler_extender.controller import ControllerMetrics, GPRController
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, stack, wait_until
 
@@ -308,3 +309,35 @@ async def test_an_admitted_gprs_gates_go_right_after_its_own_status_write() -> N
               if (method == "PUT" and "gpuprovisioningrequests" in path) or (method == "PATCH" and "/pods/" in path)]
     assert writes[:6] == ["status", "ungate"] * 3, writes
     await peer.stop()
+
+
+def test_a_burst_of_events_makes_few_passes_min_gap_apart() -> None:
+    """Events arriving back to back (a burst of pod creations and binds) make passes at least ``min_gap`` apart,
+    each taking every event since the last; with no gap, one pass follows another as long as events come."""
+
+    async def burst(min_gap: float) -> tuple[int, list[float]]:
+        ctl = GPRController.__new__(GPRController)
+        ctl.min_gap, ctl.resync, ctl.estimate_every, ctl._queue_at = min_gap, 60.0, 60.0, 0.0
+        ctl.history_namespace, ctl.clock, ctl.poke = None, time.time, asyncio.Event()
+        ctl.metrics = ControllerMetrics()
+        starts: list[float] = []
+
+        async def reconcile() -> Any:
+            starts.append(time.monotonic())
+            await asyncio.sleep(0.005)
+            return types.SimpleNamespace(wakeup=time.time() + 60)
+
+        ctl.reconcile = reconcile  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        runner = asyncio.create_task(ctl._run(stop))
+        for _ in range(100):  # an event every 10 ms for a second
+            ctl.poke.set()
+            await asyncio.sleep(0.01)
+        stop.set()
+        await runner
+        return len(starts), [b - a for a, b in itertools.pairwise(starts)]
+
+    gapped, gaps = asyncio.run(burst(0.25))
+    ungapped, _ = asyncio.run(burst(0.0))
+    assert all(g >= 0.25 for g in gaps), gaps  # the order of events, not a bound on how fast the machine is
+    assert gapped < ungapped, (gapped, ungapped)
