@@ -46,7 +46,8 @@ class ExtenderMetrics:
         self.registry = registry or CollectorRegistry()
         p = "accelstack_extender_"
         self.latency = Histogram(p + "request_seconds", "Extender verb handling time", ["verb"],
-                                 buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+                                 buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5, 1.0, 2.5, 5.0),  # bind's API round trips: against its 1 s target
                                  registry=self.registry)
         self.decisions = Counter(p + "decisions_total", "Extender outcomes by verb and result", ["verb", "result"],
                                  registry=self.registry)
