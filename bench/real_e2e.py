@@ -281,7 +281,10 @@ class Bench:
                     raise self.noop.fail("did not start")
                 time.sleep(0.1)
             pids["noop-extender"] = self.noop.proc.pid
-        sched = self.cp.start_scheduler(json.dumps(self._scheduler_config(arm)), name="bench-scheduler")
+        # every arm's scheduler as the shipped Deployment runs it: the accelstack-scheduler ServiceAccount (its
+        # API priority level is the API server's default for ServiceAccounts, not kube-scheduler's own)
+        sched = self.cp.start_scheduler(json.dumps(self._scheduler_config(arm)), name="bench-scheduler",
+                                        kubeconfig=self.cp.sa_kubeconfig("accelstack-system", "accelstack-scheduler"))
         pids["kube-scheduler"] = sched.proc.pid
         return pids
 

@@ -253,12 +253,14 @@ class ControlPlane:
         self.procs["kube-controller-manager"] = proc
         return proc
 
-    def start_scheduler(self, config: dict[str, Any] | str, name: str = "kube-scheduler") -> Process:
+    def start_scheduler(self, config: dict[str, Any] | str, name: str = "kube-scheduler",
+                        kubeconfig: Path | None = None) -> Process:
         """kube-scheduler with ``config`` (a KubeSchedulerConfiguration, its ``clientConnection.kubeconfig``
-        filled in with the scheduler's own credentials: ``system:kube-scheduler``)."""
-        crt, key = self.pki.issue(name, "/CN=system:kube-scheduler", client=True)
-        kubeconfig = self.dir / f"{name}.kubeconfig"
-        self.write_kubeconfig(kubeconfig, user={"client-certificate": str(crt), "client-key": str(key)})
+        filled in with ``kubeconfig``, by default the credentials kubeadm gives it: ``system:kube-scheduler``)."""
+        if kubeconfig is None:
+            crt, key = self.pki.issue(name, "/CN=system:kube-scheduler", client=True)
+            kubeconfig = self.dir / f"{name}.kubeconfig"
+            self.write_kubeconfig(kubeconfig, user={"client-certificate": str(crt), "client-key": str(key)})
         cfg = json.loads(config) if isinstance(config, str) else json.loads(json.dumps(config))
         cfg.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
         cfg.setdefault("leaderElection", {})["leaderElect"] = False

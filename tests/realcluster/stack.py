@@ -5,7 +5,8 @@ shipped Deployment or DaemonSet names, logs to a file beside the control plane's
 :class:`Stack` is what the shipped ``accelstack-extender`` Deployment runs: the extender container (verbs,
 webhooks, REST API; ``--controller=false``) and the controller container (GPR and workspace controllers,
 leader-elected), with the shipped webhook configurations pointed at the extender, and — on demand — kube-scheduler
-with the shipped ``accelstack-scheduler`` profile (only the extender URL and CA changed).
+with the shipped ``accelstack-scheduler`` profile (only the extender URL and CA changed) under its shipped
+ServiceAccount.
 """
 
 from __future__ import annotations
@@ -151,7 +152,9 @@ class Stack:
     def start_scheduler(self, config: dict[str, Any] | None = None) -> None:
         if self.scheduler_name:
             return
-        self.cp.start_scheduler(json.dumps(config or self.scheduler_config()), name="accelstack-scheduler")
+        # as the shipped Deployment runs it: its own ServiceAccount, bound to system:kube-scheduler's roles
+        self.cp.start_scheduler(json.dumps(config or self.scheduler_config()), name="accelstack-scheduler",
+                                kubeconfig=self.cp.sa_kubeconfig(SYSTEM_NS, "accelstack-scheduler"))
         self.scheduler_name = "accelstack-scheduler"
 
     def stop(self) -> None:
