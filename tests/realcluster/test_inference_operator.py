@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import json
 import re
 import subprocess
@@ -28,14 +27,13 @@ import pytest
 import yaml
 
 from inference.operator import objects as o
-from tests.realcluster.controlplane import ApiCallError, ControlPlane, Process, free_port
+from tests.realcluster.controlplane import ControlPlane, Process, free_port
 from tests.realcluster.objects import wait_for
 from tests.realcluster.shipped import ROOT, pick
 from tests.realcluster.stack import SYSTEM_NS, Product, Stack
 
 OPERATOR = "accelstack-inference-operator"
 GPUS = 16
-_serial = itertools.count()
 IES = "apis/accelstack.io/v1alpha1/namespaces/{ns}/inferenceendpoints"
 GATE = "accelstack.io/gpr"
 # kind -> list path in a namespace, for each kind of object the operator makes
@@ -91,21 +89,6 @@ def operator(cp: ControlPlane, stack: Stack, shipped: list[dict[str, Any]]) -> I
             cp.stop_component("kube-controller-manager")
 
 
-@pytest.fixture
-def ins(cp: ControlPlane, shipped: list[dict[str, Any]], request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace. (conftest's ``ns`` creates the ``default`` ServiceAccount itself, which races with the
-    ServiceAccount controller once kube-controller-manager runs; here a 409 on it is fine.)"""
-    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:30].strip("-")
-    name = f"io{next(_serial)}-{base}"
-    cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    try:
-        cp.create(f"api/v1/namespaces/{name}/serviceaccounts",
-                  {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
-    except ApiCallError as exc:
-        if exc.status != 409:
-            raise
-    yield name
-    cp.delete(f"api/v1/namespaces/{name}")
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------
@@ -189,10 +172,10 @@ def reconciled(cp: ControlPlane, ns: str, name: str = "llama") -> dict[str, Any]
 
 
 # ---- (1) children with owner references, status, through the admission chain ---------------------------------------
-def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator: Product, ins: str) -> None:
-    ep = reconciled(cp, ins)
+def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator: Product, ns: str) -> None:
+    ep = reconciled(cp, ns)
     uid = ep["metadata"]["uid"]
-    got = children(cp, ins)
+    got = children(cp, ns)
     for kind, objs in got.items():
         for obj in objs:
             ref = controller_ref(obj)
@@ -212,7 +195,7 @@ def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator
     assert want.items() <= gprs["llama-primary"]["spec"].items(), gprs["llama-primary"]["spec"]
     assert gprs["llama-burst"]["spec"]["priority"] == 50 and gprs["llama-burst"]["spec"]["preemptible"] is True
     gpr_status = wait_for("the GPR controller's status on the primary GPR", lambda: (
-        (cp.get(f"{CHILDREN['GPUProvisioningRequest'].format(ns=ins)}/llama-primary") or {}).get("status")))
+        (cp.get(f"{CHILDREN['GPUProvisioningRequest'].format(ns=ns)}/llama-primary") or {}).get("status")))
     assert (gpr_status["phase"], gpr_status.get("reason")) == ("Queued", "Unschedulable"), gpr_status
 
     # the status the operator writes (status subresource) from what the real controllers report
@@ -227,7 +210,7 @@ def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator
     # the real Deployment controller made pods from the operator's template, and the shipped pod webhook gated
     # them on the pool's GPR (the Deployments' pods wait in the GPR queue like any other workload)
     def two_pods() -> list[dict[str, Any]] | None:
-        ps = items(cp, GRANDCHILDREN["Pod"].format(ns=ins), "accelstack.io/inference-endpoint=llama")
+        ps = items(cp, GRANDCHILDREN["Pod"].format(ns=ns), "accelstack.io/inference-endpoint=llama")
         return ps if len(ps) == 2 else None
 
     pods = wait_for("a pod per pool", two_pods)
@@ -241,22 +224,22 @@ def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator
 
     # the operator recorded events on the endpoint (events: create)
     events = wait_for("the operator's events on the endpoint", lambda: [
-        e for e in items(cp, f"api/v1/namespaces/{ins}/events")
+        e for e in items(cp, f"api/v1/namespaces/{ns}/events")
         if e["involvedObject"].get("uid") == uid and e.get("reportingComponent") == OPERATOR])
     assert {"GPRQueued", "PrimarySaturated"} <= {e["reason"] for e in events}, events
-    assert_nothing_refused(operator, ins)
+    assert_nothing_refused(operator, ns)
 
 
 # ---- (2) the real garbage collector removes the children --------------------------------------------------------
 @pytest.mark.parametrize("propagation", ["Background", "Foreground"])
 def test_deleting_the_endpoint_has_the_garbage_collector_remove_every_child(
-        cp: ControlPlane, operator: Product, ins: str, propagation: str) -> None:
-    ep = reconciled(cp, ins)
+        cp: ControlPlane, operator: Product, ns: str, propagation: str) -> None:
+    ep = reconciled(cp, ns)
     wait_for("the Deployment controller's ReplicaSets and pods", lambda: all(
-        len(items(cp, path.format(ns=ins), "accelstack.io/inference-endpoint=llama")) == 2
+        len(items(cp, path.format(ns=ns), "accelstack.io/inference-endpoint=llama")) == 2
         for path in GRANDCHILDREN.values()))
     created_before = sum(1 for r in log_lines(operator) if r.get("msg") == "created")
-    path = f"{IES.format(ns=ins)}/llama"
+    path = f"{IES.format(ns=ns)}/llama"
     cp.api("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation,
                             "preconditions": {"uid": ep["metadata"]["uid"]}})
     if propagation == "Foreground":
@@ -267,23 +250,23 @@ def test_deleting_the_endpoint_has_the_garbage_collector_remove_every_child(
             assert marked["metadata"].get("deletionTimestamp")
 
     def all_gone() -> bool:
-        left = {k: names(v) for k, v in children(cp, ins).items() if v}
-        left |= {k: names(v) for k, p in GRANDCHILDREN.items() if (v := items(cp, p.format(ns=ins)))}
+        left = {k: names(v) for k, v in children(cp, ns).items() if v}
+        left |= {k: names(v) for k, p in GRANDCHILDREN.items() if (v := items(cp, p.format(ns=ns)))}
         return not left and cp.get(path) is None
 
     wait_for("the garbage collector to remove the endpoint's children (and theirs)", all_gone, timeout=120)
     # the operator did not fight the collector: nothing came back, nothing was created for a deleted endpoint
-    assert not any(v for v in children(cp, ins).values())
+    assert not any(v for v in children(cp, ns).values())
     created_after = sum(1 for r in log_lines(operator) if r.get("msg") == "created")
     assert created_after == created_before, [r for r in log_lines(operator) if r.get("msg") == "created"][-5:]
-    assert_nothing_refused(operator, ins)
+    assert_nothing_refused(operator, ns)
 
 
 # ---- (3) the HPA is accepted and read by the real HPA controller; the two do not fight ------------------------------
 def test_the_real_hpa_controller_reads_the_operators_hpa_and_neither_undoes_the_other(
-        cp: ControlPlane, operator: Product, ins: str) -> None:
-    reconciled(cp, ins)
-    hpa_path = f"{CHILDREN['HorizontalPodAutoscaler'].format(ns=ins)}/llama"
+        cp: ControlPlane, operator: Product, ns: str) -> None:
+    reconciled(cp, ns)
+    hpa_path = f"{CHILDREN['HorizontalPodAutoscaler'].format(ns=ns)}/llama"
     hpa = cp.get(hpa_path)
     assert hpa is not None
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama-primary"}
@@ -302,17 +285,17 @@ def test_the_real_hpa_controller_reads_the_operators_hpa_and_neither_undoes_the_
     assert active["reason"] == "FailedGetPodsMetric" and "accelstack_gateway_replica_inflight" in active["message"] \
         and "custom.metrics.k8s.io" in active["message"], seen["status"]
     assert seen["status"].get("currentReplicas") == 1
-    hpa_events = [e for e in items(cp, f"api/v1/namespaces/{ins}/events")
+    hpa_events = [e for e in items(cp, f"api/v1/namespaces/{ns}/events")
                   if e["involvedObject"].get("kind") == "HorizontalPodAutoscaler"]
     assert any(e.get("source", {}).get("component") == "horizontal-pod-autoscaler" or
                e.get("reportingComponent") == "horizontal-pod-autoscaler" for e in hpa_events), hpa_events
 
     # a scale as the autoscaler makes it (the Deployment's scale subresource) is kept by the operator: its next
     # pass reports it as desired and leaves the count alone
-    scale = f"apis/apps/v1/namespaces/{ins}/deployments/llama-primary/scale"
+    scale = f"apis/apps/v1/namespaces/{ns}/deployments/llama-primary/scale"
     cp.patch(scale, {"spec": {"replicas": 3}})
     ep = wait_for("the operator to report the autoscaler's count", lambda: (e := cp.get(
-        f"{IES.format(ns=ins)}/llama")) and (e.get("status") or {}).get("pools", {}).get("primary", {})
+        f"{IES.format(ns=ns)}/llama")) and (e.get("status") or {}).get("pools", {}).get("primary", {})
         .get("desiredReplicas") == 3 and e)
     assert ep["status"]["pools"]["primary"]["desiredReplicas"] == 3
 
@@ -325,45 +308,45 @@ def test_the_real_hpa_controller_reads_the_operators_hpa_and_neither_undoes_the_
     after = cp.get(hpa_path)
     assert after is not None and after["spec"] == before["spec"]
     assert mine(after) == mine(before) and len(mine(after)) == 1, after["metadata"]["managedFields"]
-    dep = cp.get(f"{CHILDREN['Deployment'].format(ns=ins)}/llama-primary")
+    dep = cp.get(f"{CHILDREN['Deployment'].format(ns=ns)}/llama-primary")
     assert dep is not None and dep["spec"]["replicas"] == 3
     # the burst pool follows the primary's new count (that update is the operator's job); nothing else changed
     updates = [(r.get("kind"), r.get("object")) for r in log_lines(operator)
-               if r.get("msg") == "updated" and r.get("endpoint") == f"{ins}/llama"]
+               if r.get("msg") == "updated" and r.get("endpoint") == f"{ns}/llama"]
     assert set(updates) <= {("Deployment", "llama-burst")}, updates
-    assert_nothing_refused(operator, ins)
+    assert_nothing_refused(operator, ns)
 
 
 # ---- (4) the shipped RBAC: enough for every write, and no more -------------------------------------------------
 def test_the_shipped_rbac_allows_the_operators_writes_and_refuses_the_rest(
-        cp: ControlPlane, operator: Product, ins: str) -> None:
-    reconciled(cp, ins)
-    assert_nothing_refused(operator, ins)
+        cp: ControlPlane, operator: Product, ns: str) -> None:
+    reconciled(cp, ns)
+    assert_nothing_refused(operator, ns)
     lease = cp.get(f"apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NS}/leases/{OPERATOR}")
     assert lease is not None and lease["spec"]["holderIdentity"] == f"{OPERATOR}-0"
 
     kc = cp.sa_kubeconfig(SYSTEM_NS, OPERATOR)
-    allowed = [("create", "deployments.apps", ins, ""), ("update", "horizontalpodautoscalers.autoscaling", ins, ""),
-               ("delete", "gpuprovisioningrequests.accelstack.io", ins, ""), ("delete", "pods", ins, ""),
-               ("update", "inferenceendpoints.accelstack.io", ins, "status"), ("create", "events", ins, ""),
+    allowed = [("create", "deployments.apps", ns, ""), ("update", "horizontalpodautoscalers.autoscaling", ns, ""),
+               ("delete", "gpuprovisioningrequests.accelstack.io", ns, ""), ("delete", "pods", ns, ""),
+               ("update", "inferenceendpoints.accelstack.io", ns, "status"), ("create", "events", ns, ""),
                ("watch", "nodes", None, "")]
     for verb, resource, namespace, sub in allowed:
         assert cp.can_i(kc, verb, resource, namespace=namespace, subresource=sub), (verb, resource, sub)
-    refused = [("get", "secrets", ins, ""), ("list", "secrets", None, ""), ("get", "secrets", SYSTEM_NS, ""),
-               ("delete", "nodes", None, ""), ("update", "nodes", None, ""), ("create", "pods", ins, ""),
-               ("patch", "deployments.apps", ins, ""), ("deletecollection", "deployments.apps", ins, ""),
-               ("update", "inferenceendpoints.accelstack.io", ins, ""),
-               ("delete", "inferenceendpoints.accelstack.io", ins, ""),
-               ("create", "inferenceendpoints.accelstack.io", ins, ""), ("update", "gprtemplates.accelstack.io", ins, ""),
-               ("create", "rolebindings.rbac.authorization.k8s.io", ins, ""), ("create", "serviceaccounts", ins, "token"),
-               ("update", "configmaps", SYSTEM_NS, ""), ("create", "pods", ins, "exec"), ("create", "pods", ins, "eviction"),
-               ("update", "workspaces.accelstack.io", None, ""), ("impersonate", "serviceaccounts", ins, "")]
+    refused = [("get", "secrets", ns, ""), ("list", "secrets", None, ""), ("get", "secrets", SYSTEM_NS, ""),
+               ("delete", "nodes", None, ""), ("update", "nodes", None, ""), ("create", "pods", ns, ""),
+               ("patch", "deployments.apps", ns, ""), ("deletecollection", "deployments.apps", ns, ""),
+               ("update", "inferenceendpoints.accelstack.io", ns, ""),
+               ("delete", "inferenceendpoints.accelstack.io", ns, ""),
+               ("create", "inferenceendpoints.accelstack.io", ns, ""), ("update", "gprtemplates.accelstack.io", ns, ""),
+               ("create", "rolebindings.rbac.authorization.k8s.io", ns, ""), ("create", "serviceaccounts", ns, "token"),
+               ("update", "configmaps", SYSTEM_NS, ""), ("create", "pods", ns, "exec"), ("create", "pods", ns, "eviction"),
+               ("update", "workspaces.accelstack.io", None, ""), ("impersonate", "serviceaccounts", ns, "")]
     for verb, resource, namespace, sub in refused:
         assert not cp.can_i(kc, verb, resource, namespace=namespace, subresource=sub), (verb, resource, namespace, sub)
     # the Lease: only its own by name
     assert cp.can_i(kc, "update", f"leases.coordination.k8s.io/{OPERATOR}", namespace=SYSTEM_NS)
     assert not cp.can_i(kc, "update", "leases.coordination.k8s.io/accelstack-extender", namespace=SYSTEM_NS)
-    assert not cp.can_i(kc, "create", "leases.coordination.k8s.io", namespace=ins)
+    assert not cp.can_i(kc, "create", "leases.coordination.k8s.io", namespace=ns)
 
     # and the server refuses such a call made with the operator's real token, not only can-i
     res = subprocess.run([cp.binary("kubectl"), "--kubeconfig", str(kc), "get", "secrets", "-n", SYSTEM_NS],
@@ -399,14 +382,14 @@ def apiserver_with(cp: ControlPlane, plugins: str) -> Iterator[str]:
 
 
 def test_the_operators_children_are_allowed_where_owner_references_are_enforced(
-        cp: ControlPlane, operator: Product, ins: str) -> None:
+        cp: ControlPlane, operator: Product, ns: str) -> None:
     """OwnerReferencesPermissionEnforcement (an upstream admission plugin; OpenShift turns it on) lets a client set
     ``blockOwnerDeletion`` on a reference only when it may update the owner's ``finalizers``. The operator sets it
     on every child (so a foreground deletion of the endpoint waits for them): its shipped ClusterRole must carry
     ``inferenceendpoints/finalizers: update`` or every create is refused on such a cluster."""
-    ep = reconciled(cp, ins)
+    ep = reconciled(cp, ns)
     kc = cp.sa_kubeconfig(SYSTEM_NS, OPERATOR)
-    assert cp.can_i(kc, "update", "inferenceendpoints.accelstack.io", namespace=ins, subresource="finalizers")
+    assert cp.can_i(kc, "update", "inferenceendpoints.accelstack.io", namespace=ns, subresource="finalizers")
     # exactly what the operator creates, under other names, sent with its token to a server enforcing the plugin
     autoscaler = o.hpa(ep)
     assert autoscaler is not None
@@ -426,10 +409,10 @@ def test_the_operators_children_are_allowed_where_owner_references_are_enforced(
             assert res.returncode == 0, (obj["kind"], res.stderr)
         # and the plugin is on: a user who may create Services but not update the endpoint's finalizers is refused
         cp.apply([{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                   "metadata": {"name": "services-only", "namespace": ins},
+                   "metadata": {"name": "services-only", "namespace": ns},
                    "rules": [{"apiGroups": [""], "resources": ["services"], "verbs": ["create", "delete"]}]},
                   {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                   "metadata": {"name": "services-only", "namespace": ins},
+                   "metadata": {"name": "services-only", "namespace": ns},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "services-only"},
                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "svc-maker"}]}])
         user = json.loads(cp.user_kubeconfig("svc-maker").read_text())
