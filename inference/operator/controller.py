@@ -224,6 +224,8 @@ class Operator:
                 self.endpoints.record_write(endpoint, stored)
             except Conflict:
                 self.enqueue(key)
+            except NotFound:  # deleted while this reconcile ran: the garbage collector removes what it owned
+                return result
         for type_, reason, message in result.events:
             await self._event(endpoint, type_, reason, message)
         return result
