@@ -15,6 +15,8 @@ from inference.names import METRIC_PREFIX as P
 from inference.routing import Replica
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# past the default --queue-timeout (30 s), so a queue timeout shows as its own bucket rather than +Inf
+_QUEUE = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 120, 300)
 _TTFB = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -44,7 +46,10 @@ class GatewayMetrics:
         self.queue_depth = Gauge(P + "queue_depth", "Requests waiting for a replica with room", ["model"],
                                  registry=r)
         self.queue_seconds = Histogram(P + "queue_seconds", "Time requests waited for a replica", ["model"],
-                                       buckets=_TTFB, registry=r)
+                                       buckets=_QUEUE, registry=r)
+        self.queue_stalled = Gauge(P + "queue_stalled", "Queued requests that a replica with room could serve "
+                                   "but nobody woke (a watchdog: always 0 unless the queue's accounting leaked)",
+                                   ["model"], registry=r)
         self.tokens = Counter(P + "tokens_total", "Tokens the runtimes reported in usage, by model and kind "
                               "(prompt, completion); rate() gives tokens/s", ["model", "kind"], registry=r)
         self.replicas = Gauge(P + "replicas", "Replicas known for a model, by pool and state (ready, ejected)",

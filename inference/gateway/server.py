@@ -35,6 +35,7 @@ from inference.routing import (
     EjectionPolicy,
     ModelRoute,
     Replica,
+    has_room,
     pick,
     pick_round_robin,
     record_failure,
@@ -92,15 +93,30 @@ def _sse_error(message: str, code: str) -> bytes:
                                                "code": code}}) + b"\n\n"
 
 
+@dataclass(eq=False)
+class Waiter:
+    """A request waiting in a model's queue. Identity-hashed: the same request may queue again at the front."""
+
+    future: asyncio.Future[None]
+    exclude: tuple[str, ...] = ()  # replicas this request already tried (a retry waits for another one)
+
+
 @dataclass
 class LiveRoute:
-    """A model's routing state: the pure core's ModelRoute plus the queue and what the handlers need."""
+    """A model's routing state: the pure core's ModelRoute plus the queue and what the handlers need.
+
+    The queue's accounting has two containers and nothing else: ``waiters`` (queued, not woken; their futures are
+    never done) and ``woken`` (woken by a free slot, not yet back on the CPU to take it). A waiter is in at most one
+    of them, and every way out of ``_acquire`` (a replica taken, a timeout, a cancellation at any await) takes it
+    out of both; a woken one leaving without its slot passes the wake-up on. There is no counter to leak: the
+    number of pending wake-ups *is* ``len(woken)``.
+    """
 
     core: ModelRoute
     access: Access
     max_queue: int
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
-    wakeups: int = 0  # waiters woken that have not taken their slot yet: arrivals must not overtake them
+    waiters: deque[Waiter] = field(default_factory=deque)
+    woken: set[Waiter] = field(default_factory=set)  # arrivals must not overtake them
     rr: int = 0
     mean_latency: float = 1.0  # EWMA of request seconds, for Retry-After
 
@@ -130,9 +146,8 @@ class Gateway:
             route = self.routes.pop(model)
             for gone in route.core.replicas.values():
                 self._forget_if_idle(model, gone)
-            for waiter in route.waiters:
-                if not waiter.done():
-                    waiter.set_result(None)  # they find no route and fail with model_not_found
+            while route.waiters:
+                route.waiters.popleft().future.set_result(None)  # they find no route and fail with model_not_found
         for model, spec in table.items():
             live = self.routes.get(model)
             if live is None:
@@ -144,11 +159,12 @@ class Gateway:
             for url, gone in before.items():
                 if url not in live.core.replicas:
                     self._forget_if_idle(model, gone)
-            self._wake(live, self._free_slots(live))
+            self._wake(live)
             # series exist from the start, so rate() sees their first increase
             self.metrics.child(self.metrics.queue_seconds, model)
             self.metrics.child(self.metrics.queue_depth, model)
             self.metrics.child(self.metrics.inflight, model)
+            self.metrics.child(self.metrics.queue_stalled, model)
         self.keys = dict(keys)
         self.buckets = {name: b for name, b in self.buckets.items() if any(c.name == name for c in keys.values())}
         self.metrics.config_errors.set(len(problems))
@@ -166,6 +182,12 @@ class Gateway:
                 counts[(replica.pool, "ejected" if replica.ejected(now) else "ready")] += 1
             for (pool, state), n in counts.items():
                 self.metrics.replicas.labels(model, pool, state).set(n)
+            stalled = self.stalled(live)
+            self.metrics.child(self.metrics.queue_stalled, model).set(stalled)
+            if stalled:  # a leak, or an ejection that ran out with nothing released since: wake them now
+                log.warning("queue stalled: requests waited while a replica had room", extra={
+                    "model": model, "stalled": stalled, "waiters": len(live.waiters), "woken": len(live.woken)})
+                self._wake(live)
 
     # ---- the app --------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -287,18 +309,37 @@ class Gateway:
             self.metrics.child(self.metrics.bursting, live.core.model).set(1 if replica.pool == POOL_BURST else 0)
         return replica
 
-    def _free_slots(self, live: LiveRoute) -> int:
-        now = self.clock()
-        return sum(max(0, live.core.max_inflight - r.outstanding) for r in live.core.replicas.values()
-                   if not r.ejected(now))
+    def _wake(self, live: LiveRoute) -> None:
+        """Wake queued requests, in order, while free slots outnumber the requests already woken.
 
-    def _wake(self, live: LiveRoute, count: int) -> None:
-        while count > 0 and live.waiters:
-            waiter = live.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                live.wakeups += 1
-                count -= 1
+        A waiter is woken only when a replica with room is one it may use (a retry skips the replica it tried), so
+        a wake-up is never spent on a request that cannot take the slot.
+        """
+        if not live.waiters:
+            return
+        now = self.clock()
+        limit = live.core.max_inflight
+        room = [r.url for r in live.core.replicas.values() if has_room(r, limit, now)]
+        spare = sum(limit - live.core.replicas[url].outstanding for url in room) - len(live.woken)
+        index = 0
+        while spare > 0 and index < len(live.waiters):
+            waiter = live.waiters[index]
+            if waiter.exclude and all(url in waiter.exclude for url in room):
+                index += 1
+                continue
+            del live.waiters[index]
+            waiter.future.set_result(None)
+            live.woken.add(waiter)
+            spare -= 1
+
+    def stalled(self, live: LiveRoute) -> int:
+        """Queued requests a free slot could serve now that nobody has woken: always 0 unless the queue's
+        accounting leaked (the watchdog metric ``queue_stalled``)."""
+        if not live.waiters or live.woken:
+            return 0
+        now = self.clock()
+        room = [r.url for r in live.core.replicas.values() if has_room(r, live.core.max_inflight, now)]
+        return sum(1 for w in live.waiters if any(url not in w.exclude for url in room))
 
     def _release(self, live: LiveRoute, replica: Replica) -> None:
         replica.outstanding -= 1
@@ -306,7 +347,7 @@ class Gateway:
                            replica_label(replica)).dec()
         current = self.routes.get(live.core.model)
         if current is not None:
-            self._wake(current, 1)
+            self._wake(current)
         if current is None or current.core.replicas.get(replica.url) is not replica:
             self._forget_if_idle(live.core.model, replica)  # it left while busy; now it is done
 
@@ -321,7 +362,7 @@ class Gateway:
         self.metrics.forget_replica(model, replica)
 
     async def _acquire(self, live: LiveRoute, exclude: list[str]) -> Replica:
-        if not live.waiters and not live.wakeups:
+        if not live.waiters and not live.woken:
             replica = self._pick(live, exclude)
             if replica is not None:
                 self.metrics.child(self.metrics.queue_seconds, live.core.model).observe(0.0)  # the mean counts it
@@ -336,41 +377,48 @@ class Gateway:
         model = live.core.model
         start = self.clock()
         deadline = start + self.settings.queue_timeout
-        waiter: asyncio.Future[None] = loop.create_future()
-        live.waiters.append(waiter)
+        waiter = Waiter(loop.create_future(), tuple(exclude))
+        queued = live  # the route whose containers hold the waiter (a model removed and re-added is a new one)
+        queued.waiters.append(waiter)
         depth = self.metrics.child(self.metrics.queue_depth, model)
         depth.inc()
         try:
+            self._wake(queued)  # a slot may be free already: requests woken before us left some over
             while True:
-                remaining = deadline - self.clock()
-                if remaining <= 0:
-                    raise Rejected(429, f"No replica of '{model}' had room within {self.settings.queue_timeout:g} s.",
-                                   "rate_limit_error", "model_overloaded", "queue_timeout",
-                                   retry_after=self._retry_after(live))
-                try:
-                    await asyncio.wait_for(asyncio.shield(waiter), remaining)
-                except TimeoutError:
-                    continue
-                live.wakeups -= 1
+                if not waiter.future.done():
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        raise Rejected(429, f"No replica of '{model}' had room within "
+                                       f"{self.settings.queue_timeout:g} s.", "rate_limit_error",
+                                       "model_overloaded", "queue_timeout", retry_after=self._retry_after(queued))
+                    try:
+                        await asyncio.wait_for(asyncio.shield(waiter.future), remaining)
+                    except TimeoutError:
+                        continue  # woken at the deadline: the loop takes the slot; otherwise it answers 429
+                queued.woken.discard(waiter)
                 current = self.routes.get(model)
                 if current is None:
                     raise Rejected(404, f"The model '{model}' does not exist.", "invalid_request_error",
                                    "model_not_found", "model_not_found")
-                live = current
-                replica = self._pick(live, exclude)
+                replica = self._pick(current, exclude)
                 if replica is not None:
                     return replica
-                waiter = loop.create_future()
-                live.waiters.appendleft(waiter)  # woken but beaten to it: keep its place at the front
+                waiter = Waiter(loop.create_future(), tuple(exclude))
+                queued = current
+                queued.waiters.appendleft(waiter)  # woken but beaten to it: keep its place at the front
+                self._wake(queued)
         finally:
-            if not waiter.done():
-                waiter.cancel()
+            # every way out (a slot taken, 429, 404, a cancellation at any await) leaves the containers consistent
+            if waiter in queued.woken:  # woken, leaving without its slot: the next request gets the wake-up
+                queued.woken.discard(waiter)
+                if self.routes.get(model) is queued:
+                    self._wake(queued)
+            elif not waiter.future.done():
+                waiter.future.cancel()
                 try:
-                    live.waiters.remove(waiter)
+                    queued.waiters.remove(waiter)
                 except ValueError:
                     pass
-            elif waiter in live.waiters:
-                live.waiters.remove(waiter)
             depth.dec()
             self.metrics.child(self.metrics.queue_seconds, model).observe(self.clock() - start)
 
