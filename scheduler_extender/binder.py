@@ -1,9 +1,11 @@
 """Bind: the final, locked decision that gives a pod devices on a node.
 
 Per node, one ledger change at a time in this replica (an asyncio lock, held for the ledger's patch only, not for
-the Binding); across replicas, the node's ledger annotation
-is changed only with the Node's ``resourceVersion`` as a precondition, so a concurrent change by another replica
-makes the API server answer 409 and the bind re-reads and re-decides. The order is: decide (health, GPR
+the Binding), and binds to a node that arrive while its patch is in flight are decided and written together in the
+next one (group commit: kube-scheduler binds several pods at once and best-fit sends a node's pods in a row, so
+one round trip records them all instead of each waiting for the one before); across replicas, the node's ledger
+annotation is changed only with the Node's ``resourceVersion`` as a precondition, so a concurrent change by another
+replica makes the API server answer 409 and the bind re-reads and re-decides. The order is: decide (health, GPR
 reservation, free devices) -> record the pod in the ledger (conditional patch) -> create the Binding -> record
 the allocation on the pod (annotation ``accelstack.io/allocation``). A Binding the API server refuses takes
 the ledger entry back; one that may yet land (no answer, a 5xx) keeps it while the pod is unbound. When the
@@ -15,10 +17,12 @@ scheduler retries.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -30,6 +34,15 @@ from scheduler_extender.kube import ApiError, Conflict, Kube, NotFound, Transpor
 from scheduler_extender.verbs import PodAsk, node_verdict, resolve
 
 log = logging.getLogger("accelstack.extender.bind")
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A bind waiting for its node's next ledger patch. ``done`` gets '' when the pod is recorded, a final answer
+    (why not) as a string, or the node's (reason, whether eviction could help) verdict."""
+    pod: PodView
+    ask: PodAsk
+    done: asyncio.Future[str | tuple[str, bool]]
 
 
 class Binder:
@@ -44,6 +57,10 @@ class Binder:
         self.evictions = 0
         self.evict_every = 10.0
         self._evicting: dict[str, float] = {}  # victim pod UID -> when its eviction was requested
+        self._waiting: dict[str, list[_Waiting]] = {}  # node -> binds for its next patch (a writer is running)
+        self._writers: set[asyncio.Task[None]] = set()
+        self.patches = 0  # ledger patches written by binds
+        self.recorded = 0  # pods those patches recorded (recorded / patches: the group commit's batch size)
 
     async def _pod(self, namespace: str, name: str, uid: str) -> tuple[PodView | None, dict[str, Any] | None]:
         cached = self.view.pods.get(uid)
@@ -81,8 +98,7 @@ class Binder:
         # allocation record as an annotation the API server copies onto the pod. The Binding is made outside the
         # lock: the devices are the pod's once the ledger holds them, so the next bind to this node decides on
         # that ledger without waiting for this pod's Binding (best-fit sends a node's pods in a row)
-        async with self.locks[node]:
-            error = await self._record(pod, node)
+        error = await self._record(pod, node)  # the node's ledger writer takes its lock
         if error:
             return error
         error, may_land = await self._create_binding(namespace, name, uid, node,
@@ -101,28 +117,107 @@ class Binder:
                 await self._fresh_node(node)
             except NotFound:
                 return f"node {node} not found"
-        refusal: list[tuple[str, bool]] = []
+        waiting = _Waiting(pod, ask, asyncio.get_running_loop().create_future())
+        queue = self._waiting.get(node)
+        if queue is not None:
+            queue.append(waiting)  # the running writer takes it with the next patch
+        else:
+            self._waiting[node] = [waiting]
+            # the writer is a task of its own: a bind whose caller goes away must not strand the others' answers
+            task = asyncio.create_task(self._write_ledger(node), name=f"ledger-{node}")
+            self._writers.add(task)
+            task.add_done_callback(self._writers.discard)
+        outcome = await waiting.done  # a caller that goes away cancels it: the writer then leaves the pod out
+        if isinstance(outcome, str):
+            return outcome
+        reason, resolvable = outcome
+        if resolvable and ask.gpr is not None and ask.gpr.enable_eviction:
+            return await self._evict_for(pod, ask, node, reason)
+        return f"cannot bind {pod.key} to {node}: {reason}"
 
-        def change(view: NodeView) -> dict[str, ledger.Entry] | None:
-            refusal.clear()
-            if pod.uid in view.ledger:
-                return None  # a retried bind: the devices are already recorded for this pod
-            reason, resolvable = node_verdict(self.view, ask, node)
-            if reason:
-                refusal.append((reason, resolvable))
-                return None
-            return {**view.ledger, pod.uid: ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, self.clock())}
+    async def _write_ledger(self, node: str) -> None:
+        """Drain the node's waiting binds, one conditional patch per batch, until none wait."""
+        try:
+            async with self.locks[node]:
+                while batch := self._waiting.get(node):
+                    self._waiting[node] = []
+                    try:
+                        await self._commit(node, batch)
+                    except BaseException as exc:
+                        for waiting in batch:
+                            if not waiting.done.done():
+                                if isinstance(exc, Exception):
+                                    waiting.done.set_exception(exc)
+                                else:
+                                    waiting.done.cancel()
+                        if not isinstance(exc, Exception):
+                            raise
+        finally:
+            for waiting in self._waiting.pop(node, []):  # only when cancelled (shutdown): nobody waits for ever
+                waiting.done.cancel()
 
-        if await self._rewrite(node, change) or (node in self.view.nodes and pod.uid in self.view.nodes[node].ledger):
-            return ""
-        if node not in self.view.nodes:
-            return f"node {node} not found"
-        if refusal:
-            reason, resolvable = refusal[0]
-            if resolvable and ask.gpr is not None and ask.gpr.enable_eviction:
-                return await self._evict_for(pod, ask, node, reason)
-            return f"cannot bind {pod.key} to {node}: {reason}"
-        return f"cannot bind {pod.key} to {node}: node {node} kept changing ({self.max_attempts} conflicts); retry"
+    async def _commit(self, node: str, batch: list[_Waiting]) -> None:
+        """Decide every bind of ``batch`` on the node's ledger, each seeing the ones before it, and write the
+        ledger once with all that fit; on a conflict re-read the node and decide them all again."""
+        def answer(waiting: _Waiting, outcome: str | tuple[str, bool]) -> None:
+            if not waiting.done.done():
+                waiting.done.set_result(outcome)
+
+        for _ in range(self.max_attempts):
+            batch = [waiting for waiting in batch if not waiting.done.done()]  # callers gone: nothing to record
+            if not batch:
+                return
+            view = self.view.nodes.get(node)
+            if view is None:
+                for waiting in batch:
+                    answer(waiting, f"node {node} not found")
+                return
+            entries = dict(view.ledger)
+            judged, added = view, 0
+            outcomes: list[str | tuple[str, bool]] = []
+            for waiting in batch:
+                pod = waiting.pod
+                if pod.uid in entries:  # a retried bind: the devices are already recorded for this pod
+                    outcomes.append("")
+                    continue
+                reason, resolvable = node_verdict(self.view, waiting.ask, node, judged)
+                if reason:
+                    outcomes.append((reason, resolvable))
+                    continue
+                entries[pod.uid] = ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, self.clock())
+                judged = dataclasses.replace(view, ledger=dict(entries), used={}, used_by={})
+                outcomes.append("")
+                added += 1
+            if not added:
+                for waiting, outcome in zip(batch, outcomes, strict=True):
+                    answer(waiting, outcome)
+                return
+            body = {"metadata": {"resourceVersion": view.resource_version,
+                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
+            try:
+                updated = await self.kube.patch_node(node, body)
+            except Conflict:
+                self.conflicts += 1
+                try:
+                    await self._fresh_node(node)
+                except NotFound:
+                    for waiting in batch:
+                        answer(waiting, f"node {node} not found")
+                    return
+                continue
+            except NotFound:
+                for waiting in batch:
+                    answer(waiting, f"node {node} not found")
+                return
+            self.patches += 1
+            self.recorded += added
+            self.view.update_node(node_view(updated, self.view.resources))
+            for waiting, outcome in zip(batch, outcomes, strict=True):
+                answer(waiting, outcome)
+            return
+        for waiting in batch:
+            answer(waiting, f"cannot bind {waiting.pod.key} to {node}: node {node} kept changing "
+                            f"({self.max_attempts} conflicts); retry")
 
     async def _create_binding(self, namespace: str, name: str, uid: str, node: str,
                               annotations: dict[str, str] | None = None) -> tuple[str, bool]:

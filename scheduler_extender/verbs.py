@@ -127,9 +127,10 @@ def _filter_plain(view: ClusterView, ask: PodAsk, names: list[str], out: FilterO
             unresolvable[name] = reason
 
 
-def node_verdict(view: ClusterView, ask: PodAsk, name: str) -> tuple[str, bool]:
-    """('' , _) when the node can take the pod now; else (reason, whether preemption could help)."""
-    node = view.nodes.get(name)
+def node_verdict(view: ClusterView, ask: PodAsk, name: str, node: NodeView | None = None) -> tuple[str, bool]:
+    """('' , _) when the node can take the pod now; else (reason, whether preemption could help). ``node`` judges
+    against that state of the node instead of the view's (the binder's ledger with the batch's earlier pods)."""
+    node = node if node is not None else view.nodes.get(name)
     if node is None:
         return "node unknown to the accelstack extender", False
     if node.ledger_error:
