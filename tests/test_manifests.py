@@ -68,3 +68,19 @@ def test_configmap_configs_load_with_the_plugin(tmp_path: Path) -> None:
         load(["--config-file", str(tmp_path / "nr1.yaml")], environ={})
     config, _ = load(["--config-file", str(tmp_path / "nr1.yaml"), "--nr1-vendor-ids", "0x1e2d"], environ={})
     assert config["nr1.enabled"] and not config["nvidia.enabled"]
+
+
+def test_every_service_account_has_a_row_in_the_security_table() -> None:
+    """docs/security.md's table of what each account can and cannot do (checked against the real API server by
+    tests/realcluster/test_rbac_table.py) names every ServiceAccount the manifests ship, and nothing else."""
+    from tests.realcluster.test_rbac_table import doc_table
+
+    shipped = {f"{obj['metadata'].get('namespace') or _namespace_of(where)}/{obj['metadata']['name']}"
+               for where, _, obj in objects() if obj.get("kind") == "ServiceAccount" and "examples" not in where}
+    assert set(doc_table()) == shipped
+
+
+def _namespace_of(where: str) -> str:
+    """The namespace a kustomization gives the objects of a manifests folder (ServiceAccounts carry none)."""
+    kustomization = yaml.safe_load((ROOT / Path(where).parent / "kustomization.yaml").read_text())
+    return str(kustomization.get("namespace") or "")
