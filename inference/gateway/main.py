@@ -133,6 +133,31 @@ async def serve(opts: dict[str, Any]) -> None:
         log.info("stopped")
 
 
+def return_big_buffers_to_the_os() -> bool:
+    """Fix glibc's mmap threshold at 64 KiB, so every request body (and every chunk of one) of that size or more is
+    its own mapping that free() hands back to the kernel.
+
+    glibc raises the threshold to the size of the largest mapping freed so far (up to 32 MiB): after a few 8 MiB
+    bodies, later ones came from the heap, fragmented it, and the gateway kept tens of MiB per burst of large
+    bodies for good (measured: +86 MiB after 32 chunked 9 MiB bodies; +32 MiB with the threshold at 256 KiB, where
+    the socket's chunks still came from the heap; +4 MiB at 64 KiB). A fixed value turns the adjustment off.
+    False where the C library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 64 * 1024))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = parse(argv)
@@ -140,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accelstack-gateway: {exc}", file=sys.stderr)
         return 2
     setup_logging(opts["log_level"], opts["log_format"])
+    return_big_buffers_to_the_os()
     try:
         run_loop(serve(opts))
     except OSError as exc:

@@ -33,7 +33,7 @@ class GatewayMetrics:
                                 ["model", "replica", "code"], registry=r)
         self.errors = Counter(P + "errors_total", "Requests that failed, by model and reason "
                               "(unauthorized, forbidden, model_not_found, rate_limited, queue_full, queue_timeout, "
-                              "upstream_error, upstream_timeout, stream_interrupted, client_disconnected, bad_request)",
+                              "upstream_error, upstream_timeout, stream_interrupted, client_disconnected, bad_request, body_too_large)",
                               ["model", "reason"], registry=r)
         self.retries = Counter(P + "retries_total", "Requests retried on another replica", ["model"], registry=r)
         self.latency = Histogram(P + "request_seconds", "Time from the request to the last byte of the answer",

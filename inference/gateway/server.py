@@ -433,9 +433,9 @@ class Gateway:
         self.inflight += 1
         try:
             try:
-                body = await request.read()
+                caller = await self._caller(request)  # before the body: a caller without a key costs no memory
+                body = await self._read_body(request)
                 model, stream = self._parse(body)
-                caller = await self._caller(request)
                 live = self._route(model, caller)
             except Rejected as exc:
                 # a label only for models that exist: names sent by anyone must not grow the series without bound
@@ -449,6 +449,33 @@ class Gateway:
                 inflight.dec()
         finally:
             self.inflight -= 1
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The body, refused with 413 as soon as it is known to exceed ``max_body``: by its Content-Length before
+        a byte is read, or (chunked) while it streams in. Never more than ``max_body`` is held per request."""
+        limit = self.settings.max_body
+        if request.content_length is not None and request.content_length > limit:
+            raise self._too_large()
+        # one growing buffer, not a list of the socket's chunks: each chunk is freed as soon as it is copied, so
+        # a burst of big bodies leaves no heap of small blocks behind (the buffer itself is one mapping; see
+        # main.return_big_buffers_to_the_os)
+        first = await request.content.readany()
+        if len(first) > limit:
+            raise self._too_large()
+        chunk = await request.content.readany() if first else b""
+        if not chunk:
+            return first  # the usual small body, in one piece: no copy
+        body = bytearray(first)
+        while chunk:
+            if len(body) + len(chunk) > limit:
+                raise self._too_large()
+            body += chunk
+            chunk = await request.content.readany()
+        return bytes(body)
+
+    def _too_large(self) -> Rejected:
+        return Rejected(413, f"The request body is larger than {self.settings.max_body} bytes.",
+                        "invalid_request_error", "request_too_large", "body_too_large")
 
     @staticmethod
     def _parse(body: bytes) -> tuple[str, bool]:
