@@ -242,14 +242,18 @@ class Bench:
             ext = dict(shipped)
             if arm.extender == "accelstack":
                 assert self.stack is not None
-                ext["urlPrefix"] = f"{self.stack.url}/scheduler"
+                ext["urlPrefix"] = f"{self.stack.verbs_url}/scheduler"  # the verbs' own mTLS listener, as shipped
             else:
                 ext["urlPrefix"] = f"https://127.0.0.1:{self.noop_port}/scheduler"
                 for verb in ("prioritizeVerb", "preemptVerb", "bindVerb"):
                     ext.pop(verb, None)
                 if arm.extender == "noop+bind":
                     ext["bindVerb"] = "bind"
+            # the shipped client certificate (every arm presents one, so the TLS cost is the same as shipped)
+            client_cert, client_key = self.cp.pki.issue("bench-scheduler-client", "/CN=accelstack-scheduler",
+                                                        client=True)
             ext["tlsConfig"] = {**shipped.get("tlsConfig", {}), "caFile": str(self.cp.pki.ca_crt),
+                                "certFile": str(client_cert), "keyFile": str(client_key),
                                 "serverName": "127.0.0.1" if arm.extender != "accelstack" else
                                 shipped["tlsConfig"]["serverName"]}
             cfg["extenders"] = [ext]

@@ -4,7 +4,11 @@ the exact upstream JSON, in both ``nodeCacheCapable`` modes, plus ``/healthz``, 
 Malformed JSON (JSON nested too deeply included) or wrong types answer HTTP 400 with the ``Error`` field set;
 a body over the size limit answers 413, a body that does not arrive within the body-read timeout 408 (and the
 connection is closed); a refused body is logged as one line (``request refused``) and counted in
-``accelstack_extender_bad_requests_total``. Pods that request no managed resource pass straight through.
+``accelstack_extender_bad_requests_total``. Pods that request no managed resource pass straight through filter
+and prioritize, but bind refuses them unless they belong to a GPR: the profile routes only pods that request a
+managed resource to the extender, so any other bind request is not the scheduler's (nor accelstack's to
+decide). Names in a bind longer than Kubernetes allows are refused as malformed, and every field a verb logs is
+cut to :data:`LOG_FIELD_MAX` characters (a 3 MB node name is not a 3 MB log line).
 
 The view follows the API server through separate watches, so a pod can reach filter before the status that
 admitted its GPR reaches the view (the controller writes the status, then lifts the gate; the scheduler sees the
@@ -29,8 +33,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 from scheduler_extender import wire
 from scheduler_extender.binder import Binder
-from scheduler_extender.cluster import ClusterView
+from scheduler_extender.cluster import GPR_LABEL, ClusterView, pod_view
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
+from scheduler_extender.kube import ApiError
 from scheduler_extender.verbs import PodAsk, ask_of, filter_nodes, preempt, prioritize
 
 log = logging.getLogger("accelstack.extender")
@@ -39,6 +44,15 @@ VERBS = ("filter", "prioritize", "preempt", "bind")
 CATCH_UP_EVERY = 1.0  # seconds between catch-up reads of one GPR
 CATCH_UP_TIMEOUT = 0.5  # the most a filter waits for one
 FetchGPR = Callable[[str, str], Awaitable[dict[str, Any]]]
+LOG_FIELD_MAX = 256  # characters of one logged field
+# the longest each ExtenderBindingArgs field can be in Kubernetes (namespace: a DNS label; names: DNS subdomains)
+NAME_MAX = {"PodName": 253, "PodNamespace": 63, "PodUID": 128, "Node": 253}
+
+
+def cap(value: Any, limit: int = LOG_FIELD_MAX) -> str:
+    """``value`` as text, cut to ``limit`` characters (with how long it was) for a log line."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
 
 
 class ExtenderMetrics:
@@ -114,7 +128,7 @@ class Extender:
                 response = await handler(body)
             except BodyError as exc:  # the body never arrived whole: one line, no traceback
                 self.metrics.bad_requests.labels(verb).inc()
-                log.warning("request refused", extra={"verb": verb, "status": exc.status, "error": exc.message,
+                log.warning("request refused", extra={"verb": verb, "status": exc.status, "error": cap(exc.message),
                                                       "remote": request.remote or ""})
                 return await closing(request, _error(exc.status, f"{verb}: {exc.message}"))
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
@@ -164,13 +178,13 @@ class Extender:
                 obj = await self.fetch_gpr(namespace, name)
         except Exception as exc:
             self.metrics.catch_up.labels("failed").inc()
-            log.debug("catch-up read failed", extra={"gpr": ask.gpr_key, "error": str(exc)[:200]})
+            log.debug("catch-up read failed", extra={"gpr": cap(ask.gpr_key), "error": str(exc)[:200]})
             return ask
         if not self.view.take_fresher_gpr(obj):
             self.metrics.catch_up.labels("same").inc()
             return ask
         self.metrics.catch_up.labels("newer").inc()
-        log.info("GPR read afresh ahead of its watch", extra={"gpr": ask.gpr_key,
+        log.info("GPR read afresh ahead of its watch", extra={"gpr": cap(ask.gpr_key),
                                                               "resourceVersion": (obj.get("metadata") or {}).get(
                                                                   "resourceVersion", "")})
         return ask_of(self.view, pod, self.require_gpr)
@@ -210,17 +224,41 @@ class Extender:
 
     async def bind(self, body: bytes) -> web.Response:
         args = wire.binding_args.decode(body)
-        for field in ("PodName", "PodNamespace", "PodUID", "Node"):
+        for field, longest in NAME_MAX.items():
             if not getattr(args, field):
                 raise ValueError(f"{field} is empty")
+            if len(getattr(args, field)) > longest:
+                raise ValueError(f"{field} is {len(getattr(args, field))} characters, over the {longest} Kubernetes "
+                                 "allows")
         evictions_before = self.binder.evictions
-        error = await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        error = await self._not_ours(args) or await self.binder.bind(args.PodNamespace, args.PodName, args.PodUID,
+                                                                     args.Node)
         self.metrics.evictions.inc(self.binder.evictions - evictions_before)
         self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
         if error:
-            log.info("bind refused", extra={"pod": f"{args.PodNamespace}/{args.PodName}", "node": args.Node,
-                                            "error": error})
+            log.info("bind refused", extra={"pod": cap(f"{args.PodNamespace}/{args.PodName}"), "node": cap(args.Node),
+                                            "error": cap(error)})
         return web.Response(body=wire.encoder.encode(wire.ExtenderBindingResult(Error=error)), content_type=JSON)
+
+    async def _not_ours(self, args: wire.ExtenderBindingArgs) -> str:
+        """Why accelstack will not bind this pod ('' when it will): a pod that requests no managed resource and
+        belongs to no GPR is one the shipped profile never sends here (``managedResources``), so the request did
+        not come from the scheduler's decision for an accelstack pod. The view holds every pod that requests a
+        managed resource; any other is read afresh (the view may lag behind a pod created a moment ago)."""
+        if args.PodUID in self.view.pods:
+            return ""
+        key = f"{args.PodNamespace}/{args.PodName}"
+        try:
+            obj = await self.binder.pod_now(args.PodNamespace, args.PodName, args.PodUID)
+        except ApiError as exc:
+            return f"cannot bind {key} now: the API server failed a call ({cap(exc.reason, 100)}); retry"
+        if obj is None:
+            return ""  # gone, or its name is another pod's now: the binder says which
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if labels.get(GPR_LABEL) or pod_view(obj, self.view.resources) is not None:
+            return ""
+        return (f"pod {key} requests no resource accelstack manages ({', '.join(self.view.resources)}) and belongs "
+                "to no GPR: not the accelstack extender's to bind")
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")

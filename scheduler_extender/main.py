@@ -18,6 +18,7 @@ from typing import Any
 
 from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
+from scheduler_extender.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
 
 log = logging.getLogger("accelstack.extender")
@@ -54,11 +55,21 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-cert-file", "", "serve HTTPS with this certificate (PEM); needs --tls-key-file")
     add("tls-key-file", "", "private key for --tls-cert-file (PEM)")
     add("url-prefix", "/scheduler", "path prefix of the extender verbs (the scheduler's urlPrefix path)")
+    add("scheduler-listen", "", "host:port of a listener of their own for the extender verbs, which then only it "
+        "serves; it requires a client certificate signed by --scheduler-client-ca-file (kube-scheduler presents one "
+        "through the extender's tlsConfig). Empty: the verbs are served on --listen to anyone who reaches it")
+    add("scheduler-client-ca-file", "", "CA bundle (PEM) that signs kube-scheduler's client certificate for "
+        "--scheduler-listen")
+    add("scheduler-client-names", "accelstack-scheduler", "common names (comma-separated) a client certificate on "
+        "--scheduler-listen must carry (403 otherwise); empty: any certificate the CA signed")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add("require-gpr", "false", "refuse managed pods without the accelstack.io/gpr label in filter")
     add("max-body-bytes", str(4 * 1024 * 1024), "largest request body accepted (413 above)")
     add("body-timeout", f"{DEFAULT_BODY_TIMEOUT:g}", "seconds a request body may take to arrive; a slower or "
         "truncated body (less than its Content-Length) is answered 408 and the connection closed")
+    add("header-timeout", f"{DEFAULT_HEADER_TIMEOUT:g}", "seconds a connection may take to send a whole request "
+        "head (from accept, or from the first byte of a later request; the TLS handshake too); closed after")
+    add("idle-timeout", f"{DEFAULT_IDLE_TIMEOUT:g}", "seconds a kept-alive connection may wait for its next request")
     add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between controller passes when nothing changes")
@@ -80,8 +91,16 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     host, port = flags.listen()
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         raise UsageError("--tls-cert-file and --tls-key-file: give both or neither")
-    for flag in ("tls-cert-file", "tls-key-file", "kubeconfig"):
+    for flag in ("tls-cert-file", "tls-key-file", "kubeconfig", "scheduler-client-ca-file"):
         flags.existing_file(flag)
+    verbs_host, verbs_port = flags.listen("scheduler-listen") if args.scheduler_listen else ("", 0)
+    if args.scheduler_listen and not (args.tls_cert_file and args.scheduler_client_ca_file):
+        raise UsageError("--scheduler-listen: needs --tls-cert-file and --scheduler-client-ca-file (the verbs' own "
+                         "listener only takes clients with a certificate)")
+    if args.scheduler_client_ca_file and not args.scheduler_listen:
+        raise UsageError("--scheduler-client-ca-file: needs --scheduler-listen")
+    if args.scheduler_listen and (verbs_host, verbs_port) == (host, port):
+        raise UsageError("--scheduler-listen: must differ from --listen")
     resources = resource_names(args.resources)
     flags.one_of("policy", POLICIES)
     log_level, log_format = flags.logging()
@@ -100,6 +119,10 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "api_timeout": flags.number("api-timeout", float, 0.1),
         "waittime_qps": flags.number("waittime-qps", float, 0.1),
         "node_group_label": node_group_label(args.node_group_label),
+        "verbs_host": verbs_host, "verbs_port": verbs_port, "client_ca": args.scheduler_client_ca_file,
+        "client_names": tuple(n.strip() for n in args.scheduler_client_names.split(",") if n.strip()),
+        "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
+                         idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
     }
 
 
@@ -115,7 +138,8 @@ async def serve(opts: dict[str, Any]) -> None:
                             lease_name=opts["lease_name"], identity=opts["identity"], policy=opts["policy"],
                             resync=opts["resync"], lease_seconds=opts["lease_seconds"],
                             waittime_qps=opts["waittime_qps"], body_timeout=opts["body_timeout"],
-                            node_group_label=opts["node_group_label"])
+                            node_group_label=opts["node_group_label"], verbs_apart=bool(opts.get("verbs_host")),
+                            verbs_clients=opts.get("client_names", ()), limits=opts.get("limits", Limits()))
     if opts["webhook"]:
         add_webhook = webhook_routes(kube, opts, server.view)
         if add_webhook is not None:
@@ -125,11 +149,21 @@ async def serve(opts: dict[str, Any]) -> None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(opts["cert"], opts["key"])
+    verbs_context = None
+    if opts.get("verbs_host"):
+        verbs_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=opts["client_ca"])
+        verbs_context.minimum_version = ssl.TLSVersion.TLSv1_2
+        verbs_context.verify_mode = ssl.CERT_REQUIRED  # no certificate from that CA: no TLS session at all
+        verbs_context.load_cert_chain(opts["cert"], opts["key"])
+    else:
+        log.warning("the extender verbs (bind included) are served on --listen without client authentication: "
+                    "anyone who reaches it can call them; set --scheduler-listen and --scheduler-client-ca-file")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start(opts["host"], opts["port"], context)
+    await server.start(opts["host"], opts["port"], context, verbs_host=opts.get("verbs_host") or "127.0.0.1",
+                       verbs_port=opts.get("verbs_port", 0), verbs_ssl=verbs_context)
     try:
         await stop.wait()
     finally:

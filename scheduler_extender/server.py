@@ -1,7 +1,11 @@
 """The extender process and the controller service.
 
 ``ExtenderServer`` is what answers kube-scheduler and the API server on the hot path: informers feeding the
-cluster view, the extender verbs, the binder, the REST API and the admission webhook, on one aiohttp server.
+cluster view, the extender verbs, the binder, the REST API and the admission webhook. With ``verbs_apart`` the
+verbs are served on a listener of their own (``start(verbs_port=..., verbs_ssl=...)``: the shipped layout, where
+that listener requires kube-scheduler's client certificate), and the main listener answers 404 there; without
+it everything shares one listener (tests, a scheduler that reaches the extender over loopback). Every listener
+is :mod:`.http_listener`'s: fixed answers to malformed HTTP, header and idle timeouts.
 
 ``ControllerService`` is the leader-elected GPR controller and the ledger sweep. It runs in its own process
 (``accelstack-controller``, the layout the manifests ship: a second container beside the extender) so that its
@@ -34,8 +38,9 @@ from scheduler_extender.auth import Authorizer
 from scheduler_extender.binder import Binder
 from scheduler_extender.cluster import TERMINAL_POD_PHASES, ClusterView, PodView
 from scheduler_extender.controller import GPRController
-from scheduler_extender.extender import Extender, ExtenderMetrics
+from scheduler_extender.extender import VERBS, Extender, ExtenderMetrics
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
+from scheduler_extender.http_listener import Limits, client_names, serve
 from scheduler_extender.kube import ApiError, Kube
 from scheduler_extender.rest_api import RateLimiter, RestAPI
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
@@ -233,8 +238,10 @@ class ExtenderServer:
                  identity: str = "", policy: str = "bestfit", resync: float = 5.0, lease_seconds: float = 15.0,
                  sweep_every: float = 60.0, rest_auth: bool = True, watch_timeout: tuple[int, int] = (300, 600),
                  waittime_qps: float = 10.0, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-                 node_group_label: str = DEFAULT_GROUP_LABEL, **controller: Any) -> None:
+                 node_group_label: str = DEFAULT_GROUP_LABEL, verbs_apart: bool = False,
+                 verbs_clients: Iterable[str] = (), limits: Limits | None = None, **controller: Any) -> None:
         self.kube = kube
+        self.limits = limits or Limits()
         self.view = ClusterView(resources)
         self.binder = Binder(kube, self.view)
         self.metrics = ExtenderMetrics()
@@ -252,15 +259,26 @@ class ExtenderServer:
                             limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))), body_timeout=body_timeout,
                             node_group_label=node_group_label)
         self.app = web.Application(client_max_size=max_body)
-        self.app.add_routes(self.extender.routes(prefix))
+        verbs = self.extender.routes(prefix)
+        health = verbs[len(VERBS):]  # /healthz, /readyz, /metrics: on both listeners
+        # the verbs: on their own listener (only kube-scheduler's client certificate gets there), or beside the rest
+        self.verbs_app: web.Application | None = None
+        if verbs_apart:
+            self.verbs_app = web.Application(client_max_size=max_body,
+                                             middlewares=[client_names(frozenset(verbs_clients))])
+            self.verbs_app.add_routes(verbs)
+            self.app.add_routes(health)
+        else:
+            self.app.add_routes(verbs)
         self.app.add_routes(self.rest.routes())
         if extra_routes is not None:
             extra_routes(self.app)
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self.port = 0
+        self.verbs_port = 0
 
     @property
     def controller(self) -> GPRController:
@@ -324,7 +342,8 @@ class ExtenderServer:
         return await sweep_ledgers(self.view, self.binder, now, unbound_ttl, unseen_grace)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None,
-                    sync_timeout: float = 30.0) -> None:
+                    sync_timeout: float = 30.0, verbs_host: str = "127.0.0.1", verbs_port: int = 0,
+                    verbs_ssl: ssl.SSLContext | None = None) -> None:
         self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
         try:
             await wait_synced(self.informers, sync_timeout)
@@ -335,13 +354,16 @@ class ExtenderServer:
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag, self.stop_event), name="loop-lag"))
         if self.service is not None:
             self.service.start(self.stop_event)
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
-        await site.start()
-        server = getattr(site, "_server", None)
-        self.port = server.sockets[0].getsockname()[1] if server is not None else port
-        log.info("extender serving", extra={"port": self.port, "tls": ssl_context is not None})
+        runner, self.port = await serve(self.app, host, port, limits=self.limits, ssl_context=ssl_context,
+                                        backlog=1024)
+        self._runners.append(runner)
+        if self.verbs_app is not None:
+            runner, self.verbs_port = await serve(self.verbs_app, verbs_host, verbs_port, limits=self.limits,
+                                                  ssl_context=verbs_ssl, backlog=1024)
+            self._runners.append(runner)
+        log.info("extender serving", extra={
+            "port": self.port, "tls": ssl_context is not None, "verbs_port": self.verbs_port or self.port,
+            "verbs_client_auth": verbs_ssl is not None and verbs_ssl.verify_mode == ssl.CERT_REQUIRED})
 
     async def stop(self) -> None:
         self.stop_event.set()
@@ -352,6 +374,6 @@ class ExtenderServer:
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners = []

@@ -83,7 +83,7 @@ def test_the_extender() -> None:
     cfg = config()
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["accelstack-scheduler"]
     (ext,) = cfg["extenders"]
-    assert ext["urlPrefix"] == "https://accelstack-extender.accelstack-system.svc:8443/scheduler"
+    assert ext["urlPrefix"] == "https://accelstack-extender.accelstack-system.svc:8444/scheduler"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]) == \
         ("filter", "prioritize", "preempt", "bind")
     assert ext["weight"] == 1 and isinstance(ext["weight"], int)

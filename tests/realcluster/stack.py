@@ -5,8 +5,9 @@ shipped Deployment or DaemonSet names, logs to a file beside the control plane's
 :class:`Stack` is what the shipped ``accelstack-extender`` Deployment runs: the extender container (verbs,
 webhooks, REST API; ``--controller=false``) and the controller container (GPR and workspace controllers,
 leader-elected), with the shipped webhook configurations pointed at the extender, and — on demand — kube-scheduler
-with the shipped ``accelstack-scheduler`` profile (only the extender URL and CA changed) under its shipped
-ServiceAccount.
+with the shipped ``accelstack-scheduler`` profile under its shipped ServiceAccount. As shipped, the verbs are on
+a listener of their own that requires a client certificate of the fixture's CA with the common name
+``accelstack-scheduler``, which the profile's ``tlsConfig`` presents (only the file paths and the URL changed).
 """
 
 from __future__ import annotations
@@ -106,10 +107,13 @@ class Stack:
     def __init__(self, cp: ControlPlane, objects: list[dict[str, Any]], extender_args: tuple[str, ...] = ()) -> None:
         self.cp, self.objects, self.extender_args = cp, objects, list(extender_args)
         self.kubeconfig = cp.sa_kubeconfig(SYSTEM_NS, "accelstack-extender")
-        self.port = free_port()
+        self.port, self.verbs_port = free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        self.verbs_url = f"https://127.0.0.1:{self.verbs_port}"
         self.cert, self.key = cp.pki.issue("extender", "/CN=accelstack-extender.accelstack-system.svc",
                                            sans="IP:127.0.0.1,DNS:accelstack-extender.accelstack-system.svc")
+        # kube-scheduler's client certificate for the verbs (cert-manager issues it in the shipped manifests)
+        self.client_cert, self.client_key = cp.pki.issue("scheduler-client", "/CN=accelstack-scheduler", client=True)
         self.extender = self._extender()
         self.controllers: list[Product] = []
         self.scheduler_name = ""
@@ -118,6 +122,7 @@ class Stack:
         return Product(self.cp, "extender", "scheduler_extender.main", [
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{self.port}",
             "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key), "--url-prefix", "/scheduler",
+            "--scheduler-listen", f"127.0.0.1:{self.verbs_port}", "--scheduler-client-ca-file", str(self.cp.pki.ca_crt),
             "--controller=false", "--log-format", "json", *self.extender_args], health=self.url,
             ssl_ctx=self.cp.ssl_context())
 
@@ -141,12 +146,13 @@ class Stack:
         self.extender = self._extender().start()
 
     def scheduler_config(self) -> dict[str, Any]:
-        """The shipped profile with only the extender's URL and CA file changed."""
+        """The shipped profile with only the extender's URL and the CA, certificate and key files changed."""
         cm = pick(self.objects, "ConfigMap", "accelstack-scheduler-config")
         cfg = yaml.safe_load(cm["data"]["config.yaml"])
         for ext in cfg["extenders"]:
-            ext["urlPrefix"] = f"{self.url}/scheduler"
-            ext["tlsConfig"] = {**ext.get("tlsConfig", {}), "caFile": str(self.cp.pki.ca_crt)}
+            ext["urlPrefix"] = f"{self.verbs_url}/scheduler"
+            ext["tlsConfig"] = {**ext.get("tlsConfig", {}), "caFile": str(self.cp.pki.ca_crt),
+                                "certFile": str(self.client_cert), "keyFile": str(self.client_key)}
         return copy.deepcopy(cfg)
 
     def start_scheduler(self, config: dict[str, Any] | None = None) -> None:
