@@ -20,6 +20,7 @@ from aiohttp import web
 
 from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_loop
 from device_plugin.observability import setup_logging
+from inference.gateway.listener import GatewayRunner
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
 
@@ -53,6 +54,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("eject-seconds", "10", "first ejection time in seconds (multiplied by the number of ejections)")
     add("eject-max-seconds", "300", "longest ejection in seconds")
     add("eject-max-fraction", "0.5", "largest fraction of a model's replicas ejected at once")
+    add("client-header-timeout", "10", "seconds a client has to send a request's line and headers (from its first "
+                                       "byte, or from connecting); then the connection is closed")
+    add("client-body-timeout", "60", "seconds a client has to send a request's whole body (408 and close after)")
+    add("client-idle-timeout", "75", "seconds an idle keep-alive connection stays open between requests")
     add("queue-metric", "vllm:num_requests_waiting", "the runtimes' gauge of waiting requests (from /metrics)")
     add("load-poll-interval", "1", "seconds between reads of the runtimes' queue metric (replicas without it count 0); 0: off")
     add("drain-seconds", "5", "after SIGTERM, seconds to answer /readyz 503 while still serving")
@@ -84,11 +89,14 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
                                 max_fraction=flags.number("eject-max-fraction", float, 0, 1)),
         drain_seconds=flags.number("drain-seconds", float, 0),
         shutdown_timeout=flags.number("shutdown-timeout", float, 0),
+        body_timeout=flags.number("client-body-timeout", float, 0.001),
         queue_metric=args.queue_metric, load_poll_interval=flags.number("load-poll-interval", float, 0))
     namespaces = tuple(n.strip() for n in args.namespaces.split(",") if n.strip())
     return {"host": host, "port": port, "settings": settings,
             "objects": Path(args.objects) if args.objects else None, "kubeconfig": args.kubeconfig,
-            "namespaces": namespaces, "log_level": log_level, "log_format": log_format}
+            "namespaces": namespaces, "log_level": log_level, "log_format": log_format,
+            "header_timeout": flags.number("client-header-timeout", float, 0.001),
+            "keepalive_timeout": flags.number("client-idle-timeout", float, 0.001)}
 
 
 async def serve(opts: dict[str, Any]) -> None:
@@ -108,8 +116,9 @@ async def serve(opts: dict[str, Any]) -> None:
         kube_source = await KubeSource.connect(gateway, opts["kubeconfig"], opts["namespaces"])
         tasks.append(asyncio.create_task(kube_source.run()))
         cleanup.append(kube_source.close)
-    runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=True,
-                           shutdown_timeout=settings.shutdown_timeout)
+    runner = GatewayRunner(gateway.app(), access_log=None, handler_cancellation=True,
+                           shutdown_timeout=settings.shutdown_timeout, header_timeout=opts["header_timeout"],
+                           keepalive_timeout=opts["keepalive_timeout"])
     await runner.setup()
     site = web.TCPSite(runner, opts["host"], opts["port"], backlog=1024)
     await site.start()

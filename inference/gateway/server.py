@@ -62,6 +62,7 @@ class Settings:
     ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
     drain_seconds: float = 5.0
     shutdown_timeout: float = 30.0
+    body_timeout: float = 60.0  # to receive a request's whole body (the listener's header and idle timeouts: main)
     queue_metric: str = "vllm:num_requests_waiting"
     load_poll_interval: float = 0.0
 
@@ -70,16 +71,19 @@ class Rejected(Exception):
     """A request the gateway answers itself with an OpenAI-shaped error."""
 
     def __init__(self, status: int, message: str, type_: str, code: str, reason: str,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.reason = status, message, type_, code, reason
-        self.retry_after = retry_after
+        self.retry_after, self.close = retry_after, close
 
     def response(self, request_id: str) -> web.Response:
         headers = {"x-request-id": request_id} if request_id else {}
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
-        return error_response(self.status, self.message, self.type, self.code, headers)
+        response = error_response(self.status, self.message, self.type, self.code, headers)
+        if self.close:  # the connection is in no state for another request (a body left half-read)
+            response.force_close()
+        return response
 
 
 def error_response(status: int, message: str, type_: str, code: str | None,
@@ -440,6 +444,10 @@ class Gateway:
             except Rejected as exc:
                 # a label only for models that exist: names sent by anyone must not grow the series without bound
                 self.metrics.child(self.metrics.errors, model if model in self.routes else "-", exc.reason).inc()
+                if exc.reason == "body_timeout":
+                    # the rest of a stalled body is not awaited: without this, aiohttp would linger reading it
+                    # (10 s) before closing
+                    request.content.feed_eof()
                 return exc.response(request_id)
             inflight = self.metrics.child(self.metrics.inflight, model)
             inflight.inc()
@@ -459,23 +467,28 @@ class Gateway:
         # one growing buffer, not a list of the socket's chunks: each chunk is freed as soon as it is copied, so
         # a burst of big bodies leaves no heap of small blocks behind (the buffer itself is one mapping; see
         # main.return_big_buffers_to_the_os)
-        first = await request.content.readany()
-        if len(first) > limit:
-            raise self._too_large()
-        chunk = await request.content.readany() if first else b""
-        if not chunk:
-            return first  # the usual small body, in one piece: no copy
-        body = bytearray(first)
-        while chunk:
-            if len(body) + len(chunk) > limit:
-                raise self._too_large()
-            body += chunk
-            chunk = await request.content.readany()
-        return bytes(body)
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                first = await request.content.readany()
+                if len(first) > limit:
+                    raise self._too_large()
+                chunk = await request.content.readany() if first else b""
+                if not chunk:
+                    return first  # the usual small body, in one piece: no copy
+                body = bytearray(first)
+                while chunk:
+                    if len(body) + len(chunk) > limit:
+                        raise self._too_large()
+                    body += chunk
+                    chunk = await request.content.readany()
+                return bytes(body)
+        except TimeoutError:
+            raise Rejected(408, f"The request body did not arrive within {self.settings.body_timeout:g} s.",
+                           "invalid_request_error", "request_timeout", "body_timeout", close=True) from None
 
     def _too_large(self) -> Rejected:
         return Rejected(413, f"The request body is larger than {self.settings.max_body} bytes.",
-                        "invalid_request_error", "request_too_large", "body_too_large")
+                        "invalid_request_error", "request_too_large", "body_too_large", close=True)
 
     @staticmethod
     def _parse(body: bytes) -> tuple[str, bool]:

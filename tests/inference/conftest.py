@@ -30,8 +30,8 @@ async def make_peers() -> AsyncIterator[Callable[..., Any]]:
 async def make_gateway() -> AsyncIterator[Callable[..., Any]]:
     started: list[RunningGateway] = []
 
-    async def make(settings: Any = None) -> RunningGateway:
-        gw = RunningGateway(settings)
+    async def make(settings: Any = None, **listener: Any) -> RunningGateway:
+        gw = RunningGateway(settings, **listener)
         started.append(gw)
         return gw
 

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from inference.gateway.listener import GatewayRunner
 from inference.gateway.server import Gateway, Settings
 from inference.gateway.sources import apply_objects
 from inference.names import GROUP, KIND, LABEL_API_KEY, LABEL_ENDPOINT, LABEL_POOL, POOL_PRIMARY, VERSION
@@ -66,8 +67,10 @@ DEFAULT_KEYS = [key_secret("app", "team-a", KEY_A), key_secret("app", "team-b", 
 
 
 class RunningGateway:
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, header_timeout: float = 10.0,
+                 keepalive_timeout: float = 75.0) -> None:
         self.gateway = Gateway(settings or Settings(request_timeout=5, idle_timeout=5, queue_timeout=5))
+        self.header_timeout, self.keepalive_timeout = header_timeout, keepalive_timeout
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -76,7 +79,8 @@ class RunningGateway:
         apply_objects(self.gateway, endpoints, endpoint_slices, secrets)
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.gateway.app(), access_log=None, handler_cancellation=True)
+        self._runner = GatewayRunner(self.gateway.app(), access_log=None, handler_cancellation=True,
+                                     header_timeout=self.header_timeout, keepalive_timeout=self.keepalive_timeout)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

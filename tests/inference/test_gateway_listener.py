@@ -1,0 +1,127 @@
+"""The gateway's listener over raw sockets on loopback (issue 36.3/36.5/36.8): malformed HTTP answered with a fixed
+body and logged as one line without header values, header/body/idle timeouts, no version banner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from inference.gateway.listener import MALFORMED_BODY
+from inference.gateway.server import Settings
+from tests.inference.harness import KEY_A, endpoint, slices
+
+SECRET = "sk-team-a-0123456789abcdef-never-echoed"
+
+
+async def start(make_peers: Any, make_gateway: Any, **listener: Any) -> tuple[str, int]:
+    (peer,) = await make_peers(1)
+    gw = await make_gateway(Settings(request_timeout=5, idle_timeout=5, queue_timeout=5, body_timeout=0.3),
+                            **listener)
+    gw.load([endpoint("llm")], slices("llm", [peer.url]))
+    await gw.start()
+    parts = urlsplit(gw.url)
+    assert parts.hostname and parts.port
+    return parts.hostname, parts.port
+
+
+async def exchange(host: str, port: int, raw: bytes, wait: float = 30.0) -> bytes:
+    """Send raw bytes and read until the server closes the connection."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), wait)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("raw", [
+    f"POST /v1/embeddings HTTP/1.1\nHost: x\nAuthorization: Bearer {SECRET}\nContent-Length: 2\n\n{{}}".encode(),
+    f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\x7f\r\nContent-Length: 2\r\n\r\n{{}}"
+    .encode(),
+    f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Bad\x00: {SECRET}\r\n\r\n".encode(),
+], ids=["bare-lf", "del-at-header-end", "nul-in-name"])
+async def test_malformed_http_gets_a_fixed_answer_and_one_log_line(make_peers: Any, make_gateway: Any,
+                                                                  caplog: pytest.LogCaptureFixture,
+                                                                  raw: bytes) -> None:
+    host, port = await start(make_peers, make_gateway)
+    caplog.clear()
+    answer = await exchange(host, port, raw)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer[:200]
+    assert body == MALFORMED_BODY
+    assert SECRET.encode() not in answer
+    assert b"Python" not in head and b"aiohttp" not in head
+    records = [r for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith(("aiohttp", "accelstack"))]
+    assert [r.getMessage() for r in records] == ["malformed request"], [r.getMessage() for r in records]
+    assert records[0].exc_info is None
+    assert all(SECRET not in r.getMessage() and SECRET not in str(r.__dict__) for r in caplog.records)
+
+
+async def test_no_version_banner(make_peers: Any, make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway)
+    answer = await exchange(host, port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head = answer.partition(b"\r\n\r\n")[0].decode()
+    assert head.startswith("HTTP/1.1 200")
+    assert "\r\nServer: accelstack-gateway" in head and "Python" not in head and "aiohttp" not in head
+
+
+async def test_dripping_headers_are_cut_off(make_peers: Any, make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway, header_timeout=0.5)
+    reader, writer = await asyncio.open_connection(host, port)
+    started = time.monotonic()
+    writer.write(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")
+    closed_after = None
+    try:
+        for _ in range(600):  # one header byte every 50 ms, for up to 30 s: never a complete head
+            writer.write(b"X")
+            await writer.drain()
+            try:
+                if await asyncio.wait_for(reader.read(1), 0.05) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+            except TimeoutError:
+                continue
+    except ConnectionError:
+        closed_after = time.monotonic() - started
+    finally:
+        writer.close()
+    assert closed_after is not None, "a client dripping headers kept its connection"
+    assert closed_after >= 0.5  # not before the header timeout
+
+
+async def test_silent_connection_is_closed(make_peers: Any, make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway, header_timeout=0.3)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+    finally:
+        writer.close()
+
+
+async def test_idle_keepalive_connection_is_closed(make_peers: Any, make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway, keepalive_timeout=0.3, header_timeout=60)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readuntil(b"ok"), 30)).startswith(b"HTTP/1.1 200")
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # then silence: closed by the idle timeout
+    finally:
+        writer.close()
+
+
+async def test_body_that_never_completes_gets_408_and_the_connection_closed(make_peers: Any,
+                                                                            make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway)
+    answer = await exchange(host, port, (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}"
+                                         "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                                         '{"model": "m"').encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"408", answer[:300]
+    assert b'"code":"request_timeout"' in body
