@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from device_plugin.flags import Checked, add_api_flags, add_logging_flags, adder, run_service
+from scheduler_extender.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
 from scheduler_extender.main import POLICIES, RESOURCE_NAMES, resource_names
 
 log = logging.getLogger("accelstack.controller")
@@ -37,6 +38,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     add = adder(p, environ, ENV)
     add("listen", ":8081", "host:port for /healthz, /readyz and /metrics")
+    add("header-timeout", f"{DEFAULT_HEADER_TIMEOUT:g}", "seconds a connection may take to send a whole request "
+        "head (from accept, or from the first byte of a later request); closed after")
+    add("idle-timeout", f"{DEFAULT_IDLE_TIMEOUT:g}", "seconds a kept-alive connection may wait for its next request")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
@@ -71,6 +75,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             "refresh_burst": flags.number("refresh-burst", int, 1),
             "min_gap": flags.number("min-pass-gap", float, 0.0, 60.0),
             "api_timeout": flags.number("api-timeout", float, 0.1),
+            "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
+                             idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
             "log_level": log_level, "log_format": log_format}
 
 
@@ -93,6 +99,7 @@ class ControllerProcess:
                                          min_gap=opts["min_gap"])
         self.informers = make_informers(kube, self.view, self.service.node_event, self.service.pod_event, self._on_gpr,
                                         self._sync_gprs) + self.service.informers
+        self.limits: Limits = opts.get("limits") or Limits()
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -119,12 +126,8 @@ class ControllerProcess:
         app = web.Application()
         app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
                         web.get("/metrics", self._metrics)])
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        self.port = server.sockets[0].getsockname()[1] if server is not None else port
+        # the same listener as the extender's: fixed answers to malformed HTTP, header and idle timeouts
+        self._runner, self.port = await serve_app(app, host, port, limits=self.limits)
 
     async def stop(self) -> None:
         self.stop_event.set()

@@ -177,7 +177,7 @@ class HardenedSite(web.TCPSite):
         return int(self.port)
 
 
-async def serve(app: web.Application, host: str, port: int, *, limits: Limits | None = None,
+async def serve_app(app: web.Application, host: str, port: int, *, limits: Limits | None = None,
                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128,
                 shutdown_timeout: float = 5.0) -> tuple[web.AppRunner, int]:
     """``app`` served on ``host:port`` through :class:`HardenedSite`; (its runner, the bound port)."""

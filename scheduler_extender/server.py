@@ -40,7 +40,7 @@ from scheduler_extender.cluster import TERMINAL_POD_PHASES, ClusterView, PodView
 from scheduler_extender.controller import GPRController
 from scheduler_extender.extender import VERBS, Extender, ExtenderMetrics
 from scheduler_extender.http_body import DEFAULT_BODY_TIMEOUT
-from scheduler_extender.http_listener import Limits, client_names, serve
+from scheduler_extender.http_listener import Limits, client_names, serve_app
 from scheduler_extender.kube import ApiError, Kube
 from scheduler_extender.rest_api import RateLimiter, RestAPI
 from scheduler_extender.rest_views import DEFAULT_GROUP_LABEL
@@ -354,11 +354,11 @@ class ExtenderServer:
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag, self.stop_event), name="loop-lag"))
         if self.service is not None:
             self.service.start(self.stop_event)
-        runner, self.port = await serve(self.app, host, port, limits=self.limits, ssl_context=ssl_context,
+        runner, self.port = await serve_app(self.app, host, port, limits=self.limits, ssl_context=ssl_context,
                                         backlog=1024)
         self._runners.append(runner)
         if self.verbs_app is not None:
-            runner, self.verbs_port = await serve(self.verbs_app, verbs_host, verbs_port, limits=self.limits,
+            runner, self.verbs_port = await serve_app(self.verbs_app, verbs_host, verbs_port, limits=self.limits,
                                                   ssl_context=verbs_ssl, backlog=1024)
             self._runners.append(runner)
         log.info("extender serving", extra={
