@@ -125,6 +125,13 @@ class LiveRoute:
     mean_latency: float = 1.0  # EWMA of request seconds, for Retry-After
 
 
+@dataclass
+class _StreamState:
+    request_id: str = ""
+    caller: str = ""  # namespace/name of the key or service account; "" without auth
+    done_sent: bool = False  # the replica's ``data: [DONE]`` was written to the client
+
+
 class Gateway:
     def __init__(self, settings: Settings, metrics: GatewayMetrics | None = None,
                  rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -532,7 +539,8 @@ class Gateway:
                 return exc.response(request_id)
             tried.append(replica.url)
             try:
-                outcome = await self._attempt(request, live, replica, body, stream, request_id, start)
+                outcome = await self._attempt(request, live, replica, body, stream, request_id, start,
+                                              caller.name if caller else "")
             finally:
                 self._release(live, replica)
             if isinstance(outcome, Rejected):
@@ -546,7 +554,7 @@ class Gateway:
         return last.response(request_id)
 
     async def _attempt(self, request: web.Request, live: LiveRoute, replica: Replica, body: bytes, stream: bool,
-                       request_id: str, start: float) -> web.StreamResponse | Rejected:
+                       request_id: str, start: float, caller: str = "") -> web.StreamResponse | Rejected:
         """One try at one replica: the final response, or a Rejected the caller may retry elsewhere."""
         assert self._session is not None
         model = live.core.model
@@ -557,6 +565,7 @@ class Gateway:
         url = replica.url + request.path
         upstream: aiohttp.ClientResponse | None = None
         sent = False
+        stream_state = _StreamState(request_id, caller)
         try:
             try:
                 async with asyncio.timeout(self.settings.request_timeout):
@@ -602,27 +611,40 @@ class Gateway:
             response.enable_chunked_encoding()
             await response.prepare(request)
             sent = True
-            await self._pump(response, upstream, live, replica, first_chunk)
+            await self._pump(response, upstream, live, replica, first_chunk, stream_state)
             self._done(live, label, upstream.status, start)
             return response
         except asyncio.CancelledError:
-            self.metrics.child(self.metrics.errors, model, "client_disconnected").inc()
+            self._client_left(live, replica, label, start, stream_state)
             raise
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             if sent:  # the client went away mid-stream
-                self.metrics.child(self.metrics.errors, model, "client_disconnected").inc()
+                self._client_left(live, replica, label, start, stream_state)
                 return web.StreamResponse()
             raise
         finally:
             if upstream is not None:
                 upstream.close()  # a no-op after a full read; otherwise aborts the runtime's generation
 
+    def _client_left(self, live: LiveRoute, replica: Replica, label: str, start: float, state: _StreamState) -> None:
+        """The client closed its connection. After ``[DONE]`` reached it that is how a stream ends (the official
+        client closes right away), so it is a success; before, the request is a ``client_disconnected`` error."""
+        if state.done_sent:
+            record_success(replica)
+            self._done(live, label, 200, start)
+        else:
+            self.metrics.child(self.metrics.errors, live.core.model, "client_disconnected").inc()
+
     async def _pump(self, response: web.StreamResponse, upstream: aiohttp.ClientResponse, live: LiveRoute,
-                    replica: Replica, chunk: bytes) -> None:
+                    replica: Replica, chunk: bytes, state: _StreamState) -> None:
         """Pass the stream through as it comes; after an idle timeout or a broken stream, end it with an error."""
         model = live.core.model
+        tail = b""
         while chunk:
             await response.write(chunk)
+            if not state.done_sent:  # the marker may straddle two chunks: look at the end of the last one too
+                state.done_sent = b"data: [DONE]" in tail + chunk
+                tail = chunk[-16:]
             if b'"usage"' in chunk:
                 self._count_stream_usage(model, chunk)
             try:
@@ -632,7 +654,8 @@ class Gateway:
                 timeout = isinstance(exc, TimeoutError)
                 self.metrics.child(self.metrics.errors, model, "stream_interrupted").inc()
                 log.warning("stream interrupted", extra={"model": model, "replica": replica_label(replica),
-                                                         "timeout": timeout})
+                                                         "timeout": timeout, "request_id": state.request_id,
+                                                         "caller": state.caller})
                 message = (f"The replica sent nothing for {self.settings.idle_timeout:g} s." if timeout
                            else f"The replica broke the stream: {type(exc).__name__}.")
                 await response.write(_sse_error(message, "upstream_timeout" if timeout else "upstream_error"))

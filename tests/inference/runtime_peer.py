@@ -35,6 +35,7 @@ class RuntimePeer:
         self.hang = False  # accept the request and never answer
         self.stall_after: int | None = None  # stream: send this many chunks, then go silent
         self.break_after: int | None = None  # stream: send this many chunks, then drop the connection
+        self.hold_after_done = False  # stream: keep the connection open after [DONE] (the client closes first)
         self.reported_queue = 0.0  # vllm:num_requests_waiting
         self.received = 0
         self.completed = 0
@@ -153,6 +154,8 @@ class RuntimePeer:
         if (body.get("stream_options") or {}).get("include_usage"):
             await response.write(event([], {"usage": usage}))
         await response.write(b"data: [DONE]\n\n")
+        if self.hold_after_done:
+            await asyncio.Event().wait()
         await response.write_eof()
         self.completed += 1
         return response

@@ -6,13 +6,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
 from inference.gateway.server import Settings
 from inference.names import POOL_BURST
 from inference.routing import EjectionPolicy
-from tests.inference.harness import endpoint, eventually, slices
+from tests.inference.harness import KEY_A, endpoint, eventually, slices
 from tests.inference.test_gateway_openai import client, metric, metrics_text, serve
 
 MSG: Any = [{"role": "user", "content": "x"}]
@@ -83,6 +84,52 @@ async def test_stream_stalled_midway_ends_with_an_error_event_and_no_retry(make_
     assert "sent nothing for 0.3 s" in err.value.message
     assert sum(p.received for p in peers) == 1  # bytes had reached the client: no retry
     assert await metric(gw.url, "accelstack_gateway_errors_total", model="m", reason="stream_interrupted") == 1
+
+
+async def test_stream_interrupted_log_line_names_request_and_caller(make_peers: Any, make_gateway: Any,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    gw, peers = await serve(make_peers, make_gateway, count=1)
+    peers[0].break_after = 3
+    stream = await client(gw.url).chat.completions.create(model="m", messages=MSG, stream=True,
+                                                          extra_headers={"x-request-id": "req-42"})
+    with pytest.raises(openai.APIError):
+        async for _chunk in stream:
+            pass
+    (line,) = [r for r in caplog.records if r.getMessage() == "stream interrupted"]
+    assert line.__dict__["request_id"] == "req-42" and line.__dict__["caller"] == "team-a/app"
+
+
+async def test_stream_closed_by_the_client_after_done_is_a_success(make_peers: Any, make_gateway: Any) -> None:
+    """The official client closes the connection right after ``[DONE]``: that stream succeeded (issue 37.3)."""
+    gw, peers = await serve(make_peers, make_gateway, count=1)
+    peers[0].hold_after_done = True  # the replica has not ended the response when the client leaves
+    async with aiohttp.ClientSession() as session, session.post(
+            gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_A}"},
+            json={"model": "m", "messages": MSG, "stream": True}) as r:
+        seen = b""
+        while b"data: [DONE]" not in seen:
+            chunk = await r.content.readany()
+            assert chunk, "the stream ended before [DONE]"
+            seen += chunk
+        r.close()  # gone right after [DONE], as the openai client is
+    await eventually(lambda: peers[0].cancelled == 1, what="the gateway saw the client leave")
+    await eventually(lambda: gw.gateway.inflight == 0, what="the request finished")
+    assert await metric(gw.url, "accelstack_gateway_errors_total", model="m", reason="client_disconnected") == 0
+    assert await metric(gw.url, "accelstack_gateway_requests_total", model="m", code="200") == 1
+    assert await metric(gw.url, "accelstack_gateway_request_seconds_count", model="m") == 1
+
+
+async def test_stream_closed_by_the_client_before_done_is_a_disconnect(make_peers: Any, make_gateway: Any) -> None:
+    gw, peers = await serve(make_peers, make_gateway, count=1)
+    peers[0].stall_after = 2
+    async with aiohttp.ClientSession() as session, session.post(
+            gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_A}"},
+            json={"model": "m", "messages": MSG, "stream": True}) as r:
+        assert await r.content.readany()
+        r.close()
+    await eventually(lambda: gw.gateway.inflight == 0, what="the request finished")
+    assert await metric(gw.url, "accelstack_gateway_errors_total", model="m", reason="client_disconnected") == 1
+    assert await metric(gw.url, "accelstack_gateway_requests_total", model="m") == 0
 
 
 async def test_stream_broken_midway_ends_with_an_error_event(make_peers: Any, make_gateway: Any) -> None:
