@@ -11,7 +11,8 @@ itself at ``/ui/`` (:mod:`portal`).
 - ``POST /api/v1/waittime``                      ``{"namespace", "spec"}`` -> estimated start, wait, queue position
 
 Every call needs ``Authorization: Bearer <token>``: the token is checked with a TokenReview and the action with
-a SubjectAccessReview (``auth.Authorizer``), so the API allows exactly what the caller's RBAC allows. The caller
+a SubjectAccessReview (``auth.Authorizer``: reviews cached, failed authentications limited per address, 429
+past the limit), so the API allows exactly what the caller's RBAC allows. The caller
 is authenticated before its request body is read (a request without a valid token is a 401 whatever its body),
 and authorised as soon as the body names the namespace. Errors are JSON ``{"error": ...}`` with the HTTP status
 of the cause (400 bad input, JSON nested too deeply included; 401/403; 404; 408 when the body does not arrive
@@ -21,7 +22,6 @@ server fails).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -110,14 +110,16 @@ class RestAPI:
         if self.authorizer is None:
             return None
         attributes = {"verb": verb, **(attrs or GPR_ATTRS), **({"namespace": namespace} if namespace else {})}
-        status, reason = await self.authorizer.check(request.headers.get("Authorization"), attributes)
-        return _error(status, reason) if status else None
+        status, reason = await self.authorizer.check(request.headers.get("Authorization"), attributes,
+                                                     client=request.remote or "")
+        return _refusal(status, reason) if status else None
 
     async def _unauthenticated(self, request: web.Request) -> web.Response | None:
         if self.authorizer is None:
             return None
-        status, reason = await self.authorizer.authenticate(request.headers.get("Authorization"))
-        return _error(status, reason) if status else None
+        status, reason = await self.authorizer.authenticate(request.headers.get("Authorization"),
+                                                            client=request.remote or "")
+        return _refusal(status, reason) if status else None
 
     async def get_inventory(self, request: web.Request) -> web.Response:
         if request.query.get("summary", "false").lower() not in ("false", "0", "no"):
@@ -173,14 +175,19 @@ class RestAPI:
     async def waittime(self, request: web.Request) -> web.Response:
         """Estimated start of a GPR one would submit now, from what the controller keeps in the GPRs' statuses: no
         pass is run here (:mod:`.whatif`: O(log GPRs) an answer, from an index swept at most twice a second).
-        Rate-limited per caller."""
-        limited = self.limiter.check(request)
+        Rate-limited per caller: the authenticated user (however its header is spelt), or the address when the
+        API runs without authentication."""
+        key = f"address:{request.remote}"
+        if self.authorizer is not None:
+            status, who = await self.authorizer.authenticate(request.headers.get("Authorization"),
+                                                             client=request.remote or "")
+            if status:
+                return _refusal(status, who)
+            key = f"user:{who}"
+        limited = self.limiter.check(key)
         if limited:
             return web.Response(status=429, body=orjson.dumps({"error": "too many wait-time requests"}),
                                 content_type="application/json", headers={"Retry-After": str(limited)})
-        unauthenticated = await self._unauthenticated(request)
-        if unauthenticated:
-            return unauthenticated
         try:
             body = await self._body(request)
             namespace = body.get("namespace") or "default"
@@ -200,17 +207,24 @@ class RestAPI:
         return _json(await self.what_if.answer(fields, self.clock()))
 
 
+def _refusal(status: int, reason: str) -> web.Response:
+    """An authentication or authorisation refusal; a 429 says when to come back."""
+    response = _error(status, reason)
+    if status == 429:
+        digits = "".join(c for c in reason.rpartition("retry in ")[2] if c.isdigit())
+        response.headers["Retry-After"] = digits or "1"
+    return response
+
+
 class RateLimiter:
-    """A token bucket per caller (the bearer token's hash, else the peer address)."""
+    """A token bucket per caller key (the authenticated user, or the peer address without authentication)."""
 
     def __init__(self, rate: float = 10.0, burst: int = 20, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate, self.burst, self.clock = rate, burst, clock
         self.buckets: dict[str, tuple[float, float]] = {}
 
-    def check(self, request: web.Request) -> int:
+    def check(self, key: str) -> int:
         """0 when allowed, else the seconds to wait (for Retry-After)."""
-        auth = request.headers.get("Authorization", "")
-        key = hashlib.sha256(auth.encode()).hexdigest() if auth else str(request.remote)
         now = self.clock()
         tokens, at = self.buckets.get(key, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + (now - at) * self.rate)
