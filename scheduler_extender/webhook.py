@@ -72,16 +72,27 @@ from .podfit import Constraints, why_not
 from .reconcile import HOSTNAME_LABEL, live_cluster_limitation, narrow_affinity
 from .resources import host_requests, pod_requests
 from .workspace_admission import (
+    adoption_questions,
+    adoption_refusal,
     binding_refusal,
     choose_template,
     gpr_refusal,
     member_of,
     needs_owner_labels,
+    on_behalf,
+    review_spec,
     unfinished,
     workspace_label,
     workspace_refusal,
 )
-from .workspaces import BINDING_PLURAL, WORKSPACE_PLURAL, Workspace
+from .workspaces import (
+    BINDING_PLURAL,
+    ROLE_TEMPLATES,
+    WORKSPACE_PLURAL,
+    Workspace,
+    parse_templates,
+    parse_workspace,
+)
 
 log = logging.getLogger("accelstack.extender.webhook")
 
@@ -139,6 +150,14 @@ class Lookup(Protocol):
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create and return the stored object; raise :class:`AlreadyExists` on a name clash."""
+        ...
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The workspace role templates' ConfigMap (None when there is none: the built-in templates)."""
+        ...
+
+    async def access_review(self, spec: dict[str, Any]) -> bool:
+        """A SubjectAccessReview: whether its user may do what its attributes say."""
         ...
 
 
@@ -225,6 +244,12 @@ class KubeLookup(Lookup):
         # not kept (a GPR's phase matters now), but shared: a Job's pods arriving together before the informer
         # has their new GPR read it once
         return await self._cached(("gpr", namespace, name), lambda: self.kube.get_gpr(namespace, name), keep=False)
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._cached(("cm", namespace, name), lambda: self.kube.get_configmap(namespace, name))
+
+    async def access_review(self, spec: dict[str, Any]) -> bool:
+        return bool((await self.kube.access_review(spec)).get("allowed"))
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:  # (at most half the client's connections: see Kube._admitted)
@@ -802,6 +827,21 @@ class Webhook:
         refusal = workspace_refusal(obj, await self.lookup.list_workspaces(), self.own_namespace)
         if refusal:
             return review_response(uid, False, code=422, reason="Invalid", message=refusal)
+        # an existing namespace adopted: the writer must hold, there, what the workspace hands out
+        # (workspace_admission.adoption_questions)
+        names = sorted(set(parse_workspace(obj).namespaces))
+        found = await asyncio.gather(*(self.lookup.get_namespace(n) for n in names))
+        rules, _ = parse_templates(await self.lookup.get_configmap(self.own_namespace, ROLE_TEMPLATES))
+        questions = adoption_questions(obj, dict(zip(names, found, strict=True)), rules)
+        raw_user = req.get("userInfo")
+        user: dict[str, Any] = raw_user if isinstance(raw_user, dict) else {}
+        denied: list[Any] = []
+        if questions and not on_behalf(user, self.own_namespace):
+            answers = await asyncio.gather(*(self.lookup.access_review(review_spec(user, q)) for q in questions))
+            denied = [q for q, ok in zip(questions, answers, strict=True) if not ok]
+        refusal = adoption_refusal(user, questions, denied, self.own_namespace)
+        if refusal:
+            return review_response(uid, False, code=403, reason="Forbidden", message=refusal)
         return review_response(uid, True)
 
     async def _validate_binding(self, req: dict[str, Any]) -> dict[str, Any]:

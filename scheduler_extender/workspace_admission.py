@@ -5,7 +5,11 @@
 - :func:`choose_template`: the GPRTemplate automatic GPRs use for a pod, from the GPRTemplateBindings that
   match it (highest weight, then the most specific: workloadSelector > namespaces > workspace, then the name);
 - :func:`workspace_refusal` and :func:`binding_refusal`: specs the CRD schema cannot judge (a namespace another
-  workspace holds, a system namespace, a binding that reaches outside its own workspace).
+  workspace holds, a system namespace, a binding that reaches outside its own workspace);
+- :func:`adoption_questions` and :func:`adoption_refusal`: a Workspace that lists an existing namespace it did not
+  create hands out, there, every right of the roles its access rules name, so whoever writes its spec must hold
+  those rights there already: the rule the API server applies to a RoleBinding (you cannot grant what you do not
+  have). The webhook asks the API server one SubjectAccessReview per right for the requesting user.
 
 A binding lives beside its template and reaches only its own namespace or namespaces of the workspace its
 namespace belongs to: a team cannot steer another team's pods to its templates.
@@ -20,6 +24,7 @@ from typing import Any
 from scheduler_extender.core.gpr import GPR
 from scheduler_extender.gpr_resource import format_duration
 from scheduler_extender.workspaces import (
+    CREATED_ANNOTATION,
     WORKSPACE_LABEL,
     PolicyError,
     Workspace,
@@ -238,3 +243,77 @@ def binding_refusal(obj: Mapping[str, Any], home_ws: Workspace | None) -> str:
                 return (f"spec.workloadSelector.matchExpressions[{i}]: In and NotIn need values; Exists and "
                         "DoesNotExist take none")
     return ""
+
+
+# ---- adopting an existing namespace ----------------------------------------------------------------------------
+Question = tuple[str, tuple[tuple[str, str], ...]]  # (namespace, SubjectAccessReview resourceAttributes items)
+
+
+def adoption_questions(obj: Mapping[str, Any], namespaces: Mapping[str, Mapping[str, Any] | None],
+                       rules: Mapping[str, list[dict[str, Any]]]) -> list[Question]:
+    """What the writer of a Workspace spec must be allowed in each namespace it adopts: every (verb, group,
+    resource[/subresource], name) of the role templates (``rules``) its access rules name. ``namespaces``: the
+    namespaces the spec lists, as they exist (None: not there yet, the controller creates it and nothing is
+    handed out that anyone held before). A namespace the workspace created itself (its created-by annotation)
+    asks nothing."""
+    ws = parse_workspace(obj)
+    roles = sorted({s.role for s in ws.access})
+    asked: dict[Question, None] = {}
+    for ns in ws.namespaces:
+        existing = namespaces.get(ns)
+        if existing is None:
+            continue
+        annotations = _map(_map(existing.get("metadata")).get("annotations"))
+        if annotations.get(CREATED_ANNOTATION) == ws.name:
+            continue
+        for role in roles:
+            for rule in rules.get(role) or ():
+                for group in rule.get("apiGroups") or ():
+                    for resource in rule.get("resources") or ():
+                        res, _, sub = resource.partition("/")
+                        for verb in rule.get("verbs") or ():
+                            for name in rule.get("resourceNames") or ("",):
+                                attrs = {"namespace": ns, "verb": verb, "group": group, "resource": res,
+                                         "subresource": sub, "name": name}
+                                asked[(ns, tuple((k, v) for k, v in attrs.items() if v or k == "group"))] = None
+    return list(asked)
+
+
+def review_spec(user: Mapping[str, Any], question: Question) -> dict[str, Any]:
+    """A SubjectAccessReview spec asking ``question`` for the requesting user of an AdmissionReview."""
+    spec: dict[str, Any] = {"resourceAttributes": dict(question[1]), "user": str(user.get("username") or "")}
+    for key in ("groups", "uid", "extra"):
+        if user.get(key):
+            spec[key] = user[key]
+    return spec
+
+
+def describe(question: Question) -> str:
+    attrs = dict(question[1])
+    what = attrs["resource"] + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+    what += f".{attrs['group']}" if attrs.get("group") else ""
+    return f"{attrs['verb']} {what}" + (f" named {attrs['name']}" if attrs.get("name") else "")
+
+
+def on_behalf(user: Mapping[str, Any], own_namespace: str) -> bool:
+    """A write by one of accelstack's own accounts (its REST API writes Workspaces as itself, after checking its
+    caller's ``create``): the person behind it is not in the request, so their rights cannot be asked."""
+    return str(user.get("username") or "").startswith(f"system:serviceaccount:{own_namespace}:")
+
+
+def adoption_refusal(user: Mapping[str, Any], questions: list[Question], denied: list[Question],
+                     own_namespace: str) -> str:
+    """Why the writer may not adopt ('' when there is nothing to adopt or nothing ``denied``)."""
+    if not questions:
+        return ""
+    ns = (denied or questions)[0][0]
+    who = str(user.get("username") or "(anonymous)")
+    if on_behalf(user, own_namespace):
+        return (f"spec.namespaces: {ns} exists and would be adopted; adopting needs the requester's own rights "
+                f"there, which {who} (accelstack's own account, acting for someone it cannot name here) may not "
+                "vouch for: create or update this Workspace with kubectl as yourself, or list only new namespaces")
+    if not denied:
+        return ""
+    return (f"spec.namespaces: {ns} exists and would be adopted, handing out what the workspace's roles grant "
+            f"there; {who} may not {describe(denied[0])} in {ns} ({len(denied)} such right(s) missing): "
+            "adopting a namespace needs every right the workspace grants in it (as a RoleBinding does)")

@@ -48,11 +48,26 @@ class MemoryLookup:
         self.workspaces: dict[str, dict[str, Any]] = {}
         self.bindings: list[dict[str, Any]] = []
         self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        # SubjectAccessReviews: a user named here may do only what its set lists (namespace, verb, group,
+        # resource, subresource); anyone else anything
+        self.grants: dict[str, set[tuple[str, str, str, str, str]]] = {}
+        self.reviews: list[dict[str, Any]] = []
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         if self.fail:
             raise ConnectionError("API server unreachable")
         return self.namespaces.get(name)
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.configmaps.get((namespace, name))
+
+    async def access_review(self, spec: dict[str, Any]) -> bool:
+        self.reviews.append(spec)
+        a = spec["resourceAttributes"]
+        allowed = self.grants.get(spec["user"])
+        return allowed is None or (a["namespace"], a["verb"], a["group"], a["resource"],
+                                   a.get("subresource", "")) in allowed
 
     async def get_template(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.templates.get((namespace, name))

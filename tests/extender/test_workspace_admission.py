@@ -232,6 +232,53 @@ async def test_workspace_specs_the_schema_cannot_judge_are_refused(http: TestCli
     assert "spec.policy.maxExitDuration: 'forever' is not a duration" in (await check(bad))["status"]["message"]
 
 
+async def test_adopting_an_existing_namespace_needs_what_the_workspace_grants_there(
+        http: TestClient[Any, Any], lookup: MemoryLookup) -> None:
+    """The writer of the spec is asked (SubjectAccessReview) every right the roles its access rules name grant,
+    in each existing namespace it did not create; a new namespace asks nothing; accelstack's own account (the
+    REST API, acting for someone the request does not name) may not adopt at all."""
+    lookup.namespace("ops")
+    lookup.namespace("made", **{"accelstack.io/created-by-workspace": "other"})
+    ws = workspace("other", ["ops", "fresh"])
+    ws["spec"]["access"] = [{"kind": "User", "name": "eve", "role": "admin"}]
+
+    def as_user(obj: dict[str, Any], user: str) -> dict[str, Any]:
+        body = of("Workspace", "workspaces", obj)
+        body["request"]["userInfo"] = {"username": user, "groups": ["system:authenticated"]}
+        return body
+
+    # only workspace verbs (no rights in ops): refused, naming a missing right and the namespace
+    lookup.grants["eve"] = set()
+    response = await call(http, "/validate-workspaces", as_user(ws, "eve"))
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    message = response["status"]["message"]
+    assert message.startswith("spec.namespaces: ops exists and would be adopted") and "eve may not" in message
+    asked = {(r["resourceAttributes"]["namespace"], r["resourceAttributes"]["verb"],
+              r["resourceAttributes"]["resource"], r["resourceAttributes"].get("subresource", ""))
+             for r in lookup.reviews}
+    assert {ns for ns, *_ in asked} == {"ops"}  # fresh does not exist: created, nothing handed out
+    assert ("ops", "get", "pods", "log") in asked and ("ops", "delete", "gprtemplates", "") in asked
+    assert all(r["user"] == "eve" and r["groups"] == ["system:authenticated"] for r in lookup.reviews)
+    # one right short: still refused; every right: allowed
+    full = {(a["namespace"], a["verb"], a["group"], a["resource"], a.get("subresource", ""))
+            for a in (r["resourceAttributes"] for r in lookup.reviews)}
+    lookup.grants["eve"] = full - {("ops", "get", "", "pods", "log")}
+    response = await call(http, "/validate-workspaces", as_user(ws, "eve"))
+    assert response["allowed"] is False and "may not get pods/log in ops" in response["status"]["message"]
+    lookup.grants["eve"] = full
+    assert (await call(http, "/validate-workspaces", as_user(ws, "eve")))["allowed"] is True
+    # a namespace the workspace created itself asks nothing
+    lookup.reviews.clear()
+    lookup.grants["eve"] = set()
+    made = workspace("other", ["made"])
+    made["spec"]["access"] = ws["spec"]["access"]
+    assert (await call(http, "/validate-workspaces", as_user(made, "eve")))["allowed"]
+    assert lookup.reviews == []
+    # the REST API's own account cannot vouch for the person behind it
+    response = await call(http, "/validate-workspaces", as_user(ws, "system:serviceaccount:accelstack-system:x"))
+    assert response["allowed"] is False and "accelstack's own account" in response["status"]["message"]
+
+
 async def test_bindings_that_reach_outside_their_workspace_are_refused(http: TestClient[Any, Any],
                                                                         lookup: MemoryLookup) -> None:
     lookup.namespace("loner")

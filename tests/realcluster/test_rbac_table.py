@@ -23,9 +23,11 @@ import pytest
 from tests.realcluster.controlplane import ApiCallError, ControlPlane
 from tests.realcluster.objects import wait_for
 from tests.realcluster.shipped import ROOT
+from tests.realcluster.stack import Stack
 
 EXTENDER_NS, EXTENDER_SA = "accelstack-system", "accelstack-extender"
 RBAC = "apis/rbac.authorization.k8s.io/v1"
+WS = "apis/accelstack.io/v1alpha1/workspaces"
 WS_LABEL, MANAGED = "accelstack.io/workspace", {"app.kubernetes.io/managed-by": "accelstack-workspace-controller"}
 POLICIES = ("accelstack-workspace-controller-scope", "accelstack-workspace-controller-namespaces",
             "accelstack-device-plugin-labels")
@@ -190,39 +192,42 @@ def test_the_extender_writes_no_rbac_outside_workspace_namespaces(cp: ControlPla
         assert WS_LABEL not in ((cp.get(f"api/v1/namespaces/{name}") or {})["metadata"].get("labels") or {})
 
 
-def test_the_extender_writes_its_own_objects_in_a_workspace_namespace_only(cp: ControlPlane, extender: Path,
-                                                                           ns: str) -> None:
-    """A namespace it labels for workspace W: its own Role / ServiceAccount for W allowed (and changed, and
-    deleted); without its labels, for another workspace, or someone else's Role there: refused."""
-    ok, said = write(cp, extender, "label", None, "namespace", ns, f"{WS_LABEL}={ns}")
-    assert ok, said
-    ok, said = write(cp, extender, "label", None, "namespace", ns, "team=x")
-    assert not ok and ONLY_THE_LABEL in said, said
-    ok, said = write(cp, extender, "annotate", None, "namespace", ns, "note=x")
-    assert not ok and ONLY_THE_LABEL in said, said
-    mine = {**MANAGED, WS_LABEL: ns}
-    for obj in (role("accelstack-workspace-viewer", ns, mine), sa("ci", ns, mine)):
-        ok, said = write(cp, extender, "create", obj)
+def test_the_extender_writes_its_own_objects_in_a_workspace_namespace_only(cp: ControlPlane, stack: Stack,
+                                                                           extender: Path, ns: str) -> None:
+    """A workspace's namespace (the running controller labels it and makes its objects): the controller's own
+    objects for that workspace may be made, changed and deleted; without its labels, for another workspace, or
+    someone else's Role there: refused; on the namespace, only the workspace label. The writes are server-side
+    dry runs (admission runs, nothing is stored), so the running controller's own work is left alone."""
+    ws = f"{ns}-ws"
+    cp.create(WS, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": ws},
+                   "spec": {"namespaces": [ns], "access": [{"kind": "User", "name": f"u-{ns}", "role": "viewer"}]}})
+    dry = "--dry-run=server"
+    try:
+        viewer = f"{RBAC}/namespaces/{ns}/roles/accelstack-workspace-viewer"
+        wait_for("the workspace's Role", lambda: cp.get(viewer), timeout=60)
+        for extra in (("team=x",), ("--overwrite", f"{WS_LABEL}={ns}-other")):
+            ok, said = write(cp, extender, "label", None, "namespace", ns, *extra, dry)
+            assert ok == (extra[0] == "--overwrite") and (ok or ONLY_THE_LABEL in said), (extra, said)
+        ok, said = write(cp, extender, "annotate", None, "namespace", ns, "note=x", dry)
+        assert not ok and ONLY_THE_LABEL in said, said
+        mine = {**MANAGED, WS_LABEL: ws}
+        for obj in (role("accelstack-workspace-extra", ns, mine), sa("ci", ns, mine)):
+            ok, said = write(cp, extender, "create", obj, dry)
+            assert ok, said
+        ok, said = write(cp, extender, "replace", relabelled(cp, viewer, {"x": "y"}), dry)
         assert ok, said
-    ok, said = write(cp, extender, "replace", relabelled(cp, f"{RBAC}/namespaces/{ns}/roles/accelstack-workspace-viewer",
-                                                         {**mine, "x": "y"}))
-    assert ok, said
-    for obj in (role("unlabelled", ns, {}), role("other-workspace", ns, {**MANAGED, WS_LABEL: f"{ns}-other"}),
-                sa("bare", ns, {WS_LABEL: ns})):
-        ok, said = write(cp, extender, "create", obj)
-        assert not ok and ONLY_WORKSPACE_NS in said, (obj["metadata"]["name"], said)
-    # someone else's Role in the workspace namespace: not the controller's to change or delete
-    cp.create(f"{RBAC}/namespaces/{ns}/roles", role("theirs", ns, {}))
-    ok, said = write(cp, extender, "replace", relabelled(cp, f"{RBAC}/namespaces/{ns}/roles/theirs", mine))
-    assert not ok and ONLY_ITS_OWN in said, said
-    ok, said = write(cp, extender, "delete", None, "role", "theirs", "-n", ns)
-    assert not ok and ONLY_ITS_OWN in said, said
-    assert cp.get(f"{RBAC}/namespaces/{ns}/roles/theirs")
-    # its own: deleted, also once the namespace is no longer a workspace's (a dropped namespace is cleaned up)
-    ok, said = write(cp, extender, "label", None, "namespace", ns, f"{WS_LABEL}-")
-    assert ok, said
-    for args in (("role", "accelstack-workspace-viewer"), ("serviceaccount", "ci")):
-        ok, said = write(cp, extender, "delete", None, *args, "-n", ns)
+        ok, said = write(cp, extender, "delete", None, "role", "accelstack-workspace-viewer", "-n", ns, dry)
         assert ok, said
-    with contextlib.suppress(ApiCallError):
-        cp.delete(f"{RBAC}/namespaces/{ns}/roles/theirs")
+        for obj in (role("unlabelled", ns, {}), role("other-workspace", ns, {**MANAGED, WS_LABEL: f"{ns}-other"}),
+                    sa("bare", ns, {WS_LABEL: ws})):
+            ok, said = write(cp, extender, "create", obj, dry)
+            assert not ok and ONLY_WORKSPACE_NS in said, (obj["metadata"]["name"], said)
+        # someone else's Role in the workspace namespace: not the controller's to change or delete
+        cp.create(f"{RBAC}/namespaces/{ns}/roles", role("theirs", ns, {}))
+        ok, said = write(cp, extender, "replace", relabelled(cp, f"{RBAC}/namespaces/{ns}/roles/theirs", mine), dry)
+        assert not ok and ONLY_ITS_OWN in said, said
+        ok, said = write(cp, extender, "delete", None, "role", "theirs", "-n", ns, dry)
+        assert not ok and ONLY_ITS_OWN in said, said
+    finally:
+        with contextlib.suppress(ApiCallError):
+            cp.delete(f"{WS}/{ws}")
