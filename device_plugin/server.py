@@ -50,6 +50,79 @@ SUN_PATH_MAX = 107  # bytes of a unix socket path, without the terminating NUL (
 log = logging.getLogger("accelstack.device_plugin.server")
 
 
+class _Undecodable:
+    """A request whose bytes are not the method's protobuf (what the tolerant deserializer hands on)."""
+
+    def __init__(self, message_type: str, size: int, error: str) -> None:
+        self.message_type, self.size, self.error = message_type, size, error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None, message_type: str) -> Callable[[bytes], Any]:
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw) if deserializer is not None else raw
+        except Exception as exc:  # google.protobuf's DecodeError: the request is refused in the method
+            return _Undecodable(message_type, len(raw), type(exc).__name__)
+    return decode
+
+
+async def _refuse(method: str, request: _Undecodable, context: Any) -> None:
+    log.warning("undecodable protobuf request refused", extra={
+        "method": method, "message_type": request.message_type, "bytes": request.size, "error": request.error})
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid {request.message_type} message")
+
+
+def _quiet(method: str, handler: Any) -> Any:
+    """``handler`` with requests that do not decode refused as INVALID_ARGUMENT and one WARNING line (grpc's
+    own path logs an ERROR traceback per such request: ``Unexpected [DecodeError] raised by servicer method``)."""
+    message_type = getattr(handler.request_deserializer, "__qualname__", "").split(".")[0] or "request"
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Any) -> Any:
+            if isinstance(request, _Undecodable):
+                return await _refuse(method, request, context)
+            return await inner_uu(request, context)
+
+        return handler._replace(request_deserializer=_tolerant(handler.request_deserializer, message_type),
+                                unary_unary=unary_unary)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await _refuse(method, request, context)
+                return
+            async for item in inner_us(request, context):
+                yield item
+
+        return handler._replace(request_deserializer=_tolerant(handler.request_deserializer, message_type),
+                                unary_stream=unary_stream)
+    return handler
+
+
+class _Recorder:
+    """Takes the generated code's method handlers instead of a server."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, _: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, _: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_quiet_servicer(servicer: Any, server: Any) -> None:
+    """``add_DevicePluginServicer_to_server`` with each method's undecodable requests refused quietly."""
+    recorder = _Recorder()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, recorder)
+    handlers = {name: _quiet(name, h) for name, h in recorder.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+    server.add_registered_method_handlers("v1beta1.DevicePlugin", handlers)
+
+
 class RegistrationError(RuntimeError):
     """The kubelet refused the registration for a reason retrying cannot fix."""
 
@@ -212,8 +285,7 @@ class PluginRunner:
         prepare_socket(self.socket_path)
         check_socket_path(self.kubelet_socket)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        api_pb2_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginService(self.backend, self.table, self.metrics), server)
+        add_quiet_servicer(DevicePluginService(self.backend, self.table, self.metrics), server)
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as exc:  # grpc's "Failed to bind": the directory changed since the probe
