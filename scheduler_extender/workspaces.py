@@ -161,10 +161,16 @@ def parse_policy(raw: Any) -> Policy:
     if max_gprs is not None and (not isinstance(max_gprs, int) or isinstance(max_gprs, bool) or max_gprs < 1):
         raise PolicyError(f"spec.policy.maxGPRs: want a whole number >= 1, got {max_gprs!r}")
     devices = []
-    for i, d in enumerate(raw.get("devices") or ()):
+    raw_devices = raw.get("devices")
+    if raw_devices is not None and not isinstance(raw_devices, list):  # (a number here was a TypeError, a 500)
+        raise PolicyError("spec.policy.devices: want a list of {resource, model (optional), max >= 0}, got "
+                          f"{str(raw_devices)[:80]!r}")
+    for i, d in enumerate(raw_devices or ()):
         if not isinstance(d, Mapping) or not isinstance(d.get("resource"), str) \
-                or not isinstance(d.get("max"), int) or d["max"] < 0:
-            raise PolicyError(f"spec.policy.devices[{i}]: want {{resource, model (optional), max >= 0}}, got {d!r}")
+                or not isinstance(d.get("max"), int) or isinstance(d["max"], bool) or d["max"] < 0 \
+                or (d.get("model") is not None and not isinstance(d["model"], str)):
+            raise PolicyError(f"spec.policy.devices[{i}]: want {{resource, model (optional), max >= 0}}, got "
+                              f"{repr(d)[:120]}")
         devices.append(DeviceQuota(d["resource"], _str(d.get("model")), d["max"]))
     if len({(d.resource, d.model) for d in devices}) != len(devices):
         raise PolicyError("spec.policy.devices: one entry per resource and model")

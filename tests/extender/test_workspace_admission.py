@@ -330,3 +330,16 @@ async def test_bindings_and_workspaces_are_read_once_per_ttl_not_per_pod() -> No
         assert peer.count("GET", "gpuprovisioningrequests") == 0  # no list of the namespace's GPRs per pod
     finally:
         await peer.stop()
+
+
+async def test_a_policy_of_wrong_types_is_a_denial_naming_the_field_not_a_500(http: TestClient[Any, Any]) -> None:
+    """``policy.devices: 5`` was a TypeError in parse_policy: answered code 500 "admission failed: TypeError"
+    (and a 500 with a traceback on the REST API's PUT)."""
+    for policy, field in (({"devices": 5}, "spec.policy.devices:"), ({"devices": {"a": 1}}, "spec.policy.devices:"),
+                          ({"devices": [{"resource": "nvidia.com/gpu", "max": 1, "model": 3}]},
+                           "spec.policy.devices[0]:"),
+                          ({"devices": [{"resource": "nvidia.com/gpu", "max": True}]}, "spec.policy.devices[0]:")):
+        response = await call(http, "/validate-workspaces", of("Workspace", "workspaces",
+                                                               workspace("other", ["fresh"], policy)))
+        assert response["allowed"] is False and response["status"]["code"] == 422, (policy, response)
+        assert response["status"]["message"].startswith(field), (policy, response["status"]["message"])
