@@ -99,6 +99,24 @@ def node_resources(node: Node) -> set[str] | None:
     return found or None
 
 
+TAINT_VALUE_MAX = 63  # a taint value is a label value: 63 bytes, alphanumerics at both ends
+
+
+def taint_value(names: list[str]) -> str:
+    """The True conditions joined with ``_`` (``GPUUnhealthy_NR1Unhealthy``), bounded to a valid label value:
+    when they do not fit, as many whole names as fit and then ``<n>more`` (a longer value was refused with 422
+    on every reconcile and the node never tainted). Characters a label value cannot hold are dropped."""
+    clean = ["".join(ch for ch in n if ch.isascii() and (ch.isalnum() or ch in "-_.")).strip("-_.")
+             for n in names]
+    clean = [n[:TAINT_VALUE_MAX].rstrip("-_.") for n in clean if n]
+    for kept in range(len(clean), -1, -1):
+        rest = len(clean) - kept
+        value = "_".join(clean[:kept] + ([f"{rest}more"] if rest else []))
+        if len(value) <= TAINT_VALUE_MAX:
+            return value
+    return ""  # (not reached: "<n>more" alone fits)
+
+
 def decide(conditions: list[dict[str, Any]], tainted: bool, watched: list[str], hold: float, now: float,
            healthy_since: float | None = None, resources: set[str] | None = None,
            about: Mapping[str, str] | None = None) -> Decision:
@@ -111,7 +129,7 @@ def decide(conditions: list[dict[str, Any]], tainted: bool, watched: list[str], 
     present = {str(c.get("type")): c for c in conditions if c.get("type") in watched}
     true = sorted(t for t, c in present.items() if c.get("status") == "True")
     if true:
-        return Decision(True, "_".join(true), why=f"{', '.join(true)} True")
+        return Decision(True, taint_value(true), why=f"{', '.join(true)} True")
     if not tainted:
         return Decision(None, why="healthy")
     if not present:

@@ -424,3 +424,21 @@ def test_decide_invariants(conditions, tainted: bool, hold: int, now: int, healt
                                  .timestamp()) >= hold for c in present if c["status"] == "False")
     if not tainted:
         assert decision.taint is not False
+
+
+def test_the_taint_value_of_many_conditions_is_a_valid_label_value() -> None:
+    """Several long condition names joined were over 63 bytes: the API server refused the taint (422) on every
+    reconcile and the node was never tainted. The value keeps whole names that fit, then how many more."""
+    import re
+
+    from npd.remediation import decide, taint_value
+
+    names = [f"Accelerator{i}MemoryUncorrectableErrors" for i in range(5)]
+    conds = [{"type": n, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"} for n in names]
+    d = decide(conds, tainted=False, watched=names, hold=150, now=0.0)
+    assert d.taint is True and len(d.value) <= 63, d.value
+    assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", d.value), d.value
+    assert d.value == "Accelerator0MemoryUncorrectableErrors_4more"
+    assert taint_value(["GPUUnhealthy", "NR1Unhealthy"]) == "GPUUnhealthy_NR1Unhealthy"  # short: as before
+    assert taint_value(["X" * 80]) == "X" * 63
+    assert len(taint_value(["A" * 62, "B"])) <= 63
