@@ -109,7 +109,7 @@ class Binder:
 
     async def _record(self, pod: PodView, node: str) -> str:
         """Decide and record the pod in the node's ledger; '' when recorded (or already there), else why not."""
-        ask = resolve(self.view, dict(pod.requests), pod.gpr, pod.priority)
+        ask = resolve(self.view, dict(pod.requests), pod.gpr, pod.priority, uid=pod.uid)
         if ask.problem:
             return f"cannot bind {pod.key}: {ask.problem}"
         if node not in self.view.nodes:
@@ -160,6 +160,7 @@ class Binder:
         """Decide every bind of ``batch`` on the node's ledger, each seeing the ones before it, and write the
         ledger once with all that fit; on a conflict re-read the node and decide them all again."""
         def answer(waiting: _Waiting, outcome: str | tuple[str, bool]) -> None:
+            self.view.unclaim(waiting.pod.uid)  # recorded in the ledger now (the view holds it), or refused
             if not waiting.done.done():
                 waiting.done.set_result(outcome)
 
@@ -174,18 +175,20 @@ class Binder:
                 return
             entries = dict(view.ledger)
             judged, added = view, 0
+            recorded: list[str] = []
             outcomes: list[str | tuple[str, bool]] = []
             for waiting in batch:
                 pod = waiting.pod
                 if pod.uid in entries:  # a retried bind: the devices are already recorded for this pod
                     outcomes.append("")
                     continue
-                reason, resolvable = node_verdict(self.view, waiting.ask, node, judged)
+                reason, resolvable = node_verdict(self.view, waiting.ask, node, judged, recorded)
                 if reason:
                     outcomes.append((reason, resolvable))
                     continue
                 entries[pod.uid] = ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, self.clock())
                 judged = dataclasses.replace(view, ledger=dict(entries), used={}, used_by={})
+                recorded.append(pod.uid)
                 outcomes.append("")
                 added += 1
             if not added:

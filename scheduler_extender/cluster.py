@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+import math
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -311,6 +313,18 @@ def model_of(node: NodeView, resource: str) -> str:
     return node.labels.get(MODEL_LABEL.get(resource, ""), "unknown")
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A pod of a GPR that filter sent to one reserved node and whose bind has not recorded it yet (in flight):
+    the node's share of the GPR it takes is not offered to the GPR's next pods. kube-scheduler assumes a pod on
+    its node between its scheduling cycle and its Binding; this is the extender's side of that."""
+
+    node: str
+    gpr: str
+    requests: dict[str, int]
+    until: float  # the view's clock: a claim whose bind never came (the pod failed a later step) lapses then
+
+
 class ClusterView:
     def __init__(self, resources: Iterable[str] = (GPU, NR1)) -> None:
         self.resources = tuple(resources)
@@ -324,6 +338,12 @@ class ClusterView:
         self.selector_keys: set[str] = set()  # node labels some pod's nodeSelector or node affinity read (grows only)
         self.reserved: dict[str, dict[str, int]] = {}  # node -> {gpr key: devices} for holding GPRs
         self.recorded: dict[str, str] = {}  # pod UID -> the node whose ledger records devices for it
+        # pods of GPRs in flight between filter and the ledger (see Claim): pod UID -> claim, and their sums
+        self.claims: dict[str, Claim] = {}
+        self.claimed: dict[tuple[str, str, str], int] = {}  # (node, gpr key, resource) -> devices claimed
+        self.claim_ttl = 30.0  # seconds; 0 turns claims off (filter then offers every reserved node that fits)
+        self.clock: Callable[[], float] = time.monotonic
+        self._next_lapse = math.inf
         self._live: dict[str, set[str]] = {}  # namespace -> keys of its unfinished GPRs (not Complete/Cancelled)
         # GPRs read afresh ahead of their watch (the filter's catch-up read): key -> that revision; the watch's
         # older events for them are skipped until it catches up, so the view never steps back
@@ -420,6 +440,48 @@ class ClusterView:
             for uid in new.ledger:
                 self.recorded[uid] = new.name
 
+    def claim(self, uid: str, node: str, gpr: str, requests: dict[str, int]) -> None:
+        """Record that pod ``uid`` of ``gpr`` was sent to ``node`` (replacing its earlier claim)."""
+        self.unclaim(uid)
+        until = self.clock() + self.claim_ttl
+        self.claims[uid] = Claim(node, gpr, dict(requests), until)
+        self._next_lapse = min(self._next_lapse, until)
+        for resource, count in requests.items():
+            key = (node, gpr, resource)
+            self.claimed[key] = self.claimed.get(key, 0) + count
+
+    def unclaim(self, uid: str) -> None:
+        """Pod ``uid`` is no longer in flight (its ledger entry is written, its bind failed, it is bound or gone)."""
+        claim = self.claims.pop(uid, None)
+        if claim is None:
+            return
+        for resource, count in claim.requests.items():
+            key = (claim.node, claim.gpr, resource)
+            left = self.claimed.get(key, 0) - count
+            if left > 0:
+                self.claimed[key] = left
+            else:
+                self.claimed.pop(key, None)
+
+    def lapse_claims(self) -> None:
+        """Drop the claims whose bind never came in time (O(1) until the earliest one is due)."""
+        now = self.clock()
+        if now < self._next_lapse:
+            return
+        for uid in [uid for uid, claim in self.claims.items() if claim.until <= now]:
+            self.unclaim(uid)
+        self._next_lapse = min((claim.until for claim in self.claims.values()), default=math.inf)
+
+    def claimed_share(self, node: str, gpr: str, resource: str, mine: Collection[str] = ()) -> int:
+        """Devices of ``gpr``'s share on ``node`` that pods in flight hold, not counting the pods ``mine``."""
+        count = self.claimed.get((node, gpr, resource), 0)
+        if count:
+            for uid in mine:
+                claim = self.claims.get(uid)
+                if claim is not None and claim.node == node and claim.gpr == gpr:
+                    count -= claim.requests.get(resource, 0)
+        return count
+
     def sync_gprs(self, items: Sequence[dict[str, Any]]) -> None:
         self._sync(items, ClusterView._add_gpr, ClusterView._take_gprs)
 
@@ -500,6 +562,7 @@ class ClusterView:
         if kind == "DELETED":
             self.pods.pop(uid, None)
             self._host(uid, None)
+            self.unclaim(uid)
             return
         view = pod_view(obj, self.resources)
         if view is None:  # no managed resource: only what it requests of its node counts
@@ -511,6 +574,8 @@ class ClusterView:
         else:
             self._host(uid, (view.node, *view.host) if view.node and view.live else None)
             self.pods[uid] = view
+            if view.node and uid in self.claims:  # bound (by this replica or another): the ledger holds it now
+                self.unclaim(uid)
             if view.node_selector or view.affinity:
                 self.selector_keys |= label_keys(view.node_selector, view.affinity)
 
