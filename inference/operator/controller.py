@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from inference.names import LABEL_ENDPOINT, LABEL_POOL, POOL_BURST, POOL_PRIMARY
 from inference.operator import objects as o
-from inference.operator.decide import Observed, Plan, plan, primary_replicas
+from inference.operator.decide import Observed, Plan, plan, primary_replicas, refused
 from inference.resources import DEPLOYMENTS, HPAS, INFERENCE_ENDPOINTS, NETWORK_POLICIES, PDBS
 from kubeapi.client import KubeClient, backoff_delay
 from kubeapi.errors import AlreadyExists, ApiError, Conflict, NotFound
 from kubeapi.informer import Informer
-from kubeapi.resources import EVENTS, GPR_TEMPLATES, GPRS, NODES, PODS, SERVICES, Resource
+from kubeapi.resources import EVENTS, GPR_TEMPLATES, GPRS, NODES, PODS, SERVICES, WORKSPACES, Resource
 
 log = logging.getLogger("accelstack.inference.operator")
 FIELD_MANAGER = o.MANAGED_BY
@@ -128,6 +128,7 @@ class Operator:
         self.pods = Store(self._child_changed)
         self.nodes = Store(self._node_changed)
         self.templates = Store(self._template_changed)
+        self.workspaces = Store(self._workspace_changed)
         managed = f"app.kubernetes.io/managed-by={o.MANAGED_BY}"
         self.informers = [Informer(kube, INFERENCE_ENDPOINTS, self.endpoints.event, self.endpoints.sync,
                                    name="ie-endpoints"),
@@ -135,7 +136,9 @@ class Operator:
                                    label_selector=LABEL_ENDPOINT),
                           Informer(kube, NODES, self.nodes.event, self.nodes.sync, name="ie-nodes"),
                           Informer(kube, GPR_TEMPLATES, self.templates.event, self.templates.sync,
-                                   name="ie-gprtemplates")]
+                                   name="ie-gprtemplates"),
+                          Informer(kube, WORKSPACES, self.workspaces.event, self.workspaces.sync,
+                                   name="ie-workspaces")]
         for kind, resource in OWNED.items():
             store = self.owned[kind]
             self.informers.append(Informer(kube, resource, store.event, store.sync, name=f"ie-{resource.plural}",
@@ -172,6 +175,22 @@ class Operator:
             if key[0] == namespace and ((endpoint.get("spec") or {}).get("gpr") or {}).get("template") == name:
                 self.enqueue(key)
 
+    def _workspace_changed(self, obj: dict[str, Any]) -> None:
+        namespaces = set(((obj.get("spec") or {}).get("namespaces")) or [])
+        for key in list(self.endpoints.objects):
+            if key[0] in namespaces:
+                self.enqueue(key)
+
+    def max_exit(self, namespace: str) -> str | None:
+        """The ``spec.policy.maxExitDuration`` of the workspace that lists ``namespace`` (as the GPR webhook holds
+        a GPR there to it), as written; None when no workspace lists it or the policy sets none."""
+        for ws in self.workspaces.objects.values():
+            spec = ws.get("spec") or {}
+            if namespace in (spec.get("namespaces") or []):
+                value = (spec.get("policy") or {}).get("maxExitDuration")
+                return str(value) if value else None
+        return None
+
     # ---- observing --------------------------------------------------------------------------------------------
     def observe(self, endpoint: dict[str, Any]) -> Observed:
         namespace, name = _key(endpoint)
@@ -192,7 +211,7 @@ class Operator:
         nodes = {n: self.nodes.objects[("", n)] for n in {(p.get("spec") or {}).get("nodeName") for p in pods}
                  if n and ("", n) in self.nodes.objects}
         return Observed(deployments=deployments, gprs=gprs, hpa=mine("HorizontalPodAutoscaler", name), pods=pods,
-                        nodes=nodes, owned=owned,
+                        nodes=nodes, owned=owned, max_exit=self.max_exit(namespace),
                         gpr_template=self.templates.objects.get((namespace, template_name)) if template_name else None)
 
     # ---- acting -----------------------------------------------------------------------------------------------
@@ -203,8 +222,15 @@ class Operator:
         endpoint = copy.deepcopy(endpoint)
         result = plan(endpoint, self.observe(endpoint), self.settings, now_iso(self.wall))
         namespace, name = key
+        refusal = ""
         for obj in result.apply:
-            await self._apply(endpoint, obj)
+            refusal = await self._apply(endpoint, obj)
+            if refusal:  # what comes after it (a Deployment gated on a refused GPR) would only wait for nothing
+                break
+        if refusal:
+            result.status, news = refused(endpoint, result.status, refusal, now_iso(self.wall))
+            if news:
+                result.events.append(("Warning", "Refused", refusal))
         for kind, child in result.delete:
             try:
                 await self.kube.delete(OWNED[kind], child, namespace, uid=self._uid(kind, namespace, child))
@@ -234,7 +260,24 @@ class Operator:
         obj = self.owned[kind].objects.get((namespace, name))
         return (obj or {}).get("metadata", {}).get("uid") or None
 
-    async def _apply(self, endpoint: dict[str, Any], desired: dict[str, Any]) -> None:
+    async def _apply(self, endpoint: dict[str, Any], desired: dict[str, Any]) -> str:
+        """Create or update one child; '' when done (or left to a later pass), else why the API server refused it
+        (an admission webhook, a quota, a schema: an answer that retrying the same object will not change)."""
+        try:
+            await self._write(endpoint, desired)
+        except (Conflict, NotFound):
+            self.enqueue(_key(endpoint))
+        except ApiError as exc:
+            if exc.transient:
+                raise
+            why = f"{desired['kind']} {'/'.join(_key(desired))} refused: {exc.message or exc}"[:1000]
+            log.warning("child refused", extra={"endpoint": "/".join(_key(endpoint)), "kind": desired["kind"],
+                                                "object": desired["metadata"]["name"], "status": exc.status,
+                                                "error": why})
+            return why
+        return ""
+
+    async def _write(self, endpoint: dict[str, Any], desired: dict[str, Any]) -> None:
         kind = desired["kind"]
         resource = OWNED[kind]
         namespace, name = _key(desired)

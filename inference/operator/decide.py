@@ -27,6 +27,7 @@ from inference.operator import objects as o
 UNHEALTHY_CONDITIONS = ("GPUUnhealthy", "NR1Unhealthy")
 UNHEALTHY_TAINT = "accelstack.io/unhealthy"
 ADMITTED_PHASES = ("Admitted", "Running")
+ENDED_PHASES = ("Complete", "Cancelled")  # a GPR that will not come back: the operator makes a new one
 CONDITION_TYPES = ("Ready", "Degraded", "Bursting", "ScalingLimited")
 
 
@@ -39,6 +40,7 @@ class Observed:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     gpr_template: dict[str, Any] | None = None  # the GPRTemplate spec.gpr.template names, when found
     owned: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) of objects the endpoint owns now
+    max_exit: str | None = None  # spec.policy.maxExitDuration of the workspace the endpoint's namespace is in
 
 
 @dataclass
@@ -165,6 +167,19 @@ def _condition(old: dict[str, dict[str, Any]], type_: str, status: bool, reason:
             "observedGeneration": generation}
 
 
+def refused(endpoint: dict[str, Any], status: dict[str, Any], why: str, now: str) -> tuple[dict[str, Any], bool]:
+    """``status`` with ``Ready=False``, reason ``Refused`` and ``why`` (what the API server refused and its answer:
+    a webhook's or a quota's message); and whether that is news (an Event is due)."""
+    generation = _int((endpoint.get("metadata") or {}).get("generation"), 0)
+    old = {str(c.get("type")): c for c in (endpoint.get("status") or {}).get("conditions") or []
+           if isinstance(c, dict)}
+    ready = _condition(old, "Ready", False, "Refused", why, now, generation)
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
+    before = old.get("Ready") or {}
+    return ({**status, "conditions": [ready, *conditions]},
+            (before.get("reason"), before.get("message")) != ("Refused", why))
+
+
 def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSettings, now: str) -> Plan:
     result = Plan()
     meta = endpoint["metadata"]
@@ -191,7 +206,8 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     burst_wanted, burst_why = burst_replicas(endpoint, observed, desired)
     # the GPR before the Deployment, so its place in the queue is taken before the first pod is gated on it
     wanted: list[dict[str, Any]] = [
-        o.gpr(endpoint, POOL_PRIMARY, template_spec), o.deployment(endpoint, POOL_PRIMARY, desired, settings),
+        o.gpr(endpoint, POOL_PRIMARY, template_spec, observed.max_exit),
+        o.deployment(endpoint, POOL_PRIMARY, desired, settings),
         o.service(endpoint, POOL_PRIMARY), o.pdb(endpoint), o.network_policy(endpoint, settings)]
     autoscaler = o.hpa(endpoint)
     if autoscaler is not None:
@@ -200,11 +216,18 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     if spec.get("burst"):
         burst_pods = _int(((burst_dep or {}).get("status") or {}).get("replicas"), 0)
         if burst_wanted > 0 or burst_pods > 0:
-            wanted.append(o.gpr(endpoint, POOL_BURST, template_spec))
+            wanted.append(o.gpr(endpoint, POOL_BURST, template_spec, observed.max_exit))
         wanted += [o.deployment(endpoint, POOL_BURST, burst_wanted, settings), o.service(endpoint, POOL_BURST)]
-    result.apply = wanted
-    keep = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
+    # a GPR that ended (its workspace's exitDuration reached, or cancelled) is deleted and made again next pass:
+    # a service outlives any one GPR, and the new one takes its place in the queue
+    ended = {o.child_name(endpoint, pool): phase for pool, g in observed.gprs.items()
+             if (phase := (g.get("status") or {}).get("phase")) in ENDED_PHASES}
+    result.apply = [obj for obj in wanted if not (obj["kind"] == "GPUProvisioningRequest"
+                                                  and obj["metadata"]["name"] in ended)]
+    keep = {(obj["kind"], obj["metadata"]["name"]) for obj in result.apply}
     result.delete = sorted(k for k in observed.owned if k not in keep)
+    for name, phase in sorted(ended.items()):
+        result.events.append(("Normal", "GPRRenewed", f"GPR {name} is {phase}; deleted, a new one is made"))
 
     # replicas on unhealthy nodes
     for pod in observed.pods:

@@ -129,8 +129,13 @@ def service(endpoint: dict[str, Any], pool: str) -> dict[str, Any]:
                                 "targetPort": PORT_NAME, "protocol": "TCP"}]}}
 
 
-def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The pool's GPR: ``nodeCount`` = the pool's maximum replicas, ``devicesPerNode`` = the accelerator count."""
+def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | None = None,
+        exit_duration: str | None = None) -> dict[str, Any]:
+    """The pool's GPR: ``nodeCount`` = the pool's maximum replicas, ``devicesPerNode`` = the accelerator count.
+
+    ``exit_duration``: the longest run the endpoint's workspace allows (its ``spec.policy.maxExitDuration``), which
+    the GPR webhook requires there; None elsewhere (a service runs until the endpoint is deleted). A GPR that
+    reaches it completes and the operator makes a new one (see :mod:`decide`)."""
     spec = endpoint["spec"]
     choice = spec.get("gpr") or {}
     accel = pool_accelerator(spec, pool)
@@ -149,6 +154,8 @@ def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | Non
             body["preemptible"] = bool(choice.get("preemptible", False))
     for key in ("exitDuration", "idleTimeout", "enforceIdleTimeout"):
         body.pop(key, None)  # a service runs until the endpoint is deleted
+    if exit_duration:
+        body["exitDuration"] = exit_duration
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUProvisioningRequest",
             "metadata": _meta(endpoint, child_name(endpoint, pool), pool), "spec": body}
 

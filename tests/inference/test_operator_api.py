@@ -349,3 +349,46 @@ def test_own_writes_never_replace_something_newer_in_the_store() -> None:
     assert store.objects[("a", "x")]["note"] == "our next write"
     store.record_write(None, obj("5", "a create racing the watch"))  # the key exists: the watch's copy stays
     assert store.objects[("a", "x")]["note"] == "our next write"
+
+
+WS = "apis/accelstack.io/v1alpha1/workspaces"
+WEBHOOK_NO = ('admission webhook "gprs.accelstack.io" denied the request: spec.exitDuration: required in workspace '
+              'team, at most 2h0m0s (spec.policy.maxExitDuration)')
+
+
+async def test_a_refused_gpr_is_a_ready_false_condition_and_an_event(apiserver: APIServerPeer,
+                                                                     operator: Running) -> None:
+    """Issue 35.6: a refusal (here the GPR webhook's) was a log line only; the endpoint had no status at all."""
+    fault = apiserver.inject("POST", "gpuprovisioningrequests", status=403, reason="Forbidden", message=WEBHOOK_NO)
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: condition(get(apiserver, IE, "llama"), "Ready").get("reason") == "Refused",
+                     what="Ready=False Refused")
+    ready = condition(get(apiserver, IE, "llama"), "Ready")
+    assert ready["status"] == "False"
+    assert ready["message"].startswith("GPUProvisioningRequest team-a/llama-primary refused: admission webhook")
+    assert "spec.exitDuration: required in workspace team" in ready["message"]
+    # nothing is made behind a refused GPR: no Deployment whose pods would wait for a GPR that does not exist
+    assert get(apiserver, DEP, "llama-primary") is None
+    await eventually(lambda: bool(events(apiserver, "Refused")), what="warning event")
+    fault.remove()
+
+
+async def test_a_gpr_in_a_workspace_with_max_exit_duration_carries_it(apiserver: APIServerPeer,
+                                                                        operator: Running) -> None:
+    """Issue 35.6: the operator's GPR had no exitDuration, so a workspace's webhook refused it."""
+    await apiserver.put_object(WS, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace",
+                                    "metadata": {"name": "team"},
+                                    "spec": {"namespaces": ["team-a"], "policy": {"maxExitDuration": "2h"}}})
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: get(apiserver, GPR, "llama-primary") is not None, what="GPR created")
+    g = get(apiserver, GPR, "llama-primary")
+    assert g is not None and g["spec"]["exitDuration"] == "2h"
+    # when it reaches it (the GPR completes), a new GPR takes its place: the service outlives any one GPR
+    done = copy.deepcopy(g)
+    done["status"] = {"phase": "Complete", "reason": "ExitDurationReached"}
+    await apiserver.put_object(GPR, done, "MODIFIED")
+    await eventually(lambda: (x := get(apiserver, GPR, "llama-primary")) is not None and
+                     x["metadata"]["uid"] != g["metadata"]["uid"], what="a new GPR")
+    await eventually(lambda: bool(events(apiserver, "GPRRenewed")), what="renewal event")
