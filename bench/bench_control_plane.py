@@ -174,6 +174,7 @@ class Cluster:
         self.extender = subprocess.Popen(
             [sys.executable, "-m", "scheduler_extender.main", "--kubeconfig", str(config), "--listen",
              f"127.0.0.1:{self.ext_port}", "--controller=false", "--log-level", "error", "--waittime-qps", "100000",
+             "--insecure-verbs=true",
              *extender_args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.controller = subprocess.Popen(
             [sys.executable, "-m", "scheduler_extender.controller_main", "--kubeconfig", str(config), "--listen",

@@ -57,7 +57,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("url-prefix", "/scheduler", "path prefix of the extender verbs (the scheduler's urlPrefix path)")
     add("scheduler-listen", "", "host:port of a listener of their own for the extender verbs, which then only it "
         "serves; it requires a client certificate signed by --scheduler-client-ca-file (kube-scheduler presents one "
-        "through the extender's tlsConfig). Empty: the verbs are served on --listen to anyone who reaches it")
+        "through the extender's tlsConfig). Empty: the process refuses to start unless --insecure-verbs says to serve "
+        "them on --listen")
+    add("insecure-verbs", "false", "serve the extender verbs (bind included) on --listen without client "
+        "authentication, to anyone who reaches it (a test, a network only the scheduler reaches); off by default: "
+        "use --scheduler-listen")
     add("scheduler-client-ca-file", "", "CA bundle (PEM) that signs kube-scheduler's client certificate for "
         "--scheduler-listen")
     add("scheduler-client-names", "accelstack-scheduler", "common names (comma-separated) a client certificate on "
@@ -106,7 +110,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     log_level, log_format = flags.logging()
     if not args.url_prefix.startswith("/"):
         raise UsageError(f"--url-prefix: must start with '/', got {args.url_prefix!r}")
-    return {
+    opts = {
         "host": host, "port": port, "cert": args.tls_cert_file, "key": args.tls_key_file,
         "prefix": args.url_prefix, "resources": resources, "require_gpr": flags.boolean("require-gpr"),
         "max_body": flags.number("max-body-bytes", int, 1024), "kubeconfig": args.kubeconfig,
@@ -124,6 +128,14 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
                          idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
     }
+    insecure_verbs = flags.boolean("insecure-verbs")  # checked last: other flags' errors come first
+    if not args.scheduler_listen and not insecure_verbs:
+        raise UsageError("--scheduler-listen: the extender verbs need a listener of their own that takes only "
+                         "kube-scheduler's client certificate (with --scheduler-client-ca-file); "
+                         "--insecure-verbs serves them on --listen to anyone instead")
+    if args.scheduler_listen and insecure_verbs:
+        raise UsageError("--insecure-verbs: not with --scheduler-listen (the verbs are served there only)")
+    return opts
 
 
 async def serve(opts: dict[str, Any]) -> None:
@@ -156,8 +168,8 @@ async def serve(opts: dict[str, Any]) -> None:
         verbs_context.verify_mode = ssl.CERT_REQUIRED  # no certificate from that CA: no TLS session at all
         verbs_context.load_cert_chain(opts["cert"], opts["key"])
     else:
-        log.warning("the extender verbs (bind included) are served on --listen without client authentication: "
-                    "anyone who reaches it can call them; set --scheduler-listen and --scheduler-client-ca-file")
+        log.warning("--insecure-verbs: the extender verbs (bind included) are served on --listen without client "
+                    "authentication: anyone who reaches it can call them")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

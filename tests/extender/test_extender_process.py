@@ -54,6 +54,7 @@ current-context: peer
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "scheduler_extender.main", "--kubeconfig", str(kubeconfig), "--listen",
         f"127.0.0.1:{port}", "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--lease-seconds", "2",
+        "--insecure-verbs=true",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "ACCELSTACK_EXT_LEASE_NAMESPACE": "accelstack-system"})
     context = ssl.create_default_context(cafile=str(cert))
@@ -114,6 +115,8 @@ current-context: peer
     (["--max-body-bytes", "many"], "--max-body-bytes: not a number"),
     (["--body-timeout", "0"], "--body-timeout: must be >= 0.01"),
     (["--url-prefix", "scheduler"], "--url-prefix: must start with '/'"),
+    ([], "--scheduler-listen: the extender verbs need a listener of their own"),  # secure by default
+    (["--insecure-verbs=true", "--scheduler-listen", ":8444"], "--scheduler-listen: needs --tls-cert-file"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], message: str) -> None:
     result = subprocess.run([sys.executable, "-m", "scheduler_extender.main", *args], capture_output=True, text=True,

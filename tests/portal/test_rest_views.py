@@ -242,10 +242,11 @@ def test_node_group_label_flag_is_checked() -> None:
     from device_plugin.flags import UsageError
     from scheduler_extender.main import parse
 
-    assert parse(["--node-group-label", "example.com/rack"], {})["node_group_label"] == "example.com/rack"
-    assert parse([], {})["node_group_label"] == "node.kubernetes.io/instance-type"
+    insecure = ["--insecure-verbs=true"]
+    assert parse([*insecure, "--node-group-label", "example.com/rack"], {})["node_group_label"] == "example.com/rack"
+    assert parse(insecure, {})["node_group_label"] == "node.kubernetes.io/instance-type"
     with pytest.raises(UsageError, match="--node-group-label: a node label key"):
-        parse(["--node-group-label", "two words"], {})
+        parse([*insecure, "--node-group-label", "two words"], {})
 
 
 async def test_the_per_node_inventory_gives_the_loop_back_and_is_kept_while_the_view_is_unchanged() -> None:
