@@ -424,3 +424,24 @@ def test_the_operators_children_are_allowed_where_owner_references_are_enforced(
         res = subprocess.run([cp.binary("kubectl"), "--kubeconfig", str(kc3), "create", "-f", "-"],
                              input=json.dumps(svc), capture_output=True, text=True, timeout=60)
         assert res.returncode != 0 and "blockOwnerDeletion" in res.stderr, res.stderr
+
+
+# ---- (5) an endpoint in a workspace that bounds exitDuration (issue 35.6a) ---------------------------------------
+def test_an_endpoint_in_a_workspace_with_max_exit_duration_gets_its_gpr_admitted_by_the_webhook(
+        cp: ControlPlane, operator: Product, ns: str) -> None:
+    """Before: the shipped GPR webhook refused the operator's GPR (no exitDuration), the endpoint made nothing and
+    had no status, only a log line said so. Now the GPR carries the workspace's maxExitDuration and passes."""
+    ws = f"ie-{ns}"[:63]
+    cp.create("apis/accelstack.io/v1alpha1/workspaces", {
+        "apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": ws},
+        "spec": {"namespaces": [ns], "policy": {"maxExitDuration": "2h"}}})
+    try:
+        wait_for("the namespace to join the workspace", lambda: (
+            (cp.get(f"api/v1/namespaces/{ns}") or {}).get("metadata", {}).get("labels", {})
+            .get("accelstack.io/workspace") == ws), timeout=60)
+        ep = reconciled(cp, ns)
+        gpr = cp.get(f"{CHILDREN['GPUProvisioningRequest'].format(ns=ns)}/llama-primary")
+        assert gpr is not None and gpr["spec"]["exitDuration"] == "2h", gpr
+        assert condition(ep, "Ready")["reason"] == "NoReadyReplica", ep["status"]
+    finally:
+        cp.api("DELETE", f"apis/accelstack.io/v1alpha1/workspaces/{ws}")
