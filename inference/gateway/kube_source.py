@@ -1,6 +1,11 @@
 """The gateway's view of the cluster: informers on InferenceEndpoints, the operator's EndpointSlices and API-key
 Secrets (``kubeapi``), folded into the route table by the same pure functions as the objects file.
 
+Secrets are read only in the key namespaces (``--key-namespaces``; the shipped manifest: accelstack-system) and
+only those labelled ``accelstack.io/api-key=true`` (the selector goes to the API server, so no other Secret ever
+reaches the process): RBAC cannot limit a list or watch to a label, so it is the namespace list that lets the
+gateway's account hold Secrets rights in those namespaces only, not cluster-wide (issue 36.7).
+
 Events are coalesced: a burst of slice updates (a rollout) rebuilds the table once, ``debounce`` seconds after
 the first. The gateway is ready once every informer has listed; while one cannot list, the routes in force stay
 (an error is never taken for an empty list).
@@ -90,15 +95,17 @@ class TokenReviewer:
 
 class KubeSource:
     def __init__(self, gateway: Gateway, kube: KubeClient, namespaces: Sequence[str] = (),
-                 debounce: float = 0.05) -> None:
+                 debounce: float = 0.05, key_namespaces: Sequence[str] = ()) -> None:
         self.gateway, self.kube, self.debounce = gateway, kube, debounce
         self.endpoints, self.slices, self.secrets = (Store(self._changed) for _ in range(3))
         self.informers: list[Informer] = []
-        kinds: list[tuple[Resource, Store, str]] = [(INFERENCE_ENDPOINTS, self.endpoints, ""),
-                                                    (ENDPOINT_SLICES, self.slices, LABEL_ENDPOINT),
-                                                    (SECRETS, self.secrets, f"{LABEL_API_KEY}=true")]
-        for namespace in namespaces or (None,):
-            for resource, store, selector in kinds:
+        watched: list[str | None] = list(namespaces) or [None]
+        kinds: list[tuple[Resource, Store, str, list[str | None]]] = [
+            (INFERENCE_ENDPOINTS, self.endpoints, "", watched),
+            (ENDPOINT_SLICES, self.slices, LABEL_ENDPOINT, watched),
+            (SECRETS, self.secrets, f"{LABEL_API_KEY}=true", list(key_namespaces) or watched)]
+        for resource, store, selector, where in kinds:
+            for namespace in where:
                 self.informers.append(Informer(
                     kube, resource, store.event, self._syncer(store, namespace),
                     name=f"gateway-{resource.plural}" + (f"-{namespace}" if namespace else ""), namespace=namespace,
@@ -112,8 +119,10 @@ class KubeSource:
         return lambda items: store.sync(items, namespace)
 
     @classmethod
-    async def connect(cls, gateway: Gateway, kubeconfig: str, namespaces: Sequence[str]) -> KubeSource:
-        return cls(gateway, await from_config(kubeconfig, field_manager=FIELD_MANAGER), namespaces)
+    async def connect(cls, gateway: Gateway, kubeconfig: str, namespaces: Sequence[str],
+                      key_namespaces: Sequence[str] = ()) -> KubeSource:
+        return cls(gateway, await from_config(kubeconfig, field_manager=FIELD_MANAGER), namespaces,
+                   key_namespaces=key_namespaces)
 
     def _changed(self) -> None:
         self._dirty.set()

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                        "watching the API server (re-read when it changes)")
     add_api_flags(add, environ, api_timeout=False)
     add("namespaces", "", "watch only these namespaces (comma-separated); empty: all")
+    add("key-namespaces", "", "read API-key Secrets only in these namespaces (comma-separated; the account needs "
+                              "list,watch of Secrets there and nowhere else); empty: those of --namespaces")
     add("auth", "true", "require an API key (Authorization: Bearer) on every API call")
     add("policy", "least-request", f"balancing policy: {', '.join(POLICIES)}")
     add("request-timeout", "300", "seconds to the whole answer (JSON) or to the first chunk (stream)")
@@ -91,12 +94,24 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         shutdown_timeout=flags.number("shutdown-timeout", float, 0),
         body_timeout=flags.number("client-body-timeout", float, 0.001),
         queue_metric=args.queue_metric, load_poll_interval=flags.number("load-poll-interval", float, 0))
-    namespaces = tuple(n.strip() for n in args.namespaces.split(",") if n.strip())
+    namespaces, key_namespaces = namespace_list(flags, "namespaces"), namespace_list(flags, "key-namespaces")
     return {"host": host, "port": port, "settings": settings,
             "objects": Path(args.objects) if args.objects else None, "kubeconfig": args.kubeconfig,
-            "namespaces": namespaces, "log_level": log_level, "log_format": log_format,
+            "namespaces": namespaces, "key_namespaces": key_namespaces, "log_level": log_level, "log_format": log_format,
             "header_timeout": flags.number("client-header-timeout", float, 0.001),
             "keepalive_timeout": flags.number("client-idle-timeout", float, 0.001)}
+
+
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def namespace_list(flags: Checked, flag: str) -> tuple[str, ...]:
+    """A comma-separated list of namespace names (DNS labels), in order, without repeats."""
+    names = tuple(dict.fromkeys(n.strip() for n in flags.raw(flag).split(",") if n.strip()))
+    bad = [n for n in names if not NAMESPACE.fullmatch(n)]
+    if bad:
+        raise UsageError(f"{flags.label(flag)}: not a namespace name: {bad[0][:80]!r}")
+    return names
 
 
 async def serve(opts: dict[str, Any]) -> None:
@@ -113,7 +128,8 @@ async def serve(opts: dict[str, Any]) -> None:
     else:
         from inference.gateway.kube_source import KubeSource
 
-        kube_source = await KubeSource.connect(gateway, opts["kubeconfig"], opts["namespaces"])
+        kube_source = await KubeSource.connect(gateway, opts["kubeconfig"], opts["namespaces"],
+                                               opts["key_namespaces"])
         tasks.append(asyncio.create_task(kube_source.run()))
         cleanup.append(kube_source.close)
     runner = GatewayRunner(gateway.app(), access_log=None, handler_cancellation=True,

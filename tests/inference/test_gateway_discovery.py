@@ -80,9 +80,9 @@ async def test_routes_follow_the_api_server(apiserver: APIServerPeer, make_peers
     assert selectors and all("labelSelector=accelstack.io/api-key%3Dtrue" in q for q in selectors)
     from tests.inference.test_inference_manifests import allowed, request_verb, rules_of
 
-    rules = rules_of("accelstack-gateway")
-    for method, path in apiserver.requests:
+    for method, path in apiserver.requests:  # Secrets: the role bound in the key namespaces (rbac.yaml)
         group, resource, verb = request_verb(method, path)
+        rules = rules_of("accelstack-gateway-api-keys" if resource == "secrets" else "accelstack-gateway")
         assert allowed(rules, group, resource, verb), f"{method} {path}: {verb} on {group or 'core'}/{resource}"
 
 
@@ -121,7 +121,9 @@ async def test_service_account_tokens_by_token_review(apiserver: APIServerPeer, 
             from tests.inference.test_inference_manifests import allowed, request_verb, rules_of
 
             for method, path in apiserver.requests:
-                assert allowed(rules_of("accelstack-gateway"), *request_verb(method, path)), (method, path)
+                asked = request_verb(method, path)
+                role = "accelstack-gateway-api-keys" if asked[1] == "secrets" else "accelstack-gateway"
+                assert allowed(rules_of(role), *asked), (method, path)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -204,3 +206,34 @@ async def test_namespaced_informers_keep_each_namespace_apart(apiserver: APIServ
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     assert all("/namespaces/team-" in q for _, q in apiserver.requests)
+
+
+async def test_api_keys_are_read_only_in_the_key_namespaces(apiserver: APIServerPeer, make_peers: Any) -> None:
+    """--key-namespaces (issue 36.7): Secrets are listed and watched only there, labelled ones only (the account
+    holds Secrets rights nowhere else); a labelled key in another namespace is never asked for and never works,
+    while endpoints and slices are still watched in every namespace."""
+    (replica,) = await make_peers(1)
+    await apiserver.put_object(IE, endpoint("llm", "team-a", models=["m"],
+                                            access={"apiKeys": ["keys/central"], "namespaces": ["team-a"]}))
+    for obj in slices("llm", [replica.url], namespace="team-a"):
+        await apiserver.put_object(EPS, obj)
+    await apiserver.put_object(SECRETS, key_secret("central", "keys", KEY_A))
+    await apiserver.put_object(SECRETS, key_secret("app", "team-a", KEY_B))  # outside the key namespaces
+    running = RunningGateway(Settings(request_timeout=5))
+    await running.start()
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        source = KubeSource(running.gateway, kube, key_namespaces=["keys"], debounce=0.01)
+        task = asyncio.create_task(source.run())
+        try:
+            await eventually(lambda: "m" in running.gateway.routes and running.gateway.synced, what="routes")
+            assert (await client(running.url, KEY_A).embeddings.create(model="m", input="x")).data
+            with pytest.raises(openai.AuthenticationError):
+                await client(running.url, KEY_B).embeddings.create(model="m", input="x")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await running.stop()
+    secret_queries = [q for _, q in apiserver.requests if "/secrets" in q]
+    assert secret_queries and all(q.startswith("/api/v1/namespaces/keys/secrets") and "labelSelector=" in q
+                                  for q in secret_queries), secret_queries
+    assert any(q.startswith("/apis/accelstack.io/v1alpha1/inferenceendpoints") for _, q in apiserver.requests)

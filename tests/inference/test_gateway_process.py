@@ -31,6 +31,8 @@ def test_flags_and_env() -> None:
     opts = parse(["--listen", ":9000", "--retries", "2"], {"ACCELSTACK_GW_QUEUE_TIMEOUT": "7.5"})
     assert opts["port"] == 9000 and opts["settings"].retries == 2 and opts["settings"].queue_timeout == 7.5
     assert parse(["--queue-timeout", "3"], {"ACCELSTACK_GW_QUEUE_TIMEOUT": "7.5"})["settings"].queue_timeout == 3
+    keys = parse(["--key-namespaces", " keys, team-a ,keys"], {})
+    assert keys["key_namespaces"] == ("keys", "team-a") and keys["namespaces"] == ()
 
 
 @pytest.mark.parametrize(("argv", "env", "message"), [
@@ -41,6 +43,8 @@ def test_flags_and_env() -> None:
     ([], {"ACCELSTACK_GW_AUTH": "maybe"}, "--auth (env ACCELSTACK_GW_AUTH): not a boolean"),
     (["--objects", "/no/such/file"], {}, "--objects (env ACCELSTACK_GW_OBJECTS): no such file"),
     (["--eject-max-fraction", "2"], {}, "--eject-max-fraction (env ACCELSTACK_GW_EJECT_MAX_FRACTION)"),
+    (["--key-namespaces", "ok,Not_A_Namespace"], {}, "--key-namespaces (env ACCELSTACK_GW_KEY_NAMESPACES): not a "
+                                                      "namespace name: 'Not_A_Namespace'"),
 ])
 def test_bad_values_name_the_flag_and_variable(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(UsageError) as err:

@@ -62,9 +62,18 @@ def test_gateway_role_only_reads_and_reviews_tokens() -> None:
     rules = rules_of("accelstack-gateway")
     writes = [(r["apiGroups"], r["resources"], v) for r in rules for v in r["verbs"] if v not in ("get", "list", "watch")]
     assert writes == [(["authentication.k8s.io"], ["tokenreviews"], "create")]
-    for group, resource in (("accelstack.io", "inferenceendpoints"), ("discovery.k8s.io", "endpointslices"),
-                            ("", "secrets")):
+    for group, resource in (("accelstack.io", "inferenceendpoints"), ("discovery.k8s.io", "endpointslices")):
         assert allowed(rules, group, resource, "watch")
+    # Secrets (API keys) never cluster-wide: only through RoleBindings, in exactly the --key-namespaces it reads
+    assert not allowed(rules, "", "secrets", "list") and not allowed(rules, "", "secrets", "get")
+    assert rules_of("accelstack-gateway-api-keys") == [{"apiGroups": [""], "resources": ["secrets"],
+                                                        "verbs": ["list", "watch"]}]
+    bound = [d for d in docs("rbac.yaml") if d["kind"].endswith("Binding")
+             and d["roleRef"]["name"] == "accelstack-gateway-api-keys"]
+    assert bound and all(d["kind"] == "RoleBinding" for d in bound)
+    (deployment,) = [d for d in docs("gateway.yaml") if d["kind"] == "Deployment"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert sorted(args["key-namespaces"].split(",")) == sorted(d["metadata"]["namespace"] for d in bound)
 
 
 def test_pod_security_restricted() -> None:
