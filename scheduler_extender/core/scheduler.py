@@ -20,8 +20,10 @@ A pass over the queue (in :meth:`tick`):
    one too, with the earlier reservations held.
 4. A later request may start now (backfill) only if it cannot delay any reservation: either it ends, by its own
    exitDuration, before the earliest reservation starts, or it fits without touching reserved devices or the
-   host CPU and memory reserved on their nodes. When a reservation cannot be bounded (an unbounded holder is in
-   the way) or more than ``max_reservations`` requests are blocked, the pass stops: no backfill without proof.
+   host CPU and memory reserved on their nodes. A reservation that cannot be bounded (an unbounded holder is in
+   the way) claims every node its request could ever use (its model, node group, node constraints), whole: a
+   later request may start on the other nodes, which cannot delay it (one stuck request does not block its
+   level on unrelated pools). When more than ``max_reservations`` requests are blocked, the pass stops.
 
 A request that would not fit even on the empty healthy cluster is reported once (``unschedulable``) and skipped:
 it waits (devices may recover) without blocking anyone.
@@ -110,9 +112,13 @@ class Event:
 
 @dataclass
 class Reservation:
+    """A blocked request's claim: it starts at ``start`` on ``placement``. An unbounded one (``start`` infinite,
+    no placement: an unbounded holder is in the way) claims every node ``req`` could ever use instead."""
+
     gpr: str
     start: float
     placement: Placement | None
+    req: Request | None = None
 
 
 @dataclass
@@ -121,6 +127,7 @@ class _Pass:
     resv: list[Reservation] = field(default_factory=list)
     failed: set[Request] = field(default_factory=set)
     masked: Inventory | None = None
+    unbounded_masked: Inventory | None = None  # only unbounded reservations' nodes taken out
     admitted: list[str] = field(default_factory=list)
     requeue: list[GPR] = field(default_factory=list)
     bounds: list[Holder] | None = None  # holders sorted by end bound, kept up to date within the pass
@@ -1068,7 +1075,7 @@ class Scheduler:
         self._tick_admitted.add(g.name)
         if st.bounds is not None:
             bisect.insort(st.bounds, Holder(g.name, g.end_bound()), key=holder_order)
-        st.masked = None
+        st.masked = st.unbounded_masked = None
         return Event(now, kind, g.name)
 
     def _evict(self, g: GPR, now: float, st: _Pass, by: str) -> list[Event]:
@@ -1122,11 +1129,38 @@ class Scheduler:
         return ([Holder(g.name, g.end_bound()) for g in self.holders.values()]
                 + [Holder(g.name, now) for g in self.evicting.values()])
 
-    def _base_without(self, resv: list[Reservation]) -> Inventory:
-        """A copy of the inventory with reserved devices and reserved host resources taken out."""
+    @staticmethod
+    def _reach(inv: Inventory, req: Request) -> np.ndarray:
+        """Nodes ``req`` could ever be placed on (resource, model, node constraints, device memory), whatever is
+        free on them now."""
+        if req.resource not in inv.resource_index:
+            return np.zeros(len(inv), dtype=bool)
+        ok = inv.resource == inv.resource_index[req.resource]
+        if req.models:
+            ok &= inv.models_mask(req.models)
+        if req.nodes is not None:
+            ok &= inv.names_mask(req.nodes)
+        if req.count > 0 and req.device_memory_mib:
+            ok &= inv.dev_mem >= req.device_memory_mib
+        return ok
+
+    def _base_without(self, resv: list[Reservation], unbounded_only: bool = False) -> Inventory:
+        """A copy of the inventory with reserved devices and reserved host resources taken out. An unbounded
+        reservation takes out every node its request could ever use, whole (its devices and host CPU and memory):
+        when its holder leaves is unknown, so any of them may be the one it starts on, at any time. Nodes it can
+        never use stay: work there cannot delay it. ``unbounded_only``: take out only those."""
         base = self.inv.copy()
         for r in resv:
             if r.placement is None:
+                if r.req is None or math.isfinite(r.start):
+                    continue
+                for n in np.flatnonzero(self._reach(base, r.req)):
+                    base.healthy[n] = False
+                    base.cpu_free[n] = min(int(base.cpu_free[n]), -1)
+                    base.mem_free[n] = min(int(base.mem_free[n]), -1)
+                    base.touch(int(n))
+                continue
+            if unbounded_only:
                 continue
             for a in r.placement.assignments:
                 base.cpu_free[a.node] -= a.cpu_milli
@@ -1147,13 +1181,13 @@ class Scheduler:
                 st.bounds = sorted(self._holder_bounds(now), key=holder_order)
             start, state = earliest_fit(base, req, st.bounds, now, presorted=True)
         placement = self.policy.place(state, req) if math.isfinite(start) else None
-        return Reservation(g.name, max(start, g.not_before), placement)
+        return Reservation(g.name, max(start, g.not_before), placement, req)
 
     def _ensure_reservations(self, st: _Pass, now: float) -> bool:
         while len(st.resv) < len(st.blocked):
             r = self._reserve(st.blocked[len(st.resv)], st.resv, now, st)
             st.resv.append(r)
-            st.masked = None
+            st.masked = st.unbounded_masked = None
         return all(math.isfinite(r.start) for r in st.resv)
 
     def _audit(self, st: _Pass, now: float) -> None:
@@ -1248,13 +1282,18 @@ class Scheduler:
             if req in st.failed:
                 st.blocked.append(g)
                 continue
-            if not self._ensure_reservations(st, now):
-                break
-            first = min(r.start for r in st.resv)
+            bounded = self._ensure_reservations(st, now)
+            first = min((r.start for r in st.resv if math.isfinite(r.start)), default=math.inf)
             if g.exit_duration_s is not None and now + g.exit_duration_s <= first:
-                p = self.policy.place(self.inv, req)
-                if p is None:
-                    st.failed.add(req)
+                # ends before any bounded reservation starts; an unbounded one keeps its nodes whole
+                if bounded:
+                    p = self.policy.place(self.inv, req)
+                    if p is None:
+                        st.failed.add(req)
+                else:
+                    if st.unbounded_masked is None:
+                        st.unbounded_masked = self._base_without(st.resv, unbounded_only=True)
+                    p = self.policy.place(st.unbounded_masked, req)
             else:
                 if st.masked is None:
                     st.masked = self._base_without(st.resv)

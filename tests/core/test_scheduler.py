@@ -874,3 +874,27 @@ def test_a_gprs_host_need_steers_its_placement_and_is_asked_only_when_placing() 
     assert where == {"big": "idle", "small": "busy"}  # best fit packs small onto busy; big needs the cores
     assert set(needs.asked) == {"big", "small"}
     sched.check()
+
+
+def test_unbounded_head_does_not_block_other_pools_or_its_own_nodes() -> None:
+    """Issue 35.1: a head stuck behind a holder with no end (a non-GPR pod) claims every node it could ever use,
+    whole; a later request of its level that fits on nodes the head can never use (another model, nodes its
+    constraints exclude) is backfilled, one that needs the head's nodes is not, and no reservation moves."""
+    inv = Inventory([NodeSpec("a0", 8, model="a100"), NodeSpec("h0", 8, model="h100"), NodeSpec("h1", 8, model="h100"),
+                     NodeSpec("a1", 8, model="a100")])
+    s = Scheduler(inv, BestFit(), SchedulerConfig(audit=True))
+    assert s.hold("pod/ns/squatter", "a0", 8) == 8
+    s.limit("stuck", frozenset({"a0"}))  # its pods can run only on a0 (node affinity)
+    s.submit(GPR("stuck", devices_per_node=8, priority=150, models=("a100",)), 0)
+    s.submit(GPR("other-model", devices_per_node=8, priority=150, models=("h100",)), 1)
+    s.submit(GPR("excluded-node", devices_per_node=8, priority=150, models=("a100",)), 2)  # a1: stuck can never use it
+    ev = s.tick(2)
+    assert kinds(ev) == [("backfilled", "other-model"), ("backfilled", "excluded-node")]
+    assert s.reservations[0].gpr == "stuck" and math.isinf(s.reservations[0].start)
+    s.submit(GPR("takes-a0", devices_per_node=1, priority=1, exit_duration_s=10), 3)  # a lower level: behind stuck
+    ev = s.tick(3)
+    assert kinds(ev) == [("backfilled", "takes-a0")]
+    assert s.inv.names[s.gprs["takes-a0"].placement.assignments[0].node] == "h1"  # type: ignore[union-attr]
+    s.submit(GPR("needs-stucks-node", devices_per_node=8, priority=1, models=("a100",), exit_duration_s=10), 4)
+    assert kinds(s.tick(4)) == []  # a1 is taken, a0 is stuck's: a short one would still delay it
+    assert s.inversions == 0

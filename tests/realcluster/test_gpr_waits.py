@@ -1,0 +1,42 @@
+"""GPR waits a team can trust, on the real API server and controller (issue 35 points 1, 2 and 4)."""
+
+from __future__ import annotations
+
+from tests.realcluster.conftest import Nodes
+from tests.realcluster.controlplane import ApiCallError, ControlPlane
+from tests.realcluster.objects import GPRS, admitted, gpr, gpr_status, pod, wait_for
+from tests.realcluster.stack import Stack
+
+MODEL = "nvidia.com/gpu.product"
+OUTSIDE = "kube-system"  # the pod webhook is not called there: a GPU pod bound without any GPR, as another
+# scheduler or a nodeName would bind it
+
+
+def squat(cp: ControlPlane, name: str, node: str, gpus: int = 8) -> str:
+    """A pod holding ``gpus`` of ``node`` outside any GPR, with no end; returns its path (delete it after)."""
+    try:  # this control plane runs no service-account controller
+        cp.create(f"api/v1/namespaces/{OUTSIDE}/serviceaccounts", {"metadata": {"name": "default"}})
+    except ApiCallError as exc:
+        if exc.status != 409:
+            raise
+    cp.create(f"api/v1/namespaces/{OUTSIDE}/pods", pod(name, gpus=gpus, scheduler="default-scheduler", nodeName=node))
+    return f"api/v1/namespaces/{OUTSIDE}/pods/{name}"
+
+
+def test_a_stuck_head_does_not_block_a_gpr_for_another_model(cp: ControlPlane, stack: Stack, ns: str,
+                                                              nodes: Nodes) -> None:
+    """Issue 35.1: a 1x8 GPR whose only node is held by a non-GPR pod with no end heads its level; a 1x8 GPR of
+    the same level for another GPU model, with free nodes of that model, is Admitted there anyway (before: Queued
+    behind the head for as long as the pod ran). The head stays Queued: its node is still taken."""
+    a0 = nodes.add("a0", gpus=8, labels={MODEL: "A100"})
+    h = [nodes.add(f"h{i}", gpus=8, labels={MODEL: "H100"}) for i in range(2)]
+    held = squat(cp, f"{ns}-squatter", a0)
+    try:
+        cp.create(GPRS.format(ns=ns), gpr("a-stuck", devices=8, models=["A100"]))
+        wait_for("the head Queued", lambda: gpr_status(cp, ns, "a-stuck").get("phase") == "Queued")
+        cp.create(GPRS.format(ns=ns), gpr("b-other-model", devices=8, models=["H100"]))
+        status = wait_for("the other model's GPR admitted", lambda: admitted(cp, ns, "b-other-model"), timeout=30)
+        assert {r["node"] for r in status["reservation"]} <= set(h)
+        assert gpr_status(cp, ns, "a-stuck").get("phase") == "Queued"  # still: its node is taken
+    finally:
+        cp.api("DELETE", held, {"gracePeriodSeconds": 0})
