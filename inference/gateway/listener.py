@@ -9,6 +9,10 @@
   headers or opens a connection and says nothing is closed. Idle keep-alive connections between requests are
   aiohttp's ``keepalive_timeout``; a body that stops arriving is the server's ``body_timeout`` (it reads the body).
 - **No version banner**: ``Server: accelstack-gateway`` instead of aiohttp's ``Python/x.y aiohttp/x.y.z``.
+- **One shutdown timeout** (issue 37.4): on cleanup a request in progress may finish for ``shutdown_timeout``
+  seconds in all, then it is cancelled. aiohttp waited that long for it, then asked it to stop (it does not cancel
+  the handler) and waited the same again: twice ``--shutdown-timeout``, past the shipped grace period; and a
+  timeout of 0 meant no limit at all.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from aiohttp.web_protocol import RequestHandler
 log = logging.getLogger("accelstack.gateway")
 
 SERVER = "accelstack-gateway"
+CANCEL_GRACE = 0.5  # seconds a cancelled handler has to close its upstream and record itself
 MALFORMED_BODY = b'{"error": {"message": "Malformed HTTP request.", "type": "invalid_request_error", ' \
                  b'"param": null, "code": "bad_request"}}'
 
@@ -51,6 +56,19 @@ class _Handler(RequestHandler):
             self._disarm()  # a whole head arrived
         elif self._head_timer is None and not self._request_in_progress and not self._messages:
             self._arm()  # the first bytes of the next request's head
+
+    async def shutdown(self, timeout: float | None = 15.0) -> None:
+        """Let the request in progress finish within ``timeout`` seconds (0: not at all), then cancel it."""
+        self._force_close = True  # no next request on this connection: the connection's task ends with this one
+        if self._keepalive_handle is not None:
+            self._keepalive_handle.cancel()
+        task = self._task_handler
+        if task is not None and not task.done() and self._request_in_progress:
+            await asyncio.wait({task}, timeout=max(0.0, timeout or 0.0))  # never raises the task's outcome
+        if task is not None and not task.done():
+            task.cancel()  # the handler sees CancelledError: upstream closed, metrics and logs as a disconnect
+            await asyncio.wait({task}, timeout=CANCEL_GRACE)
+        self.force_close()
 
     def _arm(self) -> None:
         if self.header_timeout > 0 and self.transport is not None:

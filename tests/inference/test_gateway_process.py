@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -127,6 +128,51 @@ async def test_sigterm_drains_and_lets_requests_finish(make_peers: Any, tmp_path
     assert proc.stderr is not None
     log = proc.stderr.read()
     assert "draining" in log and KEY_A not in log
+
+
+async def test_shutdown_takes_drain_plus_one_shutdown_timeout(make_peers: Any, tmp_path: Path) -> None:
+    """Issue 37.4: a request that outlives --shutdown-timeout is cancelled at it, not after twice it (aiohttp waited
+    the timeout for the handler, then the same again for the handler it had only asked to stop). The shipped
+    manifest's drain and shutdown flags and grace period, scaled down by one factor: the process exits after drain +
+    timeout and before the grace period ends (the old code took drain + 2 x timeout, past it)."""
+    from tests.inference.test_inference_manifests import docs
+
+    (deployment,) = [d for d in docs("gateway.yaml") if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in pod["containers"][0]["args"])
+    drain, timeout, grace = float(args["drain-seconds"]), float(args["shutdown-timeout"]), pod["terminationGracePeriodSeconds"]
+    assert drain + timeout < grace
+    scale = (drain + timeout) / 3.5  # 0.5 s drain, 3 s timeout and a 4.5 s grace with the shipped 5, 30 and 45 s
+    drain, timeout, grace = drain / scale, timeout / scale, grace / scale
+    (peer,) = await make_peers(1, latency=600)
+    objects = tmp_path / "objects.yaml"
+    objects.write_text(yaml.safe_dump_all([endpoint("llm"), *slices("llm", [peer.url]), *DEFAULT_KEYS]))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "inference.gateway.main", "--objects", str(objects),
+                             "--listen", f"127.0.0.1:{port}", "--drain-seconds", str(drain),
+                             "--shutdown-timeout", str(timeout), "--log-format", "text"],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            await _wait_http(s, base + "/readyz", 200)
+            request = asyncio.create_task(s.post(base + "/v1/embeddings", json={"model": "m", "input": "x"},
+                                                 headers={"Authorization": f"Bearer {KEY_A}"}))
+            deadline = time.monotonic() + 10
+            while peer.inflight == 0:
+                assert time.monotonic() < deadline, "request never reached the replica"
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.to_thread(proc.wait, 60)
+            took = time.monotonic() - started
+            with contextlib.suppress(aiohttp.ClientError):
+                await request
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0
+    assert drain + timeout * 0.9 <= took < grace, (took, drain, timeout, grace)  # exits before the kubelet kills
 
 
 async def test_objects_file_is_reloaded(make_peers: Any, tmp_path: Path) -> None:
