@@ -221,17 +221,35 @@ def read_published(path: Path) -> dict[tuple[str, str], dict[str, float]]:
 # ----------------------------------------------------------------------------------------- philly
 @dataclass(frozen=True)
 class Job:
-    """One Philly job: when it arrived, how long it ran, how many GPUs, which VC (workspace)."""
+    """One Philly job: when it arrived, how long it ran, how many GPUs, which VC (workspace); optionally the GPU
+    model it must run on (``""``: any) and its exitDuration (``None``: drawn; ``math.inf``: none at all, a
+    holder whose end nobody can bound)."""
 
     job_id: str
     submit_s: int
     duration_s: int
     num_gpu: int
     vc: str
+    model: str = ""
+    exit_s: float | None = None
+
+
+def _exit(text: str) -> float | None:
+    """``exit_duration_s``: empty = drawn, ``none`` = no exitDuration, else whole seconds up to ten years."""
+    if not text:
+        return None
+    if text.lower() == "none":
+        return math.inf
+    v = _int_upto(MAX_DURATION_S, "ten years")(text)
+    if v < 1:
+        raise ValueError("must be at least 1 (or none, or empty to draw one)")
+    return float(v)
 
 
 def read_philly_jobs(path: Path, max_gpus: int = MAX_INT) -> list[Job]:
-    """``job_id, submit_time_s, duration_s, num_gpu, vc`` (other columns ignored), sorted by submit time.
+    """``job_id, submit_time_s, duration_s, num_gpu, vc[, gpu_model, exit_duration_s]`` (other columns ignored),
+    sorted by submit time. ``gpu_model``: the only model the job may use (empty: any); ``exit_duration_s``: its
+    exitDuration (empty: drawn, ``none``: none).
     ``max_gpus``: the cluster's GPUs (a job asking for more is refused: it could never run). Times are whole
     seconds: a submit time past 2100 in Unix seconds (a milli- or nanosecond timestamp) or a duration over
     ten years is refused."""
@@ -241,6 +259,8 @@ def read_philly_jobs(path: Path, max_gpus: int = MAX_INT) -> list[Job]:
         ("duration_s", _int_upto(MAX_DURATION_S, "ten years"), True),
         ("num_gpu", _int_upto(max_gpus, "the cluster has fewer GPUs"), True),
         ("vc", _str, True),
+        ("gpu_model", _str, False),
+        ("exit_duration_s", _exit, False),
     ]
     jobs = []
     for lineno, r in _rows(path, fields):
@@ -253,6 +273,8 @@ def read_philly_jobs(path: Path, max_gpus: int = MAX_INT) -> list[Job]:
                 int(r["duration_s"]),  # type: ignore[call-overload]
                 int(r["num_gpu"]),  # type: ignore[call-overload]
                 str(r["vc"]),
+                str(r.get("gpu_model") or ""),
+                r.get("exit_duration_s"),  # type: ignore[arg-type]
             )
         )
     if not jobs:
@@ -270,11 +292,13 @@ def _gib(text: str) -> int:
 
 
 def read_philly_nodes(path: Path) -> list[NodeSpec]:
-    """``node_id, gpu_count, gpu_mem`` (e.g. ``12GB``); the model is named after the memory size."""
+    """``node_id, gpu_count, gpu_mem[, model]`` (e.g. ``12GB``); the model is ``model`` where given, else named
+    after the memory size."""
     fields: list[Field] = [
         ("node_id", _str, True),
         ("gpu_count", _int_upto(MAX_DEVICES_PER_NODE, "no node has that many devices"), True),
         ("gpu_mem", _gib, True),
+        ("model", _str, False),
     ]
     nodes = []
     for _, r in _rows(path, fields):
@@ -285,7 +309,7 @@ def read_philly_nodes(path: Path) -> list[NodeSpec]:
             NodeSpec(
                 name=str(r["node_id"]),
                 devices=int(r["gpu_count"]),  # type: ignore[call-overload]
-                model=f"{mem // 1024}GB",
+                model=str(r.get("model") or f"{mem // 1024}GB"),
                 device_memory_mib=mem,
             )
         )

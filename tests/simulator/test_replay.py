@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from scheduler_extender.core.gpr import priority_class
@@ -43,3 +44,23 @@ def test_injected_failures_requeue_with_backoff_until_the_limit() -> None:
     assert r.finished + f["gave_up"] == len(jobs) and r.inversions == 0
     again = replay_run(nodes, jobs, "accelstack", fail_rate=0.5, retry_limit=1, estimate_every=0)
     assert again.failures == f  # seeded
+
+
+def test_two_pools_trace_a_stuck_head_does_not_hold_the_other_pool() -> None:
+    """Issue 35.1 in the simulator (data/traces/two-pools): an 8-GPU job with no exitDuration holds the only A100
+    node for 10 h; the next A100 job waits for it, unbounded; the four H100 jobs of the same level behind it start
+    on the two free H100 nodes within one job length (before: all waited the 10 h), with zero inversions."""
+    from pathlib import Path
+
+    from scheduler_extender.simulator.replay import replay_run
+    from scheduler_extender.simulator.traces import read_philly_jobs, read_philly_nodes
+
+    here = Path(__file__).resolve().parents[2] / "data" / "traces" / "two-pools"
+    nodes, jobs = read_philly_nodes(here / "nodes.csv"), read_philly_jobs(here / "jobs.csv")
+    assert [n.model for n in nodes] == ["A100", "H100", "H100"] and math.isinf(jobs[0].exit_s or 0)
+    r = replay_run(nodes, jobs, "accelstack", assignment=Assignment(priority_mix=(("low", 1.0),)), audit=True,
+                   estimate_every=0)
+    waits = sorted(r.delays)
+    assert r.finished == len(jobs) and r.inversions == 0
+    assert waits[-1] >= 35_000  # the A100 job behind the squatter
+    assert waits[-2] <= 600  # every H100 job: at most one H100 job's length
