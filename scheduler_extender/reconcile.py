@@ -1009,7 +1009,10 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         used = _used_outside_reservations(sched, snap)
     cache.outside = (base, pods_seen, nodes_seen, used)
     for name, count in used.items():
-        sched.hold(f"pods@{name}", name, count)
+        over = count - sched.hold(f"pods@{name}", name, count)
+        if over > 0:
+            plan.events += [(uid_of.get(e.gpr, ""), e)
+                            for e in _taken_from_reservations(sched, name, over, pods_of, now)]
     gated_needs = GatedNeeds(pods.gated)
     sched.need_host(gated_needs)
     short = _withhold_host(sched, snap, pods, pods_of, cache, (pods, base, versions))
@@ -1264,6 +1267,32 @@ class PodTallies:
         """Forget the GPRs not in ``live`` once they are as many as those in it (amortised: not every pass)."""
         if len(self.kept) > 2 * len(live) + 64:
             self.kept = {key: hit for key, hit in self.kept.items() if key in live}
+
+
+def _taken_from_reservations(sched: Scheduler, node: str, short: int, pods_of: Mapping[str, Sequence[PodView]],
+                             now: float) -> list[Event]:
+    """Pods outside any GPR (bound by ``nodeName`` or another scheduler) use ``short`` more devices of ``node``
+    than its reservations leave free: the reservation no longer fits. Admitted GPRs reserved there none of whose
+    pods is bound anywhere give their reservations back and queue again as they are (no failure, no backoff; the
+    next pass places them elsewhere or they wait), the latest admitted first, until the outside pods are covered;
+    the devices given back go to those pods. A GPR with a bound pod keeps its reservation (its work started)."""
+    n = sched.inv.index[node]
+    on_node = sorted(((g.admitted_at or 0.0, key, g) for key, g in sched.holders.items()
+                      if g.phase is Phase.ADMITTED and g.placement is not None
+                      and any(a.node == n for a in g.placement.assignments)
+                      and not any(p.node for p in pods_of.get(key, ()))), key=lambda t: (-t[0], t[1]))
+    events: list[Event] = []
+    left = short
+    for _, key, g in on_node:
+        if left <= 0:
+            break
+        here = next(len(a.devices) for a in g.placement.assignments if a.node == n)  # type: ignore[union-attr]
+        events += sched.give_back(key, now, f"Requeued: pods outside any GPR took {here} reserved device(s) of "
+                                            f"node {node} before any pod of it started (ReservationTaken)")
+        left -= here
+    if events:
+        sched.hold(f"pods+@{node}", node, short)  # what the outside pods use of the devices just given back
+    return events
 
 
 def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[Event]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ApiCallError, ControlPlane
-from tests.realcluster.objects import GPRS, admitted, gpr, gpr_status, pod, wait_for
+from tests.realcluster.objects import GPRS, admitted, events_for, gpr, gpr_status, pod, wait_for
 from tests.realcluster.stack import Stack
 
 MODEL = "nvidia.com/gpu.product"
@@ -38,5 +38,30 @@ def test_a_stuck_head_does_not_block_a_gpr_for_another_model(cp: ControlPlane, s
         status = wait_for("the other model's GPR admitted", lambda: admitted(cp, ns, "b-other-model"), timeout=30)
         assert {r["node"] for r in status["reservation"]} <= set(h)
         assert gpr_status(cp, ns, "a-stuck").get("phase") == "Queued"  # still: its node is taken
+    finally:
+        cp.api("DELETE", held, {"gracePeriodSeconds": 0})
+
+
+def test_a_reservation_taken_by_a_pod_outside_any_gpr_is_requeued_with_an_event(cp: ControlPlane, stack: Stack,
+                                                                                ns: str, nodes: Nodes) -> None:
+    """Issue 35.2: an Admitted GPR (no pod of it started) whose node is then filled by a pod bound outside any GPR
+    (nodeName) no longer fits there: it gives the reservation back with a reason and an Event, and is admitted on
+    the other node once that one is free (before: it stayed Admitted on the full node, 8 allocated and 8 reserved
+    at once)."""
+    first = nodes.add("n0", gpus=8)
+    cp.create(GPRS.format(ns=ns), gpr("train", devices=8))
+    status = wait_for("the GPR admitted", lambda: admitted(cp, ns, "train"))
+    taken = status["reservation"][0]["node"]
+    assert taken == first
+    held = squat(cp, f"{ns}-nodename", taken)
+    try:
+        queued = wait_for("the GPR requeued", lambda: (lambda s: s if s.get("phase") == "Queued" else None)(
+            gpr_status(cp, ns, "train")), timeout=30)
+        assert "ReservationTaken" in str(queued.get("reason")) and taken in str(queued.get("reason"))
+        events = [e for e in events_for(cp, ns, "train") if e.get("reason") == "Requeued"]
+        assert events and "ReservationTaken" in events[0]["message"], events
+        other = nodes.add("n1", gpus=8)
+        again = wait_for("the GPR admitted on the free node", lambda: admitted(cp, ns, "train"), timeout=30)
+        assert [r["node"] for r in again["reservation"]] == [other]
     finally:
         cp.api("DELETE", held, {"gracePeriodSeconds": 0})
