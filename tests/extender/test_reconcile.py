@@ -1362,3 +1362,25 @@ def test_where_queued_gprs_may_go_is_judged_again_only_for_those_whose_pods_chan
         b = plan_pass(copy.deepcopy(snap), PassConfig(refresh_queue=False), cold)
         assert (warm.limits[3] if warm.limits else {}) == (cold.limits[3] if cold.limits else {}), step
         assert summary(a) == summary(b)
+
+
+def test_an_admitted_gpr_whose_node_a_pod_outside_any_gpr_took_is_requeued() -> None:
+    """Issue 35.2: an Admitted GPR with no pod bound, whose reserved node is then filled by a pod bound outside
+    any GPR, gives the reservation back (reason ReservationTaken, a requeued event) and is placed on the free
+    node; warm and cold passes agree. One with a pod of it bound would keep it (its work started)."""
+    nodes = {n: node_view(node(n, gpus=2), (GPU,)) for n in ("n0", "n1")}
+    now = time.time()
+    obj = gpr("g", phase=None, devices=2)
+    obj["metadata"].update(uid="ug", resourceVersion="7", creationTimestamp="2026-11-30T00:00:00Z")
+    run = Passes(now, {"n0": nodes["n0"]}, {"ug": obj})
+    first = run.step()
+    assert [(w.status["phase"], [r["node"] for r in w.status["reservation"]]) for w in first.writes] == [
+        ("Admitted", ["n0"])]
+    squatter = pod_view(pod("squat", 2, uid="squat", node_name="n0", phase="Running"), (GPU,))
+    assert squatter is not None
+    run.pods, run.nodes, run.now = {squatter.uid: squatter}, nodes, now + 5
+    second = run.step()
+    requeued = [e for _, e in second.events if e.kind == "requeued"]
+    assert requeued and "ReservationTaken" in requeued[0].detail and "n0" in requeued[0].detail
+    assert [(w.status["phase"], [r["node"] for r in w.status.get("reservation") or []]) for w in second.writes] == [
+        ("Admitted", ["n1"])]
