@@ -57,6 +57,8 @@ from scheduler_extender.workspaces import WorkspaceIndex
 
 log = logging.getLogger("accelstack.controller")
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
+# Event reasons are CamelCase (kubectl and the portal show them as written): the core's kinds that are two words
+EVENT_REASONS = {"modelquota": "ModelQuota", "workspacequota": "WorkspaceQuota"}
 
 
 class ControllerMetrics:
@@ -431,7 +433,7 @@ class GPRController:
                 "metadata": {"generateName": f"{name}.", "namespace": namespace},
                 "involvedObject": {"apiVersion": gr.API_VERSION, "kind": gr.GPR_KIND, "name": name,
                                    "namespace": namespace, "uid": uid},
-                "reason": event.kind.capitalize(), "message": event.detail or event.kind,
+                "reason": EVENT_REASONS.get(event.kind) or event.kind.capitalize(), "message": event.detail or event.kind,
                 "type": "Warning" if event.kind in WARNING_EVENTS else "Normal",
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
                 "source": {"component": "accelstack-gpr-controller"}}

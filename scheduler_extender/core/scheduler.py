@@ -105,6 +105,7 @@ class SchedulerConfig:
 class Event:
     time: float
     # submitted admitted backfilled evicted requeued completed failed cancelled expired idle unschedulable modelquota
+    # workspacequota
     kind: str
     gpr: str
     detail: str = ""
@@ -1051,6 +1052,17 @@ class Scheduler:
         return [Event(now, "modelquota", g.name,
                       f"workspace {g.workspace} at its model caps ({held}); it needs {g.milli_total() / 1000:g}")]
 
+    def _quota_blocked(self, g: GPR, quota: int, now: float) -> list[Event]:
+        """``g`` waits for its workspace's usage to drop under its quota: said once (reason ``WorkspaceQuota``),
+        with the quota, what the workspace holds and what ``g`` needs, in devices."""
+        if g.reason == "WorkspaceQuota":
+            return []
+        g.reason = "WorkspaceQuota"
+        used = self.usage.get(g.workspace, 0)
+        return [Event(now, "workspacequota", g.name,
+                      f"workspace {g.workspace} quota: {used / 1000:g} of {quota / 1000:g} devices in use; it needs "
+                      f"{g.milli_total() / 1000:g}")]
+
     def _release(self, g: GPR) -> None:
         self.inv.release(g.name)
         self.holders.pop(g.name, None)
@@ -1223,12 +1235,15 @@ class Scheduler:
             q = quotas.get(g.workspace)
             if q is not None:
                 over = self.usage.get(g.workspace, 0) + g.milli_total() > q
+                if not over and g.reason == "WorkspaceQuota":
+                    g.reason = ""
                 if g.workspace in qshadow:
                     # behind a quota-blocked request of the same workspace: only if it ends before that one
                     # could start, so the workspace's quota is back in time
                     if over or g.exit_duration_s is None or now + g.exit_duration_s > qshadow[g.workspace]:
                         if over:
                             qshadow[g.workspace] = min(qshadow[g.workspace], self._quota_shadow(g, q, now, st))
+                            events += self._quota_blocked(g, q, now)
                         qcount[g.workspace] += 1
                         if qcount[g.workspace] > cfg.max_reservations:
                             walk.drop(g.workspace)
@@ -1245,12 +1260,15 @@ class Scheduler:
                             if p is not None:
                                 events.append(self._admit(g, p, now, "admitted", st))
                                 continue
+                    events += self._quota_blocked(g, q, now)
                     if not cfg.backfill:
                         walk.drop(g.workspace)
                         continue
                     qshadow[g.workspace] = self._quota_shadow(g, q, now, st)
                     qcount[g.workspace] = 1
                     continue
+            if g.reason == "Unschedulable" and self._ever_fits(req):
+                g.reason = ""  # fits again (a spec change, a node back): no longer said, across restarts too
             if not self._ever_fits(req):
                 if g.reason != "Unschedulable":
                     g.reason = "Unschedulable"

@@ -143,8 +143,28 @@ def test_quota_keeps_a_workspace_to_its_share() -> None:
         s.submit(GPR(f"g{i}", workspace="team"), 0)
     s.submit(GPR("other", workspace="else"), 0)
     ev = s.tick(0)
-    assert sorted(g for _, g in kinds(ev)) == ["g0", "g1", "other"]
+    assert sorted(g for k, g in kinds(ev) if k == "admitted") == ["g0", "g1", "other"]
+    # issue 35.4: the one held back says which quota, what the workspace uses and what it needs; said once
+    said = [e for e in ev if e.kind == "workspacequota"]
+    assert [(e.gpr, e.detail) for e in said] == [("g2", "workspace team quota: 2 of 2 devices in use; it needs 1")]
+    assert s.gprs["g2"].reason == "WorkspaceQuota" and s.tick(1) == []
+    s.finish("g0", 2)
+    assert ("admitted", "g2") in kinds(s.tick(2)) and s.gprs["g2"].reason == "Admitted"
     s.check()
+
+
+def test_unschedulable_is_cleared_as_soon_as_the_gpr_fits_again() -> None:
+    """Issue 35.4: a GPR too big for the healthy cluster says Unschedulable; once it would fit (here: a node
+    comes back) the reason goes at the next pass, though something else still holds the devices."""
+    s = _sched(4, 4)
+    s.submit(GPR("busy", devices_per_node=4, exit_duration_s=100), 0)
+    s.tick(0)
+    s.set_health("n1", None, False, 1)
+    s.submit(GPR("big", devices_per_node=4, node_count=2), 1)
+    assert ("unschedulable", "big") in kinds(s.tick(1)) and s.gprs["big"].reason == "Unschedulable"
+    s.set_health("n1", None, True, 2)
+    s.tick(2)
+    assert s.gprs["big"].phase is Phase.QUEUED and s.gprs["big"].reason == ""
 
 
 def test_a_model_cap_holds_a_workspace_to_its_devices_of_that_model() -> None:

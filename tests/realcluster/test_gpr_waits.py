@@ -65,3 +65,45 @@ def test_a_reservation_taken_by_a_pod_outside_any_gpr_is_requeued_with_an_event(
         assert [r["node"] for r in again["reservation"]] == [other]
     finally:
         cp.api("DELETE", held, {"gracePeriodSeconds": 0})
+
+
+def test_a_quota_held_gpr_says_which_quota_and_unschedulable_clears_once_it_fits(cp: ControlPlane, stack: Stack,
+                                                                                 ns: str, nodes: Nodes) -> None:
+    """Issue 35.4: a GPR held by its workspace's quota has reason WorkspaceQuota and an Event naming the workspace,
+    its use and its limit (before: reason "" while devices were free); a GPR too big for the cluster says
+    Unschedulable, and once it would fit (a node joins) the reason goes though it still waits (before: it stuck)."""
+    ws = "apis/accelstack.io/v1alpha1/workspaces"
+    nodes.add("q0", gpus=8)
+    cp.create(ws, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": ns},
+                   "spec": {"namespaces": [ns], "policy": {"devices": [{"resource": "nvidia.com/gpu", "max": 1}]}}})
+    held = squat(cp, f"{ns}-later", f"{ns}-q1")  # bound to a node that joins later: it is full when it does
+    try:
+        def in_force() -> bool:
+            return ((cp.get(f"{ws}/{ns}") or {}).get("status") or {}).get("observedGeneration") is not None
+
+        wait_for("the workspace seen", in_force, timeout=30)
+        cp.create(GPRS.format(ns=ns), gpr("first"))
+        wait_for("the first GPR admitted", lambda: admitted(cp, ns, "first"))
+        cp.create(GPRS.format(ns=ns), gpr("second"))
+        status = wait_for("the quota reason", lambda: (lambda s: s if s.get("reason") == "WorkspaceQuota" else None)(
+            gpr_status(cp, ns, "second")), timeout=30)
+        assert status["phase"] == "Queued"
+        said = wait_for("the quota Event", lambda: [e for e in events_for(cp, ns, "second")
+                                                    if e.get("reason") == "WorkspaceQuota"], timeout=30)
+        assert f"workspace {ns}" in said[0]["message"] and "1 of 1 devices in use" in said[0]["message"], said
+
+        other = f"{ns}-b"
+        cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+        try:
+            cp.create(GPRS.format(ns=other), gpr("big", devices=8, nodes=2))
+            wait_for("Unschedulable", lambda: gpr_status(cp, other, "big").get("reason") == "Unschedulable")
+            nodes.add("q1", gpus=8)
+            cleared = wait_for("the reason cleared", lambda: (lambda s: s if s.get("reason") != "Unschedulable"
+                                                              else None)(gpr_status(cp, other, "big")), timeout=30)
+            assert cleared["phase"] == "Queued"  # q1 is full: it waits, but not as if it could never fit
+        finally:
+            cp.delete(GPRS.format(ns=other))
+            cp.delete(f"api/v1/namespaces/{other}")
+    finally:
+        cp.api("DELETE", held, {"gracePeriodSeconds": 0})
+        cp.delete(f"{ws}/{ns}")
