@@ -160,7 +160,11 @@ def test_the_extender_writes_no_rbac_outside_workspace_namespaces(cp: ControlPla
     for where in ("kube-system", ns):
         binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                    "metadata": {"name": "accelstack-workspace-admin", "namespace": where, "labels": mine},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                   # to a role whose rules it holds everywhere (its own), so RBAC's escalation check (which runs
+                   # before admission) lets it through and the policy is what refuses it. ("view" would not do: the
+                   # controller manager's aggregation adds rules to it that the extender lacks.)
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": "accelstack-workspace-controller"},
                    "subjects": [{"kind": "User", "name": "mallory", "apiGroup": "rbac.authorization.k8s.io"}]}
         objs: list[dict[str, Any]] = [role("accelstack-workspace-admin", where, mine), sa("ci", where, mine), binding]
         for obj in objs:
