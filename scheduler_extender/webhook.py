@@ -671,6 +671,14 @@ class Webhook:
         body = new_object(namespace, name, spec, labels={AUTO_LABEL: "true"}, annotations=annotations)
         if owner_ref is not None:
             body["metadata"]["ownerReferences"] = [owner_ref]
+        # judged here, as /validate-gprs would judge it (namespace and workspace limits): the shipped webhook
+        # configuration does not send the extender's own automatic GPRs back to it (a round trip a pod less)
+        verdict = (await self._validate_gpr({"uid": uid, "operation": "CREATE", "object": body,
+                                             "namespace": namespace, "name": name}))["response"]
+        if not verdict["allowed"]:
+            return review_response(uid, False, code=403, message=(
+                f"could not create GPR {namespace}/{name} from template {template_name!r}: "
+                f"{verdict['status']['message']}"))
         try:
             await self.lookup.create_gpr(namespace, body)
         except AlreadyExists:

@@ -321,6 +321,24 @@ async def test_auto_gpr_on_dry_run_creates_nothing(http: TestClient[Any, Any], l
     assert lookup.created == [] and "dry run" in response["warnings"][0]
 
 
+async def test_auto_gpr_is_judged_by_the_namespace_and_workspace_limits_before_it_is_made(
+        http: TestClient[Any, Any], lookup: MemoryLookup) -> None:
+    """The shipped configuration does not send the extender's own automatic GPRs to /validate-gprs (a round trip
+    a pod less): /mutate-pods judges them with the same code, so the namespace's limits still hold for them."""
+    lookup.namespace("team-a", **{"accelstack.io/default-template": "default", "accelstack.io/max-gprs": "1",
+                                  "accelstack.io/max-exit-duration": "2h"})
+    lookup.template("team-a", "default", {"exitDuration": "4h"})
+    response = await call(http, "/mutate-pods", review(pod(name="first")))
+    assert response["allowed"] is False and lookup.created == []
+    assert "spec.exitDuration: 4h0m0s is over 2h0m0s" in response["status"]["message"]
+    lookup.template("team-a", "default", {"exitDuration": "1h"})
+    assert (await call(http, "/mutate-pods", review(pod(name="first"))))["allowed"] is True
+    lookup.gpr("team-a", "first", {"exitDuration": "1h"})
+    response = await call(http, "/mutate-pods", review(pod(name="second")))
+    assert response["allowed"] is False and len(lookup.created) == 1
+    assert "already has 1 unfinished GPRs, the most it allows is 1" in response["status"]["message"]
+
+
 # ---- pods: refusals ------------------------------------------------------------------------------------------
 async def test_unlabelled_pod_refused_when_auto_gpr_is_disabled(http_manual: TestClient[Any, Any],
                                                                 lookup: MemoryLookup) -> None:
