@@ -65,6 +65,9 @@ class PluginMetrics:
                                 registry=self.registry)
 
 
+READ_TIMEOUT = 10.0  # seconds a read of a request on the metrics listener may wait
+
+
 class HttpEndpoint:
     """/metrics, /healthz (process alive) and /readyz (``ready()``) on a stdlib WSGI server in a daemon thread.
 
@@ -72,11 +75,16 @@ class HttpEndpoint:
     plus two tiny routes keep the resident size and start-up time down (see bench/bench_device_plugin.py).
     """
 
-    def __init__(self, address: str, metrics: PluginMetrics, ready: Callable[[], bool]) -> None:
+    def __init__(self, address: str, metrics: PluginMetrics, ready: Callable[[], bool],
+                 timeout: float = READ_TIMEOUT) -> None:
         host, _, port = address.rpartition(":")
         metrics_app = make_wsgi_app(metrics.registry)
 
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        def app(environ: dict[str, Any], respond: Callable[..., Any]) -> list[bytes]:
+            def start_response(status: str, headers: list[tuple[str, str]], *exc: Any) -> Any:
+                # wsgiref would name itself and the Python version in Server
+                return respond(status, [*headers, ("Server", "accelstack")], *exc)
+
             path = environ.get("PATH_INFO", "")
             if path == "/healthz":
                 start_response("200 OK", [("Content-Type", "text/plain")])
@@ -91,9 +99,15 @@ class HttpEndpoint:
             return [b"not found\n"]
 
         class QuietHandler(WSGIRequestHandler):
+            # a thread per connection: a client that sends nothing, or drips its request, is dropped once a read
+            # waits ``timeout`` (one request per connection, HTTP/1.0: no idle keep-alive to bound); the Server
+            # header of an error answer names no Python version either
+            server_version, sys_version = "accelstack", ""
+
             def log_message(self, format: str, *args: Any) -> None:
                 return None
 
+        QuietHandler.timeout = timeout  # StreamRequestHandler sets it on each connection's socket
         self.server = make_server(host or "0.0.0.0", int(port), app, ThreadingWSGIServer, handler_class=QuietHandler)
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)

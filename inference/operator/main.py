@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from inference.operator.objects import OperatorSettings
+from scheduler_extender.http_listener import Limits, serve_app
 
 log = logging.getLogger("accelstack.inference.operator")
 ENV = "ACCELSTACK_IO_"
@@ -92,9 +93,9 @@ async def serve(opts: dict[str, Any]) -> None:
 
     app = web.Application()
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics)])
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, opts["host"], opts["port"]).start()
+    # the bounds every accelstack listener has (request-head and idle timeouts, a quiet fixed answer to
+    # malformed HTTP, no version banner: scheduler_extender/http_listener.py)
+    runner, _ = await serve_app(app, opts["host"], opts["port"], limits=Limits())
     log.info("started", extra={"listen": f"{opts['host']}:{opts['port']}", "identity": opts["identity"]})
     leading = asyncio.create_task(elector.run(stop))
     tasks = [asyncio.create_task(supervise("informers", operator.run_informers, stop)),

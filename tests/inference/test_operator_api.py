@@ -232,13 +232,26 @@ users: [{{name: test, user: {{}}}}]
 contexts: [{{name: peer, context: {{cluster: peer, user: test}}}}]
 current-context: peer
 """)
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "inference.operator.main", "--kubeconfig", str(kubeconfig), "--listen",
-        f"127.0.0.1:{free_port()}", "--lease-seconds", "3", "--log-format", "text",
+        f"127.0.0.1:{port}", "--lease-seconds", "3", "--log-format", "text",
         stderr=asyncio.subprocess.PIPE, env={**os.environ, "POD_NAME": "operator-0"})
     try:
         await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, timeout=20,
                          what="the process reconciled the endpoint")
+        # its listener has every accelstack listener's bounds: no version banner, a fixed answer to malformed
+        # HTTP that quotes nothing of the request
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head = (await reader.read()).split(b"\r\n\r\n")[0].lower()
+        writer.close()
+        assert head.startswith(b"http/1.1 200") and b"server: accelstack" in head and b"python" not in head, head
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\nAuthorization: Bearer s3cret-token\x7f\n\n")
+        answer = await reader.read()
+        writer.close()
+        assert answer.split(b" ")[1] == b"400" and b"s3cret" not in answer, answer
         lease = apiserver.get("apis/coordination.k8s.io/v1/leases", "accelstack-system",
                               "accelstack-inference-operator")
         assert lease is not None and lease["spec"]["holderIdentity"] == "operator-0"
