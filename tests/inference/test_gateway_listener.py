@@ -125,3 +125,28 @@ async def test_body_that_never_completes_gets_408_and_the_connection_closed(make
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == b"408", answer[:300]
     assert b'"code":"request_timeout"' in body
+
+
+async def test_fuzzed_requests_never_get_a_5xx_an_echoed_key_or_a_traceback(make_peers: Any, make_gateway: Any,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The extender's seeded fuzz of hostile request heads and bodies (bounded count), over the gateway: every
+    answer a 2xx-4xx that quotes no key, no traceback in the log, and the gateway still serves afterwards."""
+    import random
+
+    from tests.extender import test_security_listeners as extender_fuzz
+
+    caplog.set_level(logging.DEBUG)
+    host, port = await start(make_peers, make_gateway)
+    rng = random.Random(extender_fuzz.SEED)
+    for i in range(extender_fuzz.FUZZ_CASES):
+        data = extender_fuzz.fuzz_case(rng).replace(extender_fuzz.SECRET.encode(), SECRET.encode())
+        answer = await exchange(host, port, data, wait=10)
+        assert SECRET.encode() not in answer, (i, data[:120])
+        if answer:
+            status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/") else b""
+            assert status[:1] in (b"2", b"3", b"4"), (i, data[:120], answer[:200])
+    ok = await exchange(host, port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200"), ok[:200]
+    assert all(SECRET not in r.getMessage() and SECRET not in str(r.__dict__) for r in caplog.records)
+    tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+    assert not tracebacks, [(r.name, r.getMessage()) for r in tracebacks[:3]]
