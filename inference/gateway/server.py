@@ -67,6 +67,17 @@ class Settings:
     load_poll_interval: float = 0.0
 
 
+FAILED_AUTH_BURST, FAILED_AUTH_RATE = 10.0, 1.0  # failed TokenReviews per client address: at once, then a second
+
+
+def looks_like_jwt(token: str) -> bool:
+    """Whether a bearer token could be a service-account token (a JWT: three base64url parts): only those are
+    worth a TokenReview; anything else that is no API key is refused at once."""
+    parts = token.split(".")
+    return len(parts) == 3 and all(parts) and all(
+        c.isalnum() or c in "-_" for part in parts for c in part) and len(token) <= 16384
+
+
 class Rejected(Exception):
     """A request the gateway answers itself with an OpenAI-shaped error."""
 
@@ -149,6 +160,10 @@ class Gateway:
         self._poller: asyncio.Task[None] | None = None
         # who a bearer token that is no API key belongs to (a service-account token, by TokenReview); None: nobody
         self.reviewer: Callable[[str], Awaitable[Caller | None]] | None = None
+        # failed authentications per client address that cost a TokenReview: a bucket each (FAILED_AUTH_BURST at
+        # once, then FAILED_AUTH_RATE a second); past it, 429 and no TokenReview (distinct bogus tokens defeat any
+        # cache: 20,000 of them were 20,000 TokenReviews at the API server)
+        self.auth_failures: dict[str, TokenBucket] = {}
 
     # ---- configuration from discovery ---------------------------------------------------------------------
     def apply(self, table: Mapping[str, RouteSpec], keys: Mapping[str, Caller], problems: list[str]) -> None:
@@ -248,8 +263,24 @@ class Gateway:
             return None
         token = bearer_token(request.headers.get("Authorization"))
         caller = self.keys.get(digest(token)) if token else None
-        if caller is None and token and self.reviewer is not None:
+        if caller is None and token and self.reviewer is not None and looks_like_jwt(token):
+            client = request.remote or ""
+            bucket = self.auth_failures.get(client)
+            if bucket is not None:
+                bucket.tokens = min(bucket.burst, bucket.tokens + (self.clock() - bucket.updated) * bucket.rate)
+                bucket.updated = self.clock()
+                if bucket.tokens < 1.0:
+                    raise Rejected(429, "Too many failed authentications from this address; retry later.",
+                                   "invalid_request_error", "rate_limit_exceeded", "too_many_failed_authentications",
+                                   retry_after=(1.0 - bucket.tokens) / bucket.rate)
             caller = await self.reviewer(token)
+            if caller is None:
+                if len(self.auth_failures) >= 10_000:  # bounded: forget the clients whose buckets are full again
+                    now = self.clock()
+                    self.auth_failures = {c: b for c, b in self.auth_failures.items()
+                                          if b.tokens + (now - b.updated) * b.rate < b.burst}
+                self.auth_failures.setdefault(client, TokenBucket(FAILED_AUTH_RATE, FAILED_AUTH_BURST)).take(
+                    self.clock())
         if caller is None:
             raise Rejected(401, "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'; keys are "
                            "Secrets labelled accelstack.io/api-key=true (or a service-account token).", "invalid_request_error",

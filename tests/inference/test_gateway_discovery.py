@@ -91,11 +91,11 @@ async def test_service_account_tokens_by_token_review(apiserver: APIServerPeer, 
     await apiserver.put_object(IE, endpoint("llm", models=["m"], access={"serviceAccounts": ["team-b/chat"]}))
     for obj in slices("llm", [replica.url]):
         await apiserver.put_object(EPS, obj)
-    apiserver.tokens = {
-        "token-of-chat": {"username": "system:serviceaccount:team-b:chat", "uid": "u1"},
-        "token-of-other": {"username": "system:serviceaccount:team-b:other", "uid": "u2"},
-        "token-of-a-pod-in-team-a": {"username": "system:serviceaccount:team-a:default", "uid": "u3"},
-        "token-of-a-person": {"username": "alice@example.com", "uid": "u4"},
+    apiserver.tokens = {  # JWT-shaped, as service-account tokens are (only those are reviewed)
+        "hdr.token-of-chat.sig": {"username": "system:serviceaccount:team-b:chat", "uid": "u1"},
+        "hdr.token-of-other.sig": {"username": "system:serviceaccount:team-b:other", "uid": "u2"},
+        "hdr.token-of-a-pod-in-team-a.sig": {"username": "system:serviceaccount:team-a:default", "uid": "u3"},
+        "hdr.token-of-a-person.sig": {"username": "alice@example.com", "uid": "u4"},
     }
     running = RunningGateway(Settings(request_timeout=5))
     await running.start()
@@ -105,18 +105,19 @@ async def test_service_account_tokens_by_token_review(apiserver: APIServerPeer, 
         try:
             await eventually(lambda: "m" in running.gateway.routes, what="routes")
             for _ in range(3):
-                await client(running.url, "token-of-chat").embeddings.create(model="m", input="x")  # listed
-            await client(running.url, "token-of-a-pod-in-team-a").embeddings.create(model="m", input="x")  # own ns
+                await client(running.url, "hdr.token-of-chat.sig").embeddings.create(model="m", input="x")  # listed
+            await client(running.url, "hdr.token-of-a-pod-in-team-a.sig").embeddings.create(model="m", input="x")  # own ns
             with pytest.raises(openai.PermissionDeniedError):
-                await client(running.url, "token-of-other").embeddings.create(model="m", input="x")
-            for token in ("token-of-a-person", "not-a-token-at-all"):
+                await client(running.url, "hdr.token-of-other.sig").embeddings.create(model="m", input="x")
+            for token in ("hdr.token-of-a-person.sig", "not-a-token-at-all"):
                 with pytest.raises(openai.AuthenticationError):
                     await client(running.url, token).embeddings.create(model="m", input="x")
             reviews = [q for m, q in apiserver.requests if "tokenreviews" in q]
-            assert len(reviews) == 5  # one per distinct token: the answers are cached
+            # one per distinct JWT-shaped token (the answers are cached); "not-a-token-at-all" is refused unreviewed
+            assert len(reviews) == 4
             with pytest.raises(openai.AuthenticationError):
-                await client(running.url, "not-a-token-at-all").embeddings.create(model="m", input="x")
-            assert len([q for m, q in apiserver.requests if "tokenreviews" in q]) == 5
+                await client(running.url, "hdr.token-of-a-person.sig").embeddings.create(model="m", input="x")
+            assert len([q for m, q in apiserver.requests if "tokenreviews" in q]) == 4
             assert replica.completed == 4 and "Authorization" not in replica.last_headers
             from tests.inference.test_inference_manifests import allowed, request_verb, rules_of
 

@@ -150,3 +150,44 @@ async def test_fuzzed_requests_never_get_a_5xx_an_echoed_key_or_a_traceback(make
     assert all(SECRET not in r.getMessage() and SECRET not in str(r.__dict__) for r in caplog.records)
     tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
     assert not tracebacks, [(r.name, r.getMessage()) for r in tracebacks[:3]]
+
+
+async def test_distinct_bogus_tokens_cost_no_more_than_the_failure_limit_in_token_reviews(
+        make_peers: Any, make_gateway: Any) -> None:
+    """Issue 36.4: every unknown token cost a TokenReview (20,000 bogus keys, 20,000 reviews). Only what could be a
+    service-account token (a JWT) is reviewed at all, and failed reviews are limited per client address: past
+    the burst, 429 with Retry-After and no review."""
+    import aiohttp
+
+    from inference.gateway.kube_source import TokenReviewer
+    from inference.gateway.server import FAILED_AUTH_BURST
+    from kubeapi.client import connected
+    from tests.apiserver_peer import APIServerPeer
+
+    apiserver = APIServerPeer()
+    await apiserver.start()
+    (peer,) = await make_peers(1)
+    gw = await make_gateway(Settings(request_timeout=5, idle_timeout=5, queue_timeout=5))
+    gw.load([endpoint("llm")], slices("llm", [peer.url]))
+    try:
+        async with connected(apiserver.url, field_manager="test") as kube:
+            reviewer = TokenReviewer(kube)
+            gw.gateway.reviewer = reviewer
+            await gw.start()
+            statuses: list[int] = []
+            async with aiohttp.ClientSession() as http:
+                for i in range(60):
+                    token = f"bogus-key-{i}" if i % 2 else f"eyJhbGciOi.eyJzdWIi{i}.c2lnbmF0dXJl{i}"
+                    async with http.get(f"{gw.url}/v1/models", headers={"Authorization": f"Bearer {token}"}) as r:
+                        statuses.append(r.status)
+                        if r.status == 429:
+                            assert int(r.headers["Retry-After"]) >= 1
+            assert set(statuses) <= {401, 429} and 429 in statuses
+            assert reviewer.reviews <= FAILED_AUTH_BURST + 2, reviewer.reviews  # the burst, and what refilled
+            assert statuses.count(429) >= 30 - FAILED_AUTH_BURST - 2
+            # a good key still passes from the same address
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"{gw.url}/v1/models", headers={"Authorization": f"Bearer {KEY_A}"}) as r:
+                assert r.status == 200
+    finally:
+        await apiserver.stop()
