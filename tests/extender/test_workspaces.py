@@ -279,7 +279,7 @@ async def test_a_model_cap_holds_across_the_workspace_namespaces_and_leaves_othe
         await wait_until(lambda: (gpr_status(peer, "m-b", "second").get("reason")) == "ModelQuota")
         assert holding(peer, "m-b", "second") == "Queued"
         await wait_until(lambda: any(  # one event says why, naming the model and its cap
-            e["reason"] == "Modelquota" and "H100: 4 of 4 devices held" in e["message"]
+            e["reason"] == "ModelQuota" and "H100: 4 of 4 devices held" in e["message"]
             for (r, space, _), e in peer.objects.items() if r == "api/v1/events" and space == "m-b"))
         # a request of the workspace for any model goes to the A100s (BestFit would rather fill an H100 node);
         # another workspace takes the free H100s
