@@ -25,7 +25,7 @@ from kubeapi.resources import GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, WORKSPACES, 
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.http_body import BodyError, closing
 from scheduler_extender.kube import ApiError, NotFound
-from scheduler_extender.rest_http import LIST_PAGE, api_call, api_error, api_items, error
+from scheduler_extender.rest_http import LIST_PAGE, api_call, api_error, api_items, error, json_response
 from scheduler_extender.workspaces import ROLES, SUBJECT_KINDS, parse_policy
 
 if TYPE_CHECKING:
@@ -127,18 +127,45 @@ class ObjectRoutes:
 
     async def list(self, request: web.Request) -> web.StreamResponse:
         namespace = request.query.get("namespace", "") if self.kind.res.namespaced else ""
-        return await self.api._denied(request, "list", namespace, self.kind.attrs) or \
+        denied = await self.api._denied(request, "list", namespace, self.kind.attrs)
+        if denied is not None and denied.status == 403 and self.kind.res is WORKSPACES:
+            return await self._member_list(request, denied)
+        return denied or \
             await api_items(request, self.api.kube.list_objects(self.kind.res, namespace or None, page_size=LIST_PAGE))
 
     async def get(self, request: web.Request) -> web.Response:
         namespace, name = self._where(request)
         denied = await self.api._denied(request, "get", namespace, self.kind.attrs)
+        if denied is not None and denied.status == 403 and self.kind.res is WORKSPACES:
+            return await self._member_get(request, name, denied)
         return denied or await api_call(self.api.kube.get_object(self.kind.res, namespace or None, name))
 
-    async def delete(self, request: web.Request) -> web.Response:
-        namespace, name = self._where(request)
-        denied = await self.api._denied(request, "delete", namespace, self.kind.attrs)
-        return denied or await api_call(self.api.kube.delete_object(self.kind.res, namespace or None, name))
+    # Workspaces are cluster-scoped and the roles a workspace grants its members are namespaced, so RBAC alone
+    # never lets a member read its own Workspace (issue 35.5). The REST API answers a caller without ``get`` /
+    # ``list`` on workspaces for the Workspaces it is a member of: those in one of whose namespaces the caller may
+    # list GPRs (a SubjectAccessReview per namespace, cached by the authorizer), read under the API's own account.
+    # Nothing else is revealed: a workspace the caller is not a member of, or one that does not exist, is the
+    # same 403 as before, and so is a list for a caller who is a member of none. No RBAC object is created for this, so no grant can escalate past the admission
+    # policies that limit the workspace controller.
+    async def _member_of(self, request: web.Request, obj: dict[str, Any]) -> bool:
+        return await member_of(self.api, request, obj)
+
+    async def _member_get(self, request: web.Request, name: str, denied: web.Response) -> web.Response:
+        try:
+            obj = await self.api.kube.get_object(WORKSPACES, None, name)
+        except NotFound:
+            return denied
+        except ApiError as exc:
+            return api_error(exc)
+        return json_response(obj) if await self._member_of(request, obj) else denied
+
+    async def _member_list(self, request: web.Request, denied: web.Response) -> web.StreamResponse:
+        try:
+            items = await self.api.kube.list_objects(WORKSPACES, None, page_size=LIST_PAGE)
+        except ApiError as exc:
+            return api_error(exc)
+        mine = [obj for obj in items if await self._member_of(request, obj)]
+        return await api_items(request, _ready(mine)) if mine else denied  # a stranger: RBAC's own 403
 
     def _object(self, body: dict[str, Any], namespace: str = "", name: str = "") -> tuple[dict[str, Any], str]:
         """The object the body describes, and the resourceVersion it was read at ("" when none)."""
@@ -207,6 +234,46 @@ class ObjectRoutes:
         meta["resourceVersion"] = version or meta.get("resourceVersion", "")
         new = {**current, "metadata": meta, "spec": obj["spec"]}
         return await api_call(self.api.kube.replace_object(self.kind.res, namespace or None, name, new))
+
+
+    async def delete(self, request: web.Request) -> web.Response:
+        namespace, name = self._where(request)
+        denied = await self.api._denied(request, "delete", namespace, self.kind.attrs)
+        return denied or await api_call(self.api.kube.delete_object(self.kind.res, namespace or None, name))
+
+
+async def member_of(api: RestAPI, request: web.Request, obj: dict[str, Any]) -> bool:
+    """Whether the caller may list GPRs in one of the Workspace's namespaces (a member, admin or viewer)."""
+    for namespace in workspace_namespaces(obj):
+        if await api._denied(request, "list", namespace, MEMBER_ATTRS) is None:
+            return True
+    return False
+
+
+async def member_workspaces(api: RestAPI, request: web.Request) -> list[dict[str, Any]]:
+    """The Workspaces the caller is a member of (:func:`member_of`), read under the API's own account; [] when
+    the API server cannot be read (whoami then says what RBAC alone allows)."""
+    try:
+        items = await api.kube.list_objects(WORKSPACES, None, page_size=LIST_PAGE)
+    except (ApiError, OSError, TimeoutError):
+        return []
+    return [obj for obj in items if await member_of(api, request, obj)]
+
+
+MEMBER_ATTRS = {"group": gr.GROUP, "resource": gr.GPR_PLURAL}  # a member may list its namespaces' GPRs
+
+
+def workspace_namespaces(obj: dict[str, Any]) -> list[str]:
+    """The namespaces a Workspace holds: those its status reports (adopted and created), else those its spec asks
+    for."""
+    status, spec = obj.get("status") or {}, obj.get("spec") or {}
+    names = [n.get("name") for n in status.get("namespaces") or [] if isinstance(n, dict)]
+    names += [n for n in spec.get("namespaces") or [] if isinstance(n, str)]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
+
+
+async def _ready(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return items
 
 
 def object_routes(api: RestAPI) -> list[web.RouteDef]:

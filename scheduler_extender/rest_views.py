@@ -38,6 +38,7 @@ from scheduler_extender.cluster import ClusterView, GPRView, NodeView, model_of
 from scheduler_extender.kube import ApiError, Kube
 from scheduler_extender.loop import kept_for, slices
 from scheduler_extender.rest_http import api_error, error, json_response, query_int
+from scheduler_extender.rest_objects import member_workspaces, workspace_namespaces
 from scheduler_extender.workspaces import WORKSPACE_LABEL
 
 if TYPE_CHECKING:
@@ -400,7 +401,23 @@ class ViewRoutes:
             return status == 0
 
         answers = await asyncio.gather(*(allowed(*a) for a in ABILITIES.values()))
-        body = {"user": user, "namespace": namespace, "allowed": dict(zip(ABILITIES, answers, strict=True))}
+        abilities = dict(zip(ABILITIES, answers, strict=True))
+        body: dict[str, Any] = {"user": user, "namespace": namespace, "allowed": abilities}
+        if self.api.authorizer is not None and not abilities["workspaces"]:
+            # A member reads its own Workspaces through the REST API (rest_objects.member_of): say which, and
+            # in which of their namespaces it may create GPRs, so the portal's menu and Create page tell the
+            # truth for a caller whose namespaced roles RBAC checks cluster-wide would deny.
+            mine = await member_workspaces(self.api, request)
+            spaces = [{"name": (w.get("metadata") or {}).get("name", ""), "namespaces": workspace_namespaces(w)}
+                      for w in mine]
+            create_in = [ns for w in spaces for ns in w["namespaces"]
+                         if await self.api._denied(request, "create", ns, GPR_ATTRS) is None]
+            body["workspaces"] = spaces
+            body["createGPRIn"] = list(dict.fromkeys(create_in))
+            abilities["workspaces"] = bool(spaces)
+            if not namespace:  # cluster-wide questions: true where a member workspace allows it
+                abilities["queue"] = abilities["queue"] or bool(spaces)
+                abilities["createGPR"] = abilities["createGPR"] or bool(create_in)
         if len(self._whoami) > 10_000:
             self._whoami.clear()
         self._whoami[key] = (now, body)

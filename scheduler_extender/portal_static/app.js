@@ -206,6 +206,10 @@ function gprLink(key) {
 async function queuePage(ctx, q) {
   const refused = notAllowed("queue", "list GPRs cluster-wide (filter by a namespace you may read)");
   const p = params(q);
+  // A member who may not list GPRs cluster-wide starts at its first workspace's queue (whoami.workspaces).
+  if (!p.get("namespace") && !p.get("workspace") && me && me.workspaces && me.workspaces.length) {
+    p.set("workspace", me.workspaces[0].name);
+  }
   const field = (name, label, options) => {
     const value = p.get(name) || "";
     const el = options
@@ -294,7 +298,11 @@ const EDITABLE = [["devicesPerNode", "Devices per node", "number", "1"], ["nodeC
 async function createPage(ctx, q) {
   const refused = notAllowed("createGPR", "create GPRs");
   const p = params(q);
-  const nsInput = h("input", { id: "c-namespace", value: p.get("namespace") || "default", size: 16 });
+  // A workspace member may create only in its workspaces' namespaces: whoami lists them (createGPRIn).
+  const mineNs = (me && me.createGPRIn) || [];
+  const nsInput = h("input", { id: "c-namespace", value: p.get("namespace") || mineNs[0] || "default", size: 16,
+    list: "c-namespaces" });
+  const nsChoices = h("datalist", { id: "c-namespaces" }, mineNs.map((n) => h("option", { value: n })));
   const nameInput = h("input", { id: "c-name", size: 24, required: true, placeholder: "my-training-run" });
   const templateSelect = h("select", { id: "c-template" }, h("option", { value: "" }, "(none)"));
   const inputs = Object.fromEntries(EDITABLE.map(([k, , type, hint]) => [k, h("input", { id: "c-" + k, type, size: 10,
@@ -360,7 +368,8 @@ async function createPage(ctx, q) {
       result.replaceChildren(refusal(err, "create GPRs in " + nsInput.value));
     }
   } },
-  h("p", {}, h("label", {}, "Namespace ", nsInput), " ", h("label", {}, "Template ", templateSelect)),
+  h("p", {}, h("label", {}, "Namespace ", nsInput), nsChoices, " ", h("label", {}, "Template ", templateSelect)),
+  mineNs.length ? h("p", { id: "create-where" }, "You may create GPRs in: " + mineNs.join(", ")) : null,
   h("p", {}, h("label", {}, "Name ", nameInput)),
   h("p", {}, EDITABLE.map(([k, label]) => h("label", {}, label + " ", inputs[k], " "))),
   h("h2", {}, "Estimated start if submitted now"), estimate,
@@ -375,7 +384,12 @@ async function workspacesPage(ctx) {
   if (refused) return ctx.show(h("h1", {}, "Workspaces"), refused);
   const [ws, bindings] = await Promise.all([api("/api/v1/workspaces"),
     api("/api/v1/templatebindings").catch((err) => err)]);
-  const cards = ws.items.map((w) => {
+  // Each workspace's unfinished GPRs with their reasons, one queue call per namespace the caller may read (a
+  // member's roles are per namespace, so a workspace-wide query could be refused for one of them).
+  const waiting = await Promise.all(ws.items.map((w) => Promise.all(((w.status || {}).namespaces
+    || ((w.spec || {}).namespaces || []).map((n) => ({ name: n }))).map((n) =>
+    api("/api/v1/queue?namespace=" + enc(n.name)).then((q) => q.items).catch(() => []))).then((parts) => parts.flat())));
+  const cards = ws.items.map((w, wi) => {
     const st = w.status || {};
     const spec = w.spec || {};
     const mine = bindings instanceof Error ? [] : bindings.items.filter((b) => b.spec.workspace === w.metadata.name
@@ -392,6 +406,11 @@ async function workspacesPage(ctx) {
       (st.usage || []).length ? table(["Resource", "Model", "In use", "Reserved", "Queued", "Quota", ""],
         st.usage.map((u) => [u.resource, u.model || "any", u.inUse, u.reserved, u.queued, u.max ?? "—",
           bar(u.inUse + u.reserved, u.max)]), "usage") : h("p", {}, "no device quota"),
+      h("h3", {}, "Queue ", h("a", { href: "#/queue?workspace=" + enc(w.metadata.name) }, "(open)")),
+      waiting[wi].length ? table(["Pos", "GPR", "Phase", "Devices", "Estimated start", "Reason"], waiting[wi].map((r) => [
+        r.position ?? "—", h("a", { href: "#/gpr/" + enc(r.namespace) + "/" + enc(r.name) }, r.namespace + "/" + r.name),
+        r.phase, `${r.nodeCount}×${r.devicesPerNode}`, when(r.estimatedStart), r.reason || ""]), "ws-queue")
+        : h("p", {}, "no unfinished GPRs you may read"),
       h("h3", {}, "Members"),
       table(["Kind", "Name", "Role"], (st.members || spec.access || []).map((m) => [m.kind, m.name, m.role])),
       h("h3", {}, "Template bindings"),

@@ -155,3 +155,33 @@ async def test_every_call_the_rest_api_makes_is_allowed_by_the_shipped_rbac() ->
             seen.add((resource, verb))
         assert {("workspaces", "update"), ("gprtemplatebindings", "delete"), ("events", "list"),
                 ("namespaces", "list")} <= seen
+
+
+async def test_a_member_reads_its_own_workspaces_and_whoami_says_where_it_may_create() -> None:
+    """Issue 35.5: Workspaces are cluster-scoped and member roles namespaced, so a member's ``get workspaces``
+    is denied by RBAC; the REST API answers it for workspaces in whose namespaces it may list GPRs."""
+    async with seeded() as (peer, base, http):
+        peer.tokens["dave-token"] = {"username": "dave", "groups": ["team-a"]}
+        for verb in ("list", "get", "create"):
+            peer.grants.add(("dave", verb, "accelstack.io", "gpuprovisioningrequests", "team-a-dev"))
+        dave = {"Authorization": "Bearer dave-token"}
+        status, got = await call(http, "GET", f"{base}/api/v1/workspaces/team-a", dave)
+        assert status == 200 and got["status"]["usage"][0]["max"] == 16
+        status, listed = await call(http, "GET", f"{base}/api/v1/workspaces", dave)
+        assert status == 200 and [i["metadata"]["name"] for i in listed["items"]] == ["team-a"]
+        status, queue = await call(http, "GET", f"{base}/api/v1/queue?workspace=team-a", dave)
+        assert status == 403  # team-a itself is not readable to dave: the queue stays RBAC's answer
+        status, queue = await call(http, "GET", f"{base}/api/v1/queue?namespace=team-a-dev", dave)
+        assert status == 200 and [r["name"] for r in queue["items"]] == ["exp"]
+        status, me = await call(http, "GET", f"{base}/api/v1/whoami", dave)
+        assert me["allowed"]["workspaces"] and me["allowed"]["createGPR"] and me["createGPRIn"] == ["team-a-dev"]
+        assert me["workspaces"] == [{"name": "team-a", "namespaces": ["team-a", "team-a-dev"]}]
+        # not a member: the same 403 whether the workspace exists or not, and for the list
+        for path in ("workspaces/team-a", "workspaces/nope", "workspaces"):
+            status, answer = await call(http, "GET", f"{base}/api/v1/{path}", VIEWER)
+            assert status == 403 and "bob may not" in answer["error"]
+        status, me = await call(http, "GET", f"{base}/api/v1/whoami", VIEWER)
+        assert not me["allowed"]["workspaces"] and not me["allowed"]["createGPR"] and me["createGPRIn"] == []
+        # writes stay RBAC's alone
+        status, _ = await call(http, "DELETE", f"{base}/api/v1/workspaces/team-a", dave)
+        assert status == 403 and peer.get(WORKSPACES, "", "team-a") is not None
