@@ -10,6 +10,15 @@ second replica taking over) changes nothing.
   GPR waits in the queue (``ScalingLimited``, with the queue's estimate), it has no ready replica at all, or the
   autoscaler is at its maximum with the metric still above target. Then as many burst replicas as the primary
   lacks (at least one), up to ``burst.maxReplicas``. The burst GPR exists while the burst pool has or wants pods.
+- **Size of the primary GPR**: the replicas the pool asks for now (``replicas.min``, then the autoscaler's
+  count), not ``replicas.max``: a GPR is admitted whole (all its nodes at once), so one sized for the maximum
+  starts nothing while any one of those nodes is missing. A GPR still in the queue follows the count; an admitted
+  one keeps the size it was admitted with (the GPR controller keeps an admitted GPR's recorded reservation, so
+  a bigger ``nodeCount`` would not reserve more): replicas the autoscaler asks beyond it are reported
+  (``ScalingLimited`` reason ``GPRAdmittedSmaller``) instead of being promised.
+- **Autoscaling**: the ``Autoscaling`` condition carries the HPA controller's ``ScalingActive``; when it is False
+  because a metric cannot be read (``FailedGet…Metric``: no custom or external metrics API answers), the reason is
+  the HPA's and the message says the fix (the Prometheus Adapter, ``manifests/inference/prometheus-adapter.yaml``).
 - **Health**: a replica on a node whose accelerators are unhealthy (condition ``GPUUnhealthy``/``NR1Unhealthy``
   True, or the ``accelstack.io/unhealthy`` taint) is deleted: it leaves the EndpointSlice (and the gateway's
   rotation) as it terminates, and its Deployment replaces it on a healthy node (the taint keeps it off).
@@ -28,7 +37,10 @@ UNHEALTHY_CONDITIONS = ("GPUUnhealthy", "NR1Unhealthy")
 UNHEALTHY_TAINT = "accelstack.io/unhealthy"
 ADMITTED_PHASES = ("Admitted", "Running")
 ENDED_PHASES = ("Complete", "Cancelled")  # a GPR that will not come back: the operator makes a new one
-CONDITION_TYPES = ("Ready", "Degraded", "Bursting", "ScalingLimited")
+CONDITION_TYPES = ("Ready", "Degraded", "Bursting", "ScalingLimited", "Autoscaling")
+ADAPTER_FIX = ("no metrics API answers for it (custom.metrics.k8s.io / external.metrics.k8s.io): install the "
+               "Prometheus Adapter (manifests/inference/prometheus-adapter.yaml) and check with "
+               "`kubectl get --raw /apis/custom.metrics.k8s.io/v1beta1`")
 
 
 @dataclass
@@ -130,6 +142,33 @@ def hpa_reading(hpa: dict[str, Any] | None) -> float | None:
     return None
 
 
+def gpr_nodes(observed: Observed, desired: int) -> int:
+    """The primary GPR's ``nodeCount``: ``desired`` while it waits in the queue (or does not exist), the size it
+    was admitted with once admitted (see the module's docstring)."""
+    current = observed.gprs.get(POOL_PRIMARY) or {}
+    if ((current.get("status") or {}).get("phase")) in (*ADMITTED_PHASES, "Evicting"):
+        return _int((current.get("spec") or {}).get("nodeCount"), desired) or desired
+    return desired
+
+
+def autoscaling(endpoint: dict[str, Any], hpa: dict[str, Any] | None) -> tuple[str, str, str]:
+    """(status, reason, message) of the ``Autoscaling`` condition, from the HPA controller's ``ScalingActive``."""
+    replicas = (endpoint.get("spec") or {}).get("replicas") or {}
+    if _int(replicas.get("max", 1), 1) <= _int(replicas.get("min", 1), 1):
+        return "False", "Disabled", "replicas.min equals replicas.max: no autoscaler"
+    active = next((c for c in ((hpa or {}).get("status") or {}).get("conditions") or []
+                   if c.get("type") == "ScalingActive"), None)
+    if active is None:
+        return "Unknown", "AutoscalerPending", "the HPA controller has not reported on the autoscaler yet"
+    reason = str(active.get("reason") or "ScalingInactive")
+    said = str(active.get("message") or "")
+    if active.get("status") == "True":
+        return "True", "Active", said
+    if reason.startswith("FailedGet") and reason.endswith("Metric"):
+        return "False", reason, f"the autoscaler cannot read its metric, {ADAPTER_FIX}. The HPA says: {said}"[:1000]
+    return "False", reason, f"the HPA controller reports ScalingActive=False: {said}"[:1000]
+
+
 def _ready(deployment: dict[str, Any] | None) -> int:
     return _int(((deployment or {}).get("status") or {}).get("readyReplicas"), 0)
 
@@ -157,9 +196,9 @@ def burst_replicas(endpoint: dict[str, Any], observed: Observed, desired: int) -
     return 0, ""
 
 
-def _condition(old: dict[str, dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: str,
+def _condition(old: dict[str, dict[str, Any]], type_: str, status: bool | str, reason: str, message: str, now: str,
                generation: int) -> dict[str, Any]:
-    value = "True" if status else "False"
+    value = status if isinstance(status, str) else ("True" if status else "False")
     previous = old.get(type_)
     since = previous["lastTransitionTime"] if previous and previous.get("status") == value and \
         previous.get("lastTransitionTime") else now
@@ -206,7 +245,7 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     burst_wanted, burst_why = burst_replicas(endpoint, observed, desired)
     # the GPR before the Deployment, so its place in the queue is taken before the first pod is gated on it
     wanted: list[dict[str, Any]] = [
-        o.gpr(endpoint, POOL_PRIMARY, template_spec, observed.max_exit),
+        o.gpr(endpoint, POOL_PRIMARY, template_spec, observed.max_exit, gpr_nodes(observed, desired)),
         o.deployment(endpoint, POOL_PRIMARY, desired, settings),
         o.service(endpoint, POOL_PRIMARY), o.pdb(endpoint), o.network_policy(endpoint, settings)]
     autoscaler = o.hpa(endpoint)
@@ -259,6 +298,10 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
         limited = (True, "GPRQueued", f"GPR {o.child_name(endpoint, POOL_PRIMARY)} is {phase}"
                    + (f" at position {position}" if position else "")
                    + (f", estimated start {estimated}" if estimated else ""))
+    elif desired > (held := gpr_nodes(observed, desired)):
+        limited = (True, "GPRAdmittedSmaller",
+                   f"the autoscaler asks for {desired} replicas; GPR {o.child_name(endpoint, POOL_PRIMARY)} was "
+                   f"admitted for {held} node(s), so {desired - held} replica(s) wait for a node of it")
     elif at_max_reason:
         limited = (True, "AtMaxReplicas", at_max_reason)
     else:
@@ -280,6 +323,7 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
                    "PrimarySaturated" if burst_wanted > 0 else ("Draining" if burst_ready else "NotBursting"),
                    burst_why, now, generation),
         _condition(old, "ScalingLimited", limited[0], limited[1], limited[2], now, generation),
+        _condition(old, "Autoscaling", *autoscaling(endpoint, observed.hpa), now, generation),
     ]
     for cond in conditions:
         before = old.get(cond["type"])
@@ -287,11 +331,14 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
             if cond["type"] in ("Bursting", "ScalingLimited") and cond["status"] == "True":
                 result.events.append(("Normal" if cond["type"] == "Bursting" else "Warning", cond["reason"],
                                       cond["message"]))
+            elif cond["type"] == "Autoscaling" and cond["status"] == "False" and cond["reason"] != "Disabled":
+                result.events.append(("Warning", cond["reason"], cond["message"]))
             elif cond["type"] == "Bursting" and before is not None:
                 result.events.append(("Normal", "BurstEnded", "the primary pool serves the load again"))
     status: dict[str, Any] = {
         "observedGeneration": generation, "url": settings.gateway_url,
         "pools": {POOL_PRIMARY: {"desiredReplicas": desired, "readyReplicas": ready,
+                                 "gprNodes": gpr_nodes(observed, desired),
                                  **({"gprPhase": phase} if phase else {})}},
         "conditions": conditions}
     if spec.get("burst"):

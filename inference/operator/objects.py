@@ -6,7 +6,8 @@ Per endpoint ``<name>`` in its namespace:
   accelerator with a plain resource limit (so they pass the admission webhook, wait in the GPR queue and are bound
   by the extender like any other workload) and carry ``accelstack.io/gpr: <name>-<pool>``; a Service
   ``<name>-<pool>`` (its labels reach the EndpointSlices the gateway watches); a GPR ``<name>-<pool>`` sized for
-  the pool's maximum (the burst pool's only while it bursts);
+  the replicas the pool asks for now (the primary's: ``replicas.min`` or the autoscaler's count, so an endpoint
+  starts with what fits; the burst pool's maximum, and only while it bursts);
 - a PodDisruptionBudget ``<name>`` (one replica down at a time), a NetworkPolicy ``<name>`` (the gateway, the
   endpoint's namespace, the namespaces in ``spec.access`` and metrics scrapers reach the replicas' port; no one
   else), and, when ``replicas.max > replicas.min``, a HorizontalPodAutoscaler ``<name>`` on the gateway's per-pod
@@ -130,8 +131,9 @@ def service(endpoint: dict[str, Any], pool: str) -> dict[str, Any]:
 
 
 def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | None = None,
-        exit_duration: str | None = None) -> dict[str, Any]:
-    """The pool's GPR: ``nodeCount`` = the pool's maximum replicas, ``devicesPerNode`` = the accelerator count.
+        exit_duration: str | None = None, node_count: int | None = None) -> dict[str, Any]:
+    """The pool's GPR: ``nodeCount`` = ``node_count`` (the replicas the pool asks for now, see
+    :func:`decide.gpr_nodes`; the pool's maximum when None), ``devicesPerNode`` = the accelerator count.
 
     ``exit_duration``: the longest run the endpoint's workspace allows (its ``spec.policy.maxExitDuration``), which
     the GPR webhook requires there; None elsewhere (a service runs until the endpoint is deleted). A GPR that
@@ -140,7 +142,8 @@ def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | Non
     choice = spec.get("gpr") or {}
     accel = pool_accelerator(spec, pool)
     body: dict[str, Any] = dict(template_spec or {})
-    body.update({"resource": accel["resource"], "devicesPerNode": accel["count"], "nodeCount": pool_max(spec, pool)})
+    body.update({"resource": accel["resource"], "devicesPerNode": accel["count"],
+                 "nodeCount": node_count or pool_max(spec, pool)})
     body.pop("milliPerDevice", None)
     if pool == POOL_BURST:
         burst = spec.get("burst") or {}

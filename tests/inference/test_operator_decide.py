@@ -63,7 +63,7 @@ def test_objects_of_the_example() -> None:
     assert svc["metadata"]["labels"][LABEL_ENDPOINT] == "llama" and svc["metadata"]["labels"][LABEL_POOL] == "primary"
     assert svc["spec"]["selector"] == {LABEL_ENDPOINT: "llama", LABEL_POOL: "primary"}
     g = objs[("GPUProvisioningRequest", "llama-primary")]["spec"]
-    assert g == {"resource": "nvidia.com/gpu", "devicesPerNode": 1, "nodeCount": 4, "priority": 200,
+    assert g == {"resource": "nvidia.com/gpu", "devicesPerNode": 1, "nodeCount": 1, "priority": 200,
                  "preemptible": False}
     h = objs[("HorizontalPodAutoscaler", "llama")]["spec"]
     assert (h["minReplicas"], h["maxReplicas"]) == (1, 4)
@@ -214,7 +214,7 @@ def test_gpr_template_shapes_the_gpr() -> None:
     template = {"spec": {"priority": 150, "preemptible": True, "models": ["H100"], "exitDuration": "8h"}}
     g = by_kind(plan(ep, Observed(gpr_template=template), SETTINGS, NOW))[("GPUProvisioningRequest", "llama-primary")]
     assert g["spec"] == {"priority": 150, "preemptible": True, "models": ["H100"], "resource": "nvidia.com/gpu",
-                         "devicesPerNode": 1, "nodeCount": 4}
+                         "devicesPerNode": 1, "nodeCount": 1}
 
 
 def test_level_triggered_second_pass_is_quiet_and_keeps_transition_times() -> None:
@@ -226,5 +226,70 @@ def test_level_triggered_second_pass_is_quiet_and_keeps_transition_times() -> No
     ep2["status"] = first.status
     second = plan(ep2, observed, SETTINGS, "2026-11-30T12:05:00Z")
     assert second.events == [] and second.apply == first.apply
-    assert [c["lastTransitionTime"] for c in second.status["conditions"]] == [NOW] * 4
+    assert [c["lastTransitionTime"] for c in second.status["conditions"]] == [NOW] * 5
     assert second.status["observedGeneration"] == 3
+
+
+def gpr_status(phase: str, node_count: int) -> dict[str, Any]:
+    return {"spec": {"nodeCount": node_count}, "status": {"phase": phase}}
+
+
+def test_the_primary_gpr_asks_for_what_the_pool_runs_now_not_its_maximum() -> None:
+    """Issue 35.6b: a GPR is admitted whole, so one for replicas.max (4) started nothing while one of 4 nodes was
+    missing. It asks for replicas.min first, follows the autoscaler's count while queued, and an admitted one keeps
+    its size (the GPR controller keeps its recorded reservation) with ScalingLimited saying what waits."""
+    def primary_gpr(observed: Observed) -> tuple[int, Plan]:
+        p = plan(example(), observed, SETTINGS, NOW)
+        return by_kind(p)[("GPUProvisioningRequest", "llama-primary")]["spec"]["nodeCount"], p
+
+    count, p = primary_gpr(Observed())
+    assert count == 1 and p.status["pools"]["primary"]["gprNodes"] == 1
+    queued = Observed(deployments={"primary": deployment_status(3, 0)}, gprs={"primary": gpr_status("Queued", 4)})
+    assert primary_gpr(queued)[0] == 3  # still in the queue: resized to the autoscaler's count
+    for phase in ("Admitted", "Running"):
+        grown = Observed(deployments={"primary": deployment_status(3, 1)}, gprs={"primary": gpr_status(phase, 1)})
+        count, p = primary_gpr(grown)
+        assert count == 1 and p.status["pools"]["primary"] == {"desiredReplicas": 3, "readyReplicas": 1,
+                                                               "gprNodes": 1, "gprPhase": phase}
+        limited = next(c for c in p.status["conditions"] if c["type"] == "ScalingLimited")
+        assert (limited["status"], limited["reason"]) == ("True", "GPRAdmittedSmaller")
+        assert "asks for 3 replicas" in limited["message"] and "admitted for 1 node(s)" in limited["message"]
+    # the autoscaler came back down: the admitted GPR is not shrunk under its running replicas either
+    count, p = primary_gpr(Observed(deployments={"primary": deployment_status(1, 1)},
+                                    gprs={"primary": gpr_status("Running", 2)}))
+    assert count == 2
+    assert next(c for c in p.status["conditions"] if c["type"] == "ScalingLimited")["status"] == "False"
+
+
+def hpa_active(status: str, reason: str, message: str) -> dict[str, Any]:
+    return {"status": {"conditions": [{"type": "AbleToScale", "status": "True", "reason": "SucceededGetScale"},
+                                      {"type": "ScalingActive", "status": status, "reason": reason,
+                                       "message": message}]}}
+
+
+def test_autoscaling_that_cannot_read_its_metric_says_so_with_the_fix() -> None:
+    """Issue 37.5: the HPA controller's ScalingActive=False (no custom-metrics API) reaches the endpoint's status
+    as the Autoscaling condition with the HPA's reason and the fix, plus one Warning event."""
+    said = ('the HPA was unable to compute the replica count: unable to get metric accelstack_gateway_replica_inflight: '
+            'unable to fetch metrics from custom metrics API: the server could not find the metric '
+            'accelstack_gateway_replica_inflight for pods (get pods.custom.metrics.k8s.io *)')
+    ep = example()
+    p = plan(ep, Observed(hpa=hpa_active("False", "FailedGetPodsMetric", said)), SETTINGS, NOW)
+    auto = next(c for c in p.status["conditions"] if c["type"] == "Autoscaling")
+    assert (auto["status"], auto["reason"]) == ("False", "FailedGetPodsMetric")
+    assert "Prometheus Adapter" in auto["message"] and "manifests/inference/prometheus-adapter.yaml" in auto[
+        "message"] and said in auto["message"]
+    assert ("Warning", "FailedGetPodsMetric", auto["message"]) in p.events
+    ep["status"] = p.status  # the next pass: nothing new to say
+    again = plan(ep, Observed(hpa=hpa_active("False", "FailedGetPodsMetric", said)), SETTINGS, NOW)
+    assert not [e for e in again.events if e[1] == "FailedGetPodsMetric"]
+
+    def autoscaling(endpoint: dict[str, Any], observed: Observed) -> tuple[str, str]:
+        c = next(c for c in plan(endpoint, observed, SETTINGS, NOW).status["conditions"] if c["type"] == "Autoscaling")
+        return c["status"], c["reason"]
+
+    assert autoscaling(example(), Observed(hpa=hpa_active("True", "ValidMetricFound", "ok"))) == ("True", "Active")
+    assert autoscaling(example(), Observed()) == ("Unknown", "AutoscalerPending")
+    fixed = example()
+    fixed["spec"]["replicas"] = {"min": 2, "max": 2}
+    assert autoscaling(fixed, Observed()) == ("False", "Disabled")
