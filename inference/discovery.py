@@ -36,10 +36,18 @@ def _key(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
-def replicas_of(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[ReplicaSpec]]:
-    """namespace/endpoint-name → its ready replicas, from EndpointSlices labelled by the operator."""
+def replicas_of(slices: Iterable[Mapping[str, Any]], notes: list[str] | None = None) -> dict[str, list[ReplicaSpec]]:
+    """namespace/endpoint-name → its ready replicas, from EndpointSlices labelled by the operator.
+
+    An address is a replica once per endpoint: listed twice there (two slices while the EndpointSlice controller
+    rewrites them) it is kept once, the first listing wins, and ``notes`` gets one line. The same address under two endpoints stays a replica of both (each
+    endpoint's models route to it; dropping it from one would leave that one short with nothing said), and
+    ``notes`` says so.
+    """
     out: dict[str, list[ReplicaSpec]] = {}
-    seen: set[str] = set()
+    seen: dict[str, set[str]] = {}  # endpoint → its replica URLs
+    owners: dict[str, list[str]] = {}  # replica URL → the endpoints listing it, in order
+    duplicates: dict[tuple[str, str], int] = {}
     for eps in slices:
         meta = eps.get("metadata") or {}
         labels = meta.get("labels") or {}
@@ -53,7 +61,9 @@ def replicas_of(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[ReplicaSp
         if port is None:
             continue
         namespace = meta.get("namespace") or ""
-        bucket = out.setdefault(f"{namespace}/{name}", [])
+        key = f"{namespace}/{name}"
+        bucket = out.setdefault(key, [])
+        known = seen.setdefault(key, set())
         for endpoint in eps.get("endpoints") or []:
             conditions = endpoint.get("conditions") or {}
             if conditions.get("ready") is False or conditions.get("terminating") is True:
@@ -63,13 +73,20 @@ def replicas_of(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[ReplicaSp
                 continue
             host = addresses[0]
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-            if url in seen:  # the same address in two slices while they are being rewritten
+            if url in known:
+                duplicates[(key, url)] = duplicates.get((key, url), 1) + 1
                 continue
-            seen.add(url)
+            known.add(url)
+            owners.setdefault(url, []).append(key)
             ref = endpoint.get("targetRef") or {}
             bucket.append(ReplicaSpec(url=url, pool=pool, pod=ref.get("name") or "",
                                       namespace=ref.get("namespace") or namespace,
                                       node=endpoint.get("nodeName") or ""))
+    if notes is not None:
+        notes.extend(f"replica {url} is listed {n} times for endpoint {key}; kept once"
+                     for (key, url), n in sorted(duplicates.items()))
+        notes.extend(f"replica {url} serves endpoints {', '.join(keys)}; kept in each"
+                     for url, keys in sorted(owners.items()) if len(keys) > 1)
     return out
 
 
@@ -81,10 +98,12 @@ def _port(ports: list[Mapping[str, Any]]) -> int | None:
     return int(chosen[0]["port"])
 
 
-def route_table(endpoints: Iterable[Mapping[str, Any]],
-                slices: Iterable[Mapping[str, Any]]) -> tuple[dict[str, RouteSpec], list[str]]:
-    """model → RouteSpec, and one line per conflict (a model served by two endpoints: the older one keeps it)."""
-    ready = replicas_of(slices)
+def route_table(endpoints: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
+                notes: list[str] | None = None) -> tuple[dict[str, RouteSpec], list[str]]:
+    """model → RouteSpec, and one line per conflict (a model served by two endpoints: the older one keeps it).
+
+    ``notes`` gets what is worth a log line but is no misconfiguration (``replicas_of``)."""
+    ready = replicas_of(slices, notes)
     table: dict[str, RouteSpec] = {}
     problems: list[str] = []
     ordered = sorted(endpoints, key=lambda o: ((o.get("metadata") or {}).get("creationTimestamp") or "", _key(o)))

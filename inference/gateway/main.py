@@ -63,6 +63,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("client-idle-timeout", "75", "seconds an idle keep-alive connection stays open between requests")
     add("queue-metric", "vllm:num_requests_waiting", "the runtimes' gauge of waiting requests (from /metrics)")
     add("load-poll-interval", "1", "seconds between reads of the runtimes' queue metric (replicas without it count 0); 0: off")
+    add("access-log", "false", "log one line per API request (request id, caller, model, status, duration; "
+                               "never the key) on the logger accelstack.gateway.access")
     add("drain-seconds", "5", "after SIGTERM, seconds to answer /readyz 503 while still serving")
     add("shutdown-timeout", "30", "after draining, seconds to let requests in flight finish")
     add_logging_flags(add)
@@ -93,7 +95,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         drain_seconds=flags.number("drain-seconds", float, 0),
         shutdown_timeout=flags.number("shutdown-timeout", float, 0),
         body_timeout=flags.number("client-body-timeout", float, 0.001),
-        queue_metric=args.queue_metric, load_poll_interval=flags.number("load-poll-interval", float, 0))
+        queue_metric=args.queue_metric, load_poll_interval=flags.number("load-poll-interval", float, 0),
+        access_log=flags.boolean("access-log"))
     namespaces, key_namespaces = namespace_list(flags, "namespaces"), namespace_list(flags, "key-namespaces")
     return {"host": host, "port": port, "settings": settings,
             "objects": Path(args.objects) if args.objects else None, "kubeconfig": args.kubeconfig,

@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from inference.routing import (
 )
 
 log = logging.getLogger("accelstack.gateway")
+access_log = logging.getLogger("accelstack.gateway.access")
 
 API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 POLICIES = ("least-request", "round-robin")
@@ -65,6 +66,7 @@ class Settings:
     body_timeout: float = 60.0  # to receive a request's whole body (the listener's header and idle timeouts: main)
     queue_metric: str = "vllm:num_requests_waiting"
     load_poll_interval: float = 0.0
+    access_log: bool = False  # one INFO line per API request on the logger accelstack.gateway.access
 
 
 FAILED_AUTH_BURST, FAILED_AUTH_RATE = 10.0, 1.0  # failed TokenReviews per client address: at once, then a second
@@ -164,10 +166,15 @@ class Gateway:
         # once, then FAILED_AUTH_RATE a second); past it, 429 and no TokenReview (distinct bogus tokens defeat any
         # cache: 20,000 of them were 20,000 TokenReviews at the API server)
         self.auth_failures: dict[str, TokenBucket] = {}
+        self._notes: set[str] = set()  # discovery notes logged and still true
 
     # ---- configuration from discovery ---------------------------------------------------------------------
-    def apply(self, table: Mapping[str, RouteSpec], keys: Mapping[str, Caller], problems: list[str]) -> None:
-        """Install a new route table and key table; live replicas keep their load and ejection state."""
+    def apply(self, table: Mapping[str, RouteSpec], keys: Mapping[str, Caller], problems: list[str],
+              notes: Sequence[str] = ()) -> None:
+        """Install a new route table and key table; live replicas keep their load and ejection state.
+
+        ``notes`` (a replica listed twice, one shared by two endpoints) are logged once each while they last, not
+        at every rebuild."""
         for model in [m for m in self.routes if m not in table]:
             route = self.routes.pop(model)
             for gone in route.core.replicas.values():
@@ -196,6 +203,10 @@ class Gateway:
         self.metrics.config_errors.set(len(problems))
         for line in problems:
             log.warning("discovery", extra={"problem": line})
+        for line in notes:
+            if line not in self._notes:
+                log.info("discovery", extra={"note": line})
+        self._notes = set(notes)
         self.synced = True
         self._export_replicas()
 
@@ -470,14 +481,33 @@ class Gateway:
 
     # ---- proxying ---------------------------------------------------------------------------------------------
     async def proxy(self, request: web.Request) -> web.StreamResponse:
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        if not self.settings.access_log:
+            return await self._proxy(request, {})
+        start = self.clock()
+        seen: dict[str, str] = {}
+        status = 499  # the client left before an answer (nginx's code for it)
+        try:
+            response = await self._proxy(request, seen)
+            status = response.status
+            return response
+        finally:
+            # one line per request; the caller is the key's Secret or service account name, never the key
+            access_log.info("access", extra={
+                "request_id": seen.get("request_id", ""), "caller": seen.get("caller", ""),
+                "model": seen.get("model", "-"), "path": request.path, "status": status,
+                "duration_ms": round((self.clock() - start) * 1000, 1)})
+
+    async def _proxy(self, request: web.Request, seen: dict[str, str]) -> web.StreamResponse:
+        request_id = seen["request_id"] = request.headers.get("x-request-id") or uuid.uuid4().hex
         model = "-"
         self.inflight += 1
         try:
             try:
                 caller = await self._caller(request)  # before the body: a caller without a key costs no memory
+                seen["caller"] = caller.name if caller else ""
                 body = await self._read_body(request)
                 model, stream = self._parse(body)
+                seen["model"] = model if model in self.routes else "-"  # names anyone sends are not logged
                 live = self._route(model, caller)
             except Rejected as exc:
                 # a label only for models that exist: names sent by anyone must not grow the series without bound
@@ -580,8 +610,15 @@ class Gateway:
             return outcome
         assert last is not None
         self.metrics.child(self.metrics.errors, model, last.reason).inc()
+        # the client learns how many replicas failed and how the last one did, never which (pod names and
+        # addresses are the cluster's business); the log has them, with the request id to find the line by
         log.warning("upstream failed", extra={"model": model, "request_id": request_id, "replicas": tried,
+                                              "pods": [replica_label(live.core.replicas[url]) if url in
+                                                       live.core.replicas else url for url in tried],
                                               "error": last.message, "caller": caller.name if caller else ""})
+        n = len(tried)
+        last.message = (f"The replica of '{model}' tried {last.message}." if n == 1 else
+                        f"All {n} replicas of '{model}' tried failed; the last {last.message}.")
         return last.response(request_id)
 
     async def _attempt(self, request: web.Request, live: LiveRoute, replica: Replica, body: bytes, stream: bool,
@@ -606,7 +643,7 @@ class Gateway:
                         if upstream.status >= 500:
                             self._failed(live, replica)
                         return Rejected(502 if upstream.status != 429 else 429,
-                                        f"The replica {label} answered HTTP {upstream.status}.", "server_error",
+                                        f"answered HTTP {upstream.status}", "server_error",
                                         "upstream_error", "upstream_error", retry_after=1)
                     is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
                     if not (stream and is_sse):
@@ -619,8 +656,8 @@ class Gateway:
                 self._failed(live, replica)
                 timeout = isinstance(exc, TimeoutError)
                 return Rejected(504 if timeout else 502,
-                                f"The replica {label} did not answer in time." if timeout else
-                                f"The replica {label} could not be reached: {type(exc).__name__}.",
+                                "did not answer in time" if timeout else
+                                f"could not be reached ({type(exc).__name__})",
                                 "server_error", "upstream_timeout" if timeout else "upstream_error",
                                 "upstream_timeout" if timeout else "upstream_error", retry_after=1)
             self.metrics.child(self.metrics.ttfb, model, label).observe(first - start)
@@ -635,7 +672,7 @@ class Gateway:
                                              "x-request-id": request_id})
             if not first_chunk:
                 self._failed(live, replica)
-                return Rejected(502, f"The replica {label} closed the stream before sending anything.",
+                return Rejected(502, "closed the stream before sending anything",
                                 "server_error", "upstream_error", "upstream_error", retry_after=1)
             response = web.StreamResponse(status=upstream.status, headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": request_id})

@@ -34,9 +34,10 @@ class SourceError(ValueError):
 
 def apply_objects(gateway: Gateway, endpoints: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
                   secrets: Iterable[Mapping[str, Any]]) -> None:
-    table, problems = route_table(endpoints, slices)
+    notes: list[str] = []
+    table, problems = route_table(endpoints, slices, notes)
     keys, key_problems = key_table(secrets)
-    gateway.apply(table, keys, problems + key_problems)
+    gateway.apply(table, keys, problems + key_problems, notes)
 
 
 def load_objects(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:

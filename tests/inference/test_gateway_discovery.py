@@ -238,3 +238,26 @@ async def test_api_keys_are_read_only_in_the_key_namespaces(apiserver: APIServer
     assert secret_queries and all(q.startswith("/api/v1/namespaces/keys/secrets") and "labelSelector=" in q
                                   for q in secret_queries), secret_queries
     assert any(q.startswith("/apis/accelstack.io/v1alpha1/inferenceendpoints") for _, q in apiserver.requests)
+
+
+def test_a_replica_listed_twice_is_kept_once_per_endpoint_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37.6: an address twice within one endpoint is one replica (one log line); the same address under
+    two endpoints stays a replica of both (before: the second endpoint lost it, nothing said)."""
+    from inference.gateway.sources import apply_objects
+
+    shared = "http://10.0.0.1:8000"
+    own = slices("a", [shared, "http://10.0.0.2:8000"])
+    again = slices("a", [shared])[0]
+    again["metadata"]["name"] = "a-primary-2"  # a third slice listing the first address again
+    objects = [*own, again, slices("b", [shared])[0]]
+    endpoints = [endpoint("a", models=["m"]), endpoint("b", models=["n"])]
+    gateway = Gateway(Settings())
+    with caplog.at_level("INFO", logger="accelstack.gateway"):
+        apply_objects(gateway, endpoints, objects, [])
+        apply_objects(gateway, endpoints, objects, [])  # a rebuild: nothing new to say
+    assert list(gateway.routes["m"].core.replicas) == [shared, "http://10.0.0.2:8000"]
+    assert list(gateway.routes["n"].core.replicas) == [shared]
+    notes = [r.note for r in caplog.records if hasattr(r, "note")]
+    assert notes == [f"replica {shared} is listed 2 times for endpoint team-a/a; kept once",
+                     f"replica {shared} serves endpoints team-a/a, team-a/b; kept in each"]
+    assert gateway.metrics.config_errors._value.get() == 0  # noted, not a misconfiguration

@@ -208,3 +208,33 @@ async def test_concurrent_requests_all_answered(make_peers: Any, make_gateway: A
     assert len(answers) == 60
     assert all(p.received > 0 for p in peers)
     assert gw.gateway.routes["m"].core.outstanding() == 0
+
+
+async def test_access_log_is_off_by_default_and_one_line_per_request_without_the_key(
+        make_peers: Any, make_gateway: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37.6: --access-log writes one structured line per API request (request id, caller, model, status,
+    duration); never the key, not even a refused one; nothing without the flag."""
+    from inference.gateway.server import Settings
+
+    def lines() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "accelstack.gateway.access"]
+
+    gw, _ = await serve(make_peers, make_gateway)
+    await client(gw.url).embeddings.create(model="m", input="x")
+    assert lines() == []
+    await gw.stop()
+
+    gw, _ = await serve(make_peers, make_gateway, settings=Settings(access_log=True))
+    await client(gw.url).embeddings.create(model="m", input="x", extra_headers={"x-request-id": "req-1"})
+    wrong = "sk-wrong-0123456789abcdef"
+    with pytest.raises(openai.AuthenticationError):
+        await client(gw.url, key=wrong).embeddings.create(model="m", input="x", extra_headers={"x-request-id": "req-2"})
+    ok, refused = lines()
+    assert (ok.__dict__["request_id"], ok.__dict__["caller"], ok.__dict__["model"], ok.__dict__["status"]) == (
+        "req-1", "team-a/app", "m", 200)
+    assert ok.__dict__["duration_ms"] >= 0 and ok.__dict__["path"] == "/v1/embeddings"
+    assert (refused.__dict__["request_id"], refused.__dict__["caller"], refused.__dict__["status"]) == (
+        "req-2", "", 401)
+    for record in [r for r in caplog.records if r.name.startswith("accelstack")]:
+        text = record.getMessage() + repr(record.__dict__)
+        assert KEY_A not in text and wrong not in text

@@ -45,14 +45,25 @@ async def test_unreachable_replica_retried(make_peers: Any, make_gateway: Any) -
     assert peers[0].completed == 6
 
 
-async def test_all_replicas_failing_gives_openai_shaped_502(make_peers: Any, make_gateway: Any) -> None:
+async def test_all_replicas_failing_gives_openai_shaped_502(make_peers: Any, make_gateway: Any,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37.6: the 502 says how many replicas failed and how the last did, naming no pod and no address
+    (before: 'The replica llm-primary-1 answered HTTP 500.'); the log line has them, with the request id."""
     gw, peers = await serve(make_peers, make_gateway, count=2)
     for p in peers:
         p.fail_status = 500
     with pytest.raises(openai.InternalServerError) as err:
-        await client(gw.url).embeddings.create(model="m", input="x")
+        await client(gw.url).embeddings.create(model="m", input="x", extra_headers={"x-request-id": "req-7"})
     assert err.value.status_code == 502 and err.value.code == "upstream_error"
     assert sum(p.received for p in peers) == 2  # one try and one retry, each at a different replica
+    assert err.value.message.endswith("All 2 replicas of 'm' tried failed; the last answered HTTP 500.")
+    for p in peers:
+        assert p.url.removeprefix("http://") not in err.value.message and "127.0.0.1" not in err.value.message
+    assert "llm-primary" not in err.value.message
+    (line,) = [r for r in caplog.records if r.getMessage() == "upstream failed"]
+    assert line.__dict__["request_id"] == "req-7"
+    assert sorted(line.__dict__["replicas"]) == sorted(p.url for p in peers)
+    assert sorted(line.__dict__["pods"]) == ["llm-primary-0", "llm-primary-1"]
 
 
 async def test_stream_stalled_before_first_byte_is_retried(make_peers: Any, make_gateway: Any) -> None:
