@@ -190,7 +190,7 @@ def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator
 
     gprs = {g["metadata"]["name"]: g for g in got["GPUProvisioningRequest"]}
     # the GPRs went through the shipped validating webhook and the real GPR controller queues them
-    want = {"resource": "nvidia.com/gpu", "devicesPerNode": GPUS, "nodeCount": 4, "priority": 200,
+    want = {"resource": "nvidia.com/gpu", "devicesPerNode": GPUS, "nodeCount": 1, "priority": 200,
             "preemptible": False}
     assert want.items() <= gprs["llama-primary"]["spec"].items(), gprs["llama-primary"]["spec"]
     assert gprs["llama-burst"]["spec"]["priority"] == 50 and gprs["llama-burst"]["spec"]["preemptible"] is True
@@ -289,6 +289,15 @@ def test_the_real_hpa_controller_reads_the_operators_hpa_and_neither_undoes_the_
                   if e["involvedObject"].get("kind") == "HorizontalPodAutoscaler"]
     assert any(e.get("source", {}).get("component") == "horizontal-pod-autoscaler" or
                e.get("reportingComponent") == "horizontal-pod-autoscaler" for e in hpa_events), hpa_events
+    # issue 37.5: the endpoint says so, with the HPA's reason and the fix, and a Warning event on it
+    ep = wait_for("the endpoint's Autoscaling condition", lambda: (e := cp.get(f"{IES.format(ns=ns)}/llama")) and
+                  condition(e, "Autoscaling").get("status") == "False" and e, timeout=60)
+    auto = condition(ep, "Autoscaling")
+    assert auto["reason"] == "FailedGetPodsMetric" and "Prometheus Adapter" in auto["message"] \
+        and "manifests/inference/prometheus-adapter.yaml" in auto["message"] \
+        and "custom.metrics.k8s.io" in auto["message"], auto
+    assert any(e["involvedObject"].get("kind") == "InferenceEndpoint" and e.get("reason") == "FailedGetPodsMetric"
+               and e.get("type") == "Warning" for e in items(cp, f"api/v1/namespaces/{ns}/events"))
 
     # a scale as the autoscaler makes it (the Deployment's scale subresource) is kept by the operator: its next
     # pass reports it as desired and leaves the count alone
@@ -310,10 +319,14 @@ def test_the_real_hpa_controller_reads_the_operators_hpa_and_neither_undoes_the_
     assert mine(after) == mine(before) and len(mine(after)) == 1, after["metadata"]["managedFields"]
     dep = cp.get(f"{CHILDREN['Deployment'].format(ns=ns)}/llama-primary")
     assert dep is not None and dep["spec"]["replicas"] == 3
-    # the burst pool follows the primary's new count (that update is the operator's job); nothing else changed
+    # the burst pool follows the primary's new count, and so does the primary's GPR while it waits in the queue
+    # (issue 35.6b: it asks for the replicas the pool runs, not replicas.max); nothing else changed
     updates = [(r.get("kind"), r.get("object")) for r in log_lines(operator)
                if r.get("msg") == "updated" and r.get("endpoint") == f"{ns}/llama"]
-    assert set(updates) <= {("Deployment", "llama-burst")}, updates
+    assert set(updates) <= {("Deployment", "llama-burst"), ("GPUProvisioningRequest", "llama-primary")}, updates
+    gpr = wait_for("the queued GPR to follow the count", lambda: (g := cp.get(
+        f"{CHILDREN['GPUProvisioningRequest'].format(ns=ns)}/llama-primary")) and g["spec"]["nodeCount"] == 3 and g)
+    assert gpr["status"].get("phase") != "Admitted"
     assert_nothing_refused(operator, ns)
 
 
