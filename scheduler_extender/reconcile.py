@@ -1008,11 +1008,13 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     else:
         used = _used_outside_reservations(sched, snap)
     cache.outside = (base, pods_seen, nodes_seen, used)
+    overs: dict[str, int] = {}  # node -> devices its outside pods use beyond what its reservations leave free
     for name, count in used.items():
         over = count - sched.hold(f"pods@{name}", name, count)
         if over > 0:
-            plan.events += [(uid_of.get(e.gpr, ""), e)
-                            for e in _taken_from_reservations(sched, name, over, pods_of, now)]
+            overs[name] = over
+    if overs:  # all nodes at once: a GPR given back for one node frees devices on its other nodes too
+        plan.events += [(uid_of.get(e.gpr, ""), e) for e in _taken_from_reservations(sched, overs, pods_of, now)]
     gated_needs = GatedNeeds(pods.gated)
     sched.need_host(gated_needs)
     short = _withhold_host(sched, snap, pods, pods_of, cache, (pods, base, versions))
@@ -1037,8 +1039,13 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         last_fit = cache.limits
         reuse = (last_fit is not None and cache.same and last_fit[1] == fit.generation and last_fit[2] is base
                  and (last_fit[0] is pods or last_fit[0] is pods.origin))
-        # made from the last pass's tables: only the GPRs whose pods changed are judged again
-        redo = pods.affected if reuse and last_fit is not None and last_fit[0] is not pods else frozenset()
+        # made from the last pass's tables: only the GPRs whose pods changed are judged again, and those this pass
+        # has queued again so far (a reservation given back to pods outside any GPR, a node lost or sick: the
+        # last pass judged them holding, so its limits have nothing for them)
+        redo: AbstractSet[str] = (pods.affected if reuse and last_fit is not None and last_fit[0] is not pods
+                                  else frozenset())
+        if reuse and plan.events:
+            redo = redo | {e.gpr for _, e in plan.events if e.gpr in gated}
         gave_back, limits = _fit_pods(sched, fit, gated, pods_of, now, last_fit[3] if reuse and last_fit else None,
                                       redo)
         cache.limits = (pods, fit.generation, base, limits)
@@ -1269,29 +1276,37 @@ class PodTallies:
             self.kept = {key: hit for key, hit in self.kept.items() if key in live}
 
 
-def _taken_from_reservations(sched: Scheduler, node: str, short: int, pods_of: Mapping[str, Sequence[PodView]],
+def _taken_from_reservations(sched: Scheduler, overs: Mapping[str, int], pods_of: Mapping[str, Sequence[PodView]],
                              now: float) -> list[Event]:
-    """Pods outside any GPR (bound by ``nodeName`` or another scheduler) use ``short`` more devices of ``node``
-    than its reservations leave free: the reservation no longer fits. Admitted GPRs reserved there none of whose
-    pods is bound anywhere give their reservations back and queue again as they are (no failure, no backoff; the
-    next pass places them elsewhere or they wait), the latest admitted first, until the outside pods are covered;
-    the devices given back go to those pods. A GPR with a bound pod keeps its reservation (its work started)."""
-    n = sched.inv.index[node]
-    on_node = sorted(((g.admitted_at or 0.0, key, g) for key, g in sched.holders.items()
-                      if g.phase is Phase.ADMITTED and g.placement is not None
-                      and any(a.node == n for a in g.placement.assignments)
-                      and not any(p.node for p in pods_of.get(key, ()))), key=lambda t: (-t[0], t[1]))
+    """Pods outside any GPR (bound by ``nodeName`` or another scheduler) use ``overs[node]`` more devices of each
+    node than its reservations leave free: those reservations no longer fit. Admitted GPRs reserved there none of
+    whose pods is bound anywhere give their reservations back and queue again as they are (no failure, no backoff;
+    the next pass places them elsewhere or they wait), the latest admitted first, while a node they reserve is
+    still short; the devices given back, on every node that was short, go to the outside pods. A GPR with a bound
+    pod keeps its reservation (its work started). Judged over all short nodes at once, in one order of GPRs: a GPR
+    reserved on two short nodes covers both, and a warm pass (nodes counted in another order) gives back and holds
+    what a cold one does."""
+    index = sched.inv.index
+    left = {index[name]: over for name, over in overs.items()}
+    candidates = sorted(((g.admitted_at or 0.0, key, g) for key, g in sched.holders.items()
+                         if g.phase is Phase.ADMITTED and g.placement is not None
+                         and any(a.node in left for a in g.placement.assignments)
+                         and not any(p.node for p in pods_of.get(key, ()))), key=lambda t: (-t[0], t[1]))
     events: list[Event] = []
-    left = short
-    for _, key, g in on_node:
-        if left <= 0:
-            break
-        here = next(len(a.devices) for a in g.placement.assignments if a.node == n)  # type: ignore[union-attr]
-        events += sched.give_back(key, now, f"Requeued: pods outside any GPR took {here} reserved device(s) of "
-                                            f"node {node} before any pod of it started (ReservationTaken)")
-        left -= here
+    names = sched.inv.names
+    for _, key, g in candidates:
+        parts = g.placement.assignments  # type: ignore[union-attr]
+        short = [a for a in parts if left.get(a.node, 0) > 0]
+        if not short:
+            continue
+        taken = ", ".join(f"{len(a.devices)} reserved device(s) of node {names[a.node]}" for a in short)
+        events += sched.give_back(key, now, f"Requeued: pods outside any GPR took {taken} before any pod of it "
+                                            "started (ReservationTaken)")
+        for a in short:
+            left[a.node] -= len(a.devices)
     if events:
-        sched.hold(f"pods+@{node}", node, short)  # what the outside pods use of the devices just given back
+        for name, over in overs.items():  # what the outside pods use of the devices just given back
+            sched.hold(f"pods+@{name}", name, over)
     return events
 
 

@@ -1194,6 +1194,7 @@ def test_a_warm_pass_that_reads_only_what_was_replaced_still_sees_every_change()
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(min_value=0, max_value=10_000))
+@example(449)  # a reservation given back to outside pods: its GPR's pod-fit limit, and the order nodes are counted
 def test_devices_used_outside_gprs_counted_again_only_where_pods_moved_equal_a_full_count(seed: int) -> None:
     """Between passes, pods come, go, bind, end and change GPR; a warm pass counts the devices used outside
     reservations again only on the nodes those pods were or are on, and gets what a fresh count gets."""
@@ -1384,3 +1385,37 @@ def test_an_admitted_gpr_whose_node_a_pod_outside_any_gpr_took_is_requeued() -> 
     assert requeued and "ReservationTaken" in requeued[0].detail and "n0" in requeued[0].detail
     assert [(w.status["phase"], [r["node"] for r in w.status.get("reservation") or []]) for w in second.writes] == [
         ("Admitted", ["n1"])]
+
+
+def test_reservations_given_back_to_outside_pods_do_not_depend_on_the_order_nodes_are_counted() -> None:
+    """Issue 35.2: outside pods take one device of each of two full nodes. The GPRs given back are the latest
+    admitted first over both nodes at once, whichever node's pods come first (before: node by node in the order
+    the pods were listed, so one order gave back x and g, the other g alone, and a warm pass, counting only the
+    nodes whose pods moved, could plan otherwise than a cold one)."""
+    views = {n: node_view(node(n, gpus=3), (GPU,)) for n in ("n0", "n1")}
+    now = time.time()
+
+    def made(name: str, devices: int, nodes: int = 1) -> dict[str, Any]:
+        obj = gpr(name, phase=None, devices=devices, nodes=nodes)
+        obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp="2026-11-30T00:00:00Z")
+        return obj
+
+    outcomes = []
+    for order in (("n0", "n1"), ("n1", "n0")):
+        run = Passes(now, {"n1": views["n1"]}, {"uk": made("k", 2)})
+        run.step()
+        run.nodes, run.now, run.gprs = views, now + 1, {**run.gprs, "ug": made("g", 1, nodes=2)}
+        run.step()
+        run.now, run.gprs = now + 2, {**run.gprs, "ux": made("x", 2)}
+        run.step()
+        where = {obj["metadata"]["name"]: sorted(r["node"] for r in obj["status"]["reservation"])
+                 for obj in run.gprs.values()}
+        assert where == {"k": ["n1"], "g": ["n0", "n1"], "x": ["n0"]}  # both nodes full
+        squat = [pod_view(pod(f"s{n}", 1, uid=f"s{n}", node_name=n, phase="Running"), (GPU,)) for n in order]
+        run.pods, run.now = {p.uid: p for p in squat if p is not None}, now + 3
+        plan = run.step()
+        outcomes.append(([e.gpr for _, e in plan.events if e.kind == "requeued"],
+                         {obj["metadata"]["name"]: obj["status"]["phase"] for obj in run.gprs.values()}))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == ["default/x", "default/g"]  # the latest admitted first, until both nodes are covered
+    assert outcomes[0][1]["k"] == "Admitted"
