@@ -39,6 +39,7 @@ from inference.routing import (
     pick,
     pick_round_robin,
     record_failure,
+    record_latency,
     record_success,
 )
 
@@ -634,6 +635,7 @@ class Gateway:
         upstream: aiohttp.ClientResponse | None = None
         sent = False
         stream_state = _StreamState(request_id, caller)
+        sent_at = self.clock()  # the replica's own time, without the queue: what balancing compares
         try:
             try:
                 async with asyncio.timeout(self.settings.request_timeout):
@@ -663,6 +665,7 @@ class Gateway:
             self.metrics.child(self.metrics.ttfb, model, label).observe(first - start)
             if not (stream and is_sse):
                 record_success(replica)
+                record_latency(replica, self.clock() - sent_at)
                 if upstream.status == 200 and b'"usage"' in payload:
                     self._count_usage(model, payload)
                 self._done(live, label, upstream.status, start)
@@ -680,6 +683,7 @@ class Gateway:
             await response.prepare(request)
             sent = True
             await self._pump(response, upstream, live, replica, first_chunk, stream_state)
+            record_latency(replica, first - sent_at)  # a stream's length is the prompt's, not the replica's speed
             self._done(live, label, upstream.status, start)
             return response
         except asyncio.CancelledError:
