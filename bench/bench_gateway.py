@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -84,6 +85,28 @@ class Procs:
                                  "--listen", f"127.0.0.1:{port}", "--policy", policy, "--log-level", "error",
                                  "--load-poll-interval", str(poll), "--drain-seconds", "0"],
                                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.procs.append(proc)
+        self.by_url[f"http://127.0.0.1:{port}"] = proc
+        return f"http://127.0.0.1:{port}"
+
+    def nginx(self, directory: Path, urls: list[str]) -> str | None:
+        """nginx ``least_conn`` in front of ``urls`` (Debian ``nginx-light``), its own config and port: the in-run
+        baseline for balancing. None when no nginx binary is installed."""
+        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if binary is None:
+            return None
+        port = free_port()
+        servers = "".join(f"server {url.removeprefix('http://')};" for url in urls)
+        conf = directory / "nginx.conf"
+        conf.write_text(
+            # one process (no master), so its CPU time is the work: the same measure as for the gateway
+            f"master_process off; worker_processes 1; daemon off; pid {directory}/nginx.pid; error_log {directory}/nginx.err error;\n"
+            "events { worker_connections 4096; }\n"
+            f"http {{ access_log off; client_body_temp_path {directory}; proxy_temp_path {directory};\n"
+            f"  upstream llm {{ least_conn; {servers} keepalive 256; }}\n"
+            f"  server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://llm; proxy_http_version 1.1;\n"
+            "    proxy_set_header Connection \"\"; proxy_buffering off; } } }\n")
+        proc = subprocess.Popen([binary, "-c", str(conf), "-p", str(directory)], cwd=ROOT)
         self.procs.append(proc)
         self.by_url[f"http://127.0.0.1:{port}"] = proc
         return f"http://127.0.0.1:{port}"
@@ -174,6 +197,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                     batch=args.batch) for i in range(4)]
             gw_lr = procs.gateway(directory, slow_urls, "least-request", poll=0.1)
             gw_rr = procs.gateway(directory, slow_urls, "round-robin")
+            ngx = procs.nginx(directory, slow_urls)
             for url in (gw_fast, gw_served, gw_lr, gw_rr):
                 await wait_ready(url)
 
@@ -213,10 +237,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "gateway_cpu_us_per_request": cpu / max(1, served_requests) * 1e6,
                 }
 
-            lr, rr = [], []
-            for _ in range(args.rounds):
+            lr, rr, nx = [], [], []
+            lr_cpu, nx_cpu, lr_n, nx_n = 0.0, 0.0, 0, 0
+            for _ in range(args.rounds):  # the arms interleaved, round by round
                 rr.append(await load(gw_rr, args.balance_clients, args.seconds))
+                before = procs.cpu_seconds(gw_lr)
                 lr.append(await load(gw_lr, args.balance_clients, args.seconds))
+                lr_cpu += procs.cpu_seconds(gw_lr) - before
+                lr_n += lr[-1]["n"] + lr[-1]["errors"]
+                if ngx is not None:
+                    before = procs.cpu_seconds(ngx)
+                    nx.append(await load(ngx, args.balance_clients, args.seconds))
+                    nx_cpu += procs.cpu_seconds(ngx) - before
+                    nx_n += nx[-1]["n"] + nx[-1]["errors"]
+            if nx:
+                results["nginx_least_conn"] = {
+                    "p50_ms": med(nx, "p50") * 1e3, "p99_ms": med(nx, "p99") * 1e3, "rps": med(nx, "rps"),
+                    "cpu_us_per_request": nx_cpu / max(1, nx_n) * 1e6,
+                    "gateway_p99_ratio": statistics.median(a["p99"] / b["p99"] for a, b in zip(lr, nx, strict=True)),
+                    "gateway_rps_ratio": statistics.median(a["rps"] / b["rps"] for a, b in zip(lr, nx, strict=True)),
+                    "gateway_cpu_us_per_request": lr_cpu / max(1, lr_n) * 1e6,
+                }
             results["balancing"] = {
                 "least_request_p99_ms": med(lr, "p99") * 1e3, "round_robin_p99_ms": med(rr, "p99") * 1e3,
                 "least_request_p50_ms": med(lr, "p50") * 1e3, "round_robin_p50_ms": med(rr, "p50") * 1e3,
@@ -262,6 +303,14 @@ def main() -> None:
           f"({b['least_request_rps']:.0f} req/s), round robin {b['round_robin_p50_ms']:.1f}/"
           f"{b['round_robin_p99_ms']:.1f} ms ({b['round_robin_rps']:.0f} req/s) -> p99 ratio {b['p99_ratio']:.2f} "
           f"(target <= 0.5)")
+    n = results.get("nginx_least_conn")
+    if n is None:
+        print("nginx least_conn: not run (no nginx; apt-get install -y nginx-light)")
+    else:
+        print(f"nginx least_conn, same replicas and clients: p50/p99 {n['p50_ms']:.1f}/{n['p99_ms']:.1f} ms "
+              f"({n['rps']:.0f} req/s, CPU {n['cpu_us_per_request']:.0f} us/request) -> gateway/nginx p99 "
+              f"{n['gateway_p99_ratio']:.2f}x (target <= 1.0), throughput {n['gateway_rps_ratio']:.2f}x "
+              f"(target >= 1.0), gateway CPU {n['gateway_cpu_us_per_request']:.0f} us/request (target <= 250)")
 
 
 if __name__ == "__main__":
