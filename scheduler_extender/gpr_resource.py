@@ -400,14 +400,16 @@ def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | 
                 now: float, observed_generation: int | None,
                 conditions: list[dict[str, Any]] | None = None,
                 previous_conditions: list[dict[str, Any]] | None = None,
-                estimated_range: tuple[float, float] | None = None) -> dict[str, Any]:
+                estimated_range: tuple[float, float] | None = None, detail: str = "") -> dict[str, Any]:
     """``{"status": {...}}`` for the status subresource. ``reservation`` is ``[{"node", "devices"}]`` (a count
     or a list of device indices). Conditions ``Queued``, ``Admitted``, ``Running`` and ``Finished`` are derived
     from the phase and its history; ``conditions`` given here are added, replacing derived ones of the same
     type (``lastTransitionTime`` may be epoch seconds or absent, then ``now``). ``queuePosition`` and
     ``estimatedStart`` are written only while the GPR is queued. ``previous_conditions`` (the object's current
     ``status.conditions``) keeps each condition's ``lastTransitionTime`` while its status stays the same, as
-    ``meta.SetStatusCondition`` does, so an unchanged GPR renders an unchanged status (also after a restart)."""
+    ``meta.SetStatusCondition`` does, so an unchanged GPR renders an unchanged status (also after a restart).
+    ``detail``: for a queued GPR, what its ``reason`` means for it (which quota, how much of it is used), appended
+    to the message as ``; <reason>: <detail>``."""
     counts: dict[str, int] = {}
     for entry in reservation:
         node, devices = entry.get("node"), entry.get("devices")
@@ -421,7 +423,8 @@ def status_body(g: GPR, *, queue_position: int | None, estimated_start: float | 
     status: dict[str, Any] = {
         "phase": g.phase.value,
         "reason": g.reason,
-        "message": _message(g, queue_position if queued else None, estimated_start if queued else None, nodes),
+        "message": _message(g, queue_position if queued else None, estimated_start if queued else None, nodes)
+                   + (f"; {g.reason}: {detail}" if queued and detail and g.reason else ""),
         "reservation": [{"node": n, "devices": counts[n]} for n in nodes],
         "reservedNodes": nodes,
         "failures": g.failures,

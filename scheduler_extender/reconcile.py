@@ -1113,6 +1113,8 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                 "message": f"its pods ask for {cpu}m CPU and {mem}Mi memory on each node, more than any node with "
                            f"{waiting.resource} has allocatable (at most {most_cpu}m CPU, {most_mem}Mi memory)"})
 
+    # what the pass that set a queued GPR's reason found (which quota, how much of it is used): into its message
+    found = {e.gpr: e.detail for _, e in plan.events if e.kind in _WAIT_DETAIL}
     estimates: dict[str, Interval] = {}
     plan.queue = tuple(sched.queued_names())
     refresh = cfg.refresh_queue or (cfg.refresh_on_change and plan.queue != cfg.last_queue)
@@ -1182,7 +1184,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
         holding = g.phase in (Phase.ADMITTED, Phase.RUNNING)
         if holding:
             plan.ungate[uid] = reserved
-        body = gr.status_body(g, queue_position=positions.get(key),
+        body = gr.status_body(g, queue_position=positions.get(key), detail=_wait_detail(g, found.get(key), current),
                               estimated_start=estimate.start if estimate is not None and finite else None,
                               estimated_range=(estimate.low, estimate.high) if estimate is not None and finite else None,
                               reservation=reservation, now=now,
@@ -1308,6 +1310,23 @@ def _taken_from_reservations(sched: Scheduler, overs: Mapping[str, int], pods_of
         for name, over in overs.items():  # what the outside pods use of the devices just given back
             sched.hold(f"pods+@{name}", name, over)
     return events
+
+
+_WAIT_DETAIL = {"workspacequota": "WorkspaceQuota", "modelquota": "ModelQuota", "unschedulable": "Unschedulable"}
+
+
+def _wait_detail(g: GPR, found: str | None, current: Mapping[str, Any]) -> str:
+    """The detail of a queued GPR's reason for its message: what this pass found when it set the reason (the
+    quota's use, the caps), else what the stored message says for the same reason (the core says it once, when
+    the reason starts), else nothing."""
+    if g.phase is not Phase.QUEUED or g.reason not in _WAIT_DETAIL.values():
+        return ""
+    if found:
+        return found
+    said, mark = current.get("message"), f"; {g.reason}: "
+    if current.get("reason") == g.reason and isinstance(said, str) and mark in said:
+        return said.split(mark, 1)[1]
+    return ""
 
 
 def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[Event]:

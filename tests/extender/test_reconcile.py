@@ -1419,3 +1419,29 @@ def test_reservations_given_back_to_outside_pods_do_not_depend_on_the_order_node
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0] == ["default/x", "default/g"]  # the latest admitted first, until both nodes are covered
     assert outcomes[0][1]["k"] == "Admitted"
+
+
+def test_a_workspace_quota_held_gpr_says_the_quota_in_its_message_and_keeps_saying_it() -> None:
+    """Issue 35.4: a Queued GPR held by its workspace's quota carries reason WorkspaceQuota and, in status.message,
+    the workspace, its devices in use of the limit and what the GPR needs (before: in the Event alone); a later
+    write of its status (a refresh moving its estimate, a warm or a cold pass) keeps saying it."""
+    views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
+    team = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 2000})
+    core = SchedulerConfig(instant_eviction=False, learn=False, quotas=dict(team.quotas))
+    now = time.time()
+    gprs = {}
+    for i, name in enumerate("ab"):
+        obj = gpr(name, phase=None, devices=2)
+        obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        gprs[f"u{name}"] = obj
+    warm, version = PassCache(), 100
+    for step in range(3):
+        cfg = PassConfig(core=core, workspaces=team, refresh_queue=step == 2)
+        snap = Snapshot(now + 60 * step, views, {}, gprs)
+        plan = plan_pass(snap, cfg, warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), cfg, PassCache()))
+        gprs, version = stored(gprs, plan, version)
+        status = gprs["ub"]["status"]
+        assert status["phase"] == "Queued" and status["reason"] == "WorkspaceQuota", status
+        assert "; WorkspaceQuota: workspace team" in status["message"], status["message"]
+        assert "2 of 2 devices in use; it needs 2" in status["message"], status["message"]
