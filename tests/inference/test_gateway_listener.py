@@ -127,6 +127,31 @@ async def test_body_that_never_completes_gets_408_and_the_connection_closed(make
     assert b'"code":"request_timeout"' in body
 
 
+async def test_body_split_after_the_head_is_forwarded_whole_and_ids_are_unique(make_peers: Any,
+                                                                             make_gateway: Any) -> None:
+    """A Content-Length body whose head arrives alone, then half the body, then the rest, is read whole (the
+    fast path takes only a body that came with its head); every answer carries its own generated request id."""
+    host, port = await start(make_peers, make_gateway)
+    body = b'{"model": "m", "input": "' + b"x" * 2000 + b'"}'
+    ids = set()
+    for _ in range(3):
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write((f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode())
+            for piece in (body[:1000], body[1000:]):
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(piece)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        finally:
+            writer.close()
+        assert head.split(b" ")[1] == b"200", head
+        ids.add(next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"x-request-id:")))
+    assert len(ids) == 3 and all(len(i) == 32 for i in ids), ids
+
+
 async def test_fuzzed_requests_never_get_a_5xx_an_echoed_key_or_a_traceback(make_peers: Any, make_gateway: Any,
                                                                             caplog: pytest.LogCaptureFixture) -> None:
     """The extender's seeded fuzz of hostile request heads and bodies (bounded count), over the gateway: every
