@@ -268,8 +268,12 @@ class KubeClient:
 
     async def watch(self, res: Resource, namespace: str | None = None, *, resource_version: str = "",
                     timeout_seconds: int = 300, read_timeout: float | None = None, label_selector: str = "",
-                    field_selector: str = "") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    field_selector: str = "", on_open: Callable[[], None] | None = None,
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) events of one watch request, bookmarks included, until the server closes it.
+
+        ``on_open`` is called once the server answered 200 (before any event): the server is reachable and the
+        watch allowed, which an informer counts as healthy even while no event arrives for minutes.
 
         The status of the answer is checked (an error answer raises, it is never an event); an ``ERROR`` event
         raises (:class:`Expired` for 410); no byte for ``read_timeout`` seconds (default: the server's own
@@ -292,6 +296,8 @@ class KubeClient:
                 code = str(response.status)
                 if response.status >= 300:
                     raise error_for(response.status, _decode(await response.read()), _retry_after(response.headers))
+                if on_open is not None:
+                    on_open()
                 while True:
                     line = await response.content.readline()
                     if not line:

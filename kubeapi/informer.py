@@ -9,6 +9,10 @@
   closes it after a jittered ``timeoutSeconds`` and it is reopened at once; no data for longer than that plus a
   margin ends a half-open connection; a 410 Gone (on the watch or as an ERROR event) relists.
 - A watch that keeps failing backs off the same way, so a misbehaving server is never hammered.
+- A watch that gets no answer at all (connection refused or reset, read timeout: the API server is down or
+  unreachable) makes the informer not ``healthy`` too, until a watch is answered again (or a relist succeeds):
+  the view is then only as current as the outage is long, and ``/readyz`` must say so. A watch the server
+  answers with an error while lists still work (a 500 on the watch alone) leaves it healthy.
 """
 
 from __future__ import annotations
@@ -160,7 +164,7 @@ class Informer:
         async for kind, obj in self.client.watch(self.resource, self.namespace,
                                                  resource_version=self.resource_version, timeout_seconds=timeout,
                                                  read_timeout=timeout + self.read_margin,
-                                                 label_selector=self.label_selector):
+                                                 label_selector=self.label_selector, on_open=self._watch_opened):
             seen += 1
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if rv:
@@ -173,6 +177,10 @@ class Informer:
                 await asyncio.sleep(0)
                 held = time.perf_counter()
         return seen
+
+    def _watch_opened(self) -> None:
+        if not self.healthy and self.synced.is_set():  # the server answers again: the outage is over
+            self._set_health(True)
 
     async def run(self, stop: asyncio.Event) -> None:
         need_list, failures, expired = True, 0, 0
@@ -197,7 +205,7 @@ class Informer:
                 failures += 1
             except ApiError as exc:
                 failures += 1
-                if need_list:
+                if need_list or exc.status == 0:  # a list failed, or no answer at all (the server is unreachable)
                     self._set_health(False, str(exc))
                 else:
                     log.warning("watch failed; resuming", extra={"informer": self.name, "error": str(exc)[:300]})

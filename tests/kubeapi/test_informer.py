@@ -158,3 +158,54 @@ async def test_a_relist_taken_in_slices_is_awaited_before_events_and_readiness()
         await asyncio.gather(task, return_exceptions=True)
         await kube_cm.__aexit__(None, None, None)
         await peer.stop()
+
+
+class _Outage:
+    """A client whose API server can be taken away: while ``down`` every watch is refused (no answer at all);
+    lists are never reached after the first, as a watch resumes from its resourceVersion."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from kubeapi.metrics import api_metrics
+
+        self.metrics = api_metrics(CollectorRegistry())
+        self.down = False
+        self.lists = 0
+
+    async def list_raw(self, *_: Any, **__: Any) -> tuple[list[bytes], str]:
+        self.lists += 1
+        return [b'{"metadata": {"name": "a", "resourceVersion": "1"}}'], "1"
+
+    async def watch(self, *_: Any, on_open: Any = None, **__: Any) -> Any:
+        from kubeapi.errors import TransportError
+
+        if self.down:
+            raise TransportError("watch nodes: ClientConnectorError: Connect call failed ('127.0.0.1', 6443)")
+        if on_open is not None:
+            on_open()
+        await asyncio.sleep(0.02)
+        return
+        yield  # an async generator that ends without an event, as a watch the server closes
+
+
+async def test_health_is_false_while_the_api_server_is_unreachable_and_back_once_a_watch_is_answered() -> None:
+    """Docs: not healthy (so /readyz 503) while the server cannot be reached; before, a refused watch only
+    logged "watch failed; resuming" and the informer stayed healthy through a 70 s outage."""
+    client = _Outage()
+    informer = Informer(client, NODES, lambda k, o: None, lambda items: None,  # type: ignore[arg-type]
+                        backoff=(0.01, 0.05))
+    stop = asyncio.Event()
+    task = asyncio.create_task(informer.run(stop))
+    try:
+        await wait_until(lambda: informer.healthy and informer.synced.is_set())
+        client.down = True
+        await wait_until(lambda: not informer.healthy)
+        assert "Connect call failed" in informer.last_error
+        client.down = False
+        await wait_until(lambda: informer.healthy)
+        assert client.lists == 1  # recovered by the watch being answered again, without a relist
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
