@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 
@@ -63,3 +64,14 @@ def error_for(status: int, body: dict[str, Any], retry_after: float | None = Non
     message = str(body.get("message") or "")[:1000]
     cls = AlreadyExists if status == 409 and reason == "AlreadyExists" else _BY_STATUS.get(status, ApiError)
     return cls(status, reason, message, retry_after, body)
+
+
+def log_failure(logger: logging.Logger, msg: str, exc: BaseException, extra: dict[str, Any] | None = None) -> None:
+    """Log a failed pass or task: the API server not answering at all (connection refused or reset, no answer in
+    time: a :class:`TransportError`) is an outage the caller rides out, not a bug, so it is one warning line with
+    the error; anything else keeps its traceback, which is what finds the bug."""
+    fields = {**(extra or {}), "error": str(exc)[:300]}
+    if isinstance(exc, TransportError):
+        logger.warning(msg, extra=fields)
+    else:
+        logger.error(msg, exc_info=exc, extra=fields)

@@ -30,7 +30,7 @@ import orjson
 
 from kubeapi.client import KubeClient, backoff_delay
 from kubeapi.collector import collector_paused
-from kubeapi.errors import ApiError, Expired
+from kubeapi.errors import ApiError, Expired, log_failure
 from kubeapi.resources import Resource
 
 YIELD_AFTER = 0.001  # seconds of event handling before a watch lets other tasks run
@@ -213,7 +213,7 @@ class Informer:
                 raise
             except Exception as exc:  # a handler's bug must not end the informer
                 failures += 1
-                log.exception("informer handler failed", extra={"informer": self.name, "error": str(exc)[:300]})
+                log_failure(log, "informer handler failed", exc, {"informer": self.name})
                 need_list = True
             await self._pause(stop, backoff_delay(failures, self.backoff[0], self.backoff[1], self.rng))
 

@@ -1,4 +1,4 @@
-"""Supervised background tasks: a crash is logged with its traceback, counted and the task restarted with
+"""Supervised background tasks: a crash is logged with its traceback (an unreachable API server in one line), counted and the task restarted with
 backoff (never a silently dead loop); leader-only work runs only while the Lease is held."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from kubeapi.client import backoff_delay
+from kubeapi.errors import log_failure
 from kubeapi.leader import LeaderElector
 from kubeapi.metrics import api_metrics
 
@@ -38,8 +39,8 @@ async def supervise(name: str, factory: TaskFactory, stop: asyncio.Event, *, bac
             log.warning("background task returned early; restarting", extra={"task": name})
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("background task crashed; restarting", extra={"task": name})
+        except Exception as exc:  # an unreachable API server is one line; a bug keeps its traceback
+            log_failure(log, "background task crashed; restarting", exc, {"task": name})
         failures += 1
         restarts.inc()
         await _wait(stop, backoff_delay(failures, backoff[0], backoff[1], rng))

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kubeapi import ApiError, Conflict, NotFound, TooManyRequests
 from kubeapi.client import backoff_delay
+from kubeapi.errors import log_failure
 from kubeapi.resources import GPRS
 from scheduler_extender import gpr_resource as gr
 from scheduler_extender.cluster import ClusterView
@@ -477,10 +478,10 @@ class GPRController:
                 failures = 0
                 self.metrics.passes.labels("ok").inc()
                 wake = plan.wakeup
-            except Exception:
+            except Exception as exc:
                 failures += 1
                 self.metrics.passes.labels("error").inc()
-                log.exception("controller pass failed; retrying")
+                log_failure(log, "controller pass failed; retrying", exc)  # an outage in one line
                 wake = self.clock() + min(30.0, 0.5 * 2 ** failures)
             timeout = max(0.01, min(self.resync, wake - self.clock(), self._queue_at + self.estimate_every
                                     - self.clock() + 0.01))

@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
+from kubeapi.errors import log_failure
 from kubeapi.informer import Informer
 from kubeapi.resources import (
     NAMESPACES,
@@ -367,9 +368,9 @@ class WorkspaceController:
             try:
                 await self.reconcile()
                 failures = 0
-            except Exception:
+            except Exception as exc:
                 failures += 1
-                log.exception("workspace pass failed; retrying")
+                log_failure(log, "workspace pass failed; retrying", exc)
             wait = min(30.0, 0.5 * 2 ** failures) if failures else self.resync
             if self._failed:
                 wait = min(wait, max(0.0, min(f[1] for f in self._failed.values()) - self.clock()))
