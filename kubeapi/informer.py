@@ -9,6 +9,10 @@
   closes it after a jittered ``timeoutSeconds`` and it is reopened at once; no data for longer than that plus a
   margin ends a half-open connection; a 410 Gone (on the watch or as an ERROR event) relists.
 - A watch that keeps failing backs off the same way, so a misbehaving server is never hammered.
+- Until the first list succeeded the retry gap is capped at ``first_list_cap`` (4 s): a process waiting for its
+  first list serves nothing and its start deadline runs, and a 403 or 404 then is most often RBAC or a CRD being
+  applied in the same rollout. With the full cap (30 s) an extender whose RBAC came back 8 s before its 30 s
+  start deadline still exited: its next list was due 9-16 s later.
 - A watch that gets no answer at all (connection refused or reset, read timeout: the API server is down or
   unreachable) makes the informer not ``healthy`` too, until a watch is answered again (or a relist succeeds):
   the view is then only as current as the outage is long, and ``/readyz`` must say so. A watch the server
@@ -79,7 +83,7 @@ class Informer:
                  on_sync: Sync, *, name: str = "", namespace: str | None = None,
                  label_selector: str = "", watch_timeout: tuple[int, int] = (300, 600), read_margin: float = 30.0,
                  backoff: tuple[float, float] = (0.5, 30.0), rng: random.Random | None = None,
-                 page_size: int = 100, lazy: bool = False) -> None:
+                 page_size: int = 100, lazy: bool = False, first_list_cap: float = 4.0) -> None:
         self.client = client
         self.resource = resource
         self.on_event = on_event
@@ -90,6 +94,7 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.read_margin = read_margin
         self.backoff = backoff
+        self.first_list_cap = first_list_cap  # the retry gap's cap until the first list succeeded
         # items per list page (client-go: 500): each page is scanned at once, 1.8 ms for 100 real nodes (18 KB each)
         self.page_size = page_size
         self.lazy = lazy  # on_sync gets a Listed (decoded as read) instead of a list decoded beforehand
@@ -215,7 +220,8 @@ class Informer:
                 failures += 1
                 log_failure(log, "informer handler failed", exc, {"informer": self.name})
                 need_list = True
-            await self._pause(stop, backoff_delay(failures, self.backoff[0], self.backoff[1], self.rng))
+            cap = self.backoff[1] if self.synced.is_set() else min(self.backoff[1], self.first_list_cap)
+            await self._pause(stop, backoff_delay(failures, self.backoff[0], cap, self.rng))
 
     @staticmethod
     async def _pause(stop: asyncio.Event, seconds: float) -> None:

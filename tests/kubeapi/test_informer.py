@@ -6,6 +6,8 @@ import asyncio
 import math
 from typing import Any
 
+import pytest
+
 from kubeapi.client import connected
 from kubeapi.informer import Informer
 from kubeapi.resources import NODES
@@ -205,6 +207,44 @@ async def test_health_is_false_while_the_api_server_is_unreachable_and_back_once
         client.down = False
         await wait_until(lambda: informer.healthy)
         assert client.lists == 1  # recovered by the watch being answered again, without a relist
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_until_the_first_list_succeeds_retries_are_at_most_4s_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extender started before its RBAC: with the full 30 s cap its lists were 9-16 s apart by the 30 s start
+    deadline, so RBAC that came back 8 s before it was never seen (issue 35.7)."""
+    import random
+
+    from kubeapi.errors import Forbidden
+
+    client = _Outage()
+    refusals = 12
+    listed = client.list_raw
+
+    async def list_raw(*a: Any, **k: Any) -> tuple[list[bytes], str]:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise Forbidden(403, "Forbidden", "nodes is forbidden: User cannot list resource")
+        return await listed(*a, **k)
+
+    monkeypatch.setattr(client, "list_raw", list_raw)
+    gaps: list[float] = []
+
+    async def pause(_: asyncio.Event, seconds: float) -> None:
+        gaps.append(seconds)
+
+    informer = Informer(client, NODES, lambda k, o: None, lambda items: None,  # type: ignore[arg-type]
+                        rng=random.Random(7))
+    monkeypatch.setattr(informer, "_pause", pause)
+    stop = asyncio.Event()
+    task = asyncio.create_task(informer.run(stop))
+    try:
+        await wait_until(lambda: informer.synced.is_set())
+        assert len(gaps) >= 12 and max(gaps[:12]) <= 4.0, gaps
     finally:
         stop.set()
         task.cancel()
