@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -324,6 +325,10 @@ class KubeClient:
             self.metrics.watch_seconds.labels(res.plural, code).observe(time.perf_counter() - started)
 
 
+class ConfigMissing(RuntimeError):
+    """No usable credentials to reach the API server: the message is one line naming what is missing."""
+
+
 def _param(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -335,13 +340,24 @@ async def from_config(kubeconfig: str = "", *, field_manager: str, **kwargs: Any
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
-    if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            await config.load_kube_config(client_configuration=configuration)
+    try:
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException as incluster:
+                default = os.path.expanduser(os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or
+                                             "~/.kube/config")
+                if not os.path.exists(default):
+                    raise ConfigMissing(
+                        "no Kubernetes credentials: no --kubeconfig given, not in a cluster "
+                        f"({str(incluster).rstrip('.')}), and no kubeconfig at {default} (set --kubeconfig or "
+                        "KUBECONFIG)") from None
+                kubeconfig = default
+                await config.load_kube_config(config_file=default, client_configuration=configuration)
+    except config.ConfigException as exc:  # e.g. "Expected key current-context": say which file
+        raise ConfigMissing(f"kubeconfig {kubeconfig}: {exc}".replace("\n", " ")[:500]) from None
     return KubeClient(client.ApiClient(configuration), field_manager=field_manager, **kwargs)
 
 

@@ -493,7 +493,13 @@ def main(argv: list[str] | None = None) -> None:
         print(SCHEMA.print_tree(config), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
-    asyncio.run(_amain(config.values))
+    from kubeapi.client import ConfigMissing
+
+    try:
+        asyncio.run(_amain(config.values))
+    except ConfigMissing as exc:  # one line naming what is missing, not a traceback
+        log.error("cannot start", extra={"error": str(exc)})
+        sys.exit(1)
 
 
 if __name__ == "__main__":
