@@ -164,11 +164,15 @@ class Lookup(Protocol):
 class KubeLookup(Lookup):
     """:class:`Lookup` on the API server through the shared client layer (timeouts, status checks, retries)."""
 
-    def __init__(self, kube: Kube, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 max_stale: float = 60.0) -> None:
+    def __init__(self, kube: Kube, ttl: float = 2.5, clock: Callable[[], float] = time.monotonic,
+                 max_stale: float = 5.0) -> None:
         self.kube = kube
         self.ttl = ttl  # namespaces and templates change rarely: a burst of pod creations reads them once
-        self.max_stale = max_stale  # past its TTL a value is still answered (and read again meanwhile) this long
+        # past its TTL a value is still answered (and read again meanwhile) until this old, never older: the
+        # docs promise a binding, template or workspace change reaches pods within 5 s (it was 60 s, so a
+        # binding deleted a minute ago still chose templates); reading again from half of it on keeps a
+        # burst of pod creations from waiting on a refresh as long as a read takes under 2.5 s
+        self.max_stale = max_stale
         self.clock = clock
         self._cache: dict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = {}
         # reads under way: a burst of pod creations that all miss (the first ones, or the TTL just passed)

@@ -745,6 +745,29 @@ async def test_kube_lookup_reads_and_writes_through_the_api(peer: APIServerPeer,
     assert peer.requests.count(("GET", "/api/v1/namespaces/team-a")) == before
 
 
+async def test_kube_lookup_never_answers_a_binding_list_older_than_the_documented_5_s(
+        peer: APIServerPeer, kube_lookup: KubeLookup) -> None:
+    """docs/workspaces.md promises the webhook's cache is 5 s: a binding created 6 s after the list was read
+    chooses the next pod's template (the defaults answered a list up to 60 s old), while between 2.5 and 5 s a
+    caller is answered at once and the list read again behind it."""
+    clock = [0.0]
+    lookup = KubeLookup(kube_lookup.kube, clock=lambda: clock[0])
+    lists = lambda: peer.count("GET", "gprtemplatebindings")  # noqa: E731
+    assert await lookup.list_bindings() == [] and lists() == 1
+    clock[0] = 2.0
+    assert await lookup.list_bindings() == [] and lists() == 1
+    await peer.put_object("apis/accelstack.io/v1alpha1/gprtemplatebindings", {
+        "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplateBinding",
+        "metadata": {"name": "b", "namespace": "team-a"}, "spec": {"template": "default"}})
+    clock[0] = 3.0  # past the refresh point: the old list at once, one read behind it
+    assert await lookup.list_bindings() == []
+    await wait_until(lambda: not lookup._reading)
+    assert lists() == 2 and [b["metadata"]["name"] for b in await lookup.list_bindings()] == ["b"]
+    await peer.delete_object("apis/accelstack.io/v1alpha1/gprtemplatebindings", "team-a", "b")
+    clock[0] = 9.1  # 6.1 s after the last read: never answered, the caller waits for a fresh list
+    assert await lookup.list_bindings() == [] and lists() == 3
+
+
 async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: APIServerPeer,
                                                                       kube_lookup: KubeLookup) -> None:
     """200 pod creations at once (the API server's default mutating in-flight limit) that all miss the cache
@@ -764,7 +787,7 @@ async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: API
     assert gets() == 1
     slow.remove()
     clock = [0.0]
-    fresh = KubeLookup(kube_lookup.kube, ttl=5.0, clock=lambda: clock[0])
+    fresh = KubeLookup(kube_lookup.kube, ttl=5.0, clock=lambda: clock[0], max_stale=60.0)
     await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
     clock[0] = 4.9
     await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
