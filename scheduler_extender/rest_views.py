@@ -162,23 +162,28 @@ def queue(index: NamespaceIndex, ordered: list[GPRView], *, namespaces: Iterable
 
 # ---- the inventory -----------------------------------------------------------------------------------------
 def node_rows(view: ClusterView, node: NodeView, group_label: str) -> list[dict[str, Any]]:
-    """One row per managed resource the node has (allocatable or capacity above 0)."""
+    """One row per managed resource the node has (allocatable or capacity above 0). ``reserved`` counts a
+    reservation's devices used or not, so ``allocated + reserved`` counts a GPR's running pods twice (the
+    heat map showed "11/8"); ``held`` is each device once: allocated, or reserved and not yet used."""
     rows = []
+    reservations = view.reservations_on(node.name)
     for resource in sorted(set(node.allocatable) | set(node.capacity)):
         allocatable = node.allocatable.get(resource, 0)
         capacity = max(node.capacity.get(resource, 0), allocatable)
         if capacity <= 0:
             continue
         reason = node.health_reason(resource) or node.ledger_error
+        unused = sum(max(0, count - node.used_by.get((key, resource), 0)) for key, count in reservations.items()
+                     if (g := view.gprs.get(key)) is not None and g.resource == resource)
         rows.append({"node": node.name, "group": node.labels.get(group_label) or NO_GROUP, "resource": resource,
                      "model": model_of(node, resource), "capacity": capacity, "allocatable": allocatable,
                      "allocated": node.used.get(resource, 0), "reserved": view.reserved_devices(node.name, resource),
-                     "free": 0 if reason else view.free_for(node, resource, ""), "healthy": not reason,
+                     "held": node.used.get(resource, 0) + unused, "free": 0 if reason else view.free_for(node, resource, ""), "healthy": not reason,
                      "reason": reason, "unhealthyDevices": capacity - allocatable if not reason else capacity})
     return rows
 
 
-SUM_FIELDS = ("capacity", "allocatable", "allocated", "reserved", "free", "unhealthyDevices")
+SUM_FIELDS = ("capacity", "allocatable", "allocated", "reserved", "held", "free", "unhealthyDevices")
 
 
 async def summary(view: ClusterView, group_label: str) -> dict[str, Any]:

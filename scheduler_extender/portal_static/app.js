@@ -139,7 +139,7 @@ async function inventoryPage(ctx) {
     ...s.groups.map((g) => {
       const c = byKey.get(resource + "\u0000" + model + "\u0000" + g);
       if (!c) return h("span", { class: "cell heat-na" }, "");
-      const used = c.allocated + c.reserved;
+      const used = c.held;  // allocated or reserved, each device once
       const href = "#/inventory/group/" + enc(g) + "?" + params({ resource, model }).toString();
       return h("a", { class: "cell " + heat(used, c.capacity) + (c.unhealthyNodes ? " sick" : ""), href,
         title: `${c.nodes} nodes, ${c.capacity} devices: ${c.allocated} allocated, ${c.reserved} reserved, `
@@ -164,11 +164,11 @@ async function groupPage(ctx, group, q) {
   const p = params(q);
   const g = await api("/api/v1/inventory/groups/" + enc(group) + "?" + p.toString());
   const tiles = g.nodes.map((n) => h("a", {
-    class: "tile " + heat(n.allocated + n.reserved, n.capacity) + (n.healthy ? "" : " sick"),
+    class: "tile " + heat(n.held, n.capacity) + (n.healthy ? "" : " sick"),
     href: "#/node/" + enc(n.node),
     title: `${n.node}: ${n.allocated} allocated, ${n.reserved} reserved, ${n.free} free of ${n.capacity}`
       + (n.reason ? ` — ${n.reason}` : ""),
-  }, h("span", {}, n.node), h("small", {}, `${n.allocated + n.reserved}/${n.capacity}`)));
+  }, h("span", {}, n.node), h("small", {}, `${n.held}/${n.capacity}`)));
   ctx.show(h("p", {}, h("a", { href: "#/inventory" }, "← Inventory")),
     h("h1", {}, `Node group ${group}`),
     h("p", {}, `${g.groupLabel}=${group}` + (p.get("model") ? ` · ${p.get("model")}` : "") + ` · ${g.nodes.length} nodes`),

@@ -95,6 +95,29 @@ async def test_gpr_events_oldest_first_and_authorised() -> None:
         assert status == 200 and body["items"][0]["message"] == "position 2"
 
 
+async def test_a_reservations_running_pods_are_held_once_in_the_heat_map() -> None:
+    """A GPR reserving all 8 devices of a node whose pods use 3 of them: the node holds 8 of 8, not 11 of 8
+    (allocated + reserved counted the 3 running devices twice, and the portal drew "11/8"); devices allocated
+    outside any reservation add to it."""
+    from scheduler_extender import ledger
+    from scheduler_extender.cluster import GPU, ClusterView
+    from scheduler_extender.rest_views import node_rows, summary
+    from tests.extender.harness import gpr, node
+
+    view = ClusterView()
+    for name, entries in (("a", {"p1": ledger.Entry("p1", "default/p1", {GPU: 3}, "default/g", 1.0)}),
+                          ("b", {"p2": ledger.Entry("p2", "default/p2", {GPU: 1}, "", 1.0)})):
+        obj = node(name, gpus=8, labels={"nvidia.com/gpu.product": "H100", "pool": "x"})
+        obj["metadata"]["annotations"] = {ledger.LEDGER_ANNOTATION: ledger.render(entries)}
+        view.on_node("ADDED", obj)
+    view.on_gpr("ADDED", gpr("g", reservation={"a": 8, "b": 2}))
+    rows = {r["node"]: r for n in view.nodes.values() for r in node_rows(view, n, "pool")}
+    assert (rows["a"]["allocated"], rows["a"]["reserved"], rows["a"]["held"]) == (3, 8, 8)
+    assert (rows["b"]["allocated"], rows["b"]["reserved"], rows["b"]["held"]) == (1, 2, 3)
+    cell = (await summary(view, "pool"))["cells"][0]
+    assert (cell["capacity"], cell["held"]) == (16, 11)
+
+
 async def test_inventory_summary_groups_and_node() -> None:
     async with seeded() as (_, base, http):
         status, s = await get(http, f"{base}/api/v1/inventory?summary=1", ADMIN)
