@@ -51,18 +51,21 @@ async def api_items(request: web.Request, listing: Awaitable[list[dict[str, Any]
 
 
 def api_failure(exc: ApiError) -> web.Response:
+    """The answer's status says 404 or 409 once: the message is the API server's words alone (with the
+    exception's "404 NotFound: " in front, the portal and the plugin, which print the status first, showed
+    "404 404 NotFound: ...")."""
     if isinstance(exc, NotFound):
-        return error(404, str(exc) or "not found")
+        return error(404, exc.message or "not found")
     if isinstance(exc, Conflict):
-        return error(409, str(exc) or "conflict")
+        return error(409, exc.message or "conflict")
     return api_error(exc)
 
 
 def api_error(exc: ApiError) -> web.Response:
     """400/403/404/409/422 passed on; the API server throttling (429, after the client's own retries) 503 with
     its ``Retry-After``; no answer 504; any other failure 502."""
-    if exc.status in (400, 403, 404, 409, 422):
-        return error(exc.status, f"API server: {exc.status} {exc.message or exc.reason}")
+    if exc.status in (400, 403, 404, 409, 422):  # the answer's status is the API server's: not said twice
+        return error(exc.status, f"API server: {exc.message or exc.reason}")
     if exc.status == 429:
         response = error(503, f"API server is throttling requests: {exc.message or exc.reason}; retry later")
         response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after or 1)))

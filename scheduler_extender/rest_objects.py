@@ -224,7 +224,7 @@ class ObjectRoutes:
         try:
             current = await self.api.kube.get_object(self.kind.res, namespace or None, name)
         except NotFound as exc:
-            return error(404, str(exc) or "not found")
+            return error(404, exc.message or "not found")
         except ApiError as exc:
             return api_error(exc)
         meta = dict(current.get("metadata") or {})

@@ -142,6 +142,7 @@ async def test_errors_are_one_line_with_the_right_exit_code(capsys: pytest.Captu
         assert code == 1 and "401 a bearer token is required" in err and "give --token" in err
         code, _, err = await run(capsys, "--server", base, "--token", "admin-token", "gpr", "describe", "team-a/nope")
         assert code == 1 and "404" in err and err.count("\n") == 1
+        assert err.count("404") == 1 and "NotFound" not in err and '"nope" not found' in err, err
         code, _, err = await run(capsys, "--server", base, "--token", "admin-token", "queue", "--phase", "Zzz")
         assert code == 1 and "400 phase: unknown 'Zzz'" in err
 

@@ -46,9 +46,9 @@ async def test_workspace_create_get_update_list_delete() -> None:
         status, _ = await call(http, "DELETE", f"{url}/team-c", ADMIN)
         assert status == 200 and peer.get(WORKSPACES, "", "team-c") is None
         status, body = await call(http, "GET", f"{url}/team-c", ADMIN)
-        assert status == 404
+        assert status == 404 and body["error"].endswith('"team-c" not found') and "404" not in body["error"], body
         status, body = await call(http, "PUT", f"{url}/team-c", ADMIN, {"spec": spec})
-        assert status == 404
+        assert status == 404 and "404" not in body["error"] and "NotFound" not in body["error"], body
 
 
 async def test_templates_and_bindings_in_a_namespace() -> None:
