@@ -18,7 +18,9 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                     "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
-FILES = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
+# the icon too: without one every page load asked for /favicon.ico and logged a 404 in the browser's console
+FILES = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css",
+         "favicon.svg": "image/svg+xml"}
 
 
 def _load() -> dict[str, bytes]:
@@ -47,8 +49,14 @@ class Portal:
             return web.Response(status=404, text=f"no such portal file: {name[:80]}", headers=SECURITY_HEADERS)
         return self._file(name)
 
+    async def favicon(self, request: web.Request) -> web.Response:
+        """``/favicon.ico``, which a browser asks for on any page of this server (an API answer opened in a
+        tab, too) without a ``<link rel="icon">``: the portal's icon."""
+        raise web.HTTPMovedPermanently("/ui/favicon.svg", headers=SECURITY_HEADERS)
+
     def routes(self) -> list[web.RouteDef]:
-        return [web.get("/ui", self.redirect), web.get("/ui/", self.index), web.get("/ui/{file}", self.asset)]
+        return [web.get("/ui", self.redirect), web.get("/ui/", self.index), web.get("/ui/{file}", self.asset),
+                web.get("/favicon.ico", self.favicon)]
 
 
 def portal_routes() -> list[web.RouteDef]:

@@ -93,7 +93,18 @@ function notAllowed(ability, what) {
 }
 
 // ---- login ----------------------------------------------------------------------------------------------
+// Nobody is signed in in this tab: the header forgets the last caller (after a failed login it still said
+// "signed in as alice" above the refusal) and the menu shows nothing until the next whoami.
+function signedOut() {
+  me = null;
+  document.getElementById("who").textContent = "";
+  document.getElementById("logout").hidden = true;
+  for (const a of document.querySelectorAll("#nav a")) a.hidden = true;
+}
+
+// The login form; drawing it signs the tab out (every way to it: no token, a refused one, a 401, log out).
 function loginPage(message) {
+  signedOut();
   const input = h("input", { id: "token", type: "password", autocomplete: "off", required: true,
     placeholder: "a service-account or OIDC token", size: 60 });
   const form = h("form", { id: "login", class: "card", onsubmit: async (ev) => {
@@ -489,9 +500,6 @@ async function route() {
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("logout").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
-    me = null;
-    document.getElementById("who").textContent = "";
-    document.getElementById("logout").hidden = true;
     location.hash = "#/login";
     show(loginPage());
   });

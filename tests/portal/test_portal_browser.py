@@ -271,8 +271,14 @@ def test_workspaces_and_health_pages(browser: Any, backend: Backend, shots: Path
 def test_a_caller_without_permission_sees_a_refusal(browser: Any, backend: Backend, shots: Path) -> None:
     from selenium.webdriver.common.by import By
 
+    login(browser, backend, "admin-token")
+    page_done(browser, "inventory")
+    assert "signed in as alice" in text(browser, "#who")
     login(browser, backend, "forged-token")
     until(browser, lambda d: "the token is not valid" in text(d, "#login-error"), "the login refusal")
+    # nobody is signed in now: the header no longer names the last caller, nor offers to log out
+    assert text(browser, "#who") == "" and not element(browser, "#logout").is_displayed()
+    assert not [e for e in browser.get_log("browser") if "favicon" in e["message"]]  # the icon loads
     login(browser, backend, "carol-token")
     page_done(browser, "inventory")
     assert "Not allowed." in text(browser, ".refusal") and "carol may not list nodes" in text(browser, ".refusal")

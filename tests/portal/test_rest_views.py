@@ -201,6 +201,12 @@ async def test_portal_files_carry_security_headers() -> None:
             assert r.status == 404
         async with http.get(f"{base}/ui/secrets.txt") as r:
             assert r.status == 404 and r.headers["X-Content-Type-Options"] == "nosniff"
+        # the page names its icon, and a browser's own /favicon.ico finds it (both were 404 in the console)
+        assert '<link rel="icon" href="favicon.svg"' in page
+        async with http.get(f"{base}/favicon.ico") as r:
+            icon = await r.read()
+            assert r.status == 200 and r.content_type == "image/svg+xml" and icon.startswith(b"<svg")
+            assert r.history and r.history[0].status == 301
 
 
 async def test_kept_answers_follow_the_informers() -> None:
@@ -399,8 +405,8 @@ def test_api_server_failures_map_to_what_a_caller_can_act_on() -> None:
         assert response.body is not None and isinstance(response.body, bytes)
         return response.status, response.headers.get("Retry-After"), orjson.loads(response.body)["error"]
 
-    for status in (400, 403, 404, 409, 422):
-        assert mapped(ApiError(status, "Refused", "no"))[:2] == (status, None)
+    for status in (400, 403, 404, 409, 422):  # the status once, in the answer's, not again in its text
+        assert mapped(ApiError(status, "Refused", "no")) == (status, None, "API server: no")
     assert mapped(TooManyRequests(429, "TooManyRequests", "slow down", retry_after=2.5))[:2] == (503, "3")
     assert mapped(TooManyRequests(429, "TooManyRequests", "slow down"))[:2] == (503, "1")
     status, after, message = mapped(TransportError("GET /apis/...: no answer within 10s"))
