@@ -59,7 +59,8 @@ from scheduler_extender.workspaces import WorkspaceIndex
 log = logging.getLogger("accelstack.controller")
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
 # Event reasons are CamelCase (kubectl and the portal show them as written): the core's kinds that are two words
-EVENT_REASONS = {"modelquota": "ModelQuota", "workspacequota": "WorkspaceQuota"}
+EVENT_REASONS = {"modelquota": "ModelQuota", "workspacequota": "WorkspaceQuota",
+                 "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority"}
 
 
 class ControllerMetrics:

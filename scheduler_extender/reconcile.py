@@ -1312,7 +1312,8 @@ def _taken_from_reservations(sched: Scheduler, overs: Mapping[str, int], pods_of
     return events
 
 
-_WAIT_DETAIL = {"workspacequota": "WorkspaceQuota", "modelquota": "ModelQuota", "unschedulable": "Unschedulable"}
+_WAIT_DETAIL = {"workspacequota": "WorkspaceQuota", "modelquota": "ModelQuota", "unschedulable": "Unschedulable",
+                "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority"}
 
 
 def _wait_detail(g: GPR, found: str | None, current: Mapping[str, Any]) -> str:

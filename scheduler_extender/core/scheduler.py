@@ -70,6 +70,11 @@ from .waittime import (
 
 ORDERS = ("priority", "size")
 LEVEL = {"low": 1, "medium": 2, "high": 3}  # priority levels: strict between them
+LEVEL_NAME = {1: "low (1-100)", 2: "medium (101-200)", 3: "high (201-300)"}
+
+
+def _level(priority: int) -> int:
+    return 3 if priority > 200 else 2 if priority > 100 else 1
 SIZE_UNIT_GPU_S = 60.0  # predicted GPU-seconds below this count as "tiny" in the size order
 # Size order: a GPR queues as if submitted this much later per doubling of its predicted GPU-time (4 days: within
 # a level it is close to shortest-first, yet nothing arriving more than ~4 days x log2(its size / 60 GPU-s) after
@@ -105,7 +110,7 @@ class SchedulerConfig:
 class Event:
     time: float
     # submitted admitted backfilled evicted requeued completed failed cancelled expired idle unschedulable modelquota
-    # workspacequota
+    # workspacequota insufficientcapacity behindhigherpriority
     kind: str
     gpr: str
     detail: str = ""
@@ -1063,6 +1068,55 @@ class Scheduler:
                       f"workspace {g.workspace} quota: {used / 1000:g} of {quota / 1000:g} devices in use; it needs "
                       f"{g.milli_total() / 1000:g}")]
 
+    # reasons a queued GPR's wait gets from the pass (set when it is left waiting; a Requeued reason stays)
+    WAIT_REASONS = ("", "InsufficientCapacity", "BehindHigherPriority")
+
+    def _waits(self, g: GPR, req: Request, now: float, st: _Pass) -> list[Event]:
+        """``g`` was left waiting by this pass: reason ``BehindHigherPriority`` when a blocked GPR of a higher
+        priority level is ahead and ``g`` itself would fit now (the head's reservation keeps it off), else
+        ``InsufficientCapacity``. Said once, when the reason starts (the detail is computed only then: cheap at
+        10,000 queued GPRs); a ``Requeued ...`` reason set by a failure or a requeue is left as it is."""
+        if g.reason not in self.WAIT_REASONS:
+            return []
+        head = st.blocked[0] if st.blocked else None
+        behind = (head is not None and head is not g and _level(head.priority) > _level(g.priority)
+                  and req not in st.failed and self.policy.place(self.inv, req) is not None)
+        reason = "BehindHigherPriority" if behind else "InsufficientCapacity"
+        if g.reason == reason:
+            return []
+        g.reason = reason
+        if behind:
+            assert head is not None
+            return [Event(now, "behindhigherpriority", g.name,
+                          f"behind {head.name} at priority level {LEVEL_NAME[_level(head.priority)]}, which waits "
+                          "for devices; nodes it would use are kept for it")]
+        return [Event(now, "insufficientcapacity", g.name, self._capacity_detail(req))]
+
+    def _capacity_detail(self, req: Request) -> str:
+        """What ``req`` needs and where the devices are: how many of the nodes it could ever use have enough
+        free, and who holds the rest (the first few holders by node name: deterministic)."""
+        inv = self.inv
+        models = f" ({', '.join(sorted(req.models))})" if req.models else ""
+        need = (f"needs {req.node_count} node(s) x {req.count} {req.resource}{models}"
+                + (f" of {req.milli / 1000:g}" if req.milli != MILLI_PER_DEVICE else ""))
+        reach = self._reach(inv, req) & (inv.ndev >= req.count)
+        nodes = np.flatnonzero(reach)
+        if not len(nodes):
+            return need + "; no node it may use has that many devices"
+        free = (inv.avail()[nodes] >= req.milli).sum(axis=1)
+        have = int((free >= req.count).sum())
+        owners: dict[int, list[str]] = {}
+        for owner, p in inv.allocations.items():
+            for a in p.assignments:
+                if reach[a.node]:
+                    owners.setdefault(a.node, []).append(owner)
+        held = [f"{o} ({inv.names[n]})" for n in sorted(owners, key=lambda n: inv.names[n])
+                for o in sorted(owners[n])]
+        out = f"{need}; {have} of {len(nodes)} fitting nodes have {req.count} free"
+        if held:
+            out += "; held by " + ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        return out
+
     def _release(self, g: GPR) -> None:
         self.inv.release(g.name)
         self.holders.pop(g.name, None)
@@ -1290,6 +1344,7 @@ class Scheduler:
                 if p is not None:
                     events.append(self._admit(g, p, now, "admitted", st))
                     continue
+                events += self._waits(g, req, now, st)
                 if not cfg.backfill:
                     break
                 st.blocked.append(g)
@@ -1298,6 +1353,7 @@ class Scheduler:
             if len(st.blocked) > cfg.max_reservations:
                 break
             if req in st.failed:
+                events += self._waits(g, req, now, st)
                 st.blocked.append(g)
                 continue
             bounded = self._ensure_reservations(st, now)
@@ -1321,6 +1377,7 @@ class Scheduler:
                 if cfg.audit:
                     self._audit(st, now)
                 continue
+            events += self._waits(g, req, now, st)
             st.blocked.append(g)
         for name in st.admitted:
             self.queue.remove(name)

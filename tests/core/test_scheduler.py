@@ -20,8 +20,11 @@ def _sched(*devs: int, **cfg: object) -> Scheduler:
     return Scheduler(inv, BestFit(), SchedulerConfig(audit=True, **cfg))  # type: ignore[arg-type]
 
 
-def kinds(events: list) -> list[tuple[str, str]]:
-    return [(e.kind, e.gpr) for e in events]
+WAIT_KINDS = ("insufficientcapacity", "behindhigherpriority")  # why a GPR waits: tested on their own below
+
+
+def kinds(events: list, waits: bool = False) -> list[tuple[str, str]]:
+    return [(e.kind, e.gpr) for e in events if waits or e.kind not in WAIT_KINDS]
 
 
 def test_admit_run_complete() -> None:
@@ -134,7 +137,7 @@ def test_strict_priority_and_fifo_baselines_do_not_backfill() -> None:
         s.tick(0)
         s.submit(GPR("head", devices_per_node=4, priority=200, exit_duration_s=50), 1)
         s.submit(GPR("short", devices_per_node=1, priority=10, exit_duration_s=50), 1)
-        assert s.tick(1) == []
+        assert kinds(s.tick(1)) == []
 
 
 def test_quota_keeps_a_workspace_to_its_share() -> None:
@@ -164,7 +167,7 @@ def test_unschedulable_is_cleared_as_soon_as_the_gpr_fits_again() -> None:
     assert ("unschedulable", "big") in kinds(s.tick(1)) and s.gprs["big"].reason == "Unschedulable"
     s.set_health("n1", None, True, 2)
     s.tick(2)
-    assert s.gprs["big"].phase is Phase.QUEUED and s.gprs["big"].reason == ""
+    assert s.gprs["big"].phase is Phase.QUEUED and s.gprs["big"].reason == "InsufficientCapacity"
 
 
 def test_a_model_cap_holds_a_workspace_to_its_devices_of_that_model() -> None:
@@ -918,3 +921,27 @@ def test_unbounded_head_does_not_block_other_pools_or_its_own_nodes() -> None:
     s.submit(GPR("needs-stucks-node", devices_per_node=8, priority=1, models=("a100",), exit_duration_s=10), 4)
     assert kinds(s.tick(4)) == []  # a1 is taken, a0 is stuck's: a short one would still delay it
     assert s.inversions == 0
+
+
+def test_a_gpr_left_waiting_says_why_capacity_or_a_higher_level_and_the_reason_follows_the_cluster() -> None:
+    """Issue 35.4: a queued GPR the pass could not place says so (``InsufficientCapacity``, with what it needs,
+    how many nodes it could use have that much free and who holds them); one that would fit now but is kept off
+    by a blocked GPR of a higher priority level says ``BehindHigherPriority`` and names the level. Each is said
+    once (an Event, for the status message), and changes when the cause does. Before: reason '' for both."""
+    s = _sched(4)
+    s.submit(GPR("run", workspace="team-b", devices_per_node=2, exit_duration_s=100), 0)
+    s.tick(0)
+    s.submit(GPR("head", devices_per_node=4, priority=200, exit_duration_s=50), 1)
+    s.submit(GPR("long", devices_per_node=1, priority=10, exit_duration_s=500), 1)
+    ev = s.tick(1)
+    said = {e.gpr: (e.kind, e.detail) for e in ev if e.kind in WAIT_KINDS}
+    assert s.gprs["head"].reason == "InsufficientCapacity" and said["head"] == (
+        "insufficientcapacity", "needs 1 node(s) x 4 nvidia.com/gpu; 0 of 1 fitting nodes have 4 free; held by run (n0)")
+    assert s.gprs["long"].reason == "BehindHigherPriority"
+    assert said["long"][0] == "behindhigherpriority" and "head at priority level medium (101-200)" in said["long"][1]
+    assert [e for e in s.tick(2) if e.kind in WAIT_KINDS] == []  # said once, while it stands
+    s.finish("run", 3)
+    s.tick(3)
+    assert s.gprs["head"].phase is Phase.ADMITTED
+    # the head holds every device now: long waits for capacity, no longer behind a blocked higher level
+    assert s.gprs["long"].reason == "InsufficientCapacity"

@@ -923,7 +923,11 @@ def test_a_refresh_rewrites_the_positions_of_queued_prototypes_that_moved_and_no
     moved = step()
     # one place counts up to position 19 (a tenth of it, at least one); u19 moved from 20 to 19: too little
     assert positions(moved) == {f"u{i}": i for i in range(1, 19)}
-    assert all(w.queue_only for w in moved.writes)  # news for the user, not a decision
+    # news for the user, not a decision; but the pass now looks one GPR further down (the head left), and that
+    # one is told for the first time why it waits
+    told = [w for w in moved.writes if not w.queue_only]
+    assert [w.status["reason"] for w in told] == ["InsufficientCapacity"] and all(
+        w.queue_only for w in moved.writes if w not in told)
 
 
 @settings(max_examples=300, deadline=None)
@@ -1445,3 +1449,34 @@ def test_a_workspace_quota_held_gpr_says_the_quota_in_its_message_and_keeps_sayi
         assert status["phase"] == "Queued" and status["reason"] == "WorkspaceQuota", status
         assert "; WorkspaceQuota: workspace team" in status["message"], status["message"]
         assert "2 of 2 devices in use; it needs 2" in status["message"], status["message"]
+
+
+def test_a_gpr_waiting_for_devices_says_what_it_needs_and_who_holds_them_and_keeps_saying_it() -> None:
+    """Issue 35.4: a Queued GPR the pass could not place carries reason InsufficientCapacity and, in
+    status.message, what it needs, how many nodes it could use have that much free and who holds the devices
+    (before: reason '' and only its position); later writes (a refresh, warm or cold) keep saying it, and a GPR
+    of a lower level that would fit but is kept off for the blocked head says BehindHigherPriority."""
+    views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
+    now = time.time()
+    held = gpr("big", namespace="team-b", phase="Running", reservation={"n0": 4}, devices=4, exitDuration="8h")
+    held["metadata"].update(uid="ubig", resourceVersion="3", creationTimestamp="2026-11-30T00:00:00Z")
+    held["status"].update(admittedAt=rfc3339(now - 60), startedAt=rfc3339(now - 60))
+    gprs = {"ubig": held}
+    for i, (name, devices, priority) in enumerate((("want", 6, 150), ("small", 3, 50))):
+        obj = gpr(name, phase=None, devices=devices, priority=priority, exitDuration="9h")
+        obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp=f"2026-11-30T00:00:0{i + 1}Z")
+        gprs[f"u{name}"] = obj
+    warm, version = PassCache(), 100
+    for step in range(3):
+        cfg = PassConfig(refresh_queue=step == 2)
+        snap = Snapshot(now + 60 * step, views, {}, gprs)
+        plan = plan_pass(snap, cfg, warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), cfg, PassCache()))
+        gprs, version = stored(gprs, plan, version)
+        status = gprs["uwant"]["status"]
+        assert status["phase"] == "Queued" and status["reason"] == "InsufficientCapacity", status
+        assert status["message"].endswith("; InsufficientCapacity: needs 1 node(s) x 6 nvidia.com/gpu; 0 of 1 "
+                                          "fitting nodes have 6 free; held by team-b/big (n0)"), status["message"]
+        small = gprs["usmall"]["status"]
+        assert small["reason"] == "BehindHigherPriority", small
+        assert "behind default/want at priority level medium (101-200)" in small["message"], small["message"]
