@@ -136,12 +136,16 @@ class DevicePluginProcess:
         if not node:
             log.warning("labeller disabled: no node name (set NODE_NAME from the downward API)")
             return None, None
+        from kubeapi.client import ConfigMissing
         from kubeapi.tasks import supervise
 
         kube, own_client = self.kube, None
         if kube is None:
             try:
                 kube = own_client = await in_cluster_client(self.metrics.registry)
+            except ConfigMissing as exc:  # one line, whole: it names the kubeconfig looked for and the remedy
+                log.warning("labeller disabled", extra={"error": str(exc)})  # (cut at 200, both were lost)
+                return None, None
             except Exception as exc:
                 log.warning("labeller disabled: no Kubernetes credentials", extra={"error": str(exc)[:200]})
                 return None, None

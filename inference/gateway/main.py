@@ -194,8 +194,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(opts["log_level"], opts["log_format"])
     return_big_buffers_to_the_os()
+    from kubeapi.client import ConfigMissing
+
     try:
         run_loop(serve(opts))
+    except ConfigMissing as exc:  # no kubeconfig and not in a cluster: one line naming it, not a traceback
+        log.error("cannot start", extra={"error": str(exc)})
+        return 1
     except OSError as exc:
         log.error("cannot serve", extra={"error": str(exc)})
         return 1

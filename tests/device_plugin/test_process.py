@@ -121,3 +121,34 @@ async def test_process_without_nvml_and_fail_on_init_error_false_runs_without_er
             proc.kill()
             await proc.wait()
         await peer.stop()
+
+
+async def test_labeller_without_credentials_outside_a_cluster_says_what_is_missing(tmp_path: Path) -> None:
+    """No kubeconfig, not in a cluster: the plugin still serves its devices and says in one line why it does
+    not label the node, naming what it looked for (issue 35.7: the reason was cut at 200 characters, before
+    the kubeconfig path it had looked for)."""
+    plugin_dir, sysfs = tmp_path / "dp", tmp_path / "sys"
+    nr1_node(sysfs)
+    peer = KubeletPeer(str(plugin_dir))
+    await peer.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "KUBECONFIG"))}
+    env.update(HOME=str(tmp_path), NODE_NAME="node-a")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "device_plugin.main", "--device-plugin-path", str(plugin_dir), "--sysfs-root",
+        str(sysfs), "--nvidia-enabled", "false", "--nr1-enabled", "true", "--nr1-vendor-ids", NR1_VENDOR,
+        "--metrics-address", "", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        await peer.wait_registered(NR1, timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+        text = (out + err).decode()
+        assert proc.returncode == 0 and "Traceback" not in text, text
+        lines = [ln for ln in text.splitlines() if "\"msg\": \"labeller" in ln]
+        assert len(lines) == 1 and "no Kubernetes credentials" in lines[0], lines
+        assert "not in a cluster" in lines[0] and f"{tmp_path}/.kube/config" in lines[0], lines[0]
+        assert "KUBECONFIG" in lines[0] and lines[0].count("no Kubernetes credentials") == 1, lines[0]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await peer.stop()

@@ -1,6 +1,7 @@
 """Every process that talks to the API server, started without a kubeconfig and outside a cluster, says so in
 one line and exits 1 (issue 35.7: two printed a 40-line traceback, three said only "Expected key
-current-context")."""
+current-context"; the gateway printed a traceback). The device plugin's labeller, optional, says it in one
+warning and the plugin runs on: tests/device_plugin/test_process.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ PROCESSES = {
     "controller": ["scheduler_extender.controller_main"],
     "inference operator": ["inference.operator.main"],
     "remediation": ["npd.remediation"],
+    "gateway": ["inference.gateway.main"],
 }
 
 
