@@ -488,12 +488,19 @@ def plan(obs: Observed) -> Plan:
             pending[ws.name] = pending[ws.name] or not ready
             ns_status[ws.name].append(row)
 
-    # labels of namespaces a workspace let go (or of a workspace that is gone): taken off, the namespace stays
+    # labels of namespaces a workspace let go (or of a workspace that is gone): taken off, the namespace stays;
+    # so does the created-by annotation of a workspace that no longer holds the namespace (it stayed after the
+    # workspace was deleted, and a workspace of that name made later counted the namespace as its own creation)
     for ns, lab in sorted(labels.items()):
         claimed = lab.get(WORKSPACE_LABEL)
+        made_by = _str(_map(_map(obs.namespaces[ns].get("metadata")).get("annotations")).get(CREATED_ANNOTATION))
+        patch: dict[str, Any] = {}
         if claimed and ns not in owner:  # (a namespace another workspace holds is relabelled above)
-            out.actions.append(Action("unlabel", "Namespace", "", ns, claimed,
-                                      {"metadata": {"labels": {WORKSPACE_LABEL: None}}}))
+            patch["labels"] = {WORKSPACE_LABEL: None}
+        if made_by and owner.get(ns) != made_by:
+            patch["annotations"] = {CREATED_ANNOTATION: None}
+        if patch:
+            out.actions.append(Action("unlabel", "Namespace", "", ns, claimed or made_by, {"metadata": patch}))
     # exactly what the controller created and nobody wants any more
     for key, have in sorted(obs.managed.items()):
         kind, ns, name = key

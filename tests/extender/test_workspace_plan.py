@@ -36,15 +36,17 @@ def settle(obs: wsp.Observed, rounds: int = 4) -> wsp.Plan:
         for a in plan.actions:
             if a.verb == "create-namespace":
                 namespaces[a.name] = a.body
-            elif a.verb in ("label", "unlabel"):
-                labels = dict(namespaces[a.name]["metadata"].get("labels") or {})
-                for k, v in a.body["metadata"]["labels"].items():
-                    if v is None:
-                        labels.pop(k, None)
-                    else:
-                        labels[k] = v
-                namespaces[a.name] = {**namespaces[a.name], "metadata": {**namespaces[a.name]["metadata"],
-                                                                          "labels": labels}}
+            elif a.verb in ("label", "unlabel"):  # a merge patch of labels and annotations
+                meta = dict(namespaces[a.name]["metadata"])
+                for field, changes in a.body["metadata"].items():
+                    merged = dict(meta.get(field) or {})
+                    for k, v in changes.items():
+                        if v is None:
+                            merged.pop(k, None)
+                        else:
+                            merged[k] = v
+                    meta[field] = merged
+                namespaces[a.name] = {**namespaces[a.name], "metadata": meta}
             elif a.verb in ("create", "update"):
                 managed[a.kind, a.namespace, a.name] = a.body
             elif a.verb == "delete":
@@ -62,6 +64,25 @@ def test_a_reconciled_workspace_plans_nothing_and_a_stray_label_is_taken_off() -
     assert ("unlabel", "stray") in {(a.verb, a.name) for a in first.actions}
     assert not [a for a in first.actions if a.verb == "delete"]
     assert settle(obs).actions == []
+
+
+def test_a_deleted_workspaces_created_by_annotation_is_taken_off_and_the_namespace_stays() -> None:
+    """Issue 35.7: the annotation stayed on a namespace after its workspace was deleted (so a workspace of that
+    name made later showed the namespace as created, not adopted). Off with the label, the namespace kept;
+    a namespace another workspace holds now loses the old creator's annotation, keeps its own label."""
+    obs = wsp.Observed([ws("other", ["b"], ALICE)], {"a": ns("a", "w", created="w"), "b": ns("b", "other", created="w"),
+                                                     "c": ns("c", "", created="w")}, {})
+    plan = wsp.plan(obs)
+    patches = {a.name: a.body["metadata"] for a in plan.actions if a.kind == "Namespace"}
+    assert patches == {"a": {"labels": {wsp.WORKSPACE_LABEL: None}, "annotations": {wsp.CREATED_ANNOTATION: None}},
+                       "b": {"annotations": {wsp.CREATED_ANNOTATION: None}},
+                       "c": {"annotations": {wsp.CREATED_ANNOTATION: None}}}
+    assert not [a for a in plan.actions if a.verb in ("delete", "create-namespace")]
+    assert settle(obs).actions == []
+    # its own creator keeps it
+    mine = wsp.Observed([ws("w", ["a"], ALICE)], {"a": ns("a", "w", created="w")}, {})
+    assert not [a for a in settle(mine).actions if a.kind == "Namespace"]
+    assert not [a for a in wsp.plan(mine).actions if a.kind == "Namespace"]
 
 
 def test_a_role_of_the_controllers_name_that_is_not_its_own_is_left_alone_and_reported() -> None:

@@ -157,11 +157,15 @@ async def test_rbac_objects_are_created_changed_and_removed_and_namespaces_are_n
                          and wsp.WORKSPACE_LABEL not in peer.get(NS, "", "team-b")["metadata"]["labels"])  # type: ignore[index]
         assert peer.get(NS, "", "team-b") is not None and "bot" in names(peer, SAS, "team-b")
 
-        # the workspace is deleted: everything it created goes, no namespace does (not even one it created)
+        # the workspace is deleted: everything it created goes, no namespace does (not even one it created), and
+        # the namespace it created no longer says so (issue 35.7: the annotation stayed)
+        assert peer.get(NS, "", "team-a")["metadata"]["annotations"][wsp.CREATED_ANNOTATION] == "team"  # type: ignore[index]
         await peer.delete_object(WS, "", "team")
         await wait_until(lambda: not names(peer, ROLES, "team-a") and not names(peer, BINDINGS, "team-a")
                          and not names(peer, SAS, "team-a")
                          and wsp.WORKSPACE_LABEL not in peer.get(NS, "", "team-a")["metadata"]["labels"])  # type: ignore[index]
+        await wait_until(lambda: wsp.CREATED_ANNOTATION not in (
+            peer.get(NS, "", "team-a")["metadata"].get("annotations") or {}))  # type: ignore[index]
         assert peer.get(NS, "", "team-a") is not None
     assert peer.count("DELETE", "namespaces") == 0
     await peer.stop()
