@@ -1162,7 +1162,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             continue
         uid = d.uid
         refusal = refusals.get(uid) if refusals else None
-        estimate = estimates.get(key) if estimates else None
+        estimate = _honest(g, estimates.get(key) if estimates else None)
         # nothing happened to it in this pass: at most its place in the queue moved (checked on a refresh only,
         # from those fields alone: rendering 10,000 whole statuses to find a few that moved cost 0.8 s a refresh)
         settled = d.settled
@@ -1312,8 +1312,26 @@ def _taken_from_reservations(sched: Scheduler, overs: Mapping[str, int], pods_of
     return events
 
 
+_HELD_BY_POLICY = ("WorkspaceQuota", "ModelQuota")
+
+
+def _honest(g: GPR, estimate: Interval | None) -> Interval | None:
+    """A queued GPR's estimate as written: none while its workspace quota or a model cap holds it (the fluid
+    projection cannot tell when its workspace's holders leave enough room: "now" would be a promise the
+    controller will not keep), and never before the end of its backoff (the earliest time it may start)."""
+    if estimate is None or g.phase is not Phase.QUEUED:
+        return estimate
+    if g.reason in _HELD_BY_POLICY:
+        return None
+    nb = g.not_before
+    if math.isfinite(estimate.start) and estimate.start < nb:
+        return Interval(nb, max(estimate.low, nb), max(estimate.high, nb))
+    return estimate
+
+
 _WAIT_DETAIL = {"workspacequota": "WorkspaceQuota", "modelquota": "ModelQuota", "unschedulable": "Unschedulable",
-                "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority"}
+                "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority",
+                "backoff": "Backoff"}
 
 
 def _wait_detail(g: GPR, found: str | None, current: Mapping[str, Any]) -> str:
@@ -1323,7 +1341,8 @@ def _wait_detail(g: GPR, found: str | None, current: Mapping[str, Any]) -> str:
     if g.phase is not Phase.QUEUED or g.reason not in _WAIT_DETAIL.values():
         return ""
     if found:
-        return found
+        # a backoff says until when: its retry time, fixed when the failure requeued it
+        return f"until {gr.rfc3339(math.ceil(g.not_before))} {found}" if g.reason == "Backoff" else found
     said, mark = current.get("message"), f"; {g.reason}: "
     if current.get("reason") == g.reason and isinstance(said, str) and mark in said:
         return said.split(mark, 1)[1]
@@ -1352,8 +1371,9 @@ def _node_lost(sched: Scheduler, g: GPR, now: float, ran: bool = True) -> list[E
     if g.requeue_on_failure and g.failures <= g.retry_limit:
         delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
         sched.submit(g, now, now + delay)
-        g.reason = f"Requeued after failure {g.failures} (NodeLost)"
-        return [Event(now, "failed", g.name, "NodeLost"), Event(now, "requeued", g.name, f"backoff {delay:g}s")]
+        g.reason = "Backoff"
+        return [Event(now, "failed", g.name, "NodeLost"), Event(now, "requeued", g.name, f"backoff {delay:g}s"),
+                Event(now, "backoff", g.name, f"after failure {g.failures} (NodeLost)")]
     g.phase, g.reason, g.finished_at = Phase.FAILED, "NodeLost", now
     g.admitted_at = g.admitted_at or now
     sched.gprs[g.name] = g
@@ -1672,8 +1692,6 @@ def _pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]],
             continue
         if ended == counted:  # every pod ended
             events += sched.finish(key, now, ok=not failed, reason="PodFailed" if failed else "Succeeded")
-            if g.phase is Phase.QUEUED:
-                g.reason = f"Requeued after failure {g.failures} (PodFailed)"
             continue
         if g.phase is admitted and running == counted:
             events += sched.start(key, now)

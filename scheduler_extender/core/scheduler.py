@@ -110,7 +110,7 @@ class SchedulerConfig:
 class Event:
     time: float
     # submitted admitted backfilled evicted requeued completed failed cancelled expired idle unschedulable modelquota
-    # workspacequota insufficientcapacity behindhigherpriority
+    # workspacequota insufficientcapacity behindhigherpriority backoff
     kind: str
     gpr: str
     detail: str = ""
@@ -584,10 +584,11 @@ class Scheduler:
         if g.requeue_on_failure:
             if g.failures <= g.retry_limit:
                 delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
-                g.transition(Phase.QUEUED, now, f"Requeued after failure {g.failures}")
+                g.transition(Phase.QUEUED, now, "Backoff")
                 g.not_before = now + delay
                 heapq.heappush(self._backoff, (g.not_before, g.seq, name))
                 events.append(Event(now, "requeued", name, f"backoff {delay:g}s"))
+                events.append(Event(now, "backoff", name, f"after failure {g.failures} ({reason or 'Failed'})"))
             else:
                 g.reason = "RetryLimitExceeded"
         return events
@@ -658,10 +659,11 @@ class Scheduler:
             events.append(Event(now, "failed", name, "NodeLost"))
             if g.requeue_on_failure and g.failures <= g.retry_limit:
                 delay = backoff_delay(g.failures, g.backoff_base_s, g.backoff_cap_s)
-                g.transition(Phase.QUEUED, now, f"Requeued after failure {g.failures}")
+                g.transition(Phase.QUEUED, now, "Backoff")
                 g.not_before = now + delay
                 heapq.heappush(self._backoff, (g.not_before, g.seq, name))
                 events.append(Event(now, "requeued", name, f"backoff {delay:g}s"))
+                events.append(Event(now, "backoff", name, f"after failure {g.failures} (NodeLost)"))
         return events
 
     # ---------------------------------------------------------------- time passes
@@ -1069,7 +1071,7 @@ class Scheduler:
                       f"{g.milli_total() / 1000:g}")]
 
     # reasons a queued GPR's wait gets from the pass (set when it is left waiting; a Requeued reason stays)
-    WAIT_REASONS = ("", "InsufficientCapacity", "BehindHigherPriority")
+    WAIT_REASONS = ("", "InsufficientCapacity", "BehindHigherPriority", "Backoff")
 
     def _waits(self, g: GPR, req: Request, now: float, st: _Pass) -> list[Event]:
         """``g`` was left waiting by this pass: reason ``BehindHigherPriority`` when a blocked GPR of a higher

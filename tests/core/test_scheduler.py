@@ -20,7 +20,7 @@ def _sched(*devs: int, **cfg: object) -> Scheduler:
     return Scheduler(inv, BestFit(), SchedulerConfig(audit=True, **cfg))  # type: ignore[arg-type]
 
 
-WAIT_KINDS = ("insufficientcapacity", "behindhigherpriority")  # why a GPR waits: tested on their own below
+WAIT_KINDS = ("insufficientcapacity", "behindhigherpriority", "backoff")  # why a GPR waits: tested on their own below
 
 
 def kinds(events: list, waits: bool = False) -> list[tuple[str, str]]:

@@ -232,7 +232,8 @@ async def test_failed_pods_requeue_with_backoff() -> None:
         await set_phase(peer, "flaky-0", "Failed", "n0")
         await wait_until(lambda: status(peer, "flaky").get("failures") == 1)
         st = status(peer, "flaky")
-        assert st["phase"] == "Queued" and "failure 1" in st["reason"]  # backoff: 60 s before it may run again
+        assert st["phase"] == "Queued" and st["reason"] == "Backoff"  # 60 s before it may run again
+        assert "; Backoff: until " in st["message"] and "after failure 1 (PodFailed)" in st["message"], st
         await peer.delete_object("api/v1/pods", "default", "flaky-0")
         await asyncio.sleep(0.3)
         assert status(peer, "flaky")["phase"] == "Queued"

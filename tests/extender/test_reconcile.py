@@ -1480,3 +1480,37 @@ def test_a_gpr_waiting_for_devices_says_what_it_needs_and_who_holds_them_and_kee
         small = gprs["usmall"]["status"]
         assert small["reason"] == "BehindHigherPriority", small
         assert "behind default/want at priority level medium (101-200)" in small["message"], small["message"]
+
+
+def test_no_estimate_says_now_for_a_gpr_the_controller_will_not_admit_now() -> None:
+    """Issue 35.4 point 2: a GPR its workspace quota holds gets no estimatedStart (before: an estimate of about
+    now while the quota kept it out); one in backoff is never estimated before its nextRetryTime."""
+    views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
+    team = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 2000})
+    core = SchedulerConfig(instant_eviction=False, learn=False, quotas=dict(team.quotas))
+    now = time.time()
+    gprs = {}
+    for i, name in enumerate("ab"):
+        obj = gpr(name, phase=None, devices=2)
+        obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp=f"2026-11-30T00:00:0{i}Z")
+        gprs[f"u{name}"] = obj
+    retry = rfc3339(now + 3600)
+    late = gpr("c", namespace="other", phase="Queued", devices=1, requeueOnFailure=True)
+    late["metadata"].update(uid="uc", resourceVersion="8", creationTimestamp="2026-11-30T00:00:05Z")
+    late["status"].update(reason="Backoff", failures=1, nextRetryTime=retry)
+    gprs["uc"] = late
+    warm, version = PassCache(), 100
+    for step in range(2):
+        cfg = PassConfig(core=core, workspaces=team, refresh_queue=True)
+        snap = Snapshot(now + step, views, {}, gprs)
+        plan = plan_pass(snap, cfg, warm)
+        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), cfg, PassCache()))
+        gprs, version = stored(gprs, plan, version)
+        held = gprs["ub"]["status"]
+        assert held["reason"] == "WorkspaceQuota" and "estimatedStart" not in held, held
+        assert "estimatedStart" in gprs["ua"]["status"] or gprs["ua"]["status"]["phase"] == "Admitted"
+        waiting = gprs["uc"]["status"]
+        assert waiting["phase"] == "Queued" and waiting.get("nextRetryTime") == retry, waiting
+        if "estimatedStart" in waiting:
+            from scheduler_extender.gpr_resource import parse_time
+            assert parse_time(waiting["estimatedStart"]) >= parse_time(retry), waiting
