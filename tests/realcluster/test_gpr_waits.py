@@ -38,6 +38,11 @@ def test_a_stuck_head_does_not_block_a_gpr_for_another_model(cp: ControlPlane, s
         status = wait_for("the other model's GPR admitted", lambda: admitted(cp, ns, "b-other-model"), timeout=30)
         assert {r["node"] for r in status["reservation"]} <= set(h)
         assert gpr_status(cp, ns, "a-stuck").get("phase") == "Queued"  # still: its node is taken
+        # issue 35.4: it says why, with what it needs and how many of its nodes have that free (before: reason '')
+        stuck = wait_for("the capacity reason", lambda: (lambda s: s if s.get("reason") == "InsufficientCapacity"
+                                                         else None)(gpr_status(cp, ns, "a-stuck")), timeout=30)
+        assert "; InsufficientCapacity: needs 1 node(s) x 8 nvidia.com/gpu (A100); 0 of 1 fitting nodes have 8 free" \
+            in stuck["message"], stuck
     finally:
         cp.api("DELETE", held, {"gracePeriodSeconds": 0})
 
@@ -101,6 +106,10 @@ def test_a_quota_held_gpr_says_which_quota_and_unschedulable_clears_once_it_fits
             cleared = wait_for("the reason cleared", lambda: (lambda s: s if s.get("reason") != "Unschedulable"
                                                               else None)(gpr_status(cp, other, "big")), timeout=30)
             assert cleared["phase"] == "Queued"  # q1 is full: it waits, but not as if it could never fit
+            told = wait_for("the capacity reason", lambda: (lambda s: s if s.get("reason") == "InsufficientCapacity"
+                                                            else None)(gpr_status(cp, other, "big")), timeout=30)
+            assert "needs 2 node(s) x 8 nvidia.com/gpu" in told["message"], told
+            assert "estimatedStart" not in gpr_status(cp, ns, "second")  # quota-held: no start promised
         finally:
             cp.delete(GPRS.format(ns=other))
             cp.delete(f"api/v1/namespaces/{other}")
