@@ -1513,4 +1513,5 @@ def test_no_estimate_says_now_for_a_gpr_the_controller_will_not_admit_now() -> N
         assert waiting["phase"] == "Queued" and waiting.get("nextRetryTime") == retry, waiting
         if "estimatedStart" in waiting:
             from scheduler_extender.gpr_resource import parse_time
-            assert parse_time(waiting["estimatedStart"]) >= parse_time(retry), waiting
+            start, retry_at = parse_time(waiting["estimatedStart"]), parse_time(retry)
+            assert start is not None and retry_at is not None and start >= retry_at, waiting
