@@ -144,7 +144,7 @@ async def test_life_cycle_across_two_replicas_is_the_same_as_on_one() -> None:
         await set_phase(peer, "retry-0", "Failed", at=clock())
         await wait_until(lambda: status(peer, "retry").get("phase") == "Queued")
     st = status(peer, "retry")
-    assert st["failures"] == 1 and st["nextRetryTime"] and "after failure 1" in st["reason"]
+    assert st["failures"] == 1 and st["nextRetryTime"] and st["reason"] == "Backoff" and "after failure 1" in st["message"]
     await peer.delete_object(PODS, "default", "retry-0")
     await peer.put_object(PODS, pod("retry-1", 4, gpr="retry", gated=True))
     async with stack(peer, **FAST, **opts):  # a new leader honours the recorded backoff
