@@ -98,24 +98,35 @@ async def _wait_http(session: aiohttp.ClientSession, url: str, status: int, time
         await asyncio.sleep(0.05)
 
 
-async def test_sigterm_drains_and_lets_requests_finish(make_peers: Any, tmp_path: Path) -> None:
-    (peer,) = await make_peers(1, latency=1.5)
+def _gateway_process(peer: Any, tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], str]:
+    """accelstack-gateway on an objects file with one endpoint in front of ``peer``; (process, base URL)."""
     objects = tmp_path / "objects.yaml"
     objects.write_text(yaml.safe_dump_all([endpoint("llm"), *slices("llm", [peer.url]), *DEFAULT_KEYS]))
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "inference.gateway.main", "--objects", str(objects),
-                             "--listen", f"127.0.0.1:{port}", "--drain-seconds", "0.5", "--log-format", "text"],
+                             "--listen", f"127.0.0.1:{port}", *flags, "--log-format", "text"],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _request_in_flight(s: aiohttp.ClientSession, base: str, peer: Any) -> asyncio.Task[aiohttp.ClientResponse]:
+    """Once the gateway is ready, a request sent through it and seen by ``peer`` (still being served there)."""
+    await _wait_http(s, base + "/readyz", 200)
+    request = asyncio.create_task(s.post(base + "/v1/embeddings", json={"model": "m", "input": "x"},
+                                         headers={"Authorization": f"Bearer {KEY_A}"}))
+    deadline = time.monotonic() + 10
+    while peer.inflight == 0:
+        assert time.monotonic() < deadline, "request never reached the replica"
+        await asyncio.sleep(0.01)
+    return request
+
+
+async def test_sigterm_drains_and_lets_requests_finish(make_peers: Any, tmp_path: Path) -> None:
+    (peer,) = await make_peers(1, latency=1.5)
+    proc, base = _gateway_process(peer, tmp_path, "--drain-seconds", "0.5")
     try:
         async with aiohttp.ClientSession() as s:
-            await _wait_http(s, base + "/readyz", 200)
-            request = asyncio.create_task(s.post(base + "/v1/embeddings", json={"model": "m", "input": "x"},
-                                                 headers={"Authorization": f"Bearer {KEY_A}"}))
-            deadline = time.monotonic() + 10
-            while peer.inflight == 0:
-                assert time.monotonic() < deadline, "request never reached the replica"
-                await asyncio.sleep(0.01)
+            request = await _request_in_flight(s, base, peer)
             proc.send_signal(signal.SIGTERM)
             await _wait_http(s, base + "/readyz", 503)  # draining: taken out of the Service first
             response = await request
@@ -145,23 +156,10 @@ async def test_shutdown_takes_drain_plus_one_shutdown_timeout(make_peers: Any, t
     scale = (drain + timeout) / 3.5  # 0.5 s drain, 3 s timeout and a 4.5 s grace with the shipped 5, 30 and 45 s
     drain, timeout, grace = drain / scale, timeout / scale, grace / scale
     (peer,) = await make_peers(1, latency=600)
-    objects = tmp_path / "objects.yaml"
-    objects.write_text(yaml.safe_dump_all([endpoint("llm"), *slices("llm", [peer.url]), *DEFAULT_KEYS]))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "inference.gateway.main", "--objects", str(objects),
-                             "--listen", f"127.0.0.1:{port}", "--drain-seconds", str(drain),
-                             "--shutdown-timeout", str(timeout), "--log-format", "text"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _gateway_process(peer, tmp_path, "--drain-seconds", str(drain), "--shutdown-timeout", str(timeout))
     try:
         async with aiohttp.ClientSession() as s:
-            await _wait_http(s, base + "/readyz", 200)
-            request = asyncio.create_task(s.post(base + "/v1/embeddings", json={"model": "m", "input": "x"},
-                                                 headers={"Authorization": f"Bearer {KEY_A}"}))
-            deadline = time.monotonic() + 10
-            while peer.inflight == 0:
-                assert time.monotonic() < deadline, "request never reached the replica"
-                await asyncio.sleep(0.01)
+            request = await _request_in_flight(s, base, peer)
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             rc = await asyncio.to_thread(proc.wait, 60)
