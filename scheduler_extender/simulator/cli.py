@@ -16,18 +16,30 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
+import math
 import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .fill import FillResult, fill_run
-from .replay import DEFAULT_SCHEDULERS, SCHEDULERS, Assignment, ReplayResult, replay_run, window
+from .progress import Progress
+from .replay import (
+    DEFAULT_SCHEDULERS,
+    DEMO_SCHEDULERS,
+    SCHEDULERS,
+    Assignment,
+    ReplayResult,
+    replay_run,
+    window,
+)
 from .report import fill_summary, fill_table, plot, replay_table, write_json
 from .traces import (
     TraceError,
+    clip,
     read_openb_nodes,
     read_openb_pods,
     read_philly_jobs,
@@ -39,28 +51,102 @@ from .traces import (
 BUNDLED = Path(__file__).resolve().parents[2] / "data" / "traces"
 WORKLOADS = ("default", "gpushare40", "multigpu30", "gpuspec10")
 PLACEMENTS = ("random", "bestfit", "fgd", "fgd-exact")
+MAX_DAYS = 3660.0  # ten years of trace: any window beyond is a typo
+
+
+class OptionError(Exception):
+    """A flag's value that only the run can judge (a window with no jobs): reported like argparse's errors."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and a pointer to --help instead of the whole usage before it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for the options.\n")
 
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _names(kind: str, known: Sequence[str] | None = None) -> Callable[[str], list[str]]:
+    """A comma-separated list: at least one name, none twice, each one of ``known`` (when given)."""
+
+    def conv(text: str) -> list[str]:
+        names = _csv(text)
+        if not names:
+            raise argparse.ArgumentTypeError(f"{text!r}: give at least one {kind}")
+        for n in names:
+            if known is not None and n not in known:
+                raise argparse.ArgumentTypeError(f"unknown {kind} {clip(n)} (choose from {', '.join(known)})")
+            if names.count(n) > 1:
+                raise argparse.ArgumentTypeError(f"{kind} {clip(n)} given twice")
+        return names
+
+    return conv
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{clip(text)}: expected a number") from None
+    if not math.isfinite(v):  # nan compares false with every bound, inf never ends a loop: refuse both
+        raise argparse.ArgumentTypeError(f"{clip(text)}: expected a finite number")
+    return v
+
+
+def _number(low: float, high: float, low_open: bool = False, high_open: bool = False,
+            why: str = "") -> Callable[[str], float]:
+    """A finite number in [low, high] (either end open on request); ``why`` follows the range in the error."""
+
+    def conv(text: str) -> float:
+        v = _float(text)
+        if v < low or (low_open and v == low) or v > high or (high_open and v == high):
+            lo, hi = f"{'more than' if low_open else 'from'} {low:g}", f"{'below' if high_open else 'up to'} {high:g}"
+            raise argparse.ArgumentTypeError(f"{text}: must be {lo} and {hi}{why}")
+        return v
+
+    return conv
+
+
+def _count(low: int, high: int = 2**31) -> Callable[[str], int]:
+    """A whole number from ``low`` to ``high``."""
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{clip(text)}: expected a whole number") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{text}: must be {'at least' if high == 2**31 else 'from'} {low}"
+                                             + ("" if high == 2**31 else f" to {high}"))
+        return v
+
+    return conv
+
+
 def _mix(text: str) -> tuple[tuple[str, float], ...]:
-    out = []
+    out: list[tuple[str, float]] = []
     for part in _csv(text):
         name, _, val = part.partition("=")
         if name not in ("low", "medium", "high"):
-            raise argparse.ArgumentTypeError(f"priority class {name!r}: use low, medium, high")
+            raise argparse.ArgumentTypeError(f"priority class {clip(name)}: use low, medium, high")
+        if name in (n for n, _ in out):
+            raise argparse.ArgumentTypeError(f"priority class {name!r} given twice")
         try:
             v = float(val)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected CLASS=SHARE") from exc
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{part!r}: share must not be negative")
+            raise argparse.ArgumentTypeError(f"{clip(part)}: expected CLASS=SHARE") from exc
+        if not math.isfinite(v) or v < 0:
+            raise argparse.ArgumentTypeError(f"{clip(part)}: a share is a finite number, not negative")
         out.append((name, v))
     if not out or sum(v for _, v in out) <= 0:
         raise argparse.ArgumentTypeError("give at least one positive share, e.g. low=0.6,medium=0.3,high=0.1")
     return tuple(out)
+
+
+MAX_EXIT_FACTOR = 1000.0
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -68,30 +154,22 @@ def _range(text: str) -> tuple[float, float]:
     try:
         a, b = float(lo), float(hi if sep else lo)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected LOW:HIGH, e.g. 1.0:3.0") from exc
-    if not 0 < a <= b:
-        raise argparse.ArgumentTypeError(f"{text!r}: need 0 < LOW <= HIGH")
+        raise argparse.ArgumentTypeError(f"{clip(text)}: expected LOW:HIGH, e.g. 1.0:3.0") from exc
+    if not 0 < a <= b <= MAX_EXIT_FACTOR:  # false for nan and inf too
+        raise argparse.ArgumentTypeError(f"{clip(text)}: need 0 < LOW <= HIGH <= {MAX_EXIT_FACTOR:g}")
     return a, b
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def conv(text: str) -> float:
-        v = kind(text)
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{text}: must be positive")
-        return v
-
-    return conv
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="accelstack simulate",
+def build_parser(prog: str = "accelstack") -> argparse.ArgumentParser:
+    """``prog``: how the command was called (``accelstack`` or ``accelstack simulate``); modes are under it."""
+    p = Parser(
+        prog=prog,
+        usage=f"{prog}{' [simulate]' if prog == 'accelstack' else ''} MODE [options]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(__doc__ or "").replace("``", "").split("\n\nInputs", 1)[0],
-        epilog="Run 'accelstack simulate MODE --help' for a mode's options. Docs: docs/simulator.md",
+        epilog=f"Run '{prog} MODE --help' for a mode's options. Docs: docs/simulator.md",
     )
-    sub = p.add_subparsers(dest="mode", required=True, metavar="MODE")
+    sub = p.add_subparsers(dest="mode", required=True, metavar="MODE", prog=prog)
 
     def outputs(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
@@ -99,20 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--traces", type=Path, default=BUNDLED, metavar="DIR",
                         help="folder holding openb/ and philly/ (default: the bundled data/traces)")
 
+    # descriptions are printed as written (no %-formatting): one % sign each
     f = sub.add_parser("fill", help="FGD paper protocol on Alibaba openb", description=(
         "Fill the openb cluster (1,213 GPU nodes) with every trace pod once in shuffled order plus resampled "
-        "pods up to 130%% of GPU capacity; no departures. Prints GPU allocation at 100%% and 130%% arrivals "
-        "and fragmentation at 80%%, mean over seeds, beside the published FGD figures."))
-    f.add_argument("--workloads", type=_csv, default=list(WORKLOADS), metavar="W[,W…]",
+        "pods up to 130% of GPU capacity; no departures. Prints GPU allocation at 100% and 130% arrivals "
+        "and fragmentation at 80%, mean over seeds, beside the published FGD figures."))
+    f.add_argument("--workloads", type=_names("workload"), default=list(WORKLOADS), metavar="W[,W…]",
                    help=f"openb workloads by name or pod-list path (default: {','.join(WORKLOADS)})")
-    f.add_argument("--policies", type=_csv, default=["random", "bestfit", "fgd"], metavar="P[,P…]",
-                   help=f"placement policies: {', '.join(PLACEMENTS)} (default: random,bestfit,fgd)")
-    f.add_argument("--seeds", type=_positive(int), default=10, metavar="N", help="seeds per policy (default 10)")
-    f.add_argument("--first-seed", type=int, default=42, metavar="S", help="seeds are S, S+1, … (default 42)")
+    f.add_argument("--policies", type=_names("policy", PLACEMENTS), default=["random", "bestfit", "fgd"],
+                   metavar="P[,P…]", help=f"placement policies: {', '.join(PLACEMENTS)} (default: random,bestfit,fgd)")
+    f.add_argument("--seeds", type=_count(1), default=10, metavar="N", help="seeds per policy (default 10)")
+    f.add_argument("--first-seed", type=_count(0), default=42, metavar="S", help="seeds are S, S+1, … (default 42)")
     f.add_argument("--nodes", type=Path, metavar="FILE", help="node list (default: openb GPU nodes)")
     f.add_argument("--published", type=Path, metavar="FILE", help="published summary CSV to compare with")
-    f.add_argument("--inflation", type=_positive(float), default=1.3, metavar="X",
-                   help="stop adding pods when requests reach X times capacity (default 1.3)")
+    f.add_argument("--inflation", type=_number(1.3, 10, why=": the table reports allocation at 130% arrivals"),
+                   default=1.3, metavar="X",
+                   help="stop adding pods when requests reach X times capacity, 1.3-10 (default 1.3)")
     f.add_argument("--check", action="store_true", help="verify inventory invariants after every pod (slow)")
     outputs(f)
 
@@ -124,26 +204,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--nodes", type=Path, metavar="FILE", help="node list (default: Philly nodes.csv)")
     r.add_argument("--quotas", type=Path, metavar="FILE", help="VC quotas (default: Helios VC config)")
     r.add_argument("--no-quotas", action="store_true", help="no workspace quotas")
-    r.add_argument("--schedulers", type=_csv, default=list(DEFAULT_SCHEDULERS), metavar="S[,S…]",
+    r.add_argument("--schedulers", type=_names("scheduler", list(SCHEDULERS)), default=list(DEFAULT_SCHEDULERS),
+                   metavar="S[,S…]",
                    help=f"which to run: {', '.join(SCHEDULERS)} (default: {','.join(DEFAULT_SCHEDULERS)})")
     r.add_argument("--placement", choices=PLACEMENTS, default="bestfit", help="placement policy (default bestfit)")
-    r.add_argument("--days", type=_positive(float), metavar="D", help="only jobs submitted in the first D days")
-    r.add_argument("--start-day", type=float, default=0.0, metavar="D", help="skip the first D days")
-    r.add_argument("--max-jobs", type=_positive(int), metavar="N", help="at most N jobs")
-    r.add_argument("--load", type=_positive(float), default=1.0, metavar="X",
-                   help="shrink gaps between submissions X-fold: X times the offered load (default 1)")
-    r.add_argument("--seed", type=int, default=0, help="seed for priorities, exit durations, tie-breaks")
+    r.add_argument("--days", type=_number(0, MAX_DAYS, low_open=True), metavar="D",
+                   help="only jobs submitted in the first D days")
+    r.add_argument("--start-day", type=_number(0, MAX_DAYS), default=0.0, metavar="D", help="skip the first D days")
+    r.add_argument("--max-jobs", type=_count(1), metavar="N", help="at most N jobs")
+    r.add_argument("--load", type=_number(0.001, 1000), default=1.0, metavar="X",
+                   help="shrink gaps between submissions X-fold: X times the offered load, 0.001-1000 (default 1)")
+    r.add_argument("--seed", type=_count(0), default=0, help="seed for priorities, exit durations, tie-breaks")
     r.add_argument("--priority-mix", type=_mix, default=Assignment().priority_mix, metavar="low=A,medium=B,high=C",
                    help="share of jobs per priority class (default low=0.6,medium=0.3,high=0.1)")
     r.add_argument("--exit-factor", type=_range, default=Assignment().exit_factor, metavar="LOW:HIGH",
                    help="exitDuration = duration x U[LOW, HIGH) (default 1.0:3.0)")
-    r.add_argument("--estimate-every", type=int, default=10, metavar="N",
+    r.add_argument("--estimate-every", type=_count(0), default=10, metavar="N",
                    help="record the wait estimate of every Nth arrival (0: none; default 10)")
     r.add_argument("--audit", action="store_true", help="re-check every backfill for priority inversions")
-    r.add_argument("--fail-rate", type=float, default=0.0, metavar="P",
+    r.add_argument("--fail-rate", type=_number(0, 1, high_open=True), default=0.0, metavar="P",
                    help="each run attempt fails with probability P (0-1) midway; jobs requeue with backoff")
-    r.add_argument("--retry-limit", type=int, default=3, metavar="N", help="requeues after failures (default 3)")
-    r.add_argument("--workers", type=_positive(int), metavar="N",
+    r.add_argument("--retry-limit", type=_count(0), default=3, metavar="N", help="requeues after failures (default 3)")
+    r.add_argument("--workers", type=_count(1), metavar="N",
                    help="run up to N schedulers at once, one process each (default: the CPU count)")
     outputs(r)
 
@@ -163,11 +245,14 @@ def _resolve_workload(traces: Path, w: str) -> Path:
 
 def run_fill(args: argparse.Namespace, workloads: list[str], policies: list[str], seeds: list[int],
              keep_curve: bool = False) -> tuple[list[FillResult], dict[tuple[str, str], dict[str, float]]]:
+    """Every (workload, policy, seed) in turn; one stderr line per run, numbered k/N (the progress of a long
+    table: 120 runs take about 5 minutes)."""
     traces: Path = args.traces
     nodes = read_openb_nodes(getattr(args, "nodes", None) or traces / "openb" / "openb_node_list_gpu_node.csv")
     pub_path = getattr(args, "published", None) or traces / "openb" / "fgd_atc23_published_summary.csv"
     published = read_published(pub_path) if pub_path.exists() else {}
     results = []
+    total, k, t0 = len(workloads) * len(policies) * len(seeds), 0, time.monotonic()
     for w in workloads:
         path = _resolve_workload(traces, w)
         pods = read_openb_pods(path, max_gpus=max(n.devices for n in nodes))
@@ -176,23 +261,102 @@ def run_fill(args: argparse.Namespace, workloads: list[str], policies: list[str]
                 res = fill_run(nodes, pods, pol, seed, workload=path.stem,
                                inflation=getattr(args, "inflation", 1.3), keep_curve=keep_curve,
                                check=getattr(args, "check", False))
-                print(f"  fill {path.stem} {pol} seed {seed}: {res.alloc_pct_at.get(130, float('nan')):.2f}% "
-                      f"at 130% ({res.seconds:.1f}s)", file=sys.stderr)
+                k += 1
+                print(f"  fill {k}/{total} {path.stem} {pol} seed {seed}: "
+                      f"{res.alloc_pct_at.get(130, float('nan')):.2f}% at 130% ({res.seconds:.1f}s; "
+                      f"{time.monotonic() - t0:.0f}s so far)", file=sys.stderr, flush=True)
                 results.append(res)
     return results, published
 
 
+# The progress of replays running in worker processes: one slot per scheduler, written by the workers (the
+# array is inherited when the pool forks them), read by the parent between results.
+_shared: Any = None
+_slots: dict[str, int] = {}
+
+
+def _init_worker(shared: Any, names: list[str]) -> None:
+    global _shared, _slots
+    _shared, _slots = shared, {n: i for i, n in enumerate(names)}
+
+
+def _in_worker(run: Callable[..., ReplayResult], name: str) -> ReplayResult:
+    slot = _slots[name]
+
+    def progress(fraction: float) -> None:
+        _shared[slot] = fraction
+
+    return run(name, progress=progress)
+
+
+def result_line(res: ReplayResult) -> str:
+    d = res.delay["all"]
+    return (f"  replay {res.scheduler} done: {res.finished} jobs, wait mean {d['mean']:.0f}s p95 {d['p95']:.0f}s, "
+            f"{res.evictions} evictions ({res.seconds:.1f}s wall, {res.cpu_seconds:.1f}s CPU)")
+
+
+def run_all(run: Callable[..., ReplayResult], names: list[str], workers: int,
+            progress: Progress | None = None, poll_s: float = 0.5) -> list[ReplayResult]:
+    """``run(name, progress=callback)`` for each name, up to ``workers`` at once (one process each), results in
+    ``names``' order; each result's line is printed as soon as that run ends, not behind a slower one before
+    it, and ``progress`` is updated meanwhile."""
+    progress = progress or Progress("replay", names)
+    done: dict[str, ReplayResult] = {}
+    if workers <= 1:
+        for n in names:
+            res = run(n, progress=functools.partial(progress.update, n))
+            done[n] = res
+            progress.line(result_line(res))
+    else:  # the runs are independent: one process each (deterministic all the same)
+        ctx = multiprocessing.get_context("fork")
+        shared = ctx.Array("d", len(names), lock=False)
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                                      initargs=(shared, names))
+        try:
+            pending = {pool.submit(_in_worker, run, n): n for n in names}
+            while pending:
+                finished, _ = concurrent.futures.wait(pending, timeout=poll_s,
+                                                      return_when=concurrent.futures.FIRST_COMPLETED)
+                for i, n in enumerate(names):
+                    if n not in done:
+                        progress.fractions[n] = shared[i]
+                for fut in finished:
+                    n = pending.pop(fut)
+                    done[n] = fut.result()
+                    progress.fractions[n] = 1.0
+                    progress.line(result_line(done[n]))
+                progress.show()
+        finally:
+            pool.shutdown(cancel_futures=True)
+    progress.close()
+    return [done[n] for n in names]
+
+
 def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | None, load: float,
-               audit: bool, estimate_every: int | None = None) -> list[ReplayResult]:
+               audit: bool, estimate_every: int | None = None) -> tuple[list[ReplayResult], dict[str, int] | None]:
+    """The replay of every scheduler, and the quotas it ran with."""
     traces: Path = args.traces
     nodes = read_philly_nodes(getattr(args, "nodes", None) or traces / "philly" / "nodes.csv")
-    jobs = read_philly_jobs(getattr(args, "jobs", None) or traces / "philly" / "jobs_oct_nov_11vc.csv",
-                            max_gpus=sum(n.devices for n in nodes))
+    jobs_path = getattr(args, "jobs", None) or traces / "philly" / "jobs_oct_nov_11vc.csv"
+    all_jobs = read_philly_jobs(jobs_path, max_gpus=sum(n.devices for n in nodes))
     quotas = None
     if not getattr(args, "no_quotas", False):
-        quotas = read_quotas(getattr(args, "quotas", None) or traces / "philly" / "vc_config_helios_qssf.csv")
-    jobs = window(jobs, days=days, max_jobs=getattr(args, "max_jobs", None),
-                  start_day=getattr(args, "start_day", 0.0), load=load)
+        quota_path = getattr(args, "quotas", None) or traces / "philly" / "vc_config_helios_qssf.csv"
+        quotas = read_quotas(quota_path)
+    start_day = getattr(args, "start_day", 0.0)
+    jobs = window(all_jobs, days=days, max_jobs=getattr(args, "max_jobs", None), start_day=start_day, load=load)
+    if not jobs:
+        span = (all_jobs[-1].submit_s - all_jobs[0].submit_s) / 86400
+        raise OptionError(f"--start-day {start_day:g}" + (f" --days {days:g}" if days is not None else "")
+                          + f": no job of {jobs_path} in that window (its {len(all_jobs):,} jobs span "
+                          f"{span:.1f} days)")
+    if quotas is not None:
+        missing = sorted({j.vc for j in jobs} - set(quotas))
+        if missing:
+            names = ", ".join(clip(v, 20).strip("'") for v in missing[:8]) + (
+                f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            print(f"warning: {len(missing)} VC(s) have no quota in {quota_path} and run without one: {names}",
+                  file=sys.stderr)
     assignment = Assignment(
         seed=getattr(args, "seed", 0),
         priority_mix=getattr(args, "priority_mix", Assignment().priority_mix),
@@ -203,44 +367,34 @@ def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | No
         estimate_every=estimate_every if estimate_every is not None else getattr(args, "estimate_every", 10),
         audit=audit, fail_rate=getattr(args, "fail_rate", 0.0), retry_limit=getattr(args, "retry_limit", 3))
     workers = min(len(schedulers), getattr(args, "workers", None) or os.cpu_count() or 1)
-    out: list[ReplayResult] = []
-    if workers <= 1:
-        results: Iterable[ReplayResult] = (run(s) for s in schedulers)
-    else:  # the schedulers are independent runs over the same jobs: one process each (deterministic all the same)
-        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-        results = pool.map(run, schedulers)
-    for res in results:
-        print(f"  replay {res.scheduler}: {res.finished} jobs, mean wait {res.delay['all']['mean']:.0f}s "
-              f"({res.seconds:.1f}s wall, {res.cpu_seconds:.1f}s CPU)", file=sys.stderr)
-        out.append(res)
-    if workers > 1:
-        pool.shutdown()
-    return out
+    print(f"  replay: {len(jobs):,} jobs on {sum(n.devices for n in nodes):,} GPUs through "
+          f"{', '.join(schedulers)} ({workers} at once)", file=sys.stderr, flush=True)
+    return run_all(run, schedulers, workers), quotas
 
 
-def _main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(argv)
+def _main(argv: Sequence[str], prog: str) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     t0 = time.perf_counter()
     payload: dict[str, object] = {"mode": args.mode}
     fill_res: list[FillResult] = []
     replay_res: list[ReplayResult] = []
+    quotas: dict[str, int] | None = None
     published: dict[tuple[str, str], dict[str, float]] = {}
-    if args.mode == "fill":
-        bad = [p for p in args.policies if p not in PLACEMENTS]
-        if bad:
-            build_parser().error(f"unknown policy {bad[0]!r} (choose from {', '.join(PLACEMENTS)})")
-        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        fill_res, published = run_fill(args, args.workloads, args.policies, seeds, keep_curve=bool(args.plot))
-    elif args.mode == "replay":
-        bad = [s for s in args.schedulers if s not in SCHEDULERS]
-        if bad:
-            build_parser().error(f"unknown scheduler {bad[0]!r} (choose from {', '.join(SCHEDULERS)})")
-        if not 0 <= args.fail_rate < 1 or args.retry_limit < 0:
-            build_parser().error("--fail-rate must be in [0, 1) and --retry-limit must not be negative")
-        replay_res = run_replay(args, args.schedulers, args.days, args.load, args.audit)
-    else:  # demo
-        fill_res, published = run_fill(args, ["default"], ["random", "bestfit", "fgd"], [42], keep_curve=True)
-        replay_res = run_replay(args, list(DEFAULT_SCHEDULERS), days=7, load=4.0, audit=True, estimate_every=25)
+    try:
+        if args.mode == "fill":
+            seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+            fill_res, published = run_fill(args, args.workloads, args.policies, seeds, keep_curve=bool(args.plot))
+        elif args.mode == "replay":
+            replay_res, quotas = run_replay(args, args.schedulers, args.days, args.load, args.audit)
+        else:  # demo
+            fill_res, published = run_fill(args, ["default"], ["random", "bestfit", "fgd"], [42], keep_curve=True)
+            replay_res, quotas = run_replay(args, list(DEMO_SCHEDULERS), days=7, load=4.0, audit=True,
+                                            estimate_every=25)
+    except OptionError as exc:
+        print(f"{prog} {args.mode}: error: {exc}\nRun '{prog} {args.mode} --help' for the options.",
+              file=sys.stderr)
+        return 2
     if fill_res:
         summary = fill_summary(fill_res)
         print("GPU allocation (%) and fragmentation (%), mean over seeds; 'paper' = FGD ATC'23 artifact")
@@ -253,7 +407,7 @@ def _main(argv: Sequence[str]) -> int:
         if fill_res:
             print()
         print("Queueing (seconds) on the replayed trace; the same jobs for every scheduler")
-        print(replay_table(replay_res))
+        print(replay_table(replay_res, quotas))
         payload["replay"] = [r.to_dict() for r in replay_res]
     payload["wall_seconds"] = time.perf_counter() - t0
     if args.json:
@@ -266,15 +420,13 @@ def _main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``accelstack``; accepts ``accelstack simulate MODE …`` and ``… MODE …``."""
+    """Entry point of ``accelstack``; accepts ``accelstack simulate MODE …`` and ``accelstack MODE …``."""
     args = list(sys.argv[1:] if argv is None else argv)
+    prog = "accelstack"
     if args and args[0] == "simulate":
-        args = args[1:]
+        args, prog = args[1:], "accelstack simulate"
     try:
-        return _main(args)
-    except TraceError as exc:
-        print(f"accelstack simulate: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"accelstack simulate: error: {exc}", file=sys.stderr)
+        return _main(args, prog)
+    except (TraceError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

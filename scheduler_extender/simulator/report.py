@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .fill import FillResult
-from .replay import ReplayResult
+from .replay import SCHEDULERS, ReplayResult
 
 
 def _fmt(v: float, nd: int = 2) -> str:
@@ -74,7 +74,41 @@ def fill_table(summary: list[dict[str, object]], published: dict[tuple[str, str]
     )
 
 
-def replay_table(results: list[ReplayResult]) -> str:
+def eviction_lines(results: list[ReplayResult]) -> list[str]:
+    """What each evicting scheduler's evictions cost (work lost, GPU-hours) beside the wait they bought: its mean
+    wait against the same scheduler without eviction (``NAME-no-eviction``) when that ran on the same jobs."""
+    by = {r.scheduler: r for r in results}
+    out = []
+    for r in results:
+        if not SCHEDULERS.get(r.scheduler, {}).get("eviction"):
+            continue
+        if not r.evictions:
+            out.append(f"{r.scheduler}: no evictions")
+            continue
+        cost = (f"{r.scheduler}: {r.evictions:,} evictions lost {r.lost_gpu_hours:,.0f} GPU-hours of work "
+                f"({r.lost_gpu_hours / r.evictions:.1f} each)")
+        base = by.get(f"{r.scheduler}-no-eviction")
+        if base is None:
+            out.append(f"{cost}; run {r.scheduler}-no-eviction too (--schedulers) to see the wait they buy")
+            continue
+        mean, base_mean = r.delay["all"]["mean"], base.delay["all"]["mean"]
+        hi, base_hi = (r.delay.get("priority:high", {}).get("mean", math.nan),
+                       base.delay.get("priority:high", {}).get("mean", math.nan))
+        saved = base_mean - mean
+        out.append(f"{cost} and {'bought' if saved >= 0 else 'cost'} {abs(saved):,.0f} s of mean wait "
+                   f"({mean:,.0f} s against {base_mean:,.0f} s without eviction; high priority {_fmt(hi, 0)} s "
+                   f"against {_fmt(base_hi, 0)} s)")
+    return out
+
+
+def _workspace_label(name: str, quotas: dict[str, int] | None, jobs: float) -> str:
+    quota = f"quota {quotas[name]:,} GPUs" if quotas and name in quotas else "no quota"
+    return f"{name} ({quota}, {int(jobs):,} jobs)"
+
+
+def replay_table(results: list[ReplayResult], quotas: dict[str, int] | None = None) -> str:
+    """The replay's tables, each with a line per figure saying what it is. ``quotas``: the workspaces' quotas
+    (GPUs) the replay ran with, shown beside their names."""
     rows = []
     for r in results:
         d = r.delay["all"]
@@ -90,6 +124,7 @@ def replay_table(results: list[ReplayResult]) -> str:
                 _fmt(r.jct["mean"], 0),
                 _fmt(r.utilisation_pct, 1),
                 r.evictions,
+                _fmt(r.lost_gpu_hours, 0),
                 "n/a" if r.inversions is None else r.inversions,
                 _fmt(r.seconds, 1),
                 _fmt(r.cpu_seconds, 1),
@@ -97,9 +132,17 @@ def replay_table(results: list[ReplayResult]) -> str:
         )
     main = table(
         ["scheduler", "placement", "jobs", "wait mean s", "p50", "p95", "p99", "JCT mean s", "util%*", "evictions",
-         "inversions", "wall s", "CPU s"],
+         "lost GPU-h", "inversions", "wall s", "CPU s"],
         rows,
     )
+    note = ("* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - "
+            "submission;\n  lost GPU-h = work evicted jobs had done and redo;\n  inversions = admissions that moved a "
+            "waiting higher-ordered job's reservation later")
+    if any(r.inversions is None for r in results):
+        note += " (n/a: run with --audit)"
+    evict = eviction_lines(results)
+    if evict:
+        note += "\n  eviction's cost beside the wait it buys:\n" + "\n".join(f"    {line}" for line in evict)
     erows = []
     for r in results:
         e = r.estimate_error
@@ -108,19 +151,28 @@ def replay_table(results: list[ReplayResult]) -> str:
                       e.get("all_n", 0), _fmt(e.get("all_coverage_pct", math.nan), 0)])
     est = table(["wait estimate at arrival", "waited>60s", "median rel.err", "within ±50%", "P10-P90 cover %",
                  "all sampled", "cover %"], erows)
+    enote = "\n".join([
+        "waited>60s: sampled jobs (every --estimate-every-th arrival) that waited more than 60 s, what the next "
+        "columns measure",
+        "median rel.err: median of |estimated - actual wait| / actual wait over them (0 = exact, 0.5 = off by half)",
+        "within ±50%: share of them whose estimate was within half of the actual wait either way",
+        "P10-P90 cover %: share of them whose start fell inside the estimate's P10-P90 range (aim: about 80%)",
+        "all sampled / cover %: every sampled job, waiting or not, and the same coverage over them",
+        "FIFO is the easiest to estimate: nobody overtakes, so the queue ahead at arrival is the whole wait; "
+        "under priority and size order a job's wait also depends on higher-priority or shorter jobs that arrive "
+        "after it and pass it, which no estimate at arrival can know",
+    ])
     keys = sorted((k for k in results[0].delay if k.startswith("priority:")),
                   key=lambda k: ("high", "medium", "low").index(k.split(":", 1)[1])) if results else []
     prow = [[k.split(":", 1)[1]] + [" / ".join(_fmt(r.delay.get(k, {}).get(m, math.nan), 0) for m in ("mean", "p95", "max"))
                                      for r in results] for k in keys]
     per_prio = table(["priority (wait mean / p95 / max s)"] + [r.scheduler for r in results], prow)
     wkeys = [k for k in results[0].delay if k.startswith("workspace:")] if results else []
-    wrow = [[k.split(":", 1)[1]] + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) for r in results] for k in wkeys]
+    wrow = [[_workspace_label(k.split(":", 1)[1], quotas, results[0].delay[k]["n"])]
+            + [_fmt(r.delay.get(k, {}).get("mean", math.nan), 0) for r in results] for k in wkeys]
     per_ws = table(["workspace (wait mean s)"] + [r.scheduler for r in results], wrow)
-    note = ("* GPU allocation over the submission window; wait = first admission - submission; JCT = finish - "
-            "submission;\n  inversions: n/a unless --audit")
-    enote = ("rel.err = |estimated - actual wait| / actual wait, for sampled jobs that waited > 60 s; cover = share "
-             "whose start fell in the estimate's P10-P90 range")
-    parts = [main + "\n" + note, est + "\n" + enote, per_prio, per_ws]
+    wnote = "workspaces are the trace's VCs, named as the trace names them (Philly publishes only hashed VC names)"
+    parts = [main + "\n" + note, est + "\n" + enote, per_prio, per_ws + "\n" + wnote]
     if any(r.failures.get("injected") for r in results):
         frow = [[r.scheduler, r.failures["injected"], r.failures["requeued"], r.failures["gave_up"]] for r in results]
         parts.append(table(["scheduler (injected failures)", "failures", "requeued", "gave up"], frow))
@@ -140,6 +192,21 @@ def write_json(path: Path, payload: dict[str, object]) -> None:
         return o
 
     path.write_text(json.dumps(clean(payload), indent=2) + "\n", encoding="utf-8")
+
+
+def delay_tail(delays: Sequence[float], floor_s: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """The delay's tail for a log-log plot: for each sorted delay x of at least ``floor_s``, the share of all jobs
+    that waited x or longer. A CDF of delays on a linear share axis is a flat line at the top
+    when 99% of jobs wait under a second (issue 38.6); the tail keeps the 1% that matter readable, down to one
+    job in the whole trace."""
+    d = np.sort(np.asarray(delays, dtype=float))
+    n = len(d)
+    if not n:
+        return np.empty(0), np.empty(0)
+    first = int(np.searchsorted(d, floor_s, side="left"))
+    xs = d[first:]
+    ys = (n - np.arange(first, n)) / n  # share waiting at least xs[k]
+    return xs, ys
 
 
 def plot(path: Path, fill: list[FillResult] | None = None, replay: list[ReplayResult] | None = None,
@@ -172,15 +239,21 @@ def plot(path: Path, fill: list[FillResult] | None = None, replay: list[ReplayRe
         ax.legend(fontsize=7)
     if replay:
         ax = axes[0][i]
+        drawn = False
         for rr in replay:
-            d = np.sort(np.asarray(rr.delays, dtype=float))
-            if len(d):
-                ax.plot(np.maximum(d, 1), np.arange(1, len(d) + 1) / len(d), label=rr.scheduler)
+            tx, ty = delay_tail(rr.delays)
+            if len(tx):
+                ax.step(tx, ty, where="post", label=f"{rr.scheduler} ({100 * ty[0]:.1f}% wait 1 s or more)")
+                drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "no job waited 1 s or more", ha="center", transform=ax.transAxes)
         ax.set_xscale("log")
-        ax.set_xlabel("queueing delay, s (values < 1 s drawn at 1 s)")
-        ax.set_ylabel("fraction of jobs")
-        ax.set_title("replay: queueing delay CDF")
-        ax.legend(fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xlabel("queueing delay x, s")
+        ax.set_ylabel("share of jobs that waited x or longer")
+        ax.set_title("replay: queueing delay tail (log-log)")
+        if drawn:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from ..core.inventory import GPU, NodeSpec
 
@@ -17,10 +18,23 @@ MAX_INT = 2**53  # any integer field: beyond this, floats (the virtual clock) lo
 MAX_DEVICES_PER_NODE = 256
 MAX_TIMESTAMP_S = 4_102_444_800  # 2100-01-01 in Unix seconds: larger values are milli-/micro-/nanoseconds
 MAX_DURATION_S = 10 * 366 * 86400  # ten years
+# No trace line comes near this (the longest bundled one is under 200 characters); a longer one is not a CSV
+# line (a binary file, a file without newlines) and is refused before it is read whole into memory.
+MAX_LINE_CHARS = 1 << 20
+MAX_MESSAGE_CHARS = 200  # an error never echoes more of the input than this
+
+
+def clip(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut to about ``limit`` characters: an error quotes enough to find the value, never a
+    whole hostile line."""
+    r = repr(text)
+    return r if len(r) <= limit else f"{r[: limit - 1]}…"
 
 
 class TraceError(ValueError):
     def __init__(self, path: Path | str, line: int, column: int, message: str) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
         super().__init__(f"{path}:{line}:{column}: {message}")
         self.path, self.line, self.column, self.message = str(path), line, column, message
 
@@ -55,17 +69,27 @@ def _str(text: str) -> str:
 Field = tuple[str, Callable[[str], object], bool]  # name, converter, required
 
 
-def _rows(path: Path, fields: list[Field]) -> Iterator[tuple[int, dict[str, object]]]:
-    """Yield ``(line number, converted fields)`` for each data line; raise TraceError on any problem."""
+def _readline(fh: TextIO, path: Path, lineno: int) -> str:
+    """One line of at most MAX_LINE_CHARS characters (a longer one is an error, read no further)."""
+    try:
+        raw = fh.readline(MAX_LINE_CHARS + 1)
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, lineno, 1, "not UTF-8 text") from exc
+    if len(raw) > MAX_LINE_CHARS:
+        raise TraceError(path, lineno, 1, f"line longer than {MAX_LINE_CHARS:,} characters: not a CSV file "
+                                          "with one record per line")
+    return raw
+
+
+def _rows(path: Path, fields: list[Field]) -> Iterator[tuple[int, dict[str, object], dict[str, int]]]:
+    """Yield ``(line number, converted fields, 1-based column of each field)`` for each data line; raise
+    TraceError on any problem."""
     try:
         fh = path.open(encoding="utf-8-sig")  # a leading byte-order mark is not part of the first column's name
     except OSError as exc:
         raise TraceError(path, 0, 0, f"cannot read: {exc.strerror or exc}") from exc
     with fh:
-        try:
-            header_line = fh.readline()
-        except UnicodeDecodeError as exc:
-            raise TraceError(path, 1, 1, "not UTF-8 text") from exc
+        header_line = _readline(fh, path, 1)
         header = [h.strip() for h in header_line.rstrip("\r\n").split(",")]
         if not header_line.strip():
             raise TraceError(path, 1, 1, "empty file: expected a header line")
@@ -74,13 +98,12 @@ def _rows(path: Path, fields: list[Field]) -> Iterator[tuple[int, dict[str, obje
             if name in header:
                 pos[name] = header.index(name)
             elif required:
-                raise TraceError(path, 1, 1, f"header lacks column {name!r} (has: {', '.join(header)})")
+                has = ", ".join(header)
+                raise TraceError(path, 1, 1, f"header lacks column {name!r} (has: {has[:80]}"
+                                             f"{'…' if len(has) > 80 else ''})")
         lineno = 1
         while True:
-            try:
-                raw = fh.readline()
-            except UnicodeDecodeError as exc:
-                raise TraceError(path, lineno + 1, 1, "not UTF-8 text") from exc
+            raw = _readline(fh, path, lineno + 1)
             if not raw:
                 break
             lineno += 1
@@ -97,16 +120,28 @@ def _rows(path: Path, fields: list[Field]) -> Iterator[tuple[int, dict[str, obje
             for c in cells[:-1]:
                 starts.append(starts[-1] + len(c) + 1)
             out: dict[str, object] = {}
+            cols: dict[str, int] = {}
             for name, conv, _ in fields:
                 if name not in pos:
                     continue
                 i = pos[name]
                 text = cells[i].strip()
+                cols[name] = starts[i] + 1
                 try:
                     out[name] = conv(text)
                 except ValueError as exc:
-                    raise TraceError(path, lineno, starts[i] + 1, f"column {name!r}: bad value {text!r} ({exc})") from exc
-            yield lineno, out
+                    why = str(exc).replace(repr(text), clip(text))  # int() quotes the whole text
+                    raise TraceError(path, lineno, starts[i] + 1,
+                                     f"column {name!r}: bad value {clip(text)} ({why})") from exc
+            yield lineno, out, cols
+
+
+def _unique(path: Path, what: str, value: str, lineno: int, column: int, seen: dict[str, int]) -> None:
+    """Refuse a name seen on an earlier line (``seen``: name -> its line)."""
+    if value in seen:
+        raise TraceError(path, lineno, column, f"{what} {clip(value)} repeated (first on line {seen[value]}): "
+                                               "each must be unique")
+    seen[value] = lineno
 
 
 # ------------------------------------------------------------------------------------------ openb
@@ -135,12 +170,12 @@ def read_openb_nodes(path: Path) -> list[NodeSpec]:
         ("model", _str, True),
     ]
     nodes: list[NodeSpec] = []
-    seen: set[str] = set()
-    for lineno, r in _rows(path, fields):
+    seen: dict[str, int] = {}
+    for lineno, r, col in _rows(path, fields):
         name = str(r["sn"])
-        if not name or name in seen:
-            raise TraceError(path, lineno, 1, f"node name {name!r} is empty or repeated")
-        seen.add(name)
+        if not name:
+            raise TraceError(path, lineno, col["sn"], "node name is empty")
+        _unique(path, "node name", name, lineno, col["sn"], seen)
         if int(r["gpu"]) == 0:  # type: ignore[call-overload]
             continue
         nodes.append(
@@ -181,10 +216,13 @@ def read_openb_pods(path: Path, max_gpus: int = MAX_DEVICES_PER_NODE) -> list[Po
         ("gpu_spec", _spec, False),
     ]
     pods = []
-    for lineno, r in _rows(path, fields):
+    seen: dict[str, int] = {}
+    for lineno, r, col in _rows(path, fields):
+        # the protocol sorts pods by name: a repeated name would make the order depend on the file's order
+        _unique(path, "pod name", str(r["name"]), lineno, col["name"], seen)
         num, milli = int(r["num_gpu"]), int(r["gpu_milli"])  # type: ignore[call-overload]
         if num > 0 and milli == 0:
-            raise TraceError(path, lineno, 1, f"pod {r['name']}: num_gpu {num} with gpu_milli 0")
+            raise TraceError(path, lineno, 1, f"pod {clip(str(r['name']))}: num_gpu {num} with gpu_milli 0")
         pods.append(
             Pod(
                 name=str(r["name"]),
@@ -212,7 +250,7 @@ def read_published(path: Path) -> dict[tuple[str, str], dict[str, float]]:
         ("frag_ratio_pct@arrived80", float, True),
     ]
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for _, r in _rows(path, fields):
+    for _, r, _ in _rows(path, fields):
         policy = str(r["policy"]).split("-", 1)[-1].lower()
         out[(str(r["workload"]), policy)] = {k: float(v) for k, v in r.items() if isinstance(v, float)}  # type: ignore[arg-type]
     return out
@@ -263,9 +301,12 @@ def read_philly_jobs(path: Path, max_gpus: int = MAX_INT) -> list[Job]:
         ("exit_duration_s", _exit, False),
     ]
     jobs = []
-    for lineno, r in _rows(path, fields):
+    seen: dict[str, int] = {}
+    for lineno, r, col in _rows(path, fields):
+        # the job id is the GPR's name: a second job under it would replace or crash into the first
+        _unique(path, "job_id", str(r["job_id"]), lineno, col["job_id"], seen)
         if int(r["num_gpu"]) < 1:  # type: ignore[call-overload]
-            raise TraceError(path, lineno, 1, f"job {r['job_id']}: num_gpu must be at least 1")
+            raise TraceError(path, lineno, 1, f"job {clip(str(r['job_id']))}: num_gpu must be at least 1")
         jobs.append(
             Job(
                 str(r["job_id"]),
@@ -301,7 +342,9 @@ def read_philly_nodes(path: Path) -> list[NodeSpec]:
         ("model", _str, False),
     ]
     nodes = []
-    for _, r in _rows(path, fields):
+    seen: dict[str, int] = {}
+    for lineno, r, col in _rows(path, fields):
+        _unique(path, "node_id", str(r["node_id"]), lineno, col["node_id"], seen)
         mem = int(r["gpu_mem"])  # type: ignore[call-overload]
         if int(r["gpu_count"]) == 0:  # type: ignore[call-overload]
             continue
@@ -321,4 +364,9 @@ def read_philly_nodes(path: Path) -> list[NodeSpec]:
 def read_quotas(path: Path) -> dict[str, int]:
     """``vc, gpus`` → device quota per workspace."""
     fields: list[Field] = [("vc", _str, True), ("gpus", _int, True)]
-    return {str(r["vc"]): int(r["gpus"]) for _, r in _rows(path, fields)}  # type: ignore[call-overload]
+    out: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for lineno, r, col in _rows(path, fields):
+        _unique(path, "vc", str(r["vc"]), lineno, col["vc"], seen)  # which of two quotas would hold is a guess
+        out[str(r["vc"])] = int(r["gpus"])  # type: ignore[call-overload]
+    return out

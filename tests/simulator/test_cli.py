@@ -122,11 +122,12 @@ def test_tiny_replay_end_to_end(tmp_path: Path) -> None:
                "--estimate-every", "5", "--json", str(out), "--plot", str(tmp_path / "r.png")])
     assert rc == 0
     res = {r["scheduler"]: r for r in json.loads(out.read_text())["replay"]}
-    assert set(res) == {"accelstack", "strict-priority", "fifo"}
+    assert set(res) == {"accelstack", "accelstack-no-eviction", "strict-priority", "fifo"}
     for r in res.values():
         assert r["finished"] == 600 and r["inversions"] == 0
         assert r["delay"]["all"]["p50"] <= r["delay"]["all"]["p95"] <= r["delay"]["all"]["p99"]
     assert res["fifo"]["evictions"] == res["strict-priority"]["evictions"] == 0
+    assert res["accelstack-no-eviction"]["evictions"] == 0
     hi = "priority:high"
     assert res["accelstack"]["delay"][hi]["mean"] <= res["fifo"]["delay"][hi]["mean"]
 
