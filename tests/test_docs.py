@@ -11,6 +11,7 @@
   install.md and the README count is what the overlays render; the queue order and the estimates are described as
   the core's default works (no "priority, then age", no "running GPRs end at their exitDuration"); every ``*.md``
   a doc names exists (no UPSTREAM.md outside the repository); no "issue N" without a link to it.
+- The README's headline figures are figures of docs/performance.md, each with a command and a dated run.
 """
 
 from __future__ import annotations
@@ -303,3 +304,20 @@ def test_no_doc_cites_an_issue_number_without_a_link() -> None:
             for match in re.finditer(r"\bissues? \d+", line, re.IGNORECASE):
                 linked = re.search(r"\[[^\]]*" + re.escape(match.group(0)) + r"[^\]]*\]\(https?://", line)
                 assert linked, f"{path.name}:{number}: {match.group(0)!r} without a link"
+
+
+def test_headline_figures_are_rows_of_the_performance_page() -> None:
+    """The README's headline table repeats figures of docs/performance.md, each with a command and its run."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Headline figures", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    header, *rows = rows
+    assert header == ["what", "figure", "against", "command", "measured"]
+    assert 5 <= len(rows) <= 8
+    performance = (DOCS / "performance.md").read_text()
+    for what, figure, _against, command, measured in rows:
+        for number in re.findall(r"\d[\d,.]*", figure):
+            assert number in performance, f"headline {what!r}: {number} is not in docs/performance.md"
+        assert command == "same" or command.startswith("`"), what
+        assert re.search(r"20\d\d-\d\d-\d\d, (before )?`[0-9a-f]{7,}`", measured), what
