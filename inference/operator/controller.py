@@ -203,6 +203,8 @@ class Operator:
         pools = (POOL_PRIMARY, POOL_BURST)
         deployments = {p: d for p in pools if (d := mine("Deployment", f"{name}-{p}")) is not None}
         gprs = {p: g for p in pools if (g := mine("GPUProvisioningRequest", f"{name}-{p}")) is not None}
+        growth = {k: g for (ns, child), g in self.owned["GPUProvisioningRequest"].objects.items()
+                  if ns == namespace and (k := o.growth_index(endpoint, child)) is not None and owned_by(g, uid)}
         template_name = ((endpoint.get("spec") or {}).get("gpr") or {}).get("template")
         owned = sorted((kind, key[1]) for kind, store in self.owned.items() for key, obj in store.objects.items()
                        if key[0] == namespace and owned_by(obj, uid))
@@ -211,7 +213,7 @@ class Operator:
         nodes = {n: self.nodes.objects[("", n)] for n in {(p.get("spec") or {}).get("nodeName") for p in pods}
                  if n and ("", n) in self.nodes.objects}
         return Observed(deployments=deployments, gprs=gprs, hpa=mine("HorizontalPodAutoscaler", name), pods=pods,
-                        nodes=nodes, owned=owned, max_exit=self.max_exit(namespace),
+                        nodes=nodes, owned=owned, max_exit=self.max_exit(namespace), growth=growth,
                         gpr_template=self.templates.objects.get((namespace, template_name)) if template_name else None)
 
     # ---- acting -----------------------------------------------------------------------------------------------
@@ -223,14 +225,21 @@ class Operator:
         result = plan(endpoint, self.observe(endpoint), self.settings, now_iso(self.wall))
         namespace, name = key
         refusal = ""
+        growth_refused = False
         for obj in result.apply:
             refusal = await self._apply(endpoint, obj)
             if refusal:  # what comes after it (a Deployment gated on a refused GPR) would only wait for nothing
+                growth_refused = obj["kind"] == "GPUProvisioningRequest" and \
+                    o.growth_index(endpoint, obj["metadata"]["name"]) is not None
                 break
         if refusal:
-            result.status, news = refused(endpoint, result.status, refusal, now_iso(self.wall))
+            # a replica's GPR refused (a GPR count limit, a quota) limits scaling; the endpoint still serves
+            result.status, news = refused(endpoint, result.status, refusal, now_iso(self.wall),
+                                          condition="ScalingLimited" if growth_refused else "Ready")
             if news:
                 result.events.append(("Warning", "Refused", refusal))
+        for pod, before, gpr, gates, cost in result.assign:
+            await self._assign(endpoint, pod, before, gpr, gates, cost)
         for kind, child in result.delete:
             try:
                 await self.kube.delete(OWNED[kind], child, namespace, uid=self._uid(kind, namespace, child))
@@ -255,6 +264,39 @@ class Operator:
         for type_, reason, message in result.events:
             await self._event(endpoint, type_, reason, message)
         return result
+
+    async def _assign(self, endpoint: dict[str, Any], pod: str, before: str, gpr: str, gates: list[str],
+                      cost: str) -> None:
+        """Point a pod still at the scheduling gate at the GPR of a free replica slot (and set its deletion cost, so
+        the ReplicaSet removes the replicas of the last GPRs first). The patch tests that the pod still has the
+        gates and the GPR label this pass saw: the GPR controller lifts the gate of an admitted GPR's pods, and a
+        pod past the gate is never moved (its node affinity is narrowed to its GPR's nodes)."""
+        namespace, name = _key(endpoint)
+        label = "/metadata/labels/" + o.GPR_LABEL.replace("~", "~0").replace("/", "~1")
+        current = self.pods.objects.get((namespace, pod)) or {}
+        annotations = (current.get("metadata") or {}).get("annotations")
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
+            {"op": "test", "path": label, "value": before}, {"op": "replace", "path": label, "value": gpr}]
+        if isinstance(annotations, dict):
+            ops.append({"op": "add", "path": "/metadata/annotations/" + o.DELETION_COST.replace("/", "~1"),
+                        "value": cost})
+        else:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {o.DELETION_COST: cost}})
+        try:
+            await self.kube.patch(PODS, pod, ops, namespace, patch_type="json")
+            log.info("replica assigned", extra={"endpoint": f"{namespace}/{name}", "pod": pod, "from": before,
+                                                "gpr": gpr})
+        except (NotFound, Conflict):
+            self.enqueue((namespace, name))
+        except ApiError as exc:
+            if exc.transient:
+                raise
+            # 422: a test failed, the pod moved on (its gate lifted, or relabelled) since the pass read it
+            log.info("replica not assigned; the pod changed", extra={
+                "endpoint": f"{namespace}/{name}", "pod": pod, "gpr": gpr, "status": exc.status,
+                "error": str(exc)[:200]})
+            self.enqueue((namespace, name))
 
     def _uid(self, kind: str, namespace: str, name: str) -> str | None:
         obj = self.owned[kind].objects.get((namespace, name))

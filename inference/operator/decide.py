@@ -10,12 +10,17 @@ second replica taking over) changes nothing.
   GPR waits in the queue (``ScalingLimited``, with the queue's estimate), it has no ready replica at all, or the
   autoscaler is at its maximum with the metric still above target. Then as many burst replicas as the primary
   lacks (at least one), up to ``burst.maxReplicas``. The burst GPR exists while the burst pool has or wants pods.
-- **Size of the primary GPR**: the replicas the pool asks for now (``replicas.min``, then the autoscaler's
-  count), not ``replicas.max``: a GPR is admitted whole (all its nodes at once), so one sized for the maximum
-  starts nothing while any one of those nodes is missing. A GPR still in the queue follows the count; an admitted
-  one keeps the size it was admitted with (the GPR controller keeps an admitted GPR's recorded reservation, so
-  a bigger ``nodeCount`` would not reserve more): replicas the autoscaler asks beyond it are reported
-  (``ScalingLimited`` reason ``GPRAdmittedSmaller``) instead of being promised.
+- **The primary pool's GPRs** (:func:`growth`): ``<name>-primary`` for ``replicas.min`` nodes, and one GPR
+  ``<name>-primary-<k>`` of one node for each replica the autoscaler asks beyond it. A GPR is admitted whole and
+  an admitted GPR's reservation is never grown, so one GPR for the whole count would start nothing while one of
+  its nodes is missing, and a bigger one would re-queue the replicas already running; a GPR per added replica is
+  admitted as soon as one node has room, and adding or removing one never touches the others. Scaling down
+  releases the GPRs left without a pod (the pods of the highest ``k`` go first: their ``pod-deletion-cost`` is
+  lowest); a GPR with a pod on it, terminating included, is never deleted.
+- **Pods to GPRs**: an autoscaled pool's pods are created naming ``<name>-primary-new``, a GPR that never exists,
+  so they stay at the scheduling gate; each pass gives each such pod (and any pod still at the gate on a GPR that
+  another could serve sooner) the GPR of a free replica slot, admitted ones first, by a JSON patch that holds only
+  while the pod is still gated and still names what the pass saw. A pod past the gate is never moved.
 - **Autoscaling**: the ``Autoscaling`` condition carries the HPA controller's ``ScalingActive``; when it is False
   because a metric cannot be read (``FailedGet…Metric``: no custom or external metrics API answers), the reason is
   the HPA's and the message says the fix (the Prometheus Adapter, ``manifests/inference/prometheus-adapter.yaml``).
@@ -30,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.names import POOL_BURST, POOL_PRIMARY
+from inference.names import LABEL_POOL, POOL_BURST, POOL_PRIMARY
 from inference.operator import objects as o
 
 UNHEALTHY_CONDITIONS = ("GPUUnhealthy", "NR1Unhealthy")
@@ -53,6 +58,7 @@ class Observed:
     gpr_template: dict[str, Any] | None = None  # the GPRTemplate spec.gpr.template names, when found
     owned: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) of objects the endpoint owns now
     max_exit: str | None = None  # spec.policy.maxExitDuration of the workspace the endpoint's namespace is in
+    growth: dict[int, dict[str, Any]] = field(default_factory=dict)  # k -> GPR <name>-primary-<k> (owned)
 
 
 @dataclass
@@ -60,6 +66,7 @@ class Plan:
     apply: list[dict[str, Any]] = field(default_factory=list)
     delete: list[tuple[str, str]] = field(default_factory=list)  # (kind, name)
     replace_pods: list[tuple[str, str]] = field(default_factory=list)  # (pod name, why)
+    assign: list[tuple[str, str, str, list[str], str]] = field(default_factory=list)  # see Growth.assign
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
 
@@ -142,13 +149,128 @@ def hpa_reading(hpa: dict[str, Any] | None) -> float | None:
     return None
 
 
-def gpr_nodes(observed: Observed, desired: int) -> int:
-    """The primary GPR's ``nodeCount``: ``desired`` while it waits in the queue (or does not exist), the size it
-    was admitted with once admitted (see the module's docstring)."""
-    current = observed.gprs.get(POOL_PRIMARY) or {}
-    if ((current.get("status") or {}).get("phase")) in (*ADMITTED_PHASES, "Evicting"):
-        return _int((current.get("spec") or {}).get("nodeCount"), desired) or desired
-    return desired
+def _phase(g: dict[str, Any] | None) -> str:
+    return str(((g or {}).get("status") or {}).get("phase") or "")
+
+
+def _holds(g: dict[str, Any] | None) -> bool:
+    """Whether the GPR holds its nodes now (admitted, running, or being evicted: its pods keep them until gone)."""
+    return _phase(g) in (*ADMITTED_PHASES, "Evicting")
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    return any(isinstance(g, dict) and g.get("name") == o.SCHEDULING_GATE
+               for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def _alive(pod: dict[str, Any]) -> bool:
+    """Not terminating and not finished: a pod that counts for a replica slot."""
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and \
+        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _gpr_of(pod: dict[str, Any]) -> str:
+    return str(((pod.get("metadata") or {}).get("labels") or {}).get(o.GPR_LABEL) or "")
+
+
+@dataclass
+class Growth:
+    """The primary pool's GPRs and what goes on them (see the module's docstring)."""
+    base_nodes: int  # nodeCount of <name>-primary
+    keep: list[int]  # growth GPR indices to keep or create, sorted
+    slots: list[int]  # of those, the ones a replica is counted on (the others only wait for a terminating pod)
+    assign: list[tuple[str, str, str, list[str], str]] = field(default_factory=list)
+    # (pod, GPR it names now, GPR it gets, its scheduling gates as seen, pod-deletion-cost)
+    admitted: int = 0  # replica slots in GPRs that hold nodes
+    waiting: list[str] = field(default_factory=list)  # names of the slot GPRs not admitted (yet), base first
+    queued: list[str] = field(default_factory=list)  # of those, the growth GPRs the controller has seen and left waiting
+
+
+def growth(endpoint: dict[str, Any], observed: Observed, desired: int) -> Growth:
+    """Which growth GPRs the primary pool keeps, which it makes, and which gated pod goes on which GPR."""
+    spec = endpoint["spec"]
+    low = _int((spec.get("replicas") or {}).get("min", 1), 1)
+    base_name = o.child_name(endpoint, POOL_PRIMARY)
+    base = observed.gprs.get(POOL_PRIMARY)
+    # an admitted GPR keeps the reservation it was admitted with; one stored bigger (before growth GPRs) stays
+    base_nodes = _int(((base or {}).get("spec") or {}).get("nodeCount"), low) if _holds(base) else low
+    base_nodes = max(base_nodes, 1)
+    need = max(0, desired - base_nodes) if o.autoscaled(spec) else 0
+    pods = [p for p in observed.pods
+            if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL, POOL_PRIMARY) == POOL_PRIMARY]
+    settled: dict[str, int] = {}  # live pods past the gate, by GPR: they stay where they are
+    holding: set[str] = set()  # GPRs with any unfinished pod, terminating included
+    gated: list[dict[str, Any]] = []
+    for p in pods:
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        holding.add(_gpr_of(p))
+        if not _alive(p):
+            continue
+        if _gated(p):
+            gated.append(p)
+        else:
+            settled[_gpr_of(p)] = settled.get(_gpr_of(p), 0) + 1
+    have = {k: g for k, g in observed.growth.items() if _phase(g) not in ENDED_PHASES}
+    name = {k: o.growth_name(endpoint, k) for k in have}
+    gated_on = {_gpr_of(p) for p in gated}
+    ranked = sorted(have, key=lambda k: (not settled.get(name[k]), not _holds(have[k]), name[k] not in gated_on, k))
+    slots = ranked[:max(need, sum(1 for k in have if settled.get(name[k])))]
+    taken = set(observed.growth)
+    k = base_nodes  # replica numbers: the base holds 1..base_nodes
+    while len(slots) < need:
+        k += 1
+        if k not in taken:
+            slots.append(k)
+    slots.sort()
+    keep = sorted(set(slots) | {k for k in have if name[k] in holding})
+    out = Growth(base_nodes=base_nodes, keep=keep, slots=slots)
+
+    # replica slots: what each slot GPR can take, less what is past its gate already
+    names = {base_name: None, **{o.growth_name(endpoint, k): k for k in slots}}
+    cap = {n: (base_nodes if k is None else 1) for n, k in names.items()}
+    free = {n: cap[n] - settled.get(n, 0) for n in cap}
+    admitted = {n for n, k in names.items() if _holds(base if k is None else have.get(k))}
+    out.admitted = sum(cap[n] for n in admitted)
+    out.waiting = [n for n in names if n not in admitted]
+    out.queued = [n for n, k in names.items() if n not in admitted and k is not None and _phase(have.get(k))]
+
+    def best(only_admitted: bool) -> str | None:
+        order = sorted((n for n in names if free[n] > 0 and (n in admitted or not only_admitted)),
+                       key=lambda n: (n not in admitted, names[n] is not None, names[n] or 0))
+        return order[0] if order else None
+
+    def move(p: dict[str, Any], to: str) -> None:
+        free[to] -= 1
+        index = names[to]
+        gates = [str(g.get("name")) for g in (p.get("spec") or {}).get("schedulingGates") or [] if isinstance(g, dict)]
+        out.assign.append((str(p["metadata"].get("name", "")), _gpr_of(p), to, gates, str(-(index or 0))))
+
+    gated.sort(key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), str(p["metadata"].get("name"))))
+    rest = []
+    for p in gated:  # already on an admitted GPR with room: it starts there
+        if _gpr_of(p) in admitted and free.get(_gpr_of(p), 0) > 0:
+            free[_gpr_of(p)] -= 1
+        else:
+            rest.append(p)
+    later = []
+    for p in rest:  # to an admitted GPR with room: it starts now instead of waiting
+        to = best(only_admitted=True)
+        if to is not None:
+            move(p, to)
+        else:
+            later.append(p)
+    last = []
+    for p in later:  # waits on the GPR it names, when that is a slot with room
+        if free.get(_gpr_of(p), 0) > 0:
+            free[_gpr_of(p)] -= 1
+        else:
+            last.append(p)
+    for p in last:  # the rest to any slot with room (none: more pods than slots, it stays at the gate)
+        to = best(only_admitted=False)
+        if to is not None:
+            move(p, to)
+    return out
 
 
 def autoscaling(endpoint: dict[str, Any], hpa: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -173,7 +295,8 @@ def _ready(deployment: dict[str, Any] | None) -> int:
     return _int(((deployment or {}).get("status") or {}).get("readyReplicas"), 0)
 
 
-def burst_replicas(endpoint: dict[str, Any], observed: Observed, desired: int) -> tuple[int, str]:
+def burst_replicas(endpoint: dict[str, Any], observed: Observed, desired: int,
+                   grown: Growth | None = None) -> tuple[int, str]:
     """(burst replicas wanted, why) from the primary pool's state."""
     spec = endpoint["spec"]
     burst = spec.get("burst")
@@ -186,6 +309,9 @@ def burst_replicas(endpoint: dict[str, Any], observed: Observed, desired: int) -
         return min(ceiling, max(1, desired - ready)), f"the primary pool's GPR is {phase}"
     if ready == 0 and desired > 0 and phase is not None:
         return min(ceiling, desired), "the primary pool has no ready replica"
+    if grown is not None and grown.queued and phase is not None:
+        return min(ceiling, len(grown.queued)), (f"{len(grown.queued)} of the primary pool's {desired} replicas "
+                                                 f"wait for their GPR ({', '.join(grown.queued[:3])})")
     high = _int((spec.get("replicas") or {}).get("max", 1), 1)
     target = _int((spec.get("autoscaling") or {}).get("targetInflightPerReplica", 8), 8)
     current = hpa_reading(observed.hpa)
@@ -206,16 +332,20 @@ def _condition(old: dict[str, dict[str, Any]], type_: str, status: bool | str, r
             "observedGeneration": generation}
 
 
-def refused(endpoint: dict[str, Any], status: dict[str, Any], why: str, now: str) -> tuple[dict[str, Any], bool]:
+def refused(endpoint: dict[str, Any], status: dict[str, Any], why: str, now: str,
+            condition: str = "Ready") -> tuple[dict[str, Any], bool]:
     """``status`` with ``Ready=False``, reason ``Refused`` and ``why`` (what the API server refused and its answer:
-    a webhook's or a quota's message); and whether that is news (an Event is due)."""
+    a webhook's or a quota's message); and whether that is news (an Event is due). ``condition="ScalingLimited"``
+    for a refused replica GPR: ``ScalingLimited=True``, reason ``Refused`` (the endpoint still serves)."""
     generation = _int((endpoint.get("metadata") or {}).get("generation"), 0)
     old = {str(c.get("type")): c for c in (endpoint.get("status") or {}).get("conditions") or []
            if isinstance(c, dict)}
-    ready = _condition(old, "Ready", False, "Refused", why, now, generation)
-    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
-    before = old.get("Ready") or {}
-    return ({**status, "conditions": [ready, *conditions]},
+    said = _condition(old, condition, condition != "Ready", "Refused", why, now, generation)
+    conditions = [said if c.get("type") == condition else c for c in status.get("conditions") or []]
+    if condition not in {c.get("type") for c in conditions}:
+        conditions.insert(0, said)
+    before = old.get(condition) or {}
+    return ({**status, "conditions": conditions},
             (before.get("reason"), before.get("message")) != ("Refused", why))
 
 
@@ -242,15 +372,20 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
 
     template_spec = (observed.gpr_template or {}).get("spec") if template_name else None
     desired = primary_replicas(endpoint, observed)
-    burst_wanted, burst_why = burst_replicas(endpoint, observed, desired)
+    grown = growth(endpoint, observed, desired)
+    burst_wanted, burst_why = burst_replicas(endpoint, observed, desired, grown)
     # the GPR before the Deployment, so its place in the queue is taken before the first pod is gated on it
     wanted: list[dict[str, Any]] = [
-        o.gpr(endpoint, POOL_PRIMARY, template_spec, observed.max_exit, gpr_nodes(observed, desired)),
+        o.gpr(endpoint, POOL_PRIMARY, template_spec, observed.max_exit, grown.base_nodes),
         o.deployment(endpoint, POOL_PRIMARY, desired, settings),
         o.service(endpoint, POOL_PRIMARY), o.pdb(endpoint), o.network_policy(endpoint, settings)]
     autoscaler = o.hpa(endpoint)
     if autoscaler is not None:
         wanted.append(autoscaler)
+    # one GPR per replica beyond the base, last: one refused (a GPR count limit) leaves the rest of the endpoint
+    # applied, and is reported as a limit on scaling, not as the endpoint being refused
+    wanted += [o.gpr(endpoint, POOL_PRIMARY, template_spec, observed.max_exit, 1, index=k) for k in grown.keep]
+    result.assign = grown.assign
     burst_dep = observed.deployments.get(POOL_BURST)
     if spec.get("burst"):
         burst_pods = _int(((burst_dep or {}).get("status") or {}).get("replicas"), 0)
@@ -261,6 +396,8 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     # a service outlives any one GPR, and the new one takes its place in the queue
     ended = {o.child_name(endpoint, pool): phase for pool, g in observed.gprs.items()
              if (phase := (g.get("status") or {}).get("phase")) in ENDED_PHASES}
+    ended.update({o.growth_name(endpoint, k): phase for k, g in observed.growth.items()
+                  if (phase := _phase(g)) in ENDED_PHASES})
     result.apply = [obj for obj in wanted if not (obj["kind"] == "GPUProvisioningRequest"
                                                   and obj["metadata"]["name"] in ended)]
     keep = {(obj["kind"], obj["metadata"]["name"]) for obj in result.apply}
@@ -289,6 +426,12 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     burst_gpr = (observed.gprs.get(POOL_BURST) or {}).get("status") or {}
     phase = primary_gpr.get("phase")
     estimated = primary_gpr.get("estimatedStart") if phase not in ADMITTED_PHASES else None
+    # the first growth GPR that waits, and why (its own reason and message, from the GPR controller's pass)
+    growth_by_name = {o.growth_name(endpoint, k): g for k, g in observed.growth.items()}
+    first_waiting = grown.queued[0] if grown.queued else None  # (one just created is not reported yet)
+    waiting_status = (growth_by_name.get(first_waiting or "") or {}).get("status") or {}
+    waiting_reason = str((primary_gpr if phase is not None and phase not in ADMITTED_PHASES else waiting_status)
+                         .get("reason") or "")
     at_max_reason = ""
     for cond in ((observed.hpa or {}).get("status") or {}).get("conditions") or []:
         if cond.get("type") == "ScalingLimited" and cond.get("status") == "True":
@@ -297,11 +440,17 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
         position = primary_gpr.get("queuePosition")
         limited = (True, "GPRQueued", f"GPR {o.child_name(endpoint, POOL_PRIMARY)} is {phase}"
                    + (f" at position {position}" if position else "")
-                   + (f", estimated start {estimated}" if estimated else ""))
-    elif desired > (held := gpr_nodes(observed, desired)):
-        limited = (True, "GPRAdmittedSmaller",
-                   f"the autoscaler asks for {desired} replicas; GPR {o.child_name(endpoint, POOL_PRIMARY)} was "
-                   f"admitted for {held} node(s), so {desired - held} replica(s) wait for a node of it")
+                   + (f", estimated start {estimated}" if estimated else "")
+                   + (f" ({waiting_reason})" if waiting_reason else ""))
+    elif first_waiting is not None:
+        wait_phase = waiting_status.get("phase")
+        said = str(waiting_status.get("message") or "")
+        limited = (True, "GrowthQueued",
+                   (f"{grown.admitted} of {desired} replicas admitted; {len(grown.waiting)} wait for their GPR: "
+                    f"{first_waiting} is {wait_phase}" + (f" ({waiting_reason})" if waiting_reason else "")
+                    + (f": {said}" if said else ""))[:1000])
+        if not estimated:
+            estimated = waiting_status.get("estimatedStart")
     elif at_max_reason:
         limited = (True, "AtMaxReplicas", at_max_reason)
     else:
@@ -338,7 +487,10 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     status: dict[str, Any] = {
         "observedGeneration": generation, "url": settings.gateway_url,
         "pools": {POOL_PRIMARY: {"desiredReplicas": desired, "readyReplicas": ready,
-                                 "gprNodes": gpr_nodes(observed, desired),
+                                 "gprNodes": grown.base_nodes + len(grown.slots),
+                                 "admittedReplicas": grown.admitted,
+                                 "waitingReplicas": grown.base_nodes + len(grown.slots) - grown.admitted,
+                                 **({"waitingReason": waiting_reason} if waiting_reason else {}),
                                  **({"gprPhase": phase} if phase else {})}},
         "conditions": conditions}
     if spec.get("burst"):

@@ -5,9 +5,11 @@ Per endpoint ``<name>`` in its namespace:
 - per pool (``primary``; ``burst`` when the spec has one): a Deployment ``<name>-<pool>`` whose pods ask for the
   accelerator with a plain resource limit (so they pass the admission webhook, wait in the GPR queue and are bound
   by the extender like any other workload) and carry ``accelstack.io/gpr: <name>-<pool>``; a Service
-  ``<name>-<pool>`` (its labels reach the EndpointSlices the gateway watches); a GPR ``<name>-<pool>`` sized for
-  the replicas the pool asks for now (the primary's: ``replicas.min`` or the autoscaler's count, so an endpoint
-  starts with what fits; the burst pool's maximum, and only while it bursts);
+  ``<name>-<pool>`` (its labels reach the EndpointSlices the gateway watches); a GPR ``<name>-<pool>``: the
+  primary's for ``replicas.min`` nodes (so an endpoint starts with what fits), plus one GPR ``<name>-primary-<k>``
+  of one node per replica the autoscaler adds (``k`` > ``replicas.min``, see :mod:`decide`); the burst pool's for
+  its maximum, and only while it bursts. An autoscaled primary pool's pods are created naming no GPR that exists
+  (``<name>-primary-new``): they stay at the gate until the operator gives each the GPR of a free replica slot;
 - a PodDisruptionBudget ``<name>`` (one replica down at a time), a NetworkPolicy ``<name>`` (the gateway, the
   endpoint's namespace, the namespaces in ``spec.access`` and metrics scrapers reach the replicas' port; no one
   else), and, when ``replicas.max > replicas.min``, a HorizontalPodAutoscaler ``<name>`` on the gateway's per-pod
@@ -40,6 +42,9 @@ SCHEDULER_NAME = "accelstack-scheduler"
 INFLIGHT_METRIC = "accelstack_gateway_replica_inflight"
 QUEUE_METRIC = "accelstack_gateway_queue_wait_seconds"  # External metric served by the Prometheus Adapter rule
 CONTAINER = "runtime"
+SCHEDULING_GATE = "accelstack.io/gpr"  # the gate the webhook adds (same name as the label)
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"  # the ReplicaSet removes the lowest first
+UNASSIGNED = "new"  # <name>-primary-new: what an autoscaled pool's new pods name until they get a replica's GPR
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,33 @@ def _meta(endpoint: dict[str, Any], name: str, pool: str | None = None) -> dict[
             "ownerReferences": [owner_ref(endpoint)]}
 
 
+def growth_name(endpoint: dict[str, Any], index: int) -> str:
+    """The GPR of the primary pool's replica number ``index`` (> ``replicas.min``): ``<name>-primary-<index>``."""
+    return f"{child_name(endpoint, POOL_PRIMARY)}-{index}"
+
+
+def growth_index(endpoint: dict[str, Any], name: str) -> int | None:
+    """``index`` when ``name`` is :func:`growth_name` of it, else None."""
+    prefix = f"{child_name(endpoint, POOL_PRIMARY)}-"
+    tail = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() and not tail.startswith("0") else None
+
+
+def autoscaled(spec: dict[str, Any]) -> bool:
+    replicas = spec.get("replicas") or {}
+    return int(replicas.get("max", 1)) > int(replicas.get("min", 1))
+
+
+def pod_gpr(endpoint: dict[str, Any], pool: str) -> str:
+    """The GPR the pool's pod template names: the pool's own, but for an autoscaled primary pool a name no GPR has
+    (``<name>-primary-new``): the webhook keeps such a pod at the gate (a GPR of that name does not exist), so the
+    controller cannot lift the gate before the operator has given the pod the GPR of a free replica slot. (Named
+    after an admitted GPR that is full, a new pod would be released onto that GPR's nodes and never bind.)"""
+    if pool == POOL_PRIMARY and autoscaled(endpoint["spec"]):
+        return f"{child_name(endpoint, pool)}-{UNASSIGNED}"
+    return child_name(endpoint, pool)
+
+
 def pool_accelerator(spec: dict[str, Any], pool: str) -> dict[str, Any]:
     accel = (spec.get("burst") or {}).get("accelerator") if pool == POOL_BURST else spec.get("accelerator")
     accel = accel or {}
@@ -100,7 +132,7 @@ def deployment(endpoint: dict[str, Any], pool: str, replicas: int, settings: Ope
     for key in ("command", "args", "env", "readinessProbe", "livenessProbe", "startupProbe"):
         if tpl.get(key):
             container[key] = tpl[key]
-    pod_labels = {**labels(endpoint, pool), GPR_LABEL: child_name(endpoint, pool)}
+    pod_labels = {**labels(endpoint, pool), GPR_LABEL: pod_gpr(endpoint, pool)}
     pod_spec: dict[str, Any] = {"schedulerName": settings.scheduler_name, "containers": [container],
                                 "enableServiceLinks": False,
                                 "automountServiceAccountToken": bool(tpl.get("serviceAccountName"))}
@@ -115,7 +147,7 @@ def deployment(endpoint: dict[str, Any], pool: str, replicas: int, settings: Ope
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {LABEL_ENDPOINT: endpoint["metadata"]["name"], LABEL_POOL: pool}},
-            # the pool's GPR holds devices for its maximum only: a rollout must not add a pod above the count
+            # the pool's GPRs hold devices for its count only: a rollout must not add a pod above the count
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
@@ -131,9 +163,10 @@ def service(endpoint: dict[str, Any], pool: str) -> dict[str, Any]:
 
 
 def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | None = None,
-        exit_duration: str | None = None, node_count: int | None = None) -> dict[str, Any]:
-    """The pool's GPR: ``nodeCount`` = ``node_count`` (the replicas the pool asks for now, see
-    :func:`decide.gpr_nodes`; the pool's maximum when None), ``devicesPerNode`` = the accelerator count.
+        exit_duration: str | None = None, node_count: int | None = None, index: int | None = None) -> dict[str, Any]:
+    """The pool's GPR: ``nodeCount`` = ``node_count`` (the replicas the GPR holds, see :mod:`decide`; the pool's
+    maximum when None), ``devicesPerNode`` = the accelerator count. ``index``: the GPR of that one replica of the
+    primary pool (:func:`growth_name`), shaped like the pool's own.
 
     ``exit_duration``: the longest run the endpoint's workspace allows (its ``spec.policy.maxExitDuration``), which
     the GPR webhook requires there; None elsewhere (a service runs until the endpoint is deleted). A GPR that
@@ -159,8 +192,9 @@ def gpr(endpoint: dict[str, Any], pool: str, template_spec: dict[str, Any] | Non
         body.pop(key, None)  # a service runs until the endpoint is deleted
     if exit_duration:
         body["exitDuration"] = exit_duration
+    name = growth_name(endpoint, index) if index is not None else child_name(endpoint, pool)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUProvisioningRequest",
-            "metadata": _meta(endpoint, child_name(endpoint, pool), pool), "spec": body}
+            "metadata": _meta(endpoint, name, pool), "spec": body}
 
 
 def pdb(endpoint: dict[str, Any]) -> dict[str, Any]:

@@ -405,3 +405,56 @@ async def test_a_gpr_in_a_workspace_with_max_exit_duration_carries_it(apiserver:
     await eventually(lambda: (x := get(apiserver, GPR, "llama-primary")) is not None and
                      x["metadata"]["uid"] != g["metadata"]["uid"], what="a new GPR")
     await eventually(lambda: bool(events(apiserver, "GPRRenewed")), what="renewal event")
+
+
+def gated(name: str, gpr: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "team-a", "creationTimestamp": f"2026-11-30T11:00:0{name[-1]}Z",
+                         "labels": {"accelstack.io/inference-endpoint": "llama", "accelstack.io/pool": "primary",
+                                    "accelstack.io/gpr": gpr}},
+            "spec": {"schedulingGates": [{"name": "accelstack.io/gpr"}], "containers": []}}
+
+
+async def test_the_autoscalers_replicas_get_a_gpr_each_and_gated_pods_are_pointed_at_them(
+        apiserver: APIServerPeer, operator: Running) -> None:
+    """Issue 35.6b: the HPA scales 1 -> 3 with the base GPR running; GPRs llama-primary-2 and -3 are made and the
+    two new pods (at the gate, naming llama-primary-new) are patched to name them, with a deletion cost; a pod whose
+    gate was lifted meanwhile is not moved (the JSON patch's test fails and the next pass sees it)."""
+    await apiserver.put_object(IE, endpoint())
+    operator.start()
+    await eventually(lambda: get(apiserver, GPR, "llama-primary") is not None, what="GPR created")
+    base = copy.deepcopy(get(apiserver, GPR, "llama-primary"))
+    assert base is not None
+    base["status"] = {"phase": "Running"}
+    await apiserver.put_object(GPR, base, "MODIFIED")
+    running = gated("run-0", "llama-primary")
+    running["spec"] = {"nodeName": "gpu-1", "containers": []}
+    await apiserver.put_object(PODS, running)
+    await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, what="Deployment")
+    dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
+    assert dep is not None
+    dep["spec"]["replicas"] = 3  # the HPA scaled it
+    await apiserver.put_object(DEP, dep, "MODIFIED")
+    await eventually(lambda: get(apiserver, GPR, "llama-primary-3") is not None, what="a GPR per added replica")
+    for k in (2, 3):
+        grown = get(apiserver, GPR, f"llama-primary-{k}")
+        assert grown is not None and grown["spec"]["nodeCount"] == 1
+    for pod in (gated("new-1", "llama-primary-new"), gated("new-2", "llama-primary-new")):
+        await apiserver.put_object(PODS, pod)
+
+    def labels() -> list[str]:
+        return sorted((get(apiserver, PODS, n) or {})["metadata"]["labels"]["accelstack.io/gpr"]
+                      for n in ("new-1", "new-2"))
+
+    await eventually(lambda: "llama-primary-new" not in labels(), what="pods pointed at the replica GPRs")
+    assert labels() == ["llama-primary-2", "llama-primary-3"]
+    costs = sorted((get(apiserver, PODS, n) or {})["metadata"]["annotations"][
+        "controller.kubernetes.io/pod-deletion-cost"] for n in ("new-1", "new-2"))
+    assert costs == ["-2", "-3"]
+    assert (get(apiserver, GPR, "llama-primary") or {})["spec"]["nodeCount"] == 1  # the running part untouched
+    assert get(apiserver, PODS, "run-0")["metadata"]["labels"]["accelstack.io/gpr"] == "llama-primary"  # type: ignore[index]
+    # a pod past its gate is never moved, even to a GPR that could take it sooner
+    other = gated("new-3", "llama-primary-new")
+    other["spec"] = {"schedulingGates": [], "containers": []}
+    await apiserver.put_object(PODS, other)
+    await asyncio.sleep(0.3)
+    assert get(apiserver, PODS, "new-3")["metadata"]["labels"]["accelstack.io/gpr"] == "llama-primary-new"  # type: ignore[index]

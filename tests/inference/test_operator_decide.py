@@ -56,7 +56,8 @@ def test_objects_of_the_example() -> None:
     assert container["resources"]["limits"] == {"memory": "32Gi", "nvidia.com/gpu": "1"}
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert pod["spec"]["schedulerName"] == "accelstack-scheduler"
-    assert pod["metadata"]["labels"][GPR_LABEL] == "llama-primary"
+    # autoscaled (1..4): new pods name no GPR that exists, so they wait at the gate for the operator to give them one
+    assert pod["metadata"]["labels"][GPR_LABEL] == "llama-primary-new"
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     assert objs[("Deployment", "llama-burst")]["spec"]["replicas"] == 0
     svc = objs[("Service", "llama-primary")]
@@ -132,7 +133,8 @@ def test_saturated_at_max_bursts_and_idle_does_not() -> None:
                       "conditions": [{"type": "ScalingLimited", "status": "True", "reason": "TooManyReplicas",
                                       "message": "the desired replica count is more than the maximum"}]}}
     observed = Observed(deployments={"primary": deployment_status(4, 4)}, hpa=hpa,
-                        gprs={"primary": {"status": {"phase": "Running"}}})
+                        gprs={"primary": {"status": {"phase": "Running"}}},
+                        growth={k: gpr_status("Running", 1) for k in (2, 3, 4)})
     p = plan(example(), observed, SETTINGS, NOW)
     assert by_kind(p)[("Deployment", "llama-burst")]["spec"]["replicas"] == 2  # ceil(4*12/8) - 4 = 2
     conds = {c["type"]: c for c in p.status["conditions"]}
@@ -234,31 +236,153 @@ def gpr_status(phase: str, node_count: int) -> dict[str, Any]:
     return {"spec": {"nodeCount": node_count}, "status": {"phase": phase}}
 
 
-def test_the_primary_gpr_asks_for_what_the_pool_runs_now_not_its_maximum() -> None:
-    """Issue 35.6b: a GPR is admitted whole, so one for replicas.max (4) started nothing while one of 4 nodes was
-    missing. It asks for replicas.min first, follows the autoscaler's count while queued, and an admitted one keeps
-    its size (the GPR controller keeps its recorded reservation) with ScalingLimited saying what waits."""
-    def primary_gpr(observed: Observed) -> tuple[int, Plan]:
-        p = plan(example(), observed, SETTINGS, NOW)
-        return by_kind(p)[("GPUProvisioningRequest", "llama-primary")]["spec"]["nodeCount"], p
+def test_the_primary_gpr_asks_for_the_minimum_and_each_added_replica_gets_a_gpr_of_its_own() -> None:
+    """Issue 35.6b: a GPR is admitted whole and an admitted one is never grown, so one GPR for the count (4 of 4
+    nodes, one unhealthy) started nothing, and one admitted for 1 held the endpoint at 1 replica for good. Now
+    <name>-primary asks for replicas.min and every replica the autoscaler adds has a one-node GPR of its own."""
+    p = plan(example(), Observed(), SETTINGS, NOW)
+    objs = by_kind(p)
+    assert objs[("GPUProvisioningRequest", "llama-primary")]["spec"]["nodeCount"] == 1
+    assert not [k for k in objs if k[1].startswith("llama-primary-")]
+    assert p.status["pools"]["primary"]["gprNodes"] == 1
+    # the autoscaler asks for 4 with the base admitted: replicas 2, 3 and 4 get a GPR each, shaped like the base
+    observed = Observed(deployments={"primary": deployment_status(4, 1)}, gprs={"primary": gpr_status("Running", 1)})
+    p = plan(example(), observed, SETTINGS, NOW)
+    objs = by_kind(p)
+    base = objs[("GPUProvisioningRequest", "llama-primary")]["spec"]
+    assert base["nodeCount"] == 1  # never resized under its running replica
+    for k in (2, 3, 4):
+        grown = objs[("GPUProvisioningRequest", f"llama-primary-{k}")]
+        assert grown["spec"] == {**base, "nodeCount": 1}
+        assert grown["metadata"]["labels"]["accelstack.io/pool"] == "primary"
+        assert grown["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert p.status["pools"]["primary"]["gprNodes"] == 4
+    assert (p.status["pools"]["primary"]["admittedReplicas"], p.status["pools"]["primary"]["waitingReplicas"]) == (1, 3)
+    # an admitted GPR stored bigger (made before growth GPRs) keeps its size; only the rest is added
+    p = plan(example(), Observed(deployments={"primary": deployment_status(4, 2)},
+                                 gprs={"primary": gpr_status("Running", 2)}), SETTINGS, NOW)
+    assert [k[1] for k in by_kind(p) if k[1].startswith("llama-primary-")] == ["llama-primary-3", "llama-primary-4"]
+    assert by_kind(p)[("GPUProvisioningRequest", "llama-primary")]["spec"]["nodeCount"] == 2
+    # no autoscaler (min == max): one GPR for the count, pods name it directly, as before
+    fixed = example()
+    fixed["spec"]["replicas"] = {"min": 2, "max": 2}
+    objs = by_kind(plan(fixed, Observed(), SETTINGS, NOW))
+    assert objs[("GPUProvisioningRequest", "llama-primary")]["spec"]["nodeCount"] == 2
+    assert objs[("Deployment", "llama-primary")]["spec"]["template"]["metadata"]["labels"][GPR_LABEL] == \
+        "llama-primary"
 
-    count, p = primary_gpr(Observed())
-    assert count == 1 and p.status["pools"]["primary"]["gprNodes"] == 1
-    queued = Observed(deployments={"primary": deployment_status(3, 0)}, gprs={"primary": gpr_status("Queued", 4)})
-    assert primary_gpr(queued)[0] == 3  # still in the queue: resized to the autoscaler's count
-    for phase in ("Admitted", "Running"):
-        grown = Observed(deployments={"primary": deployment_status(3, 1)}, gprs={"primary": gpr_status(phase, 1)})
-        count, p = primary_gpr(grown)
-        assert count == 1 and p.status["pools"]["primary"] == {"desiredReplicas": 3, "readyReplicas": 1,
-                                                               "gprNodes": 1, "gprPhase": phase}
-        limited = next(c for c in p.status["conditions"] if c["type"] == "ScalingLimited")
-        assert (limited["status"], limited["reason"]) == ("True", "GPRAdmittedSmaller")
-        assert "asks for 3 replicas" in limited["message"] and "admitted for 1 node(s)" in limited["message"]
-    # the autoscaler came back down: the admitted GPR is not shrunk under its running replicas either
-    count, p = primary_gpr(Observed(deployments={"primary": deployment_status(1, 1)},
-                                    gprs={"primary": gpr_status("Running", 2)}))
-    assert count == 2
-    assert next(c for c in p.status["conditions"] if c["type"] == "ScalingLimited")["status"] == "False"
+
+def gated_pod(name: str, gpr: str, created: str = "2026-11-30T11:00:00Z") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "team-a", "creationTimestamp": created,
+                         "labels": {LABEL_ENDPOINT: "llama", LABEL_POOL: "primary", GPR_LABEL: gpr}},
+            "spec": {"schedulingGates": [{"name": "accelstack.io/gpr"}]}}
+
+
+def placed_pod(name: str, gpr: str, node_name: str = "n1", terminating: bool = False) -> dict[str, Any]:
+    p = gated_pod(name, gpr)
+    p["spec"] = {"nodeName": node_name}
+    if terminating:
+        p["metadata"]["deletionTimestamp"] = NOW
+    return p
+
+
+def queued(reason: str, message: str = "") -> dict[str, Any]:
+    return {"spec": {"nodeCount": 1}, "status": {"phase": "Queued", "reason": reason, "message": message,
+                                                 "estimatedStart": "2026-11-30T13:00:00Z"}}
+
+
+def test_new_pods_go_to_admitted_replica_gprs_first_and_running_ones_never_move() -> None:
+    """4 asked, 3 nodes healthy: the base and replicas 2 and 3 are admitted, 4 waits (Unschedulable). The pods at
+    the gate go to the admitted GPRs with room (the one running stays where it is); the fourth waits on GPR 4, and
+    the endpoint says 3 of 4 admitted and why the fourth waits."""
+    observed = Observed(
+        deployments={"primary": deployment_status(4, 1)}, gprs={"primary": gpr_status("Running", 1)},
+        growth={2: gpr_status("Admitted", 1), 3: gpr_status("Admitted", 1),
+                4: queued("Unschedulable", "too big for the healthy cluster")},
+        pods=[placed_pod("run-1", "llama-primary"), gated_pod("new-b", "llama-primary-new", "2026-11-30T11:02:00Z"),
+              gated_pod("new-a", "llama-primary-new", "2026-11-30T11:01:00Z"),
+              gated_pod("new-c", "llama-primary-new", "2026-11-30T11:03:00Z")])
+    p = plan(example(), observed, SETTINGS, NOW)
+    gate = ["accelstack.io/gpr"]
+    assert p.assign == [("new-a", "llama-primary-new", "llama-primary-2", gate, "-2"),
+                        ("new-b", "llama-primary-new", "llama-primary-3", gate, "-3"),
+                        ("new-c", "llama-primary-new", "llama-primary-4", gate, "-4")]
+    pool = p.status["pools"]["primary"]
+    assert (pool["admittedReplicas"], pool["waitingReplicas"], pool["waitingReason"]) == (3, 1, "Unschedulable")
+    limited = next(c for c in p.status["conditions"] if c["type"] == "ScalingLimited")
+    assert (limited["status"], limited["reason"]) == ("True", "GrowthQueued")
+    assert limited["message"].startswith("3 of 4 replicas admitted; 1 wait for their GPR: llama-primary-4 is Queued "
+                                         "(Unschedulable): too big")
+    assert p.status["estimatedStart"] == "2026-11-30T13:00:00Z"
+    assert ("Warning", "GrowthQueued", limited["message"]) in p.events
+    assert p.delete == []
+    # the next pass, with the pods relabelled: nothing moves, nothing is made or deleted
+    observed.pods = [placed_pod("run-1", "llama-primary"), gated_pod("new-a", "llama-primary-2"),
+                     gated_pod("new-b", "llama-primary-3"), gated_pod("new-c", "llama-primary-4")]
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert p.assign == [] and p.delete == []
+    # GPR 3 admitted elsewhere but its pod went (replaced): a waiting pod on the queued GPR 4 moves to GPR 3
+    observed.pods = [placed_pod("run-1", "llama-primary"), placed_pod("new-a", "llama-primary-2"),
+                     gated_pod("new-c", "llama-primary-4")]
+    observed.deployments["primary"] = deployment_status(3, 2)
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert p.assign == [("new-c", "llama-primary-4", "llama-primary-3", gate, "-3")]
+    assert p.delete == []  # GPR 4 keeps its gated pod until the move lands; the next pass releases it
+
+
+def test_scaling_down_releases_the_gprs_left_without_a_pod_and_never_one_with_a_pod() -> None:
+    owned = [("GPUProvisioningRequest", n) for n in ("llama-primary", "llama-primary-2", "llama-primary-3",
+                                                      "llama-primary-4")]
+    growth = {k: gpr_status("Running", 1) for k in (2, 3, 4)}
+    # 4 -> 2: the ReplicaSet took the pods of 4 (gone) and 3 (still terminating: its GPR stays until it is gone)
+    pods = [placed_pod("a", "llama-primary"), placed_pod("b", "llama-primary-2"),
+            placed_pod("c", "llama-primary-3", terminating=True)]
+    observed = Observed(deployments={"primary": deployment_status(2, 2)}, gprs={"primary": gpr_status("Running", 1)},
+                        growth=growth, pods=pods, owned=owned)
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert p.delete == [("GPUProvisioningRequest", "llama-primary-4")]
+    assert ("GPUProvisioningRequest", "llama-primary-3") in by_kind(p)
+    assert p.status["pools"]["primary"]["gprNodes"] == 2
+    # its pod gone: released too
+    observed.pods = pods[:2]
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert sorted(p.delete) == [("GPUProvisioningRequest", "llama-primary-3"), ("GPUProvisioningRequest",
+                                                                                 "llama-primary-4")]
+    # the ReplicaSet removed another replica than the last one (a not-ready pod goes first): the GPR with a pod
+    # stays, the empty one goes, whatever their numbers
+    observed.pods = [placed_pod("a", "llama-primary"), placed_pod("d", "llama-primary-4")]
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert sorted(p.delete) == [("GPUProvisioningRequest", "llama-primary-2"), ("GPUProvisioningRequest",
+                                                                                 "llama-primary-3")]
+    # more pods than the count for a moment (the ReplicaSet has not removed them yet): none of their GPRs goes
+    observed.deployments["primary"] = deployment_status(1, 1)
+    observed.pods = [placed_pod("a", "llama-primary"), placed_pod("b", "llama-primary-2"),
+                     placed_pod("d", "llama-primary-4")]
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert p.delete == [("GPUProvisioningRequest", "llama-primary-3")]
+
+
+def test_a_new_replica_gpr_takes_the_lowest_free_number_and_an_ended_one_is_renewed() -> None:
+    observed = Observed(deployments={"primary": deployment_status(4, 3)}, gprs={"primary": gpr_status("Running", 1)},
+                        growth={3: gpr_status("Running", 1),
+                                2: {"spec": {"nodeCount": 1}, "status": {"phase": "Complete"}}},
+                        pods=[placed_pod("a", "llama-primary"), placed_pod("c", "llama-primary-3")],
+                        owned=[("GPUProvisioningRequest", "llama-primary-2"),
+                               ("GPUProvisioningRequest", "llama-primary-3")])
+    p = plan(example(), observed, SETTINGS, NOW)
+    made = sorted(k[1] for k in by_kind(p) if k[1].startswith("llama-primary-"))
+    assert made == ["llama-primary-3", "llama-primary-4", "llama-primary-5"]  # 2 is deleted and made again later
+    assert p.delete == [("GPUProvisioningRequest", "llama-primary-2")]
+    assert ("Normal", "GPRRenewed", "GPR llama-primary-2 is Complete; deleted, a new one is made") in p.events
+
+
+def test_a_queued_replica_gpr_bursts_what_the_primary_lacks() -> None:
+    observed = Observed(deployments={"primary": deployment_status(3, 1)}, gprs={"primary": gpr_status("Running", 1)},
+                        growth={2: queued("InsufficientCapacity"), 3: queued("InsufficientCapacity")})
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert by_kind(p)[("Deployment", "llama-burst")]["spec"]["replicas"] == 2
+    bursting = next(c for c in p.status["conditions"] if c["type"] == "Bursting")
+    assert bursting["status"] == "True" and "llama-primary-2" in bursting["message"]
 
 
 def hpa_active(status: str, reason: str, message: str) -> dict[str, Any]:
