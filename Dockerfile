@@ -11,6 +11,7 @@ WORKDIR /src
 RUN pip install --no-cache-dir --upgrade pip wheel
 COPY pyproject.toml README.md ./
 COPY device_plugin ./device_plugin
+COPY service ./service
 COPY scheduler_extender ./scheduler_extender
 COPY npd ./npd
 COPY cni ./cni

@@ -87,7 +87,7 @@ def node_obj(i: int, busy: bool) -> dict[str, Any]:
 
 def load_state(queued: int, busy_nodes: int) -> list[tuple[str, dict[str, Any]]]:
     """(resource path, object) to seed: nodes, Running GPRs with their bound pods and ledgers, queued GPRs."""
-    from scheduler_extender import ledger
+    from scheduler_extender.objects import ledger
     from tests.extender.harness import gpr, pod
 
     out: list[tuple[str, dict[str, Any]]] = []
@@ -172,12 +172,12 @@ class Cluster:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "ACCELSTACK_EXT_LEASE_NAMESPACE": "default",
                "ACCELSTACK_CTL_LEASE_NAMESPACE": "default"}
         self.extender = subprocess.Popen(
-            [sys.executable, "-m", "scheduler_extender.main", "--kubeconfig", str(config), "--listen",
+            [sys.executable, "-m", "scheduler_extender.cmd.extender", "--kubeconfig", str(config), "--listen",
              f"127.0.0.1:{self.ext_port}", "--controller=false", "--log-level", "error", "--waittime-qps", "100000",
              "--insecure-verbs=true",
              *extender_args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.controller = subprocess.Popen(
-            [sys.executable, "-m", "scheduler_extender.controller_main", "--kubeconfig", str(config), "--listen",
+            [sys.executable, "-m", "scheduler_extender.cmd.controller", "--kubeconfig", str(config), "--listen",
              f"127.0.0.1:{self.ctl_port}", "--log-level", "error", *controller_args], env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -215,7 +215,7 @@ def planned_state(seed: list[tuple[str, dict[str, Any]]]
                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, tuple[int, int]]]:
     """(nodes, pods, GPR objects, CPU/memory requested by node) of the seed as the controller's snapshot holds
     them (the pods' sums through the informer's own view: pods that ask for no device count there too)."""
-    from scheduler_extender.cluster import GPU, ClusterView, node_view, pod_view
+    from scheduler_extender.objects.cluster import GPU, ClusterView, node_view, pod_view
 
     nodes, pods, gprs = {}, {}, {}
     view = ClusterView((GPU,))
@@ -242,8 +242,8 @@ class Planner:
     server would apply them (new resourceVersions), so later passes see a steady state."""
 
     def __init__(self, seed: list[tuple[str, dict[str, Any]]]) -> None:
+        from scheduler_extender.controller.pass_cache import PassCache
         from scheduler_extender.core.predictor import DurationPredictor
-        from scheduler_extender.reconcile import PassCache
 
         self.nodes, self.pods, self.gprs, self.host = planned_state(seed)
         self.host_churn = False  # a pod binds somewhere before every pass (the sums by node change)
@@ -254,7 +254,8 @@ class Planner:
         self.noted: set[str] = set()  # GPRs whose first projection is kept (the controller's history.first)
 
     def plan(self, refresh: bool, cache: Any = None) -> Any:
-        from scheduler_extender.reconcile import PassConfig, Snapshot, run_pass
+        from scheduler_extender.controller.gpr_pass import run_pass
+        from scheduler_extender.controller.pass_types import PassConfig, Snapshot
 
         if self.host_churn:
             if self.host:
@@ -305,9 +306,9 @@ def index_times(seed: list[tuple[str, dict[str, Any]]], rounds: int) -> tuple[li
     """The extender's wait-time index (``/waittime``) on the seeded view, as its informers hold it: the time each
     sweep held the loop, (swept from nothing, as after a GPR change; swept on the last one after one node
     changed, as after a bind's ledger patch), taken in turn."""
-    from scheduler_extender import ledger
-    from scheduler_extender.cluster import ClusterView
-    from scheduler_extender.whatif import build_index
+    from scheduler_extender.api.whatif import build_index
+    from scheduler_extender.objects import ledger
+    from scheduler_extender.objects.cluster import ClusterView
 
     view = ClusterView()
     for i, (path, obj) in enumerate(seed):
@@ -419,8 +420,8 @@ def churn_times(seed: list[tuple[str, dict[str, Any]]], rounds: int
     changed (a status write: its pods started, a condition) and the pass after that, the same after a queued
     GPR's admission was stored (a new reservation on an idle node), the same after a running GPR's completion
     was stored (its reservation freed; its pod still stopping))."""
-    from scheduler_extender.gpr_resource import rfc3339
-    from scheduler_extender.reconcile import PassCache
+    from scheduler_extender.controller.pass_cache import PassCache
+    from scheduler_extender.objects.gpr_codec import rfc3339
 
     planner = Planner(seed)
     for i in range(3):  # settled: statuses written, the new versions taken in
@@ -702,7 +703,7 @@ async def part_load(samples: int) -> list[str]:
 # ------------------------------------------------------------------------------------------------- part e2e
 def run_trivial(port: int, peer_url: str, ready: Any) -> None:
     """An extender that answers trivially: all nodes pass, equal scores; not a binder (the scheduler binds)."""
-    from device_plugin.flags import run_loop
+    from service.flags import run_loop
 
     async def main() -> None:
         from aiohttp import web
@@ -731,7 +732,7 @@ async def give_back(cluster: Cluster, pods: list[dict[str, Any]], timeout: float
     nodes' ledgers: the 200 idle nodes hold 1,600 one-GPU binds, fewer than three layouts' rounds make."""
     import aiohttp
 
-    from scheduler_extender import ledger
+    from scheduler_extender.objects import ledger
 
     gone = {p["metadata"]["uid"] for p in pods}
     async with aiohttp.ClientSession() as http:

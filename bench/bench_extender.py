@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from device_plugin.flags import run_loop  # noqa: E402
+from service.flags import run_loop  # noqa: E402
 
 NODES = 5000
 
@@ -47,8 +47,8 @@ def run_extender(conn: Any, binds: int) -> None:
         from kubernetes_asyncio import client
 
         from kubeapi import KubeClient
-        from scheduler_extender.kube import Kube
-        from scheduler_extender.server import ExtenderServer
+        from scheduler_extender.cmd.server import ExtenderServer
+        from scheduler_extender.objects.kube import Kube
         from tests.apiserver_peer import APIServerPeer
         from tests.extender.harness import node, pod
 

@@ -33,11 +33,11 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from device_plugin.observability import HttpEndpoint, PluginMetrics  # noqa: E402
 from npd.config import load  # noqa: E402
 from npd.exporter import build  # noqa: E402
 from npd.gpu_check import CHECKS, check_gpus  # noqa: E402
 from npd.plugin import Progress  # noqa: E402
+from service.observability import HttpEndpoint, PluginMetrics  # noqa: E402
 from tests.fake_nvml import dgx_like  # noqa: E402
 from tests.npd.helpers import kmsg_line, nvidia_functions, xid_line  # noqa: E402
 from tests.npd.podresources_peer import PodResourcesPeer  # noqa: E402

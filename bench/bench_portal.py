@@ -48,9 +48,9 @@ def run_server(conn: Any) -> None:
         from kubernetes_asyncio import client
 
         from kubeapi import KubeClient
-        from scheduler_extender import gpr_resource as gr
-        from scheduler_extender.kube import Kube
-        from scheduler_extender.server import ExtenderServer
+        from scheduler_extender.cmd.server import ExtenderServer
+        from scheduler_extender.objects import gpr_codec as gr
+        from scheduler_extender.objects.kube import Kube
         from tests.apiserver_peer import APIServerPeer
         from tests.extender.harness import gpr, node
         from tests.portal.cluster import grant_admin

@@ -38,8 +38,8 @@ from kubeapi import metrics as kube_metrics  # noqa: E402
 from kubeapi.client import _decode_page  # noqa: E402
 from kubeapi.informer import Informer  # noqa: E402
 from kubeapi.resources import NODES, PODS, Resource  # noqa: E402
-from scheduler_extender import ledger  # noqa: E402
-from scheduler_extender.cluster import GPU, ClusterView  # noqa: E402
+from scheduler_extender.objects import ledger  # noqa: E402
+from scheduler_extender.objects.cluster import GPU, ClusterView  # noqa: E402
 from tests.extender.harness import loop_hold  # noqa: E402
 
 STAMP = "2026-11-30T00:00:00Z"

@@ -63,7 +63,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from device_plugin.flags import run_loop
+    from service.flags import run_loop
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True)

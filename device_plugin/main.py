@@ -17,8 +17,8 @@ from device_plugin.labeller import NodeLabeller, in_cluster_client
 from device_plugin.nr1_backend import NR1Backend
 from device_plugin.nr1_sysfs import check_sysfs_root
 from device_plugin.nvml_backend import BackendInitError, NvmlBackend
-from device_plugin.observability import PluginMetrics, setup_logging, start_http
 from device_plugin.server import POLL_INTERVAL, PluginRunner, RegistrationError, SocketPathError
+from service.observability import PluginMetrics, setup_logging, start_http
 
 log = logging.getLogger("accelstack.device_plugin")
 

@@ -40,8 +40,8 @@ import grpc
 from device_plugin.allocation import AllocationError
 from device_plugin.devices import HEALTHY, Backend, DeviceTable, describe_ids
 from device_plugin.dirwatch import DirWatch
-from device_plugin.observability import PluginMetrics
 from protos.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from service.observability import PluginMetrics
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"

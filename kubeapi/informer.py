@@ -49,7 +49,7 @@ Sync = Callable[[list[dict[str, Any]]], "Awaitable[None] | None"] | Callable[[Se
 
 class Listed(Sequence[dict[str, Any]]):
     """A relist's items, each decoded from its JSON when it is read and not kept: a consumer that takes them
-    in slices (:func:`scheduler_extender.loop.slices` slices a sequence) never holds them all decoded at once.
+    in slices (:func:`service.loop.slices` slices a sequence) never holds them all decoded at once.
     5,000 real Node objects are some 90 MB of JSON; decoded all together they were built in one go and freed
     in one go (17-20 ms for 600 of them at the end of a relist), and so many survivors set off full
     collections of the cyclic collector (80-100 ms each) in the middle of the decode. Each read decodes

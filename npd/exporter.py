@@ -447,8 +447,8 @@ def main(argv: list[str] | None = None) -> None:
     from typing import cast
 
     from device_plugin.config import ConfigError
-    from device_plugin.observability import HttpEndpoint, PluginMetrics, setup_logging
     from npd.config import SCHEMA, load
+    from service.observability import HttpEndpoint, PluginMetrics, setup_logging
 
     try:
         config, args = load(argv, prog="accelstack-device-exporter",

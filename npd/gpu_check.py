@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     from device_plugin.config import ConfigError
-    from device_plugin.observability import setup_logging
     from npd.config import SCHEMA, load
+    from service.observability import setup_logging
 
     def extra(parser: Any) -> None:
         parser.add_argument("--checks", default=",".join(DEFAULT_CHECKS),

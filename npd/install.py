@@ -27,7 +27,7 @@ from pathlib import Path
 
 SCRIPTS = {"accelstack-npd-gpu": "npd.gpu_check", "accelstack-npd-nr1": "npd.nr1_check"}
 # top-level packages the plugins import (checked by running the installed plugins in the tests)
-PACKAGES = ("npd", "device_plugin", "protos", "pynvml", "yaml", "prometheus_client", "google")
+PACKAGES = ("npd", "device_plugin", "service", "protos", "pynvml", "yaml", "prometheus_client", "google")
 OPTIONAL = ("_yaml",)
 STDLIB_SKIP = {"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip",
                "lib2to3", "__phello__", "pydoc_data"}

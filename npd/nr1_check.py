@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     from device_plugin.config import ConfigError
-    from device_plugin.observability import setup_logging
     from npd.config import SCHEMA, load
+    from service.observability import setup_logging
 
     try:
         config, args = load(argv, prog="accelstack-npd-nr1", extra=add_report_argument,

@@ -441,7 +441,7 @@ class RemediationProcess:
     async def run(self, stop: asyncio.Event) -> None:
         from typing import cast
 
-        from device_plugin.observability import PluginMetrics, start_http
+        from service.observability import PluginMetrics, start_http
 
         self.endpoint = start_http(self.values["remediation.metricsAddress"], cast(PluginMetrics, self.metrics),
                                    self.controller.ready)
@@ -480,8 +480,8 @@ async def _amain(values: Mapping[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from device_plugin.config import ConfigError
-    from device_plugin.observability import setup_logging
     from npd.config import SCHEMA, load
+    from service.observability import setup_logging
 
     try:
         config, args = load(argv, prog="accelstack-remediation",

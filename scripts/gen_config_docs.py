@@ -2,7 +2,7 @@
 
 The device plugin and the node-health processes declare every setting once (``OPTIONS`` in
 ``device_plugin/config.py`` and ``npd/config.py``); the extender declares its flags in
-``scheduler_extender/main.py`` (``build_parser``). This script renders them as Markdown tables between
+``scheduler_extender/cmd/extender.py`` (``build_parser``). This script renders them as Markdown tables between
 ``<!-- BEGIN GENERATED: <name> -->`` / ``<!-- END GENERATED: <name> -->`` markers, so the documentation cannot
 drift from the code: ``tests/test_docs.py`` compares the blocks in docs/configuration.md with this output.
 
@@ -25,8 +25,8 @@ from device_plugin import config as dp_config
 from inference.gateway import main as gw_main
 from inference.operator import main as io_main
 from npd import config as npd_config
-from scheduler_extender import controller_main as ctl_main
-from scheduler_extender import main as ext_main
+from scheduler_extender.cmd import controller as ctl_main
+from scheduler_extender.cmd import extender as ext_main
 
 MARKER = re.compile(r"<!-- BEGIN GENERATED: (?P<name>[a-z0-9-]+) -->\n.*?<!-- END GENERATED: (?P=name) -->",
                     re.DOTALL)

@@ -22,6 +22,6 @@ if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
   echo "== real control plane: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 fi
 echo "== ruff"; ruff check .
-targets=(); for d in kubeapi device_plugin scheduler_extender npd cni inference protos tests bench scripts; do [ -d "$d" ] && targets+=("$d"); done
+targets=(); for d in kubeapi service device_plugin scheduler_extender npd cni inference protos tests bench scripts; do [ -d "$d" ] && targets+=("$d"); done
 echo "== mypy"; mypy "${targets[@]}"
 echo "== pytest"; python -m pytest -q "$@"

@@ -4,7 +4,7 @@ scheduling/corev1/nodeaffinity): a pod's required terms are ORed, the requiremen
 requirement matches no node. The PreFilter's shortcut: when every term names nodes by ``metadata.name In``, only
 those nodes are looked at.
 
-Written apart from the product's ``scheduler_extender/podfit.py`` on purpose: the test schedulers stand in for
+Written apart from the product's ``scheduler_extender/objects/podfit.py`` on purpose: the test schedulers stand in for
 kube-scheduler, so a mistake in the product's reading of node affinity must not be repeated by its judge."""
 
 from __future__ import annotations

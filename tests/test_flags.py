@@ -1,4 +1,4 @@
-"""The flag checks every accelstack process shares (device_plugin/flags.py): errors name the flag, and its
+"""The flag checks every accelstack process shares (service/flags.py): errors name the flag, and its
 environment variable where the process says so; the variable sets a default the flag overrides."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from device_plugin.flags import Checked, UsageError, adder
+from service.flags import Checked, UsageError, adder
 
 
 def parser(environ: dict[str, str]) -> argparse.ArgumentParser:
@@ -60,8 +60,8 @@ def test_a_service_runs_on_uvloop_when_it_asks_and_on_asyncio_otherwise(monkeypa
 
     import uvloop
 
-    from device_plugin import flags
-    from device_plugin.flags import run_loop, run_service
+    from service import flags
+    from service.flags import run_loop, run_service
 
     monkeypatch.setattr(flags, "setup_logging", lambda level, fmt: None)  # leave the test run's logging alone
     seen: list[type] = []

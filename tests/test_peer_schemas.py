@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from scheduler_extender.core.gpr import GPR, Phase
-from scheduler_extender.gpr_resource import from_object, status_body
+from scheduler_extender.objects.gpr_codec import from_object, status_body
 from tests.apiserver_peer.schemas import CustomSchemas, warning_header
 from tests.apiserver_peer.wire import Refused, merge_patch
 from tests.crd_schema import field_path, go_float, go_value

@@ -19,11 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_loop
-from device_plugin.observability import setup_logging
 from inference.gateway.listener import GatewayRunner
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
+from service.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_loop
+from service.observability import setup_logging
 
 log = logging.getLogger("accelstack.gateway")
 ENV = "ACCELSTACK_GW_"

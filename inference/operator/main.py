@@ -18,9 +18,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from device_plugin.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from inference.operator.objects import OperatorSettings
-from scheduler_extender.http_listener import Limits, serve_app
+from service.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
+from service.http_listener import Limits, serve_app
 
 log = logging.getLogger("accelstack.inference.operator")
 ENV = "ACCELSTACK_IO_"
@@ -94,7 +94,7 @@ async def serve(opts: dict[str, Any]) -> None:
     app = web.Application()
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", metrics)])
     # the bounds every accelstack listener has (request-head and idle timeouts, a quiet fixed answer to
-    # malformed HTTP, no version banner: scheduler_extender/http_listener.py)
+    # malformed HTTP, no version banner: service/http_listener.py)
     runner, _ = await serve_app(app, opts["host"], opts["port"], limits=Limits())
     log.info("started", extra={"listen": f"{opts['host']}:{opts['port']}", "identity": opts["identity"]})
     leading = asyncio.create_task(elector.run(stop))

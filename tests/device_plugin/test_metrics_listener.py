@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from device_plugin.observability import HttpEndpoint, PluginMetrics
+from service.observability import HttpEndpoint, PluginMetrics
 
 
 def read_all(sock: socket.socket) -> bytes:

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import client
 
 from kubeapi import KubeClient
-from scheduler_extender.kube import Kube
-from scheduler_extender.server import ExtenderServer
+from scheduler_extender.cmd.server import ExtenderServer
+from scheduler_extender.objects.kube import Kube
 from tests.apiserver_peer import APIServerPeer
 
 WIRE = Path(__file__).parent / "wire"

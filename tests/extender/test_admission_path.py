@@ -20,14 +20,14 @@ from kubernetes_asyncio import client as k8s
 
 from kubeapi import KubeClient
 from kubeapi.resources import WORKSPACES
-from scheduler_extender.kube import Kube, NotFound
-from scheduler_extender.webhook import (
+from scheduler_extender.admission.webhook import (
     AUTO_LABEL,
     PRIORITY_RANGE_ANNOTATION,
     KubeLookup,
     Webhook,
     add_webhook_routes,
 )
+from scheduler_extender.objects.kube import Kube, NotFound
 from tests.apiserver_peer import APIServerPeer, json_patch
 from tests.apiserver_peer.admission import ValidatingWebhook
 from tests.extender.harness import stack
@@ -210,7 +210,7 @@ async def test_a_pod_whose_gpr_cannot_be_made_in_time_is_refused_with_a_reason_b
     server to give up ("context deadline exceeded", the bare error users saw under load); the GPR that may have
     landed meanwhile is an orphan the controller deletes. Without a deadline from the API server nothing
     changes: a lookup's own failure is still refused as unreadable."""
-    from scheduler_extender.webhook import answer_within
+    from scheduler_extender.admission.webhook import answer_within
 
     assert [answer_within(t) for t in ("5s", "2s", "1s", "10s")] == [4.0, 1.0, 0.5, 9.0]
     assert [answer_within(t) for t in (None, "", "0s", "soon", "-3s")] == [None] * 5

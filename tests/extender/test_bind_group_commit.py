@@ -10,8 +10,8 @@ import json
 import aiohttp
 from aiohttp import web
 
-from scheduler_extender import ledger
-from scheduler_extender.ledger import LEDGER_ANNOTATION
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.ledger import LEDGER_ANNOTATION
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import node, pod, stack
 

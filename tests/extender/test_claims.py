@@ -4,9 +4,9 @@ and sees every device of a node free where the GPR's share is one)."""
 
 from __future__ import annotations
 
-from scheduler_extender import ledger
-from scheduler_extender.cluster import GPU, ClusterView
-from scheduler_extender.verbs import PodAsk, filter_nodes, node_verdict, resolve
+from scheduler_extender.extender.verbs import PodAsk, filter_nodes, node_verdict, resolve
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.cluster import GPU, ClusterView
 from tests.extender.harness import gpr, node
 
 NODES = [f"n{i}" for i in range(4)]

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from scheduler_extender.controller import ControllerMetrics, GPRController
+from scheduler_extender.controller.gpr_controller import ControllerMetrics, GPRController
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, stack, wait_until
 

@@ -50,7 +50,7 @@ async def test_controller_process_admits_and_stops_on_sigterm(tmp_path: Path) ->
     await peer.put_object("api/v1/pods", pod("train-0", 2, gpr="train", gated=True))
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scheduler_extender.controller_main", "--kubeconfig",
+        sys.executable, "-m", "scheduler_extender.cmd.controller", "--kubeconfig",
         str(kubeconfig(tmp_path, peer.url)), "--listen", f"127.0.0.1:{port}", "--lease-seconds", "3",
         "--log-format", "text", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "ACCELSTACK_CTL_LEASE_NAMESPACE": "accelstack-system"})
@@ -88,7 +88,7 @@ async def test_controller_process_admits_and_stops_on_sigterm(tmp_path: Path) ->
     (["--estimate-every", "x"], "--estimate-every: not a number"),
 ])
 def test_controller_bad_flags_exit_2_naming_the_flag(args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "scheduler_extender.controller_main", *args], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "scheduler_extender.cmd.controller", *args], capture_output=True,
                             text=True, check=False)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr

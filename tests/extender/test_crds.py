@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from scheduler_extender.core.gpr import GPR, Phase
-from scheduler_extender.gpr_resource import (
+from scheduler_extender.objects.gpr_codec import (
     GPR_KIND,
     GPR_PLURAL,
     GROUP,
@@ -25,11 +25,11 @@ from scheduler_extender.gpr_resource import (
     TEMPLATE_PLURAL,
     VERSION,
     SpecError,
+    cluster_refusal,
     from_object,
     status_body,
     template_spec,
 )
-from scheduler_extender.webhook import cluster_refusal
 from tests.crd_schema import CEL, apply_defaults, cel_failures, structural_problems, validator
 
 ROOT = Path(__file__).resolve().parents[2] / "manifests"

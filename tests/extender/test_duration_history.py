@@ -10,9 +10,15 @@ from typing import Any
 import orjson
 import pytest
 
-from scheduler_extender import gpr_resource as gr
+from scheduler_extender.controller.predictor_store import (
+    CONFIGMAP,
+    DATA_KEY,
+    PredictorStore,
+    job_key,
+    workload_of,
+)
 from scheduler_extender.core.predictor import DurationPredictor
-from scheduler_extender.predictor_store import CONFIGMAP, DATA_KEY, PredictorStore, job_key, workload_of
+from scheduler_extender.objects import gpr_codec as gr
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, pod, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes, status

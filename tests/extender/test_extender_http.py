@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from scheduler_extender.ledger import LEDGER_ANNOTATION
+from scheduler_extender.objects.ledger import LEDGER_ANNOTATION
 from tests.extender.harness import filter_body, gpr, node, pod, recorded, stack, wait_until
 
 

@@ -52,7 +52,7 @@ current-context: peer
     cert, key = self_signed(tmp_path)
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scheduler_extender.main", "--kubeconfig", str(kubeconfig), "--listen",
+        sys.executable, "-m", "scheduler_extender.cmd.extender", "--kubeconfig", str(kubeconfig), "--listen",
         f"127.0.0.1:{port}", "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--lease-seconds", "2",
         "--insecure-verbs=true",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -119,16 +119,16 @@ current-context: peer
     (["--insecure-verbs=true", "--scheduler-listen", ":8444"], "--scheduler-listen: needs --tls-cert-file"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "scheduler_extender.main", *args], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "scheduler_extender.cmd.extender", *args], capture_output=True, text=True,
                             check=False)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_env_sets_flags_and_help_reads_well() -> None:
-    result = subprocess.run([sys.executable, "-m", "scheduler_extender.main", "--help"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "scheduler_extender.cmd.extender", "--help"], capture_output=True,
                             text=True, check=True)
     assert "ACCELSTACK_EXT_LISTEN" in result.stdout and "--tls-cert-file" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "scheduler_extender.main"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "scheduler_extender.cmd.extender"], capture_output=True, text=True,
                             check=False, env={**os.environ, "ACCELSTACK_EXT_POLICY": "nope"})
     assert result.returncode == 2 and "--policy" in result.stderr

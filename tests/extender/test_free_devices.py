@@ -10,9 +10,9 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from scheduler_extender import ledger
-from scheduler_extender.cluster import ALLOCATED, GPU, NR1, ClusterView, NodeView
-from scheduler_extender.verbs import PodAsk, _packing_score, filter_nodes, node_verdict, prioritize
+from scheduler_extender.extender.verbs import PodAsk, _packing_score, filter_nodes, node_verdict, prioritize
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.cluster import ALLOCATED, GPU, NR1, ClusterView, NodeView
 from tests.extender.harness import gpr, node
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from scheduler_extender.core.gpr import GPR, Phase
-from scheduler_extender.gpr_resource import (
+from scheduler_extender.objects.gpr_codec import (
     SpecError,
     format_duration,
     from_object,

@@ -12,9 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from scheduler_extender.cluster import GPU, ClusterView
-from scheduler_extender.gpr_resource import rfc3339
-from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, host_need, plan_pass
+from scheduler_extender.controller.gpr_pass import plan_pass
+from scheduler_extender.controller.host_use import host_need
+from scheduler_extender.controller.pass_cache import PassCache
+from scheduler_extender.controller.pass_types import PassConfig, Plan, Snapshot
+from scheduler_extender.objects.cluster import GPU, ClusterView
+from scheduler_extender.objects.gpr_codec import rfc3339
 from tests.extender.harness import gpr, node, pod
 
 
@@ -146,8 +149,8 @@ def test_a_node_that_states_no_cpu_is_no_limit_and_a_pod_too_big_for_every_node_
 
 
 def test_a_gprs_need_per_node_is_its_largest_pods_spread_evenly() -> None:
-    from scheduler_extender.cluster import pod_view
     from scheduler_extender.core.gpr import GPR
+    from scheduler_extender.objects.cluster import pod_view
 
     def views(*cpus: str, ended: int = 0, gpus: int = 1) -> list[Any]:
         out = []

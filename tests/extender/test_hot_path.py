@@ -10,14 +10,14 @@ import time
 from typing import Any
 
 from kubeapi.client import connected
-from scheduler_extender import ledger
-from scheduler_extender.cluster import ClusterView, node_view, pod_view
+from scheduler_extender.cmd.server import ControllerService
 from scheduler_extender.core.gpr import GPR
 from scheduler_extender.core.inventory import Inventory, NodeSpec
 from scheduler_extender.core.placement import BestFit
 from scheduler_extender.core.scheduler import Scheduler
-from scheduler_extender.kube import Kube
-from scheduler_extender.server import ControllerService
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.cluster import ClusterView, node_view, pod_view
+from scheduler_extender.objects.kube import Kube
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import filter_body, gpr, node, pod, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes, status
@@ -246,8 +246,8 @@ def test_news_writes_are_paced_head_of_the_queue_first_and_decisions_never() -> 
     """Writes that only move a queued GPR's place are paced by a token bucket (refresh_qps, refresh_burst), the
     head of the queue first; decisions (first statuses, phase changes) are never held back. One left out is
     planned again at the next refresh, as its stored status still differs (test_reconcile)."""
-    from scheduler_extender.controller import GPRController
-    from scheduler_extender.reconcile import StatusWrite
+    from scheduler_extender.controller.gpr_controller import GPRController
+    from scheduler_extender.controller.pass_types import StatusWrite
 
     clock = [1000.0]
     ctl = GPRController(None, ClusterView(), clock=lambda: clock[0], refresh_qps=10, refresh_burst=5)  # type: ignore[arg-type]

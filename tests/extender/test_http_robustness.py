@@ -22,10 +22,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from kubeapi import KubeClient
-from scheduler_extender.kube import Kube
-from scheduler_extender.rest_api import RateLimiter
-from scheduler_extender.server import ExtenderServer
-from scheduler_extender.webhook import KubeLookup, Webhook, add_webhook_routes
+from scheduler_extender.admission.webhook import KubeLookup, Webhook, add_webhook_routes
+from scheduler_extender.api.app import RateLimiter
+from scheduler_extender.cmd.server import ExtenderServer
+from scheduler_extender.objects.kube import Kube
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import filter_body, node, pod, stack, wait_until
 

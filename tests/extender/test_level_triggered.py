@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from scheduler_extender.ledger import LEDGER_ANNOTATION
+from scheduler_extender.objects.ledger import LEDGER_ANNOTATION
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, pod, stack, wait_until
 from tests.extender.test_controller import FAST, GPRS, seed_nodes, set_phase, status
@@ -328,8 +328,8 @@ async def test_an_ungated_pod_narrowed_to_a_reservation_its_gpr_lost_is_evicted(
 def test_a_relist_never_takes_back_a_newer_version_this_controller_holds() -> None:
     """A list served while the controller stored an admission carries the GPR as it was before: taken as is, the
     GPR's nodes would look free to the next pass and be given to another GPR (two reservations on one node)."""
-    from scheduler_extender.cluster import ClusterView
-    from scheduler_extender.controller import GPRController
+    from scheduler_extender.controller.gpr_controller import GPRController
+    from scheduler_extender.objects.cluster import ClusterView
 
     ctl = GPRController(None, ClusterView())  # type: ignore[arg-type]  # informer callbacks only: no API calls
 
@@ -385,9 +385,9 @@ async def test_a_new_leader_reads_the_gprs_afresh_before_its_first_pass() -> Non
     from kubernetes_asyncio import client as k8s
 
     from kubeapi import KubeClient
-    from scheduler_extender.cluster import ClusterView
-    from scheduler_extender.controller import GPRController
-    from scheduler_extender.kube import Kube
+    from scheduler_extender.controller.gpr_controller import GPRController
+    from scheduler_extender.objects.cluster import ClusterView
+    from scheduler_extender.objects.kube import Kube
 
     peer = APIServerPeer()
     await peer.start()

@@ -1,4 +1,4 @@
-"""scheduler_extender.loop: a long sweep gives the loop back between slices; answers of costly sweeps are kept
+"""service.loop: a long sweep gives the loop back between slices; answers of costly sweeps are kept
 longer, so sweeps take a bounded share of the loop."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from scheduler_extender.loop import DUTY, MAX_LAG, Sweep, kept_for, slices
+from service.loop import DUTY, MAX_LAG, Sweep, kept_for, slices
 
 
 async def _sweep(items: list[int], **kw: object) -> tuple[list[int], list[int]]:

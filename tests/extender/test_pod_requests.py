@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender import ledger, wire
-from scheduler_extender.cluster import GPU, NR1, ClusterView
-from scheduler_extender.resources import host_allocatable, host_requests, pod_requests
-from scheduler_extender.verbs import ask_of, filter_nodes
+from scheduler_extender.extender import wire
+from scheduler_extender.extender.verbs import ask_of, filter_nodes
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.cluster import GPU, NR1, ClusterView
+from scheduler_extender.objects.resources import host_allocatable, host_requests, pod_requests
 from tests.extender.harness import node
 
 MANAGED = (GPU, NR1)
@@ -181,7 +182,7 @@ def test_the_plain_quantity_forms_read_as_the_general_parser_reads_them(n: int, 
     import math
     from decimal import Decimal
 
-    from scheduler_extender.resources import MIB, _cpu_milli, _memory_mib, parse_quantity
+    from scheduler_extender.objects.resources import MIB, _cpu_milli, _memory_mib, parse_quantity
 
     value: Any = n if as_int and not suffix else f"{n}{suffix}"
     q = parse_quantity(value)

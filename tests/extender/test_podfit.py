@@ -1,4 +1,4 @@
-"""kube-scheduler's own filters as the GPR controller reads them (scheduler_extender/podfit.py): taints and
+"""kube-scheduler's own filters as the GPR controller reads them (scheduler_extender/objects/podfit.py): taints and
 tolerations (v1.Toleration.ToleratesTaint), nodeSelector and required node affinity; and what the controller does
 with them: a condition on an Admitted GPR whose pods cannot go to its nodes, and an eviction of a pod narrowed to
 nodes its GPR no longer holds."""
@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.cluster import GPU, node_view, pod_view
-from scheduler_extender.gpr_resource import rfc3339
-from scheduler_extender.podfit import selector_mismatch, tolerates, untolerated
-from scheduler_extender.reconcile import PassCache, PassConfig, Plan, Snapshot, plan_pass
+from scheduler_extender.controller.gpr_pass import plan_pass
+from scheduler_extender.controller.pass_cache import PassCache
+from scheduler_extender.controller.pass_types import PassConfig, Plan, Snapshot
+from scheduler_extender.objects.cluster import GPU, node_view, pod_view
+from scheduler_extender.objects.gpr_codec import rfc3339
+from scheduler_extender.objects.podfit import selector_mismatch, tolerates, untolerated
 from tests.extender.harness import gpr, node, pod
 
 TAINT = {"key": "dedicated", "value": "team-a", "effect": "NoSchedule"}
@@ -174,7 +176,7 @@ def test_a_pod_narrowed_to_nodes_its_gpr_no_longer_holds_is_evicted() -> None:
 def test_node_fit_is_kept_until_a_label_it_reads_or_a_taint_changes() -> None:
     """NodeFit answers from what it computed while no node's taints and no label some pod selects by changed;
     a heartbeat or another label (GPU feature discovery's timestamp) keeps it; answers equal a fresh one's."""
-    from scheduler_extender.podfit import NodeFit
+    from scheduler_extender.objects.podfit import NodeFit
 
     def views(**labels: dict[str, str]) -> dict[str, Any]:
         return {name: node_view(node(name, labels=lab, taints=[TAINT] if name == "n2" else None), (GPU,))
@@ -213,7 +215,7 @@ def test_node_fit_is_kept_until_a_label_it_reads_or_a_taint_changes() -> None:
 def test_the_node_lifecycles_taints_do_not_decide_where_a_gpr_goes() -> None:
     """A node under disk pressure or cordoned carries the lifecycle's taints for a while: GPRs are not kept off it
     for good (a cordoned node is closed to new reservations and expected back), nor moved off it."""
-    from scheduler_extender.podfit import NodeFit
+    from scheduler_extender.objects.podfit import NodeFit
 
     pressure = {"key": "node.kubernetes.io/disk-pressure", "effect": "NoSchedule"}
     nodes = {"n0": node_view(node("n0", taints=[pressure]), (GPU,)), "n1": node_view(node("n1"), (GPU,))}
@@ -241,7 +243,7 @@ def test_the_node_lifecycles_taints_do_not_decide_where_a_gpr_goes() -> None:
 def test_node_fit_stays_bounded_as_pods_come_and_go() -> None:
     """Pods (each with constraints of its own) come and go, pass after pass: what NodeFit keeps stays within a
     small multiple of what is live."""
-    from scheduler_extender.podfit import NodeFit
+    from scheduler_extender.objects.podfit import NodeFit
 
     nodes = {f"n{i}": node_view(node(f"n{i}", labels={"rack": str(i % 4)}), (GPU,)) for i in range(8)}
     fit = NodeFit()
@@ -318,31 +320,32 @@ def test_an_admitted_gprs_pods_are_checked_against_its_nodes_until_one_takes_eac
     narrowed to a 60-node reservation can go to the first: one check per pod, not one per pod and node (a
     GPR of 60 pods cost every pass 3,600 checks, ~45 ms at 100 x 100, while its pods waited to be bound). A pod
     that can go to none is named with the first three nodes' reasons."""
-    from scheduler_extender import reconcile
+    from scheduler_extender.controller import pod_tables
+    from scheduler_extender.objects.narrowing import narrow_affinity
 
     names = [f"n{i}" for i in range(60)]
     nodes = [node_view(node(n, gpus=8, labels={"kubernetes.io/hostname": n}), (GPU,)) for n in names]
     pods = []
     for k in range(60):
         p = pod(f"g-{k}", 8, gpr="g", uid=f"p{k}")
-        p["spec"]["affinity"] = reconcile.narrow_affinity(None, names, {n: n for n in names})[0]["value"]
+        p["spec"]["affinity"] = narrow_affinity(None, names, {n: n for n in names})[0]["value"]
         view = pod_view(p, (GPU,))
         assert view is not None
         pods.append(view)
     calls: list[str] = []
-    real = reconcile.why_not
+    real = pod_tables.why_not
 
     def counted(p: Any, n: Any, lifecycle: bool = True) -> str:
         calls.append(n.name)
         return real(p, n, lifecycle)
 
-    monkeypatch.setattr(reconcile, "why_not", counted)
-    assert reconcile._cannot_run(pods, nodes) == ""
+    monkeypatch.setattr(pod_tables, "why_not", counted)
+    assert pod_tables.cannot_run(pods, nodes) == ""
     assert len(calls) == len(pods)
     picky = pod("g-x", 8, gpr="g", uid="px")
     picky["spec"]["nodeSelector"] = {"zone": "b"}
     picky_view = pod_view(picky, (GPU,))
     assert picky_view is not None
-    message = reconcile._cannot_run([*pods, picky_view], nodes)
+    message = pod_tables.cannot_run([*pods, picky_view], nodes)
     assert message.startswith("pod g-x cannot run on the reserved nodes (n0: nodeSelector zone=b"), message
     assert message.count("nodeSelector zone=b") == 3 and message.endswith("; ...)")

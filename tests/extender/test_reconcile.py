@@ -17,26 +17,19 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender import ledger
-from scheduler_extender.cluster import GPU, node_view, pod_view
+from scheduler_extender.controller.gpr_pass import plan_pass
+from scheduler_extender.controller.pass_cache import Base, Holders, PassCache, ranked_fields
+from scheduler_extender.controller.pass_types import PassConfig, Plan, Snapshot
 from scheduler_extender.core.gpr import GPR, Phase
 from scheduler_extender.core.inventory import Inventory, NodeSpec
 from scheduler_extender.core.placement import make_policy
 from scheduler_extender.core.predictor import DurationPredictor, JobKey
 from scheduler_extender.core.scheduler import Scheduler, SchedulerConfig
-from scheduler_extender.gpr_resource import rfc3339
-from scheduler_extender.reconcile import (
-    Base,
-    Holders,
-    PassCache,
-    PassConfig,
-    Plan,
-    Snapshot,
-    _ranked_fields,
-    plan_pass,
-    ungate_patch,
-)
-from scheduler_extender.workspaces import WorkspaceIndex
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.cluster import GPU, node_view, pod_view
+from scheduler_extender.objects.gpr_codec import rfc3339
+from scheduler_extender.objects.narrowing import ungate_patch
+from scheduler_extender.objects.workspaces import WorkspaceIndex
 from tests.extender.harness import gpr, node, pod
 
 
@@ -272,10 +265,10 @@ def test_ungate_patch_narrows_and_lifts_in_one_request() -> None:
 
 
 def test_queue_refreshes_write_only_positions_and_estimates_that_moved_enough() -> None:
-    from scheduler_extender.reconcile import _queue_moved, spot_of
+    from scheduler_extender.controller.status_diff import queue_moved, spot_of
 
     def moved(a: dict[str, object], b: dict[str, object]) -> bool:
-        return _queue_moved(spot_of(a), spot_of(b), now)
+        return queue_moved(spot_of(a), spot_of(b), now)
 
     now = 1_800_000_000.0
     at = {"queuePosition": 500, "estimatedStart": rfc3339(now + 36_000)}
@@ -306,13 +299,13 @@ def new_spot(position: int | None, estimate: Any) -> Any:
 
 
 def test_a_refresh_judges_a_queued_gpr_by_the_fields_it_would_write() -> None:
-    """The refresh compares numbers (the spot new_spot gives, which _spot_moved and _spots_moved judge) instead of
+    """The refresh compares numbers (the spot new_spot gives, which spot_moved_from and spots_moved judge) instead of
     rendering and parsing each status: the same numbers as the status it would write (queue_fields) read back."""
     import random
 
+    from scheduler_extender.controller.status_diff import spot_of
     from scheduler_extender.core.waittime import Interval
-    from scheduler_extender.gpr_resource import queue_fields
-    from scheduler_extender.reconcile import spot_of
+    from scheduler_extender.objects.gpr_codec import queue_fields
 
     rng = random.Random(5)
     now = 1_800_000_000.0
@@ -337,12 +330,12 @@ _times = st.one_of(st.just(float("inf")), st.just(float("nan")), st.floats(-2_00
        st.tuples(*[st.one_of(st.none(), st.floats(-2_000, 100_000), st.integers(-60, 60)) for _ in range(3)]))
 def test_the_refresh_check_equals_comparing_whole_spots(old_pos: Any, position: int | None, times: Any,
                                                         olds: tuple[Any, ...]) -> None:
-    """_spot_moved (what a refresh asks of each queued GPR) answers as _queue_moved of the spot it would write,
+    """spot_moved_from (what a refresh asks of each queued GPR) answers as queue_moved of the spot it would write,
     whatever was stored (a position that is not a number included), at and around every threshold (stored times
     drawn as offsets of the new ones)."""
 
+    from scheduler_extender.controller.status_diff import queue_moved, spot_moved_from
     from scheduler_extender.core.waittime import Interval
-    from scheduler_extender.reconcile import _queue_moved, _spot_moved
 
     now = 1_800_000_000.0
     estimate = Interval(*(now + t for t in times)) if times is not None else None
@@ -356,9 +349,9 @@ def test_the_refresh_check_equals_comparing_whole_spots(old_pos: Any, position: 
         return None if offset is None else now + offset
 
     old = (old_pos, *(stored(o, n) for o, n in zip(olds, new[1:], strict=True)))
-    assert _spot_moved(old, position, estimate, now) == _queue_moved(old, new, now), (old, new)
+    assert spot_moved_from(old, position, estimate, now) == queue_moved(old, new, now), (old, new)
     if estimate is not None and all(math.isfinite(t) for t in (estimate.start, estimate.low, estimate.high)):
-        assert not _spot_moved(new, position, estimate, now)  # what it would write has not moved
+        assert not spot_moved_from(new, position, estimate, now)  # what it would write has not moved
 
 
 _stored_positions = st.one_of(st.none(), st.just("same"), st.tuples(st.just("from"), st.integers(-5, 5)),
@@ -386,11 +379,11 @@ _offset = st.one_of(st.just(("sec", 0)), st.just(("sec", 0)), st.just(("sec", 0)
           *[("same", None, (None, None, None))] * 18, (27, None, (None, None, None)),  # places 25 and 28: a tenth
           ("same", None, (None, None, None)), ("same", None, (None, None, None)), (30, None, (None, None, None))])
 def test_a_refresh_checks_the_whole_queue_at_once_as_it_checks_each_gpr(queue: list[Any]) -> None:
-    """_spots_moved (the refresh's check of every queued GPR at once, in queue order) answers for each exactly as
-    _spot_moved does: positions that are not numbers, booleans, floats and integers beyond 2**52 included, times
+    """spots_moved (the refresh's check of every queued GPR at once, in queue order) answers for each exactly as
+    spot_moved_from does: positions that are not numbers, booleans, floats and integers beyond 2**52 included, times
     at and around every threshold, estimates with no start or no range."""
+    from scheduler_extender.controller.status_diff import spot_moved_from, spot_numbers_of, spots_moved
     from scheduler_extender.core.waittime import Interval
-    from scheduler_extender.reconcile import _spot_moved, _spot_numbers, _spots_moved
 
     now = 1_800_000_000.0
 
@@ -414,9 +407,9 @@ def test_a_refresh_checks_the_whole_queue_at_once_as_it_checks_each_gpr(queue: l
         spots.append((i + 1 if old_pos == "same" else old_pos,
                       *(stored(o, at) for o, at in zip(offsets, new[1:], strict=True))))
         estimates.append(estimate)
-    expected = [_spot_moved(spot, i + 1, estimate, now)
+    expected = [spot_moved_from(spot, i + 1, estimate, now)
                 for i, (spot, estimate) in enumerate(zip(spots, estimates, strict=True))]
-    assert _spots_moved([_spot_numbers(spot) for spot in spots], estimates, now).tolist() == expected
+    assert spots_moved([spot_numbers_of(spot) for spot in spots], estimates, now).tolist() == expected
 
 
 @pytest.mark.parametrize("change", ["ledger", "pod"])
@@ -475,8 +468,8 @@ def test_a_node_heartbeat_keeps_the_devices_used_outside_gprs_and_a_ledger_chang
 
 
 def test_the_rank_kept_across_status_writes_reads_only_the_fields_it_is_checked_on() -> None:
-    """A queued GPR's size-order rank is carried to its next object version when _ranked_fields are equal: so
-    Scheduler.size_rank may read nothing else of the GPR (a field it starts to read must join _ranked_fields)."""
+    """A queued GPR's size-order rank is carried to its next object version when ranked_fields are equal: so
+    Scheduler.size_rank may read nothing else of the GPR (a field it starts to read must join ranked_fields)."""
     sched = Scheduler(Inventory([NodeSpec("n0", 8)]), make_policy("bestfit"), SchedulerConfig(order="size"))
     base = GPR("default/g", exit_duration_s=3600.0, submitted_at=1000.0)
     ranked: dict[str, Any] = {"workspace": "team", "template": "t", "workload": "w", "resource": "neureality.com/nr1",
@@ -492,9 +485,9 @@ def test_the_rank_kept_across_status_writes_reads_only_the_fields_it_is_checked_
     assert set(ranked) | set(unranked) == set(vars(base)), "a new GPR field: say here whether size_rank reads it"
     for name, value in unranked.items():
         assert sched.size_rank(dataclasses.replace(base, **{name: value})) == sched.size_rank(base), name
-    for name, value in ranked.items():  # each of these is in _ranked_fields (and most move the rank)
+    for name, value in ranked.items():  # each of these is in ranked_fields (and most move the rank)
         other = dataclasses.replace(base, **{name: value})
-        assert _ranked_fields(other) != _ranked_fields(base), name
+        assert ranked_fields(other) != ranked_fields(base), name
 
 
 def test_a_write_that_only_moves_a_queued_gprs_place_is_marked_as_news() -> None:
@@ -981,7 +974,7 @@ def test_a_burst_of_admissions_is_derived_up_to_a_share_of_the_entries() -> None
     """A pass that takes in many admissions at once (a burst of one-GPR-per-pod admissions) still derives the
     inventory while the changed entries are at most a quarter of them (or 64), each node's new entries in
     creation order; beyond that it builds afresh."""
-    from scheduler_extender.reconcile import DERIVE_LIMIT, DERIVE_SHARE
+    from scheduler_extender.controller.pass_cache import DERIVE_LIMIT, DERIVE_SHARE
 
     specs = tuple(NodeSpec(f"n{i:03d}", 8) for i in range(1_000))
     old = tuple((f"u{i}", f"default/g{i}", ((f"n{i:03d}", 8),)) for i in range(800))
@@ -1022,7 +1015,7 @@ def test_narrowing_is_idempotent_and_in_forms_the_api_server_accepts() -> None:
     """A webhook may be called again on its own output (reinvocationPolicy: IfNeeded), a new leader may look at a
     pod the last one narrowed: narrowing what is narrowed changes nothing. Every form passes the API server's
     pod validation (a node field selector takes one value)."""
-    from scheduler_extender.reconcile import narrow_affinity
+    from scheduler_extender.objects.narrowing import narrow_affinity
     from tests.apiserver_peer.pods import affinity_errors
     from tests.apiserver_peer.wire import json_patch
 
@@ -1047,7 +1040,7 @@ def test_narrowing_is_idempotent_and_in_forms_the_api_server_accepts() -> None:
 def test_a_large_reservation_is_named_node_by_node_for_the_prefilter_shortcut() -> None:
     """100 reserved nodes: still one matchFields term a node (kube-scheduler's NodeAffinity PreFilter takes the
     union of the terms' names and filters only those nodes; a hostname label expression has no such shortcut)."""
-    from scheduler_extender.reconcile import narrow_affinity
+    from scheduler_extender.objects.narrowing import narrow_affinity
 
     many = [f"n{i:03d}" for i in range(100)]
     hostnames = {n: f"host-{n}" for n in many}
@@ -1246,7 +1239,7 @@ def test_the_pods_by_gpr_made_from_the_last_pass_are_those_made_afresh(seed: int
     """Pods come, go, bind, lose their gate, end, move to another GPR or are replaced by an equal view; the tables
     made from the last pass's equal those made from nothing (lists in the snapshot's order), and where no pod
     was deleted (the rest keep their places) a GPR none of whose pods changed keeps its very lists."""
-    from scheduler_extender.reconcile import PodsByGPR
+    from scheduler_extender.controller.pod_tables import PodsByGPR
 
     rng = random.Random(seed)
     groups = ["default/a", "default/b", "default/c", ""]
@@ -1301,7 +1294,7 @@ def test_the_pods_by_gpr_made_from_the_last_pass_are_those_made_afresh(seed: int
 
 
 def test_the_pod_lists_of_two_passes_are_read_as_the_informer_changes_its_table() -> None:
-    from scheduler_extender.reconcile import _list_changes
+    from scheduler_extender.controller.pod_tables import _list_changes
 
     def view(uid: str) -> Any:
         v = pod_view(pod(uid, 1, uid=uid), (GPU,))
@@ -1512,6 +1505,6 @@ def test_no_estimate_says_now_for_a_gpr_the_controller_will_not_admit_now() -> N
         waiting = gprs["uc"]["status"]
         assert waiting["phase"] == "Queued" and waiting.get("nextRetryTime") == retry, waiting
         if "estimatedStart" in waiting:
-            from scheduler_extender.gpr_resource import parse_time
+            from scheduler_extender.objects.gpr_codec import parse_time
             start, retry_at = parse_time(waiting["estimatedStart"]), parse_time(retry)
             assert start is not None and retry_at is not None and start >= retry_at, waiting

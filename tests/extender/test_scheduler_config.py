@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_extender.gpr_resource import parse_duration
-from scheduler_extender.webhook import Webhook
+from scheduler_extender.admission.webhook import Webhook
+from scheduler_extender.objects.gpr_codec import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2] / "manifests"
 

@@ -15,8 +15,8 @@ import time
 
 import aiohttp
 
-from scheduler_extender.auth import Authorizer
-from scheduler_extender.rest_api import RateLimiter
+from scheduler_extender.api.app import RateLimiter
+from scheduler_extender.api.auth import Authorizer
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.test_http_robustness import process
 

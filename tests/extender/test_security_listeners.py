@@ -23,9 +23,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from kubeapi import KubeClient
-from scheduler_extender.controller_main import ControllerProcess, parse
-from scheduler_extender.http_listener import BAD_REQUEST_BODY, Limits
-from scheduler_extender.kube import Kube
+from scheduler_extender.cmd.controller import ControllerProcess, parse
+from scheduler_extender.objects.kube import Kube
+from service.http_listener import BAD_REQUEST_BODY, Limits
 from tests.extender.harness import stack
 
 SECRET = "s3cr3t-t0ken-do-not-echo"

@@ -18,8 +18,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from kubeapi import KubeClient
-from scheduler_extender.kube import Kube
-from scheduler_extender.server import ExtenderServer
+from scheduler_extender.cmd.server import ExtenderServer
+from scheduler_extender.objects.kube import Kube
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import node, pod, stack, wait_until
 from tests.realcluster.controlplane import PKI

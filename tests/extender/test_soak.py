@@ -9,9 +9,10 @@ import os
 import time
 from typing import Any
 
-from scheduler_extender.cluster import ClusterView
-from scheduler_extender.controller import GPRController
-from scheduler_extender.reconcile import PassConfig, plan_pass
+from scheduler_extender.controller.gpr_controller import GPRController
+from scheduler_extender.controller.gpr_pass import plan_pass
+from scheduler_extender.controller.pass_types import PassConfig
+from scheduler_extender.objects.cluster import ClusterView
 from tests.extender.harness import gpr, node, pod
 
 # longer soaks: ACCELSTACK_SOAK_EVENTS=300000 python -m pytest -q -s tests/extender/test_soak.py

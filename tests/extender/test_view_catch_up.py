@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler_extender.cluster import ClusterView
+from scheduler_extender.objects.cluster import ClusterView
 from tests.extender.harness import gpr
 
 

@@ -17,8 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kubeapi.client import connected
-from scheduler_extender.kube import Kube
-from scheduler_extender.webhook import (
+from scheduler_extender.admission.webhook import (
     AUTO_LABEL,
     CREATED_FOR_ANNOTATION,
     AlreadyExists,
@@ -26,6 +25,7 @@ from scheduler_extender.webhook import (
     Webhook,
     add_webhook_routes,
 )
+from scheduler_extender.objects.kube import Kube
 from tests.apiserver_peer import APIServerPeer, json_patch
 from tests.apiserver_peer.pods import affinity_errors
 from tests.extender.harness import wait_until
@@ -638,7 +638,7 @@ async def test_gpr_count_limit_counts_unfinished_gprs(http: TestClient[Any, Any]
 async def test_gpr_count_limit_is_read_from_the_informer_view_without_listing(lookup: MemoryLookup) -> None:
     """With the informer's view the namespace's count costs no API call (a burst of automatic GPRs in a limited
     namespace listed it once per GPR): the same phases count, the GPR being judged and other namespaces do not."""
-    from scheduler_extender.cluster import ClusterView
+    from scheduler_extender.objects.cluster import ClusterView
 
     def gpr_in(ns: str, name: str, phase: str | None) -> dict[str, Any]:
         return {"metadata": {"name": name, "namespace": ns, "uid": f"u-{ns}-{name}"}, "spec": {"devicesPerNode": 1},
@@ -913,7 +913,7 @@ async def test_a_bug_in_a_lookup_is_a_refusal_not_a_500(lookup: MemoryLookup) ->
 
 # ---- pods of an admitted GPR: straight to the reserved nodes, no gate, no API call ---------------------------
 async def test_a_pod_of_an_admitted_gpr_is_narrowed_to_its_nodes_instead_of_gated(lookup: MemoryLookup) -> None:
-    from scheduler_extender.cluster import ClusterView
+    from scheduler_extender.objects.cluster import ClusterView
 
     view = ClusterView()
     view.sync_gprs([

@@ -15,10 +15,10 @@ from typing import Any
 import celpy
 import yaml
 
-from scheduler_extender.gpr_resource import GPR_LABEL
-from scheduler_extender.main import RESOURCE_NAMES
-from scheduler_extender.resources import pod_requests
-from scheduler_extender.webhook import Webhook
+from scheduler_extender.admission.webhook import Webhook
+from scheduler_extender.cmd.extender import RESOURCE_NAMES
+from scheduler_extender.objects.gpr_codec import GPR_LABEL
+from scheduler_extender.objects.resources import pod_requests
 from tests.extender.test_webhook import NOW, MemoryLookup, review, serve
 
 WEBHOOKS = Path(__file__).resolve().parents[2] / "manifests" / "extender" / "webhooks.yaml"

@@ -1,4 +1,4 @@
-"""The wait-time index (scheduler_extender.whatif) answers exactly what a sweep of the whole view answers, and
+"""The wait-time index (scheduler_extender.api.whatif) answers exactly what a sweep of the whole view answers, and
 sweeps only when the view changed and the index is old enough."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import random
 import time
 from typing import Any
 
-from scheduler_extender import gpr_resource as gr
-from scheduler_extender import ledger
-from scheduler_extender.cluster import ALLOCATED, HOLDING, ClusterView
-from scheduler_extender.whatif import WhatIf, build_index
+from scheduler_extender.api.whatif import WhatIf, build_index
+from scheduler_extender.objects import gpr_codec as gr
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.cluster import ALLOCATED, HOLDING, ClusterView
 from tests.extender.harness import GPU, gpr, hold_share, node, pod
 
 NOW = 1_800_000_000.0
@@ -107,9 +107,9 @@ def random_gpr(rng: random.Random, i: int, names: list[str]) -> dict[str, Any]:
 
 
 async def test_index_answers_what_the_sweep_answers(monkeypatch: Any) -> None:
-    monkeypatch.setattr("scheduler_extender.loop.STEP", 3)  # the sweep yields before every slice of 3 objects:
-    monkeypatch.setattr("scheduler_extender.loop.BUDGET", 0)  # the copies it sweeps must hold
-    monkeypatch.setattr("scheduler_extender.loop.GAP", 0)
+    monkeypatch.setattr("service.loop.STEP", 3)  # the sweep yields before every slice of 3 objects:
+    monkeypatch.setattr("service.loop.BUDGET", 0)  # the copies it sweeps must hold
+    monkeypatch.setattr("service.loop.GAP", 0)
     rng = random.Random(11)
     checked = set()
     for _ in range(300):
@@ -138,9 +138,9 @@ async def test_an_index_swept_on_the_last_one_answers_as_a_fresh_sweep(monkeypat
     """A sweep takes again what the last one found where its inputs are the same (the GPRs' part while no GPR
     changed, a node's free devices while its object is the same): after any series of node, GPR and pod events
     it answers exactly what a sweep from nothing answers, and what the specification does."""
-    monkeypatch.setattr("scheduler_extender.loop.STEP", 3)
-    monkeypatch.setattr("scheduler_extender.loop.BUDGET", 0)
-    monkeypatch.setattr("scheduler_extender.loop.GAP", 0)
+    monkeypatch.setattr("service.loop.STEP", 3)
+    monkeypatch.setattr("service.loop.BUDGET", 0)
+    monkeypatch.setattr("service.loop.GAP", 0)
     rng = random.Random(23)
     kept_gprs = kept_nodes = 0
     for _ in range(150):
@@ -241,7 +241,7 @@ async def test_requests_arriving_during_a_sweep_share_it() -> None:
 
 async def test_a_costly_sweep_is_kept_longer_so_sweeps_take_a_bounded_share_of_the_loop(monkeypatch: Any) -> None:
     """A sweep that took 0.2 s is swept again only after 0.2 / DUTY = 4 s of a changing view, not every 0.5 s."""
-    from scheduler_extender import whatif
+    from scheduler_extender.api import whatif
 
     clock = [0.0]
     real = whatif.build_index
@@ -273,7 +273,7 @@ async def test_a_sweep_of_a_large_queue_gives_the_loop_back_in_slices() -> None:
     queued GPRs on 2,000 nodes no stretch without a yield takes a fifth of the sweep (one unsliced sort and the
     running maxima of the estimates held it for most of a sweep, 5-10 ms at once). Judged on the share, not on
     milliseconds, and on the best of three sweeps, so a slow or busy machine does not decide it."""
-    from scheduler_extender.whatif import build_index
+    from scheduler_extender.api.whatif import build_index
 
     view = ClusterView()
     for i in range(2000):

@@ -34,9 +34,9 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from kubeapi import KubeClient
-from scheduler_extender import ledger
-from scheduler_extender.kube import Kube
-from scheduler_extender.server import ExtenderServer
+from scheduler_extender.cmd.server import ExtenderServer
+from scheduler_extender.objects import ledger
+from scheduler_extender.objects.kube import Kube
 from tests import nodeaffinity
 from tests.apiserver_peer import APIServerPeer
 from tests.apiserver_peer.faults import Fault

@@ -13,9 +13,9 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from kubeapi.client import connected
-from scheduler_extender.kube import Kube
-from scheduler_extender.webhook import BINDING_ANNOTATION, KubeLookup, Webhook
-from scheduler_extender.workspaces import WORKSPACE_LABEL
+from scheduler_extender.admission.webhook import BINDING_ANNOTATION, KubeLookup, Webhook
+from scheduler_extender.objects.kube import Kube
+from scheduler_extender.objects.workspaces import WORKSPACE_LABEL
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.test_webhook import NOW, MemoryLookup, call, patched, pod, review, serve
 

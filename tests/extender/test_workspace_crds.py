@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_extender import workspaces as wsp
+from scheduler_extender.objects import workspaces as wsp
 from tests.extender.test_crds import CEL, admit, crd, examples, schema_of, structural_problems
 
 ROOT = Path(__file__).resolve().parents[2] / "manifests"

@@ -1,4 +1,4 @@
-"""The workspace planner as a pure function (scheduler_extender/workspaces.py): the cases the API-server tests
+"""The workspace planner as a pure function (scheduler_extender/objects/workspaces.py): the cases the API-server tests
 do not reach cheaply — a Role of the controller's name that is not its own, a RoleBinding whose roleRef changed,
 a terminating namespace, a stray label, the core's quota keys."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler_extender import workspaces as wsp
+from scheduler_extender.objects import workspaces as wsp
 
 
 def ws(name: str, namespaces: list[str], access: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def test_unusable_role_templates_are_named() -> None:
 
 
 def test_the_duration_history_learns_under_the_same_workspace_key_the_core_predicts_with() -> None:
-    from scheduler_extender.predictor_store import job_key
+    from scheduler_extender.controller.predictor_store import job_key
 
     index = wsp.index([wsp.parse_workspace(ws("w", ["a"]))], {})
     obj = {"metadata": {"namespace": "a", "name": "g"}, "spec": {"resource": "neureality.com/nr1"}}

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from scheduler_extender import workspaces as wsp
+from scheduler_extender.objects import workspaces as wsp
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node, stack
 from tests.extender.harness import wait_until as wait_within
@@ -313,7 +313,7 @@ async def test_the_controller_process_runs_the_workspace_controller_under_its_le
     await peer.put_object(WS, workspace("proc", ["proc-a"], ACCESS[:1]))
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scheduler_extender.controller_main", "--kubeconfig",
+        sys.executable, "-m", "scheduler_extender.cmd.controller", "--kubeconfig",
         str(kubeconfig(tmp_path, peer.url)), "--listen", f"127.0.0.1:{port}", "--lease-seconds", "3",
         "--resync", "0.2", "--log-format", "text", stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "ACCELSTACK_CTL_LEASE_NAMESPACE": "accelstack-system"})
@@ -342,9 +342,9 @@ async def test_a_delete_forgets_only_the_object_it_named_not_one_re_created_mean
     from kubernetes_asyncio import client as k8s
 
     from kubeapi import KubeClient
-    from scheduler_extender.cluster import ClusterView
-    from scheduler_extender.kube import Kube
-    from scheduler_extender.workspace_controller import WorkspaceController
+    from scheduler_extender.controller.workspaces import WorkspaceController
+    from scheduler_extender.objects.cluster import ClusterView
+    from scheduler_extender.objects.kube import Kube
 
     peer = await new_peer()
     await peer.put_object(NS, namespace("team-a"))

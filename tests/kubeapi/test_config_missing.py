@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = {
-    "extender": ["scheduler_extender.main", "--insecure-verbs=true"],
-    "controller": ["scheduler_extender.controller_main"],
+    "extender": ["scheduler_extender.cmd.extender", "--insecure-verbs=true"],
+    "controller": ["scheduler_extender.cmd.controller"],
     "inference operator": ["inference.operator.main"],
     "remediation": ["npd.remediation"],
     "gateway": ["inference.gateway.main"],

@@ -363,7 +363,7 @@ async def test_a_relist_of_real_sized_objects_gives_the_loop_back(peer: APIServe
     70-180 ms. A plain ``on_sync`` gets the same objects, decoded beforehand (a consumer that keeps a million
     new objects pays one young collection over them when the pause ends). The pages come from the peer first;
     the relists measured are handed those same pages (the peer, in this process, would be measured too)."""
-    from scheduler_extender.cluster import ClusterView
+    from scheduler_extender.objects.cluster import ClusterView
     from tests.extender.harness import hold_share
 
     for i in range(1000):

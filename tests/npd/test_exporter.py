@@ -13,8 +13,8 @@ from typing import Any, cast
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from device_plugin.observability import HttpEndpoint, PluginMetrics
 from npd.exporter import build
+from service.observability import HttpEndpoint, PluginMetrics
 from tests.fake_nvml import dgx_like
 from tests.npd.helpers import values
 from tests.npd.podresources_peer import PodResourcesPeer

@@ -49,7 +49,7 @@ def test_installed_nr1_plugin(installed: Path, tmp_path: Path) -> None:
 
 def test_nothing_is_loaded_from_outside_the_tree(installed: Path) -> None:
     probe = ("import sys, npd.gpu_check, npd.nr1_check, npd.nodeinfo, device_plugin.nvml_backend, "
-             "device_plugin.nr1_backend, device_plugin.observability, npd.config, pynvml, yaml\n"
+             "device_plugin.nr1_backend, service.observability, npd.config, pynvml, yaml\n"
              "outside = sorted(m.__file__ for m in list(sys.modules.values())\n"
              f"                 if getattr(m, '__file__', None) and not m.__file__.startswith({str(installed)!r}))\n"
              "print(outside)\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from scheduler_extender import gpr_resource as gr
+from scheduler_extender.objects import gpr_codec as gr
 from tests.apiserver_peer import APIServerPeer
 from tests.extender.harness import gpr, node
 

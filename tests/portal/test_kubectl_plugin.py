@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_extender.kubectl_plugin import kubeconfig_token, main
+from scheduler_extender.cli.kubectl_plugin import kubeconfig_token, main
 from tests.portal.test_rest_views import seeded
 
 

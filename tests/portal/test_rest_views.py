@@ -99,9 +99,9 @@ async def test_a_reservations_running_pods_are_held_once_in_the_heat_map() -> No
     """A GPR reserving all 8 devices of a node whose pods use 3 of them: the node holds 8 of 8, not 11 of 8
     (allocated + reserved counted the 3 running devices twice, and the portal drew "11/8"); devices allocated
     outside any reservation add to it."""
-    from scheduler_extender import ledger
-    from scheduler_extender.cluster import GPU, ClusterView
-    from scheduler_extender.rest_views import node_rows, summary
+    from scheduler_extender.api.views import node_rows, summary
+    from scheduler_extender.objects import ledger
+    from scheduler_extender.objects.cluster import GPU, ClusterView
     from tests.extender.harness import gpr, node
 
     view = ClusterView()
@@ -236,8 +236,8 @@ async def test_the_namespace_index_refreshes_at_most_every_ttl_and_keeps_its_las
     from kubernetes_asyncio import client
 
     from kubeapi import KubeClient
-    from scheduler_extender.kube import Kube
-    from scheduler_extender.rest_views import NamespaceIndex
+    from scheduler_extender.api.views import NamespaceIndex
+    from scheduler_extender.objects.kube import Kube
 
     peer = APIServerPeer()
     await peer.start()
@@ -268,8 +268,8 @@ async def test_the_namespace_index_refreshes_at_most_every_ttl_and_keeps_its_las
 
 
 def test_node_group_label_flag_is_checked() -> None:
-    from device_plugin.flags import UsageError
-    from scheduler_extender.main import parse
+    from scheduler_extender.cmd.extender import parse
+    from service.flags import UsageError
 
     insecure = ["--insecure-verbs=true"]
     assert parse([*insecure, "--node-group-label", "example.com/rack"], {})["node_group_label"] == "example.com/rack"
@@ -282,9 +282,9 @@ async def test_the_per_node_inventory_gives_the_loop_back_and_is_kept_while_the_
     """``GET /api/v1/inventory`` at 5,000 nodes held the loop that answers filter and bind for the whole sweep
     (19 ms here, for anyone allowed to list nodes, as often as they asked); now it is swept in slices and its
     answer kept while the view is unchanged. The rows and the per-model sums are those of the nodes."""
-    from scheduler_extender import ledger
-    from scheduler_extender.cluster import GPU, ClusterView
-    from scheduler_extender.rest_api import inventory
+    from scheduler_extender.api.app import inventory
+    from scheduler_extender.objects import ledger
+    from scheduler_extender.objects.cluster import GPU, ClusterView
     from tests.extender.harness import gpr, hold_share, node
 
     view = ClusterView()
@@ -332,8 +332,8 @@ async def test_lists_from_the_api_server_are_sent_in_slices(monkeypatch: pytest.
     from aiohttp.test_utils import TestClient, TestServer
 
     from kubeapi import ApiError
-    from scheduler_extender import rest_http
-    from scheduler_extender.rest_http import api_items
+    from scheduler_extender.api import http as rest_http
+    from scheduler_extender.api.http import api_items
     from tests.extender.harness import gpr
 
     items = [gpr(f"g{i}", phase="Queued") for i in range(10_000)]
@@ -398,7 +398,7 @@ def test_api_server_failures_map_to_what_a_caller_can_act_on() -> None:
     Retry-After (rounded up, at least 1 s); no answer is 504; any other failure 502."""
     from kubeapi import ApiError
     from kubeapi.errors import TooManyRequests, TransportError
-    from scheduler_extender.rest_http import api_error
+    from scheduler_extender.api.http import api_error
 
     def mapped(exc: ApiError) -> tuple[int, str | None, str]:
         response = api_error(exc)

@@ -119,7 +119,7 @@ class Stack:
         self.scheduler_name = ""
 
     def _extender(self) -> Product:
-        return Product(self.cp, "extender", "scheduler_extender.main", [
+        return Product(self.cp, "extender", "scheduler_extender.cmd.extender", [
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{self.port}",
             "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key), "--url-prefix", "/scheduler",
             "--scheduler-listen", f"127.0.0.1:{self.verbs_port}", "--scheduler-client-ca-file", str(self.cp.pki.ca_crt),
@@ -129,7 +129,7 @@ class Stack:
     def controller(self, identity: str = "controller-0", lease_seconds: float = 4.0, *args: str) -> Product:
         """A replica of the controller container (its own /readyz port); ``args`` after the test's defaults."""
         port = free_port()
-        return Product(self.cp, identity, "scheduler_extender.controller_main", [
+        return Product(self.cp, identity, "scheduler_extender.cmd.controller", [
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{port}", "--identity", identity,
             "--lease-seconds", str(lease_seconds), "--resync", "2", "--estimate-every", "5",
             "--log-format", "json", *args], env={"POD_NAMESPACE": SYSTEM_NS}, health=f"http://127.0.0.1:{port}")

@@ -33,7 +33,7 @@ from kubeapi import ApiError
 from kubeapi.client import KubeClient, from_config
 from kubeapi.resources import NODES
 from npd.remediation import HEALTHY_SINCE_ANNOTATION
-from scheduler_extender.ledger import LEDGER_ANNOTATION
+from scheduler_extender.objects.ledger import LEDGER_ANNOTATION
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.objects import wait_for

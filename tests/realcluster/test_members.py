@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from scheduler_extender.kubectl_plugin import Client
+from scheduler_extender.cli.kubectl_plugin import Client
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.stack import Stack
 from tests.realcluster.test_workspaces import WS, wait_ready

@@ -1,0 +1,1 @@
+"""Process entry points: ``accelstack-extender`` and ``accelstack-controller`` (flags, wiring, shutdown)."""

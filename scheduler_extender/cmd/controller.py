@@ -1,0 +1,181 @@
+"""``accelstack-controller``: the leader-elected GPR controller and ledger sweep as a process of its own.
+
+It keeps its own informers (nodes, pods, GPRs; and for the workspace controller, which runs under the same
+leader election: Workspaces, Namespaces and the Roles, RoleBindings and ServiceAccounts it manages), so its
+CPU-bound passes never share an interpreter with the
+extender that answers kube-scheduler and the webhooks. It serves ``/healthz``, ``/readyz`` (false while a
+resource cannot be listed) and ``/metrics``. Every flag has an environment variable (``ACCELSTACK_CTL_<FLAG>``);
+a flag wins over its variable. Bad values stop the process with exit code 2 and a message naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from scheduler_extender.cmd.extender import POLICIES, RESOURCE_NAMES, resource_names
+from service.flags import Checked, add_api_flags, add_logging_flags, adder, run_service
+from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
+
+log = logging.getLogger("accelstack.controller")
+ENV = "ACCELSTACK_CTL_"
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="accelstack-controller",
+        description="The accelstack GPR controller (leader-elected): admits, requeues and evicts GPUProvisioning"
+                    "Requests from the API server's state, lifts their pods' scheduling gates, keeps node ledgers "
+                    f"in step. Each flag can also be set with {ENV}<FLAG>; the flag wins.")
+
+    add = adder(p, environ, ENV)
+    add("listen", ":8081", "host:port for /healthz, /readyz and /metrics")
+    add("header-timeout", f"{DEFAULT_HEADER_TIMEOUT:g}", "seconds a connection may take to send a whole request "
+        "head (from accept, or from the first byte of a later request); closed after")
+    add("idle-timeout", f"{DEFAULT_IDLE_TIMEOUT:g}", "seconds a kept-alive connection may wait for its next request")
+    add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
+    add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
+    add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
+    add("resync", "5", "seconds between passes when nothing changes")
+    add("estimate-every", "30", "seconds between refreshes of queue positions and wait estimates")
+    add("concurrency", "16", "API writes (status, ungate, evict) in flight at once")
+    add("refresh-qps", "20", "status writes per second that only move a queued GPR's position or wait estimate "
+                             "(the rest wait for a later refresh, those nearest the head of the queue first)")
+    add("refresh-burst", "100", "such writes at once after a quiet spell")
+    add("min-pass-gap", "0.25", "least seconds between a pass and the next one that events ask for (a burst of "
+                                "events makes fewer, larger passes: bounded CPU, decisions at most this much later)")
+    add_logging_flags(add)
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    flags = Checked.parse(build_parser(environ), argv, ENV)
+    args = flags.args
+    host, port = flags.listen()
+    flags.existing_file("kubeconfig")
+    resources = resource_names(args.resources)
+    flags.one_of("policy", POLICIES)
+    log_level, log_format = flags.logging()
+    return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "resources": resources,
+            "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
+            "lease_seconds": flags.number("lease-seconds", float, 2), "policy": args.policy,
+            "resync": flags.number("resync", float, 0.05),
+            "estimate_every": flags.number("estimate-every", float, 1),
+            "concurrency": flags.number("concurrency", int, 1),
+            "refresh_qps": flags.number("refresh-qps", float, 0.1),
+            "refresh_burst": flags.number("refresh-burst", int, 1),
+            "min_gap": flags.number("min-pass-gap", float, 0.0, 60.0),
+            "api_timeout": flags.number("api-timeout", float, 0.1),
+            "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
+                             idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
+            "log_level": log_level, "log_format": log_format}
+
+
+class ControllerProcess:
+    """Informers + :class:`ControllerService` + a small health/metrics server."""
+
+    def __init__(self, kube: Any, opts: dict[str, Any]) -> None:
+        from scheduler_extender.cmd.server import ControllerService, make_informers
+        from scheduler_extender.objects.cluster import ClusterView
+
+        self.kube = kube
+        self.view = ClusterView(opts["resources"])
+        self.registry = CollectorRegistry()
+        self.service = ControllerService(kube, self.view, lease_namespace=opts["lease_namespace"],
+                                         lease_name=opts["lease_name"], identity=opts["identity"],
+                                         policy=opts["policy"], resync=opts["resync"],
+                                         lease_seconds=opts["lease_seconds"], registry=self.registry,
+                                         estimate_every=opts["estimate_every"], concurrency=opts["concurrency"],
+                                         refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"],
+                                         min_gap=opts["min_gap"])
+        self.informers = make_informers(kube, self.view, self.service.node_event, self.service.pod_event, self._on_gpr,
+                                        self._sync_gprs) + self.service.informers
+        self.limits: Limits = opts.get("limits") or Limits()
+        self.stop_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        self.view.on_gpr(kind, obj)
+        self.service.on_gpr(kind, obj)
+
+    def _sync_gprs(self, items: Sequence[dict[str, Any]]) -> None:
+        objects = list(items)  # decoded once (a Listed decodes at each read), for the view and the controller
+        self.view.sync_gprs(objects)
+        self.service.sync_gprs(objects)
+
+    def ready(self) -> bool:
+        return all(i.synced.is_set() and i.healthy for i in self.informers)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, sync_timeout: float = 30.0) -> None:
+        from scheduler_extender.cmd.server import wait_synced
+
+        self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in self.informers]
+        await wait_synced(self.informers, sync_timeout)
+        self.service.start(self.stop_event)
+        app = web.Application()
+        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
+                        web.get("/metrics", self._metrics)])
+        # the same listener as the extender's: fixed answers to malformed HTTP, header and idle timeouts
+        self._runner, self.port = await serve_app(app, host, port, limits=self.limits)
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await self.service.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        if self.ready():
+            return web.Response(text="ok\n")
+        broken = ", ".join(f"{i.name}: {i.last_error or 'not synced'}" for i in self.informers if not i.healthy)
+        return web.Response(status=503, text=f"not ready: {broken}\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self.registry) + generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def serve(opts: dict[str, Any]) -> None:
+    from kubeapi.client import from_config
+    from scheduler_extender.objects.kube import Kube
+
+    kube = Kube(await from_config(opts["kubeconfig"], field_manager="accelstack-gpr-controller",
+                                  timeout=opts["api_timeout"]))
+    process = ControllerProcess(kube, opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await process.start(opts["host"], opts["port"])
+        log.info("controller started", extra={"port": process.port})
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await process.stop()
+        await kube.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_service("accelstack-controller", argv, parse, serve, log, fast_loop=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
