@@ -313,6 +313,12 @@ class KeptJobs:
 CAL_STEP = 0.1  # natural-log bins of the ratio actual / projected wait
 CAL_BINS = 161  # ln ratio -8 .. +8
 CAL_SLACK_S = 60.0  # waits are compared as (wait + slack): a projected 0 s against an actual 30 s is no big miss
+# the quantiles of the learned ratio that bound the P10-P90 range. Not 0.1/0.9: the histogram holds every
+# projected GPR, most of which start within a minute of their projection, while the range is judged (and read)
+# for those that waited longer, whose ratios spread wider; 0.05/0.95 put 80% of those in the range (coverage
+# 80-83% at load 4, 76% at load 2 and 85% at load 1 on the October part of the Philly cut, docs/estimates.md;
+# 0.1/0.9 gave 75%, 68% and 68%)
+CAL_RANGE = (0.05, 0.95)
 
 
 class Interval(NamedTuple):
@@ -329,14 +335,20 @@ class Calibrator:
     Each time a GPR starts, the ratio ``(actual wait + slack) / (projected wait + slack)`` of its *first*
     projection is recorded, per bucket (priority class x decade of the projected wait), in a bounded
     histogram of its logarithm. An estimate scales the projection by the bucket's median ratio (point) and its
-    10th and 90th percentiles (range): about 80% of starts fall in the range once history is representative,
-    whatever the projection gets wrong systematically (later arrivals overtaking, placement, the pool model).
+    ``range_q`` quantiles (the P10-P90 range, 5th and 95th percentile of the ratio by default: see
+    :data:`CAL_RANGE`): about 80% of the GPRs that wait over a minute start in the range once history is
+    representative, whatever the projection gets wrong systematically (later arrivals overtaking, placement,
+    the pool model).
     Fallback: class, then everything, then the projection itself with no range to speak of.
     """
 
-    def __init__(self, min_samples: int = 30, max_count: float = 2000.0) -> None:
+    def __init__(self, min_samples: int = 30, max_count: float = 2000.0,
+                 range_q: tuple[float, float] = CAL_RANGE) -> None:
+        if not 0.0 < range_q[0] < 0.5 < range_q[1] < 1.0:
+            raise ValueError(f"calibrator: range quantiles must be 0 < low < 0.5 < high < 1, got {range_q}")
         self.min_samples = min_samples
         self.max_count = max_count
+        self.range_q = range_q
         self._hist: dict[tuple[str, ...], list[float]] = {}  # bucket -> counts (CAL_BINS) + [total]
         self._q: dict[tuple[str, ...], tuple[float, float, float]] = {}
         # (class, decade) -> what ratios() answers for it, until the next observation (10,000 estimates a refresh)
@@ -371,7 +383,8 @@ class Calibrator:
         self._answer.clear()
 
     def ratios(self, cls: str, projected_wait: float) -> tuple[float, float, float] | None:
-        """(P10, P50, P90) of the log ratio for this bucket, or None when nothing is known."""
+        """(low, median, high) of the log ratio for this bucket, low and high at the ``range_q`` quantiles
+        (the P10-P90 range, see :data:`CAL_RANGE`), or None when nothing is known."""
         key = (cls, self._decade_of(projected_wait))
         try:
             return self._answer[key]
@@ -388,7 +401,7 @@ class Calibrator:
             if h is None or h[-1] < self.min_samples:
                 continue
             total, acc, out = h[-1], 0.0, []
-            targets = [0.1 * total, 0.5 * total, 0.9 * total]
+            targets = [self.range_q[0] * total, 0.5 * total, self.range_q[1] * total]
             for k in range(CAL_BINS):
                 acc += h[k]
                 while targets and acc >= targets[0] - 1e-9:
