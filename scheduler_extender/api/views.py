@@ -35,6 +35,7 @@ from aiohttp import web
 from kubeapi.resources import EVENTS, GPR_TEMPLATE_BINDINGS, GPR_TEMPLATES, NODES, WORKSPACES
 from scheduler_extender.api.http import Routes, api_error, error, json_response, query_int
 from scheduler_extender.api.objects import member_workspaces, workspace_namespaces
+from scheduler_extender.core.gpr import PRIORITY_MAX, PRIORITY_MIN, priority_class
 from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects.cluster import ClusterView, GPRView, NodeView, model_of
 from scheduler_extender.objects.kube import ApiError, Kube
@@ -102,6 +103,20 @@ class NamespaceIndex:
 
 
 # ---- the queue ---------------------------------------------------------------------------------------------
+# How the controller orders the queue (core.scheduler, order "size", the only order the live controller runs):
+# said beside every queue a person reads, so a position is never a mystery.
+QUEUE_ORDER = ("Queued GPRs start by priority level, strictly: high (201-300), then medium (101-200), then low "
+               "(1-100). Within a level, smaller predicted work first (devices x predicted run time, learned from "
+               "finished GPRs of the same shape), and a GPR moves up the longer it waits; a GPR that fits in what "
+               "is free without delaying those ahead of it may start earlier (backfill). Position is the "
+               "controller's, written at its last pass.")
+
+
+def level_of(priority: int) -> str:
+    """The priority level a GPR's priority falls in (``high``, ``medium``, ``low``; '' outside 1-300)."""
+    return priority_class(priority) if PRIORITY_MIN <= priority <= PRIORITY_MAX else ""
+
+
 def _queue_key(g: GPRView) -> tuple[Any, ...]:
     position = g.queue_position if g.queue_position is not None else math.inf
     return PHASE_ORDER.get(g.phase, 9), position, -g.priority, g.created, g.key
@@ -112,7 +127,7 @@ def queue_row(g: GPRView, workspace: str, now: float) -> dict[str, Any]:
     created = gr.parse_time(g.created)
     start = g.estimated_start if g.phase == "Queued" else None
     return {"namespace": namespace, "name": name, "workspace": workspace, "phase": g.phase, "priority": g.priority,
-            "resource": g.resource, "devicesPerNode": g.devices, "nodeCount": g.nodes,
+            "level": level_of(g.priority), "resource": g.resource, "devicesPerNode": g.devices, "nodeCount": g.nodes,
             "position": g.queue_position if g.phase == "Queued" else None,
             "estimatedStart": gr.rfc3339(start) if start is not None else None,
             "waitSeconds": round(max(0.0, start - now), 1) if start is not None else None,
@@ -154,7 +169,7 @@ def queue(index: NamespaceIndex, ordered: list[GPRView], *, namespaces: Iterable
     rows = [queue_row(g, index.of(g.key.split("/", 1)[0]), now) for g in page]
     more = offset + limit < len(matching)
     return {"items": rows, "total": len(matching), "counts": counts,
-            "continue": str(offset + limit) if more else ""}
+            "continue": str(offset + limit) if more else "", "order": QUEUE_ORDER}
 
 
 # ---- the inventory -----------------------------------------------------------------------------------------

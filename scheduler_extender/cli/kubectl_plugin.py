@@ -14,6 +14,7 @@ import json
 import os
 import ssl
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.parse
@@ -140,14 +141,16 @@ def cmd_queue(client: Client, args: argparse.Namespace) -> None:
 
     def render(d: dict[str, Any]) -> str:
         rows = [[r["position"] if r["position"] is not None else "-", r["namespace"], r["name"], r["workspace"],
-                 r["phase"], r["priority"], f"{r['devicesPerNode']}x{r['nodeCount']} {r['resource']}",
+                 r["phase"], f"{r['priority']} ({r['level']})" if r.get("level") else r["priority"],
+                 f"{r['devicesPerNode']}x{r['nodeCount']} {r['resource']}",
                  until(r["estimatedStart"]) if r["phase"] == "Queued" else "-", age(r["ageSeconds"]),
                  r["reason"]] for r in d["items"]]
         more = f"\n({len(d['items'])} of {d['total']}; --limit to see more)" if d.get("continue") else ""
         if not rows:
             return "No GPRs match."
+        order = f"\n\n{textwrap.fill(d['order'], 110)}" if d.get("order") else ""
         return table(["POS", "NAMESPACE", "NAME", "WORKSPACE", "PHASE", "PRIORITY", "DEVICES", "START", "AGE",
-                      "REASON"], rows) + more
+                      "REASON"], rows) + more + order
 
     emit(args, data, render)
 

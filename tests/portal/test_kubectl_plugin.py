@@ -32,12 +32,15 @@ async def test_queue_inventory_and_workspace_tables(capsys: pytest.CaptureFixtur
         auth = ("--server", base, "--token", "admin-token")
         code, out, err = await run(capsys, *auth, "queue")
         assert code == 0, err
-        rows = lines(out)
+        table_part, _, order = out.partition("\n\n")
+        rows = lines(table_part)
         assert rows[0][:5] == ["POS", "NAMESPACE", "NAME", "WORKSPACE", "PHASE"]
         assert [r[2] for r in rows[1:]] == ["finetune", "batch", "sweep", "train-big", "exp"]
-        assert rows[1][:5] == ["1", "team-a", "finetune", "team-a", "Queued"] and "in" in rows[1]
+        assert rows[1][:7] == ["1", "team-a", "finetune", "team-a", "Queued", "120", "(medium)"] and "in" in rows[1]
+        # under the table, how the queue is ordered (issue 35.4: the position alone explained nothing)
+        assert " ".join(order.split()).startswith("Queued GPRs start by priority level, strictly: high (201-300)")
         code, out, _ = await run(capsys, *auth, "queue", "-w", "team-a", "--phase", "Queued")
-        assert [r[2] for r in lines(out)[1:]] == ["finetune"]
+        assert [r[2] for r in lines(out.partition("\n\n")[0])[1:]] == ["finetune"]
 
         code, out, _ = await run(capsys, *auth, "inventory")
         assert code == 0 and "NODE.KUBERNETES.IO/INSTANCE-TYPE" in out and "6 nodes, 36 devices: 0 allocated, 10 reserved, 17 free" in out

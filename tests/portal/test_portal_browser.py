@@ -208,7 +208,8 @@ def test_queue_filters_and_a_gprs_detail(browser: Any, backend: Backend, shots: 
     rows = text(browser, "table.queue tbody").split("\n")
     assert [r.split()[1] for r in rows] == ["team-a/finetune", "team-b/batch", "team-b/sweep", "team-a/train-big",
                                             "team-a-dev/exp"]
-    assert rows[0].split()[:4] == ["1", "team-a/finetune", "team-a", "Queued"] and "in 15m" in rows[0]
+    assert rows[0].split()[:6] == ["1", "team-a/finetune", "team-a", "Queued", "120", "(medium)"] and "in 15m" in rows[0]
+    assert text(browser, "#queue-order").startswith("Queued GPRs start by priority level, strictly: high (201-300)")
     browser.save_screenshot(str(shots / "queue.png"))
     field = element(browser, "#f-workspace")
     field.send_keys("team-b")

@@ -49,6 +49,10 @@ async def test_queue_in_order_with_workspace_filters_and_pages() -> None:
         assert q["counts"] == {"Queued": 3, "Running": 1, "Admitted": 1, "Complete": 1} and q["total"] == 5
         assert next(r for r in q["items"] if r["name"] == "exp")["workspace"] == "team-a"  # team-a-dev's label
         assert next(r for r in q["items"] if r["name"] == "batch")["workspace"] == "team-b"  # its own
+        # the order is explained where the queue is read: each GPR's priority level and the rule (issue 35.4)
+        assert [(r["priority"], r["level"]) for r in q["items"][:3]] == [(120, "medium"), (100, "low"), (90, "low")]
+        assert q["order"].startswith("Queued GPRs start by priority level, strictly: high (201-300), then medium")
+        assert "smaller predicted work first" in q["order"]
 
         _, ws = await get(http, f"{base}/api/v1/queue?workspace=team-a", ADMIN)
         assert sorted(r["name"] for r in ws["items"]) == ["exp", "finetune", "train-big"]

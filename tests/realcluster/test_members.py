@@ -5,6 +5,7 @@ refused. Fails on the code before: the member's GET was 403 (``may not get works
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.error
 import urllib.request
@@ -12,6 +13,7 @@ from typing import Any
 
 from scheduler_extender.cli.kubectl_plugin import Client
 from tests.realcluster.controlplane import ControlPlane
+from tests.realcluster.objects import GPRS, gpr, gpr_status, wait_for
 from tests.realcluster.stack import Stack
 from tests.realcluster.test_workspaces import WS, wait_ready
 
@@ -48,5 +50,35 @@ def test_a_member_reads_its_workspace_through_the_rest_api_and_the_plugin(cp: Co
         for path in (f"/api/v1/workspaces/{ns}", "/api/v1/workspaces"):
             status, body = rest(stack, cp, path, stranger)
             assert status == 403 and "may not" in body["error"], body
+    finally:
+        cp.api("DELETE", f"{WS}/{ns}", ok=(200, 202, 404))
+
+
+def test_a_member_reads_why_the_queue_is_in_its_order(cp: ControlPlane, stack: Stack, ns: str) -> None:
+    """Issue 35.4 (the queue view explains ordering), on the real API server: a member's queue through the REST API
+    names each waiting GPR's priority level and says how the queue is ordered (level strictly, then smaller
+    predicted work first, ageing, backfill). Before: a bare position and priority number, nothing about the rule."""
+    cp.create(f"api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                         "metadata": {"name": "bot"}})
+    cp.create(WS, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": ns},
+                   "spec": {"namespaces": [ns], "access": [{"kind": "ServiceAccount", "name": "bot",
+                                                            "role": "member"}]}})
+    try:
+        wait_ready(cp, ns)
+        # no node has this many devices: both wait, and the controller writes why
+        for name, priority in (("urgent", 250), ("whenever", 50)):
+            cp.create(GPRS.format(ns=ns), gpr(name, devices=64, priority=priority))
+        def reason(name: str) -> str | None:
+            return gpr_status(cp, ns, name).get("reason")
+
+        for name in ("urgent", "whenever"):
+            wait_for(f"{name} queued with a reason", functools.partial(reason, name))
+        member = cp.token(ns, "bot")
+        status, q = rest(stack, cp, f"/api/v1/queue?namespace={ns}", member)
+        assert status == 200, q
+        levels = {r["name"]: (r["phase"], r["level"]) for r in q["items"]}
+        assert levels == {"urgent": ("Queued", "high"), "whenever": ("Queued", "low")}, q
+        assert q["order"].startswith("Queued GPRs start by priority level, strictly: high (201-300), then medium"), q
+        assert "smaller predicted work first" in q["order"] and "backfill" in q["order"]
     finally:
         cp.api("DELETE", f"{WS}/{ns}", ok=(200, 202, 404))

@@ -248,7 +248,7 @@ async function queuePage(ctx, q) {
   const counts = Object.entries(data.counts).sort().map(([k, v]) => `${v} ${k}`).join(" · ");
   const rows = data.items.map((r) => [
     r.position ?? "—", h("a", { href: "#/gpr/" + enc(r.namespace) + "/" + enc(r.name) }, r.namespace + "/" + r.name),
-    r.workspace, h("span", { class: "phase " + r.phase }, r.phase), r.priority,
+    r.workspace, h("span", { class: "phase " + r.phase }, r.phase), r.level ? `${r.priority} (${r.level})` : r.priority,
     `${r.devicesPerNode}×${r.nodeCount} ${r.resource.split("/")[1]}`,
     r.phase === "Queued" ? when(r.estimatedStart) : "—", age(r.ageSeconds), r.reason || ""]);
   const offset = Number(p.get("continue") || 0);
@@ -259,6 +259,7 @@ async function queuePage(ctx, q) {
   };
   ctx.show(h("h1", {}, "Queue"), form,
     h("p", { id: "queue-counts" }, `${data.total} match the filter · by phase: ${counts || "no GPRs"}`),
+    data.order ? h("p", { id: "queue-order", class: "hint" }, data.order) : null,
     table(["Pos", "GPR", "Workspace", "Phase", "Priority", "Devices", "Estimated start", "Age", "Reason"], rows,
       "queue"),
     h("p", { class: "pager" }, offset > 0 ? pager("← previous", Math.max(0, offset - PAGE)) : null, " ",
