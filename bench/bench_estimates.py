@@ -11,7 +11,7 @@ P10-P90 coverage, and the coverage over all sampled jobs. Targets on the held-ou
 relative error <= 0.35 and coverage 75-85% at loads 1, 2 and 4. The mean wait is printed too: estimates must
 not change decisions, so it must not move when only the estimator changes.
 
-    .venv/bin/python bench/bench_estimates.py                    # both parts, loads 1, 2, 4 (~5 min, 2 cores)
+    .venv/bin/python bench/bench_estimates.py                    # both parts, loads 1, 2, 4 (~1.5 min wall, 2 cores)
     .venv/bin/python bench/bench_estimates.py --quick            # load 4, the first 7 days of each part
     .venv/bin/python bench/bench_estimates.py --parts tuning --loads 4   # while tuning: never the held-out part
 """
