@@ -36,7 +36,7 @@ from .replay import (
     replay_run,
     window,
 )
-from .report import fill_summary, fill_table, plot, replay_table, write_json
+from .report import fill_summary, fill_table, plot, plotting_missing, replay_table, write_json
 from .traces import (
     TraceError,
     clip,
@@ -375,6 +375,9 @@ def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | No
 def _main(argv: Sequence[str], prog: str) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.plot and (why := plotting_missing()):  # before a run that may take an hour, not after it
+        print(f"{prog} {args.mode}: error: {why}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     payload: dict[str, object] = {"mode": args.mode}
     fill_res: list[FillResult] = []

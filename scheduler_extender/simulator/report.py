@@ -209,6 +209,21 @@ def delay_tail(delays: Sequence[float], floor_s: float = 1.0) -> tuple[np.ndarra
     return xs, ys
 
 
+PLOTS_EXTRA = "accelstack[plots]"
+
+
+def plotting_missing() -> str:
+    """Why ``--plot`` cannot draw here ('' when it can): matplotlib is the ``plots`` extra, not a dependency of
+    every install (about 95 MB of a 313 MB runtime install and of every image), so the simulator checks before
+    a run that may last an hour rather than failing at its end."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return (f"--plot needs matplotlib, which cannot be imported here ({exc}); "
+                f"install it with: pip install '{PLOTS_EXTRA}'")
+    return ""
+
+
 def plot(path: Path, fill: list[FillResult] | None = None, replay: list[ReplayResult] | None = None,
          published: dict[tuple[str, str], dict[str, float]] | None = None) -> None:
     import matplotlib
