@@ -213,7 +213,14 @@ def test_endpoint_becomes_owned_children_and_a_status(cp: ControlPlane, operator
         ps = items(cp, GRANDCHILDREN["Pod"].format(ns=ns), "accelstack.io/inference-endpoint=llama")
         return ps if len(ps) == 2 else None
 
-    pods = wait_for("a pod per pool", two_pods)
+    # (the autoscaled primary pool's pod is made naming llama-primary-new, no GPR, and the operator points it at the
+    # GPR of a free replica slot: here the base GPR, issue 35.6b)
+    def on_their_gprs() -> list[dict[str, Any]] | None:
+        ps = two_pods() or []
+        return ps if ps and all(p["metadata"]["labels"][GATE] == f"llama-{p['metadata']['labels']['accelstack.io/pool']}"
+                                for p in ps) else None
+
+    pods = wait_for("a pod per pool, each on its pool's GPR", on_their_gprs)
     for pod in pods:
         pool = pod["metadata"]["labels"]["accelstack.io/pool"]
         assert pod["metadata"]["labels"][GATE] == f"llama-{pool}"
@@ -319,14 +326,16 @@ def test_the_real_hpa_controller_reads_the_operators_hpa_and_neither_undoes_the_
     assert mine(after) == mine(before) and len(mine(after)) == 1, after["metadata"]["managedFields"]
     dep = cp.get(f"{CHILDREN['Deployment'].format(ns=ns)}/llama-primary")
     assert dep is not None and dep["spec"]["replicas"] == 3
-    # the burst pool follows the primary's new count, and so does the primary's GPR while it waits in the queue
-    # (issue 35.6b: it asks for the replicas the pool runs, not replicas.max); nothing else changed
+    # the burst pool follows the primary's new count; the primary's GPR keeps asking for replicas.min and each
+    # replica added gets a GPR of its own (issue 35.6b: a GPR per replica, tests/realcluster/test_endpoint_growth.py);
+    # nothing else changed
     updates = [(r.get("kind"), r.get("object")) for r in log_lines(operator)
                if r.get("msg") == "updated" and r.get("endpoint") == f"{ns}/llama"]
-    assert set(updates) <= {("Deployment", "llama-burst"), ("GPUProvisioningRequest", "llama-primary")}, updates
-    gpr = wait_for("the queued GPR to follow the count", lambda: (g := cp.get(
-        f"{CHILDREN['GPUProvisioningRequest'].format(ns=ns)}/llama-primary")) and g["spec"]["nodeCount"] == 3 and g)
-    assert gpr["status"].get("phase") != "Admitted"
+    assert set(updates) <= {("Deployment", "llama-burst")}, updates
+    gprs = CHILDREN["GPUProvisioningRequest"].format(ns=ns)
+    wait_for("a GPR per added replica", lambda: cp.get(f"{gprs}/llama-primary-2") and cp.get(f"{gprs}/llama-primary-3"))
+    gpr = cp.get(f"{gprs}/llama-primary")
+    assert gpr is not None and gpr["spec"]["nodeCount"] == 1 and gpr["status"].get("phase") != "Admitted"
     assert_nothing_refused(operator, ns)
 
 
