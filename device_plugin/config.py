@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from service.flags import Parser
+
 CONFIG_VERSION = "v1"
 ENV_PREFIX = "ACCELSTACK_DP_"
 
@@ -355,7 +357,7 @@ SCHEMA = Schema(OPTIONS, ENV_PREFIX)
 
 
 def build_parser(prog: str = "accelstack-device-plugin") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description=(
             "Advertise NVIDIA GPUs and NeuReality NR1 modules to the kubelet (device-plugin API v1beta1), with "

@@ -31,6 +31,7 @@ from device_plugin.config import (
 )
 from device_plugin.config import Option as BaseOption
 from npd.plugin import DEFAULT_MAX_OUTPUT
+from service.flags import Parser
 
 ENV_PREFIX = "ACCELSTACK_NPD_"
 
@@ -176,7 +177,7 @@ SECTIONS = SCHEMA.sections
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description + " Precedence: flag > environment > "
+    parser = Parser(prog=prog, description=description + " Precedence: flag > environment > "
                                      "file > default.")
     SCHEMA.add_arguments(parser)
     return parser

@@ -15,7 +15,6 @@ does not compile its imports every time.
 
 from __future__ import annotations
 
-import argparse
 import compileall
 import importlib.util
 import os
@@ -24,6 +23,8 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+
+from service.flags import Parser
 
 SCRIPTS = {"accelstack-npd-gpu": "npd.gpu_check", "accelstack-npd-nr1": "npd.nr1_check"}
 # top-level packages the plugins import (checked by running the installed plugins in the tests)
@@ -120,7 +121,7 @@ def install(target: Path, mount_path: str = "/opt/accelstack") -> dict[str, int]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="accelstack-npd-install", description=__doc__.splitlines()[0])
+    parser = Parser(prog="accelstack-npd-install", description=__doc__.splitlines()[0])
     parser.add_argument("target", help="directory to fill (the emptyDir the NPD container mounts)")
     parser.add_argument("--mount-path", default="/opt/accelstack",
                         help="where the NPD container mounts TARGET (default /opt/accelstack)")

@@ -211,7 +211,7 @@ def run_plugin(main: Callable[[list[str] | None], None], argv: list[str] | None 
         main(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, details on stderr)
         if exc.code not in (0, None):
-            finish(emit(Result(UNKNOWN, "bad arguments (usage on stderr)"), DEFAULT_MAX_OUTPUT))
+            finish(emit(Result(UNKNOWN, "bad arguments (see stderr)"), DEFAULT_MAX_OUTPUT))
         raise
     except BaseException as exc:
         finish(emit(Result(UNKNOWN, f"plugin failed: {type(exc).__name__}: {exc}"), DEFAULT_MAX_OUTPUT))

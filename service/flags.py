@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from service.observability import setup_logging
 
@@ -24,6 +24,15 @@ LOG_FORMATS = ("json", "text")
 
 class UsageError(ValueError):
     """A flag (or its environment variable) has a value the process cannot use."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Every process's argument parser: a flag argparse cannot parse (unknown, missing its value) is one line
+    ``PROG: error: MESSAGE`` and a pointer to ``--help`` (exit 2), not the whole usage before the error — the
+    form ``accelstack simulate`` uses too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for the options.\n")
 
 
 def env_name(prefix: str, flag: str) -> str:

@@ -22,7 +22,7 @@ from aiohttp import web
 from inference.gateway.listener import GatewayRunner
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
-from service.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_loop
+from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_loop
 from service.observability import setup_logging
 
 log = logging.getLogger("accelstack.gateway")
@@ -30,7 +30,7 @@ ENV = "ACCELSTACK_GW_"
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="accelstack-gateway",
         description="OpenAI-compatible gateway for accelstack inference endpoints: routes by model to the ready "
                     "replicas (least outstanding requests, power of two choices), queues, retries, ejects failing "

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from inference.operator.objects import OperatorSettings
-from service.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
+from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
 
 log = logging.getLogger("accelstack.inference.operator")
@@ -27,7 +27,7 @@ ENV = "ACCELSTACK_IO_"
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="accelstack-inference-operator",
         description="The CG operator: reconciles InferenceEndpoints into Deployments, Services, GPRs, "
                     "PodDisruptionBudgets, NetworkPolicies and HorizontalPodAutoscalers (leader-elected). Each flag "

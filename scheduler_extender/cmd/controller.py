@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from scheduler_extender.cmd.extender import POLICIES, RESOURCE_NAMES, resource_names
-from service.flags import Checked, add_api_flags, add_logging_flags, adder, run_service
+from service.flags import Checked, Parser, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
 
 log = logging.getLogger("accelstack.controller")
@@ -30,7 +30,7 @@ ENV = "ACCELSTACK_CTL_"
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="accelstack-controller",
         description="The accelstack GPR controller (leader-elected): admits, requeues and evicts GPUProvisioning"
                     "Requests from the API server's state, lifts their pods' scheduling gates, keeps node ledgers "

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler_extender.api.views import DEFAULT_GROUP_LABEL
-from service.flags import Checked, UsageError, add_api_flags, add_logging_flags, adder, run_service
+from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_body import DEFAULT_BODY_TIMEOUT
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits
 
@@ -44,7 +44,7 @@ def node_group_label(value: str) -> str:
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="accelstack-extender",
         description="kube-scheduler extender (filter, prioritize, preempt, bind), GPR controller (leader-elected), "
                     "REST API and admission webhook for accelstack. Each flag can also be set with the environment "

@@ -137,7 +137,7 @@ def test_bad_configuration_is_unknown_naming_the_key(tmp_path: Path) -> None:
     assert run.code == 2  # within NPD's default 80 bytes, cut at a word: the key and the value are there
     assert run.message == "config: log.level: must be one of debug, info, warning, error; got 'verbose'…"
     run = npd_exec("npd.gpu_check", *common(tmp_path), "--no-such-flag")
-    assert (run.code, run.message) == (2, "bad arguments (usage on stderr)")
+    assert (run.code, run.message) == (2, "bad arguments (see stderr)")
 
 
 def test_failure_outside_the_check_is_unknown_not_nonok(tmp_path: Path) -> None:
