@@ -103,6 +103,16 @@ def spec_problems(endpoint: dict[str, Any]) -> list[str]:
             problems.append("spec.replicas: need 1 <= min <= max")
     except (TypeError, ValueError):
         problems.append("spec.replicas.min and .max must be integers")
+    name = str((endpoint.get("metadata") or {}).get("name") or "")
+    try:
+        longest = f"{name}-primary-{max(int(replicas.get('max', 1)), 100)}"  # -new, or the last replica's GPR
+        growing = o.autoscaled(spec)
+    except (TypeError, ValueError):
+        longest, growing = "", False
+    if len(longest) > 63 and growing:
+        problems.append(f"metadata.name: at most {63 - len(longest) + len(name)} characters for replicas.max "
+                        f"{replicas.get('max')} (pods name their GPR '{name}-primary-<replica>' in a label of at "
+                        "most 63)")
     burst = spec.get("burst")
     if burst is not None and (not isinstance(burst, dict) or not burst.get("maxReplicas")
                               or not isinstance(burst.get("accelerator"), dict)):

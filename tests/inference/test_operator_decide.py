@@ -199,10 +199,14 @@ def test_replicas_on_unhealthy_nodes_are_replaced() -> None:
     (lambda s: s.update(replicas={"min": 3, "max": 1}), "InvalidSpec", "1 <= min <= max"),
     (lambda s: s.update(accelerator={"resource": "amd.com/gpu"}), "InvalidSpec", "accelerator.resource"),
     (lambda s: s.update(gpr={"template": "serving"}), "GPRTemplateNotFound", "GPRTemplate team-a/serving"),
+    ("long-name", "InvalidSpec", "metadata.name: at most 51 characters for replicas.max 4"),
 ])
 def test_bad_specs_create_nothing_and_say_why(mutate: Any, reason: str, message: str) -> None:
     ep = example()
-    mutate(ep["spec"])
+    if mutate == "long-name":  # an autoscaled endpoint's pods name <name>-primary-new: a label value, <= 63
+        ep["metadata"]["name"] = "x" * 52
+    else:
+        mutate(ep["spec"])
     p = plan(ep, Observed(), SETTINGS, NOW)
     assert p.apply == [] and p.delete == []
     ready = next(c for c in p.status["conditions"] if c["type"] == "Ready")
