@@ -34,6 +34,8 @@ from scheduler_extender.objects.gpr_codec import ALLOCATION_ANNOTATION
 from scheduler_extender.objects.kube import ApiError, Conflict, Kube, NotFound, TransportError
 
 log = logging.getLogger("accelstack.extender.bind")
+# what a conditional ledger write (Binder._rewrite) came to
+WRITTEN, UNCHANGED, GONE, CHANGING = "written", "unchanged", "gone", "changing"
 
 
 @dataclass(eq=False)
@@ -158,26 +160,21 @@ class Binder:
 
     async def _commit(self, node: str, batch: list[_Waiting]) -> None:
         """Decide every bind of ``batch`` on the node's ledger, each seeing the ones before it, and write the
-        ledger once with all that fit; on a conflict re-read the node and decide them all again."""
-        def answer(waiting: _Waiting, outcome: str | tuple[str, bool]) -> None:
-            self.view.unclaim(waiting.pod.uid)  # recorded in the ledger now (the view holds it), or refused
-            if not waiting.done.done():
-                waiting.done.set_result(outcome)
+        ledger once with all that fit (:meth:`_rewrite`: on a conflict the node is read again and they are all
+        decided again)."""
+        live: list[_Waiting] = []
+        outcomes: list[str | tuple[str, bool]] = []
+        added = 0
 
-        for _ in range(self.max_attempts):
-            batch = [waiting for waiting in batch if not waiting.done.done()]  # callers gone: nothing to record
-            if not batch:
-                return
-            view = self.view.nodes.get(node)
-            if view is None:
-                for waiting in batch:
-                    answer(waiting, f"node {node} not found")
-                return
+        def change(view: NodeView) -> dict[str, ledger.Entry] | None:
+            nonlocal added
+            live[:] = [waiting for waiting in batch if not waiting.done.done()]  # callers gone: nothing to record
+            outcomes.clear()
+            added = 0
             entries = dict(view.ledger)
-            judged, added = view, 0
+            judged = view
             recorded: list[str] = []
-            outcomes: list[str | tuple[str, bool]] = []
-            for waiting in batch:
+            for waiting in live:
                 pod = waiting.pod
                 if pod.uid in entries:  # a retried bind: the devices are already recorded for this pod
                     outcomes.append("")
@@ -191,36 +188,25 @@ class Binder:
                 recorded.append(pod.uid)
                 outcomes.append("")
                 added += 1
-            if not added:
-                for waiting, outcome in zip(batch, outcomes, strict=True):
-                    answer(waiting, outcome)
-                return
-            body = {"metadata": {"resourceVersion": view.resource_version,
-                                 "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
-            try:
-                updated = await self.kube.patch_node(node, body)
-            except Conflict:
-                self.conflicts += 1
-                try:
-                    await self._fresh_node(node)
-                except NotFound:
-                    for waiting in batch:
-                        answer(waiting, f"node {node} not found")
-                    return
-                continue
-            except NotFound:
-                for waiting in batch:
-                    answer(waiting, f"node {node} not found")
-                return
+            return entries if added else None
+
+        def answer(waiting: _Waiting, outcome: str | tuple[str, bool]) -> None:
+            self.view.unclaim(waiting.pod.uid)  # recorded in the ledger now (the view holds it), or refused
+            if not waiting.done.done():
+                waiting.done.set_result(outcome)
+
+        result = await self._rewrite(node, change)
+        if result == GONE:
+            live[:] = [waiting for waiting in batch if not waiting.done.done()]
+            outcomes[:] = [f"node {node} not found"] * len(live)
+        elif result == CHANGING:
+            outcomes[:] = [f"cannot bind {w.pod.key} to {node}: node {node} kept changing ({self.max_attempts} "
+                           "conflicts); retry" for w in live]
+        elif result == WRITTEN:
             self.patches += 1
             self.recorded += added
-            self.view.update_node(node_view(updated, self.view.resources))
-            for waiting, outcome in zip(batch, outcomes, strict=True):
-                answer(waiting, outcome)
-            return
-        for waiting in batch:
-            answer(waiting, f"cannot bind {waiting.pod.key} to {node}: node {node} kept changing "
-                            f"({self.max_attempts} conflicts); retry")
+        for waiting, outcome in zip(live, outcomes, strict=True):
+            answer(waiting, outcome)
 
     async def _create_binding(self, namespace: str, name: str, uid: str, node: str,
                               annotations: dict[str, str] | None = None) -> tuple[str, bool]:
@@ -266,30 +252,34 @@ class Binder:
             return None
         return current if (current.get("metadata") or {}).get("uid") == uid else None
 
-    async def _rewrite(self, node: str, change: Callable[[NodeView], dict[str, ledger.Entry] | None]) -> bool:
+    async def _rewrite(self, node: str, change: Callable[[NodeView], dict[str, ledger.Entry] | None]) -> str:
         """Write ``change(view)``'s entries as the node's ledger, conditional on the Node's resourceVersion; on a
         conflict re-read the node and ask ``change`` again. ``change`` returns None when there is nothing to write.
-        True when written."""
+        :data:`WRITTEN`, :data:`UNCHANGED` (nothing to write), :data:`GONE` (no such node) or :data:`CHANGING`
+        (a conflict at every attempt)."""
         for _ in range(self.max_attempts):
             view = self.view.nodes.get(node)
             if view is None:
-                return False
+                return GONE
             entries = change(view)
             if entries is None:
-                return False
+                return UNCHANGED
             body = {"metadata": {"resourceVersion": view.resource_version,
                                  "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
             try:
                 updated = await self.kube.patch_node(node, body)
             except Conflict:
                 self.conflicts += 1
-                await self._fresh_node(node)
+                try:
+                    await self._fresh_node(node)
+                except NotFound:
+                    return GONE
                 continue
             except NotFound:
-                return False
+                return GONE
             self.view.update_node(node_view(updated, self.view.resources))
-            return True
-        return False
+            return WRITTEN
+        return CHANGING
 
     async def adopt(self, node: str, pods: list[PodView]) -> int:
         """Record pods already bound to ``node`` that its ledger lacks (bound before accelstack ran, or by another
@@ -307,7 +297,7 @@ class Binder:
             return entries
 
         async with self.locks[node]:
-            return len(added) if await self._rewrite(node, change) else 0
+            return len(added) if await self._rewrite(node, change) == WRITTEN else 0
 
     async def release(self, node: str, uids: list[str]) -> int:
         """Take pods' entries out of a node's ledger (conditional patch, retried); returns how many went."""
@@ -319,7 +309,7 @@ class Binder:
 
         try:
             async with self.locks[node]:
-                return len(gone) if await self._rewrite(node, change) else 0
+                return len(gone) if await self._rewrite(node, change) == WRITTEN else 0
         except ApiError as exc:  # the ledger sweep gives the entries back once their pods are unbound or gone
             log.warning("ledger release failed", extra={"node": node, "pods": uids, "error": str(exc)[:300]})
             return 0
