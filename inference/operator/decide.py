@@ -398,7 +398,11 @@ def plan(endpoint: dict[str, Any], observed: Observed, settings: o.OperatorSetti
     result.assign = grown.assign
     burst_dep = observed.deployments.get(POOL_BURST)
     if spec.get("burst"):
-        burst_pods = _int(((burst_dep or {}).get("status") or {}).get("replicas"), 0)
+        # the Deployment's count leaves out pods being deleted (a ReplicaSet counts active pods only): the GPR
+        # stays while any burst pod is still there, terminating included, so none runs outside a reservation
+        burst_pods = _int(((burst_dep or {}).get("status") or {}).get("replicas"), 0) + sum(
+            1 for p in observed.pods if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL) == POOL_BURST
+            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
         if burst_wanted > 0 or burst_pods > 0:
             wanted.append(o.gpr(endpoint, POOL_BURST, template_spec, observed.max_exit))
         wanted += [o.deployment(endpoint, POOL_BURST, burst_wanted, settings), o.service(endpoint, POOL_BURST)]

@@ -151,7 +151,14 @@ def test_burst_gpr_stays_while_burst_pods_drain() -> None:
                         owned=[("GPUProvisioningRequest", "llama-burst")])
     p = plan(example(), observed, SETTINGS, NOW)
     assert ("GPUProvisioningRequest", "llama-burst") in by_kind(p) and p.delete == []
+    # scaled to 0: the ReplicaSet no longer counts its pod, which is still terminating on the GPR's node
     observed.deployments["burst"] = deployment_status(0, 0)
+    draining = pod("llama-burst-abc", "n9", terminating=True)
+    draining["metadata"]["labels"] = {LABEL_ENDPOINT: "llama", LABEL_POOL: "burst"}
+    observed.pods = [draining]
+    p = plan(example(), observed, SETTINGS, NOW)
+    assert ("GPUProvisioningRequest", "llama-burst") in by_kind(p) and p.delete == []
+    observed.pods = []  # gone: now the GPR goes
     p = plan(example(), observed, SETTINGS, NOW)
     assert p.delete == [("GPUProvisioningRequest", "llama-burst")]
 
