@@ -104,7 +104,9 @@ def main() -> None:
             for seq in range(1, 5001):
                 log.write(xid_line(seq, "0000:13:00", 31) if seq % 1000 == 0 else kmsg_line(seq, f"line {seq}"))
         common = ["--node-sysfs-root", str(tmp / "sys"), "--plugin-state-dir", str(tmp / "state"),
-                  "--gpu-kmsg-path", str(tmp / "kmsg"), "--log-level", "warning"]
+                  "--log-level", "warning"]
+        nr1 = [*common, "--nr1-vendor-ids", NR1_VENDOR, "--nr1-health-attribute", "health"]
+        common += ["--gpu-kmsg-path", str(tmp / "kmsg")]  # the GPU plugin's flag: the NR1 plugin has none
         py = sys.executable
 
         print(f"== plugin invocations as NPD runs them ({args.runs} each)", flush=True)
@@ -115,7 +117,7 @@ def main() -> None:
              [py, "-m", "npd.gpu_check", *common, "--checks", "xid", "--plugin-state-dir", str(tmp / "fresh")],
              {0, 1}),
             ("accelstack-npd-nr1 (4 modules)",
-             [py, "-m", "npd.nr1_check", *common, "--nr1-vendor-ids", NR1_VENDOR, "--nr1-health-attribute", "health"],
+             [py, "-m", "npd.nr1_check", *nr1],
              {0}),
         ]
         # the production path: the relocated runtime NPD's container runs (accelstack-npd-install)
@@ -124,8 +126,7 @@ def main() -> None:
         cases.append(("installed wrapper accelstack-npd-gpu (default checks)",
                       [str(tmp / "opt/bin/accelstack-npd-gpu"), *common], {2}))
         cases.append(("installed wrapper accelstack-npd-nr1 (4 modules)",
-                      [str(tmp / "opt/bin/accelstack-npd-nr1"), *common, "--nr1-vendor-ids", NR1_VENDOR,
-                       "--nr1-health-attribute", "health"], {0}))
+                      [str(tmp / "opt/bin/accelstack-npd-nr1"), *nr1], {0}))
         for name, argv, expect in cases:
             if "fresh" in " ".join(argv):  # read the whole log every time: no cursor kept between runs
                 samples = []

@@ -12,10 +12,12 @@ variable, its type and its default. Parsing, ``--help`` and validation all read 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -37,24 +39,63 @@ class ConfigError(ValueError):
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_COMPOUND = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+")  # Go's form: 1m30s, 1h5m, 2s500ms
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
+def _seconds(number: str, unit: str | None) -> float:
+    # milliseconds divided, not multiplied by 0.001: '3ms' is the float nearest 0.003, which format_duration
+    # then writes back as '3ms'
+    return float(number) / 1000 if unit == "ms" else float(number) * _UNITS[unit]
+
+
 def parse_duration(value: Any) -> float:
-    """'30s', '5m', '1h', '250ms' or a bare number of seconds -> seconds (float, >= 0)."""
+    """'30s', '5m', '1h', '250ms', Go's compound form ('1m30s', '1h5m') or a bare number of seconds -> seconds
+    (float, >= 0)."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ValueError(f"not a duration (use e.g. 250ms, 30s, 5m, 1h): {value!r}")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        text = str(value)
+        match = _DURATION.match(text)
+        if match:
+            seconds = _seconds(match.group(1), match.group(2))
+        elif _COMPOUND.fullmatch(text.strip()):
+            seconds = sum(_seconds(n, u) for n, u in _PART.findall(text))
+        else:
+            raise ValueError(f"not a duration (use e.g. 250ms, 30s, 5m, 1h, 1m30s): {value!r}")
     if seconds < 0:
         raise ValueError(f"must not be negative: {value!r}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as the docs write it and :func:`parse_duration` reads it back to the very same float: '5s',
+    '500ms', '1m30s', '1h', '0s'; '<seconds>s' in plain decimals where no such form reads back exactly."""
+    plain = f"{Decimal(repr(float(seconds))):f}".rstrip("0").rstrip(".") + "s" if seconds else "0s"
+    millis = round(seconds * 1000)
+    if not seconds or not math.isfinite(seconds) or seconds < 0 or abs(seconds * 1000 - millis) > 1e-6:
+        return plain
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    whole, ms = divmod(rest, 1000)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    if ms and not (hours or minutes or whole):
+        parts.append(f"{ms}ms")
+    elif ms:
+        parts.append(f"{whole}.{ms:03d}".rstrip("0") + "s")
+    elif whole:
+        parts.append(f"{whole}s")
+    text = "".join(parts)  # "" for under half a microsecond
+    return text if text and parse_duration(text) == seconds else plain
+
+
+def shown(option: Option, value: Any) -> Any:
+    """A setting's value as ``--print-config`` and ``--help`` show it: durations as written in the docs."""
+    return format_duration(value) if option.parse is parse_duration else value
 
 
 def parse_bool(value: Any) -> bool:
@@ -307,15 +348,18 @@ class Schema:
                 raise ConfigError(f"{key}: unknown key{hint} (in {path})")
         return flat
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+    def add_arguments(self, parser: argparse.ArgumentParser, options: Sequence[Option] | None = None) -> None:
+        """``--config-file``, ``--print-config`` and a flag per option (``options``: the ones this process reads;
+        default all). A setting without a flag here still comes from its variable or the file, which may hold
+        every process's sections."""
         parser.add_argument("--config-file", default=None, help=f"versioned YAML/JSON config file (version: "
                             f"{CONFIG_VERSION}); env {self.env_prefix}CONFIG_FILE")
         parser.add_argument("--print-config", action="store_true",
                             help="print the effective configuration (after flags, env and file) and exit")
-        for option in self.options:
+        for option in self.options if options is None else options:
             parser.add_argument(option.flag_name, dest=option.key, default=None, metavar="VALUE",
                                 help=f"{option.help} [env {option.env_name}; file {option.key}; "
-                                     f"default {option.default!r}]")
+                                     f"default {shown(option, option.default)!r}]")
 
     def resolve(self, args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
         """Each setting from its flag, else its variable, else the file, else the default; parsed and checked."""
@@ -329,7 +373,7 @@ class Schema:
                 raw, source = file_values[option.key], "file"
             if option.env_name in environ:
                 raw, source = environ[option.env_name], "env"
-            flag_value = getattr(args, option.key)
+            flag_value = getattr(args, option.key, None)  # None too where the process has no such flag
             if flag_value is not None:
                 raw, source = flag_value, "flag"
             where = {"flag": f" (flag {option.flag_name})", "env": f" (env {option.env_name})",
@@ -341,15 +385,17 @@ class Schema:
             sources[option.key] = source
         return Config(values, sources)
 
-    def print_tree(self, config: Config) -> str:
-        """The effective configuration as a versioned YAML file."""
+    def print_tree(self, config: Config, keys: Collection[str] | None = None) -> str:
+        """The effective configuration as a versioned YAML file (``keys``: only these settings)."""
         tree: dict[str, Any] = {"version": CONFIG_VERSION}
         for key, value in config.values.items():
+            if keys is not None and key not in keys:
+                continue
             node = tree
             *parents, leaf = key.split(".")
             for part in parents:
                 node = node.setdefault(part, {})
-            node[leaf] = value
+            node[leaf] = shown(self.by_key[key], value)
         return yaml.safe_dump(tree, sort_keys=False)
 
 

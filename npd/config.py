@@ -80,6 +80,14 @@ def parse_condition_resource(value: Any) -> str:
     return f"{condition.strip()}={parse_resource_name(resource.strip())}"
 
 
+def parse_kubeconfig(value: Any) -> str:
+    """A kubeconfig file that exists, or "" (in-cluster service account, then KUBECONFIG / ~/.kube/config)."""
+    path = parse_str(value)
+    if path and not os.path.isfile(path):
+        raise ValueError(f"no such file: {path!r}")
+    return path
+
+
 def Option(key: str, parse: Callable[[Any], Any], default: Any, help: str) -> BaseOption:
     """An option of the node-health processes: the device plugin's Option with their environment prefix."""
     return BaseOption(key, parse, default, help, env_prefix=ENV_PREFIX)
@@ -170,16 +178,48 @@ OPTIONS: tuple[BaseOption, ...] = (
     Option("remediation.metricsAddress", parse_address, ":9403", "listen address of /metrics and health"),
     Option("remediation.apiTimeout", parse_duration, 10.0,
            "an API server call not answered by then is abandoned (reads and node patches are retried with backoff)"),
+    BaseOption("remediation.kubeconfig", parse_kubeconfig, "",
+               "kubeconfig file; empty: in-cluster service account, then KUBECONFIG or ~/.kube/config",
+               flag="--kubeconfig", env_prefix=ENV_PREFIX),
 )
 
 SCHEMA = Schema(OPTIONS, ENV_PREFIX)
 SECTIONS = SCHEMA.sections
 
+_NR1_HEALTH = ("nr1.vendorIDs", "nr1.deviceIDs", "nr1.healthAttribute", "nr1.healthyValues", "nr1.probeCommand",
+               "nr1.probeTimeout")
+# The settings each process reads: its flags, its --help and its --print-config. A key ending in "." is a whole
+# section. Every process still accepts every key from the file and the environment, so one ConfigMap serves
+# them all; a process not named here (tests) has every flag.
+USES: dict[str, tuple[str, ...]] = {
+    "accelstack-npd-gpu": ("node.", "log.", "plugin.", "gpu."),
+    "accelstack-npd-nr1": ("node.", "log.", "plugin.", *_NR1_HEALTH, "nr1.expectedCount", "nr1.expectedCountLabel",
+                           "nr1.requireLinkUp"),
+    "accelstack-device-exporter": ("node.name", "node.sysfsRoot", "log.", "exporter.", "gpu.criticalXids",
+                                   "gpu.xidHoldTime", "gpu.maxUncorrectedEcc", *_NR1_HEALTH,
+                                   "nr1.temperatureAttribute", "nr1.powerAttribute", "nr1.utilizationAttribute",
+                                   "nr1.memoryUsedAttribute", "nr1.memoryTotalAttribute"),
+    "accelstack-remediation": ("log.", "remediation."),
+}
+
+
+def options_of(prog: str) -> tuple[BaseOption, ...]:
+    """The options ``prog`` reads (all of them for a process not in ``USES``)."""
+    uses = USES.get(prog)
+    if uses is None:
+        return OPTIONS
+    return tuple(o for o in OPTIONS if any(o.key == u or (u.endswith(".") and o.key.startswith(u)) for u in uses))
+
+
+def print_config(config: Config, prog: str) -> str:
+    """``--print-config``: the settings ``prog`` reads, as a versioned file it accepts back."""
+    return SCHEMA.print_tree(config, {o.key for o in options_of(prog)})
+
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=description + " Precedence: flag > environment > "
-                                     "file > default.")
-    SCHEMA.add_arguments(parser)
+    parser = Parser(prog=prog, description=description + " Precedence: flag > environment > file > default; "
+                    "the file and the environment may also hold the other node-health processes' settings.")
+    SCHEMA.add_arguments(parser, options_of(prog))
     return parser
 
 
@@ -199,4 +239,4 @@ def load(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None, p
     return Config(values, config.sources), args
 
 
-__all__ = ["OPTIONS", "Config", "ConfigError", "load", "parse_argv"]
+__all__ = ["OPTIONS", "USES", "Config", "ConfigError", "load", "options_of", "parse_argv", "print_config"]

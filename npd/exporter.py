@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     from typing import cast
 
     from device_plugin.config import ConfigError
-    from npd.config import SCHEMA, load
+    from npd.config import load, print_config
     from service.observability import HttpEndpoint, PluginMetrics, setup_logging
 
     try:
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"accelstack-device-exporter: {exc}", file=sys.stderr)
         sys.exit(2)
     if args.print_config:
-        print(SCHEMA.print_tree(config), end="")
+        print(print_config(config, "accelstack-device-exporter"), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     registry, collector = build(config.values)

@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     from device_plugin.config import ConfigError
-    from npd.config import SCHEMA, load
+    from npd.config import load, print_config
     from service.observability import setup_logging
 
     def extra(parser: Any) -> None:
@@ -281,7 +281,7 @@ def _main(argv: list[str] | None) -> None:
         finish(emit(Result(UNKNOWN, f"config: {exc}"), DEFAULT_MAX_OUTPUT))
         return
     if args.print_config:
-        print(SCHEMA.print_tree(config), end="")
+        print(print_config(config, "accelstack-npd-gpu"), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     values = config.values

@@ -461,7 +461,7 @@ async def _amain(values: Mapping[str, Any]) -> None:
 
     # one registry for the controller's, the client's and the task supervisor's metrics
     metrics = RemediationMetrics(REGISTRY)
-    kube = await from_config(field_manager=FIELD_MANAGER, timeout=float(values["remediation.apiTimeout"]),
+    kube = await from_config(values["remediation.kubeconfig"], field_manager=FIELD_MANAGER, timeout=float(values["remediation.apiTimeout"]),
                              registry=REGISTRY)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -480,7 +480,7 @@ async def _amain(values: Mapping[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from device_plugin.config import ConfigError
-    from npd.config import SCHEMA, load
+    from npd.config import load, print_config
     from service.observability import setup_logging
 
     try:
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"accelstack-remediation: {exc}", file=sys.stderr)
         sys.exit(2)
     if args.print_config:
-        print(SCHEMA.print_tree(config), end="")
+        print(print_config(config, "accelstack-remediation"), end="")
         return
     setup_logging(config["log.level"], config["log.format"])
     from kubeapi.client import ConfigMissing

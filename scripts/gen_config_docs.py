@@ -63,6 +63,7 @@ def describe_type(parse: Callable[..., Any]) -> str:
         "parse_argv": "command",
         "parse_signed_int": "integer ≥ -1",
         "parse_condition_resource": "Condition=resource",
+        "parse_kubeconfig": "file path",
     }.get(outer, outer)
 
 

@@ -8,7 +8,6 @@ long-running API-server clients).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import math
 import os
@@ -143,6 +142,9 @@ def run_loop(coro: Coroutine[Any, Any, None], fast: bool = True) -> None:
     (the gateway's proxied requests: bench/bench_gateway.py; the extender's filter, 1.66 -> 1.08 ms p50 over
     HTTP: bench/bench_control_plane.py); processes whose loop drives grpc.aio (the device plugins) keep
     asyncio's loop, the one grpc.aio supports."""
+    import asyncio  # here, not at the top: the NPD plugins parse flags with this module and start every few
+    # seconds on every node, where asyncio's import (about 20 ms) would be a tenth of a run
+
     if fast:
         try:
             import uvloop

@@ -122,3 +122,70 @@ def test_print_config_and_help(tmp_path: Path) -> None:
     help_text = subprocess.run([sys.executable, "-m", "device_plugin.main", "--help"], capture_output=True,
                                text=True, check=True).stdout
     assert "--nvidia-sharing-replicas" in help_text and "ACCELSTACK_DP_NVIDIA_SHARING_REPLICAS" in help_text
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (5.0, "5s"), (0.5, "500ms"), (90.0, "1m30s"), (300.0, "5m"), (3600.0, "1h"), (0.0, "0s"), (90.5, "1m30.5s"),
+    (3725.0, "1h2m5s"), (0.003, "3ms"), (1e-05, "0.00001s")])
+def test_durations_are_written_as_the_docs_write_them(seconds: float, text: str) -> None:
+    from device_plugin.config import format_duration, parse_duration
+
+    assert format_duration(seconds) == text and parse_duration(text) == seconds
+
+
+def test_go_compound_durations_parse() -> None:
+    from device_plugin.config import parse_duration
+
+    assert parse_duration("1m30s") == 90 and parse_duration("1h5m") == 3900 and parse_duration("2s500ms") == 2.5
+    for bad in ("1m 30s", "m30s", "1x", "30s1", "-1m30s"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+def test_every_duration_reads_back_to_the_same_value() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from device_plugin.config import format_duration, parse_duration
+
+    @given(st.one_of(st.floats(min_value=0, max_value=1e9, allow_nan=False),
+                     st.integers(min_value=0, max_value=10**9).map(lambda ms: ms / 1000)))
+    def roundtrip(seconds: float) -> None:
+        assert parse_duration(format_duration(seconds)) == seconds
+
+    roundtrip()
+
+
+def test_print_config_writes_durations_as_the_docs_and_reads_back_the_same(tmp_path: Path) -> None:
+    """``registerRetry: 5.0`` where the docs write ``5s``: the printed file uses the documented form and, loaded
+    as a config file, gives the very same configuration."""
+    from device_plugin.config import SCHEMA
+
+    config, _ = load(["--config-file", write(tmp_path, GOOD), "--nvidia-health-recovery-period", "90",
+                      "--nr1-health-interval", "250ms"], environ={})
+    printed = SCHEMA.print_tree(config)
+    for line in ("registerRetry: 5s", "recoveryPeriod: 1m30s", "healthInterval: 250ms", "interval: 1m"):
+        assert f"  {line}\n" in printed, printed
+    (tmp_path / "printed.yaml").write_text(printed)
+    again, _ = load(["--config-file", str(tmp_path / "printed.yaml")], environ={})
+    assert again.values == config.values
+    assert "default '5s'" in " ".join(subprocess.run(
+        [sys.executable, "-m", "device_plugin.main", "--help"], capture_output=True, text=True, check=True).stdout.split())
+
+
+@pytest.mark.parametrize("prog", ["accelstack-npd-gpu", "accelstack-npd-nr1", "accelstack-device-exporter",
+                                  "accelstack-remediation"])
+def test_node_health_print_config_reads_back_the_same(tmp_path: Path, prog: str) -> None:
+    from device_plugin.config import format_duration, parse_duration
+    from npd.config import load as npd_load
+    from npd.config import options_of, print_config
+
+    config, _ = npd_load(["--log-level", "debug"], environ={"NODE_NAME": "n1"}, prog=prog)
+    printed = print_config(config, prog)
+    for option in options_of(prog):
+        if option.parse is parse_duration:
+            leaf = option.key.rsplit(".", 1)[1]
+            assert f"  {leaf}: {format_duration(config[option.key])}\n" in printed, (option.key, printed)
+    (tmp_path / "printed.yaml").write_text(printed)
+    again, _ = npd_load(["--config-file", str(tmp_path / "printed.yaml")], environ={}, prog=prog)
+    assert {o.key: again[o.key] for o in options_of(prog)} == {o.key: config[o.key] for o in options_of(prog)}

@@ -89,3 +89,62 @@ def test_state_survives_and_tolerates_corruption(tmp_path: Path) -> None:
     assert load_state(path) == {"kmsg": {"seq": 5}}
     path.write_text("{not json")
     assert load_state(path) == {}
+
+
+SOURCES = {"accelstack-npd-gpu": ["gpu_check.py"], "accelstack-npd-nr1": ["nr1_check.py"],
+           "accelstack-device-exporter": ["exporter.py"], "accelstack-remediation": ["remediation.py"]}
+
+
+@pytest.mark.parametrize("prog", sorted(SOURCES))
+def test_each_process_shows_only_its_own_options(prog: str) -> None:
+    """``accelstack-npd-gpu --help`` listed all four processes' flags (296 lines); each shows its own now, and
+    every setting its code names is among them."""
+    import re
+
+    from npd.config import USES, build_parser, options_of
+
+    assert set(USES) == set(SOURCES)
+    own = options_of(prog)
+    flags = {a.option_strings[-1] for a in build_parser(prog, "")._actions if a.option_strings}
+    assert flags == {o.flag_name for o in own} | {"--help", "--config-file", "--print-config"}
+    named = {m for f in SOURCES[prog]
+             for m in re.findall(r"\b(?:node|log|plugin|gpu|nr1|exporter|remediation)\.[A-Za-z]+\b",
+                                 (Path(__file__).resolve().parents[2] / "npd" / f).read_text())}
+    keys = {o.key for o in own}
+    assert named & {o.key for o in OPTIONS} <= keys, sorted(named & {o.key for o in OPTIONS} - keys)
+    assert len(build_parser(prog, "").format_help().splitlines()) < 150
+
+
+def test_a_process_refuses_another_ones_flag_but_reads_the_shared_file_and_environment(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One ConfigMap and one environment serve every node-health process; the flags are each process's own."""
+    (tmp_path / "c.yaml").write_text("version: v1\nexporter:\n  address: ':9999'\nremediation:\n  holdTime: 1m\n"
+                                     "gpu:\n  maxPowerRatio: 1.2\n")
+    config, _ = load(["--config-file", str(tmp_path / "c.yaml")], environ={"ACCELSTACK_NPD_REMEDIATION_CORDON": "true"},
+                     prog="accelstack-npd-gpu")
+    assert config["gpu.maxPowerRatio"] == 1.2 and config["remediation.cordon"] is True
+    with pytest.raises(SystemExit):
+        load(["--exporter-address", ":1"], environ={}, prog="accelstack-npd-gpu")
+    assert "unrecognized arguments: --exporter-address" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_process_own_settings(tmp_path: Path) -> None:
+    from npd.config import options_of, print_config
+
+    config, _ = load([], environ={}, prog="accelstack-remediation")
+    printed = print_config(config, "accelstack-remediation")
+    assert "remediation:" in printed and "gpu:" not in printed and "exporter:" not in printed
+    (tmp_path / "back.yaml").write_text(printed)
+    again, _ = load(["--config-file", str(tmp_path / "back.yaml")], environ={}, prog="accelstack-remediation")
+    assert {o.key: again[o.key] for o in options_of("accelstack-remediation")} == {
+        o.key: config[o.key] for o in options_of("accelstack-remediation")}
+
+
+def test_remediation_takes_a_kubeconfig_flag_that_must_name_a_file(tmp_path: Path) -> None:
+    """``--kubeconfig`` as the extender, controller, gateway and operator take it (the remediation controller
+    had none: only KUBECONFIG); a path that names no file is one error naming the flag."""
+    (tmp_path / "kc").write_text("apiVersion: v1\nkind: Config\n")
+    config, _ = load(["--kubeconfig", str(tmp_path / "kc")], environ={}, prog="accelstack-remediation")
+    assert config["remediation.kubeconfig"] == str(tmp_path / "kc")
+    with pytest.raises(ConfigError, match=r"^remediation\.kubeconfig: no such file: '/no/such' \(flag --kubeconfig\)$"):
+        load(["--kubeconfig", "/no/such"], environ={}, prog="accelstack-remediation")

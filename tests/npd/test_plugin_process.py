@@ -57,9 +57,10 @@ def nvml_loadable() -> bool:
     return True
 
 
-def common(tmp: Path) -> list[str]:
+def common(tmp: Path, gpu: bool = True) -> list[str]:
+    """The flags of every run; ``gpu``: with the GPU plugin's own kernel-log path (the NR1 plugin has no such flag)."""
     return ["--node-sysfs-root", str(tmp / "sys"), "--plugin-state-dir", str(tmp / "state"),
-            "--gpu-kmsg-path", str(tmp / "kmsg"), "--log-level", "warning"]
+            *(["--gpu-kmsg-path", str(tmp / "kmsg")] if gpu else []), "--log-level", "warning"]
 
 
 @pytest.mark.skipif(nvml_loadable(), reason="a real NVML is present; this tests its absence")
@@ -133,7 +134,7 @@ def test_bad_configuration_is_unknown_naming_the_key(tmp_path: Path) -> None:
     assert run.status == "Unknown" and run.message.startswith("config: gpu.maxPowerRatio: must be a number")
     run = npd_exec("npd.gpu_check", *common(tmp_path), "--checks", "fans")
     assert run.status == "Unknown" and "unknown ['fans']" in run.message
-    run = npd_exec("npd.nr1_check", *common(tmp_path), "--log-level", "verbose")
+    run = npd_exec("npd.nr1_check", *common(tmp_path, gpu=False), "--log-level", "verbose")
     assert run.code == 2  # within NPD's default 80 bytes, cut at a word: the key and the value are there
     assert run.message == "config: log.level: must be one of debug, info, warning, error; got 'verbose'…"
     run = npd_exec("npd.gpu_check", *common(tmp_path), "--no-such-flag")
@@ -149,7 +150,7 @@ def test_failure_outside_the_check_is_unknown_not_nonok(tmp_path: Path) -> None:
 
 
 def nr1_args(tmp: Path, *extra: str) -> list[str]:
-    return [*common(tmp), "--nr1-vendor-ids", NR1_VENDOR, "--nr1-health-attribute", "health", *extra]
+    return [*common(tmp, gpu=False), "--nr1-vendor-ids", NR1_VENDOR, "--nr1-health-attribute", "health", *extra]
 
 
 def test_nr1_plugin_healthy_then_each_failure(tmp_path: Path) -> None:
@@ -177,7 +178,7 @@ def test_nr1_plugin_healthy_then_each_failure(tmp_path: Path) -> None:
 def test_nr1_plugin_without_modules_or_vendor(tmp_path: Path) -> None:
     (tmp_path / "sys").mkdir()
     assert npd_exec("npd.nr1_check", *nr1_args(tmp_path)).message == "no NR1 modules found"
-    run = npd_exec("npd.nr1_check", *common(tmp_path))
+    run = npd_exec("npd.nr1_check", *common(tmp_path, gpu=False))
     assert (run.status, run.message) == ("Unknown", "nr1.vendorIDs not configured")
 
 

@@ -63,7 +63,7 @@ def test_exporter_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert code == 0
 
 
-async def test_remediation_process_taints_through_a_kubeconfig(tmp_path: Path) -> None:
+async def test_remediation_process_taints_through_its_kubeconfig_flag(tmp_path: Path) -> None:
     peer = APIServerPeer()
     url = await peer.start()
     (tmp_path / "kubeconfig").write_text(
@@ -71,11 +71,13 @@ async def test_remediation_process_taints_through_a_kubeconfig(tmp_path: Path) -
         f"clusters: [{{name: peer, cluster: {{server: '{url}'}}}}]\n"
         "contexts: [{name: peer, context: {cluster: peer, user: nobody}}]\nusers: [{name: nobody, user: {}}]\n")
     await peer.put_object(NODES, node("gpu-9", {"GPUUnhealthy": ("False", 0)}))
-    process_env = {k: v for k, v in env().items() if not k.startswith("KUBERNETES_SERVICE")}
-    process_env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
+    # --kubeconfig, as every other process takes it: no KUBECONFIG, no in-cluster account, no ~/.kube/config
+    process_env = {k: v for k, v in env().items() if not k.startswith("KUBERNETES_SERVICE") and k != "KUBECONFIG"}
+    process_env["HOME"] = str(tmp_path)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "npd.remediation", "--remediation-hold-time", "1s", "--remediation-metrics-address", "",
-        "--log-level", "warning", env=process_env, cwd=REPO)
+        sys.executable, "-m", "npd.remediation", "--kubeconfig", str(tmp_path / "kubeconfig"),
+        "--remediation-hold-time", "1s", "--remediation-metrics-address", "", "--log-level", "warning",
+        env=process_env, cwd=REPO)
     try:
         obj = peer.get(NODES, "", "gpu-9")
         assert obj is not None
