@@ -53,15 +53,66 @@ def _version_of(stdin: bytes) -> str:
     return version if isinstance(version, str) and version else LATEST
 
 
+PROG = "accelstack-nr1-cni"
+HELP_FLAGS = ("-h", "--help", "--version")
+USAGE = f"""usage: {PROG}   (executed by the container runtime, or Multus, not by hand)
+
+The accelstack NR1 CNI plugin: moves the network interface of the NR1 module a pod was allocated into the
+pod's network namespace and gives it addresses from the configured IPAM plugin (CNI spec 1.0.0 and 1.1.0).
+
+The runtime execs it with CNI_COMMAND (ADD, DEL, CHECK, STATUS, GC or VERSION), CNI_CONTAINERID, CNI_NETNS,
+CNI_IFNAME, CNI_PATH and CNI_ARGS in the environment and the network configuration (JSON) on stdin; the result,
+or the spec's error JSON, goes to stdout. Its settings are keys of the network configuration, not flags.
+
+options (only without CNI_COMMAND, as a person runs it):
+  -h, --help   this text
+  --version    the plugin's version and the CNI spec versions it speaks
+
+To see it answer:  echo '{{"cniVersion": "1.1.0"}}' | CNI_COMMAND=VERSION {PROG}
+Docs: docs/cni.md (the configuration keys: docs/configuration.md)
+"""
+
+
+def _version() -> str:
+    """The installed package's version, where the interpreter can see its metadata (the relocated host copy,
+    started with -S, may not)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:
+        return ""
+    try:
+        return version("accelstack")
+    except PackageNotFoundError:
+        return ""
+
+
+def help_asked(env: Env, argv: list[str]) -> str | None:
+    """'help' or 'version' when a person ran the plugin with -h/--help/--version (no CNI_COMMAND: a runtime
+    always sets it, and passes no arguments); None otherwise, when the spec's answer is due."""
+    if env.command or not any(a in HELP_FLAGS for a in argv):
+        return None
+    return "version" if "--version" in argv and not ({"-h", "--help"} & set(argv)) else "help"
+
+
 def main(argv: list[str] | None = None) -> int:
     env = Env()
+    asked = help_asked(env, sys.argv[1:] if argv is None else list(argv))
+    if asked == "help":
+        sys.stdout.write(USAGE)
+        return 0
+    if asked == "version":
+        number = _version()
+        sys.stdout.write(f"{PROG} {number + ' ' if number else ''}(CNI spec {', '.join(SUPPORTED_VERSIONS)})\n")
+        return 0
     stdin = b""
     try:
-        stdin = sys.stdin.buffer.read()
+        if env.command or not sys.stdin.isatty():  # a person at a terminal without CNI_COMMAND: do not wait
+            stdin = sys.stdin.buffer.read()
         out = run(env, stdin)
     except CNIError as err:
         _write(err.to_json(_version_of(stdin)))
-        sys.stderr.write(f"accelstack-nr1-cni {env.command}: error {err.code}: {err.msg} {err.details}\n")
+        hint = "" if env.command else f" ('{PROG} --help' says how the runtime runs it)"
+        sys.stderr.write(f"{PROG} {env.command}: error {err.code}: {err.msg} {err.details}{hint}\n")
         return 1
     except Exception as err:  # a bug or an unexpected system failure: still the spec's JSON on stdout
         from cni.netlink import NetlinkError

@@ -173,6 +173,45 @@ def test_launcher_runs_without_site_packages():
     assert json.loads(proc.stdout)["supportedVersions"] == ["1.0.0", "1.1.0"]
 
 
+def launch(*args: str, command: str = "", stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    env = {"ACCELSTACK_CNI_PYTHON": sys.executable, "PATH": os.environ["PATH"]}
+    if command:
+        env["CNI_COMMAND"] = command
+    return subprocess.run([str(REPO / "cni" / "bin" / "accelstack-nr1-cni"), *args], env=env, input=stdin,
+                          capture_output=True, check=False, timeout=60)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_on_a_terminal_is_plain_usage_not_cni_json(flag):
+    """A person running the binary to see what it is gets what it is, how the runtime runs it and where the
+    docs are (exit 0), not ``{"code": 4, "msg": "CNI_COMMAND is not set"}``."""
+    proc = launch(flag)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0 and proc.stderr == b""
+    assert out.startswith("usage: accelstack-nr1-cni ") and not out.lstrip().startswith("{")
+    for words in ("CNI_COMMAND", "stdin", "docs/cni.md", "NR1"):
+        assert words in out
+    assert len(out.splitlines()) < 20
+
+
+def test_version_flag_names_the_plugin_and_the_spec_versions():
+    proc = launch("--version")
+    assert proc.returncode == 0
+    line = proc.stdout.decode()
+    assert line.startswith("accelstack-nr1-cni ") and line.endswith("(CNI spec 1.0.0, 1.1.0)\n")
+
+
+def test_without_cni_command_the_answer_is_still_the_spec_error():
+    """No flag asked for help: the spec's answer for a missing CNI_COMMAND, whatever the arguments (a runtime
+    passes none); and with CNI_COMMAND set a help flag changes nothing."""
+    proc = launch(stdin=b'{"cniVersion": "1.0.0"}')
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout) == {"cniVersion": "1.0.0", "code": 4, "msg": "CNI_COMMAND is not set"}
+    assert b"--help" in proc.stderr  # the one line a person sees says where to look
+    proc = launch("--help", command="VERSION", stdin=b"{}")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["supportedVersions"] == ["1.0.0", "1.1.0"]
+
+
 FASTJSON_CHECK = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
