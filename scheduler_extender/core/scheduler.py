@@ -11,7 +11,9 @@ A pass over the queue (in :meth:`tick`):
    (``order="priority"``). While nothing is blocked, each one that fits is admitted. A workspace at its quota is skipped for the rest of the pass (its requests wait for its own
    usage to drop; they reserve no capacity).
 2. The first request that does not fit may evict (``enableEviction``): the cheapest set of lower-priority,
-   preemptible holders whose removal makes it fit (:mod:`.eviction`), or nobody. A holder admitted in the same
+   preemptible holders whose removal makes it fit (:mod:`.eviction`), or nobody; and only when the
+   :class:`.eviction.EvictionRule` finds it worth the work lost (``eviction_cost_ratio``,
+   ``eviction_max_wait_s``). A holder admitted in the same
    tick is never a victim: it has done no work yet, and evicting it would waste whatever was evicted to admit it
    (within a priority level the queue is in size order, so a later, higher-priority request of the same level
    could otherwise take back a reservation made moments before).
@@ -48,7 +50,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .eviction import Candidate, plan_eviction
+from .eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S, Candidate, EvictionRule, plan_eviction
 from .gpr import GPR, Phase, backoff_delay, clone, priority_class
 from .inventory import MILLI_PER_DEVICE, AllocationError, Inventory, NodeAssignment, NodeSpec, Placement
 from .placement import PlacementPolicy, Request, fits
@@ -92,6 +94,11 @@ class SchedulerConfig:
     ageing_s: float = AGEING_S  # "size": queue position this much later per doubling of predicted GPU-time
     backfill: bool = True
     eviction: bool = True
+    # the eviction rule (:class:`.eviction.EvictionRule`): evict only when the victims' lost device-hours are at most
+    # this many times the device-hours of waiting the preemptor is spared (None: whenever it makes room) ...
+    eviction_cost_ratio: float | None = EVICTION_COST_RATIO
+    # ... or when the preemptor would otherwise wait this long or longer in all (the priority guarantee)
+    eviction_max_wait_s: float = EVICTION_MAX_WAIT_S
     max_reservations: int = 8
     quotas: dict[str, int] | None = None  # workspace -> device milli it may hold at once
     # workspace -> device model -> device milli of that model it may hold at once (see Scheduler._capped)
@@ -252,6 +259,8 @@ class Scheduler:
         self._restored_at = 0.0  # when shared queue entries were restored (restore_queued)
         if not self.cfg.ageing_s > 0:
             raise ValueError("ageing_s: must be positive")
+        self.eviction_rule = EvictionRule(self.cfg.eviction_cost_ratio, self.cfg.eviction_max_wait_s)
+        self.evictions_declined = 0  # plans the eviction rule found not worth their cost
         self.predictor = predictor if predictor is not None else DurationPredictor()  # an empty one is falsy
         self.calibrator = calibrator if calibrator is not None else Calibrator()
         self.gprs: dict[str, GPR] = {}
@@ -1174,12 +1183,67 @@ class Scheduler:
         it may take): for capacity (any workspace), or with ``quota`` set, within ``g``'s own workspace so that
         it also fits under that quota."""
         cands = [
-            Candidate(h.name, h.priority, h.preemptible, (now - (h.admitted_at or now)) * h.milli_total(), h.milli_total())
+            Candidate(h.name, h.priority, h.preemptible, self._work_done(h, now), h.milli_total())
             for h in self.holders.values()
             if (quota is None or h.workspace == g.workspace) and h.name not in self._tick_admitted
         ]
         need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
         return plan_eviction(self.inv, req, g.priority, cands, need_milli=need)
+
+    def _worth(self, g: GPR, req: Request, victims: list[str], now: float, quota: int | None) -> bool:
+        """Whether the eviction rule lets ``g`` evict ``victims``: the work they lose against the wait ``g`` is
+        spared. That wait (:meth:`_wait_left`) is worked out only when the cost is not settled without it."""
+        rule = self.eviction_rule
+        if not rule.weighs:
+            return True
+        gprs = self.gprs
+        lost = sum(self._work_done(gprs[v], now) for v in victims)
+        waited = now - self._queued_since(g)
+        if rule.allows(lost, g.milli_total(), waited, 0.0):  # nothing lost, or waited long enough already
+            return True
+        if rule.allows(lost, g.milli_total(), waited, self._wait_left(g, req, now, quota)):
+            return True
+        self.evictions_declined += 1
+        return False
+
+    @staticmethod
+    def _work_done(h: GPR, now: float) -> float:
+        """Device-milli x seconds ``h`` has held its devices: what evicting it throws away (it restarts)."""
+        return (now - h.admitted_at) * h.milli_total() if h.admitted_at is not None else 0.0
+
+    @staticmethod
+    def _queued_since(g: GPR) -> float:
+        """When ``g`` last joined the queue (submission, a requeue); its submission for a GPR restored without
+        history."""
+        for t, phase, _ in reversed(g.history):
+            if phase is Phase.QUEUED:
+                return t
+        return g.submitted_at
+
+    def _wait_left(self, g: GPR, req: Request, now: float, quota: int | None) -> float:
+        """How long ``g`` would still wait without evicting, holders leaving at their *predicted* ends (the
+        expected wait, not the bound): for room in the cluster, and with ``quota`` for room in its workspace
+        too. inf when nothing predicted to end makes room."""
+        releases = self._releases
+        holders: list[Holder] = []
+        for h in self.holders.values():
+            r = releases.get(h.name)
+            if r is None or r.end <= now:
+                r = releases[h.name] = self._predicted_end(h, now)
+            holders.append(Holder(h.name, r.end, h.workspace, h.milli_total()))
+        holders += [Holder(e.name, now, e.workspace, e.milli_total()) for e in self.evicting.values()]
+        start, _ = earliest_fit(self.inv, req, holders, now)
+        if quota is not None:
+            need = self.usage.get(g.workspace, 0) + g.milli_total() - quota
+            acc = 0
+            for w in sorted((w for w in holders if w.workspace == g.workspace), key=holder_order):
+                if acc >= need:
+                    break
+                acc += w.milli
+                start = max(start, w.end)
+            if acc < need:
+                return math.inf
+        return start - now
 
     def _quota_shadow(self, g: GPR, quota: int, now: float, st: _Pass) -> float:
         """Earliest time ``g``'s workspace has room for it under its quota, holders leaving at their bound."""
@@ -1308,6 +1372,8 @@ class Scheduler:
                     if cfg.eviction and g.enable_eviction and not st.blocked and not any(
                             e.workspace == g.workspace for e in self.evicting.values()):
                         victims = self._plan(g, req, now, q)
+                        if victims and not self._worth(g, req, victims, now, q):
+                            victims = None
                         if victims:
                             for v in victims:
                                 events += self._evict(self.gprs[v], now, st, g.name)
@@ -1338,6 +1404,8 @@ class Scheduler:
                     st.failed.add(req)
                     if cfg.eviction and g.enable_eviction and not self._fits_once_evicted(req):
                         victims = self._plan(g, req, now, None)
+                        if victims and not self._worth(g, req, victims, now, None):
+                            victims = None
                         if victims:
                             for v in victims:
                                 events += self._evict(self.gprs[v], now, st, g.name)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..core.eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S
 from .fill import FillResult, fill_run
 from .progress import Progress
 from .replay import (
@@ -124,6 +125,22 @@ def _count(low: int, high: int = 2**31) -> Callable[[str], int]:
         return v
 
     return conv
+
+
+def _cost_ratio(text: str) -> float | None:
+    """The eviction rule's K: a finite number from 0, or 'off' (evict whenever it makes room)."""
+    if text.strip().lower() == "off":
+        return None
+    return _number(0, 1e9)(text)
+
+
+def _eviction_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--eviction-cost-ratio", type=_cost_ratio, default=EVICTION_COST_RATIO, metavar="K|off",
+                    help="evict only when the victims' lost GPU-hours are at most K x the GPU-hours of waiting the "
+                         f"preemptor is spared (default {EVICTION_COST_RATIO:g}; off: whenever eviction makes room)")
+    sp.add_argument("--eviction-max-wait", type=_number(0, 1e9), default=EVICTION_MAX_WAIT_S, metavar="S",
+                    help="... or whatever the cost when the preemptor would otherwise wait S seconds or more in all "
+                         f"(default {EVICTION_MAX_WAIT_S:g})")
 
 
 def _mix(text: str) -> tuple[tuple[str, float], ...]:
@@ -227,11 +244,13 @@ def build_parser(prog: str = "accelstack") -> argparse.ArgumentParser:
     r.add_argument("--retry-limit", type=_count(0), default=3, metavar="N", help="requeues after failures (default 3)")
     r.add_argument("--workers", type=_count(1), metavar="N",
                    help="run up to N schedulers at once, one process each (default: the CPU count)")
+    _eviction_flags(r)
     outputs(r)
 
     d = sub.add_parser("demo", help="a short run of fill and replay (< 1 minute)", description=(
         "openb 'default' fill, seed 42, random/bestfit/fgd placement; then one week of Philly jobs at 4x "
         "load through accelstack, strict-priority and FIFO, with the inversion audit on."))
+    _eviction_flags(d)
     outputs(d)
     return p
 
@@ -365,7 +384,9 @@ def run_replay(args: argparse.Namespace, schedulers: list[str], days: float | No
     run = functools.partial(
         replay_run, nodes, jobs, policy=getattr(args, "placement", "bestfit"), assignment=assignment, quotas=quotas,
         estimate_every=estimate_every if estimate_every is not None else getattr(args, "estimate_every", 10),
-        audit=audit, fail_rate=getattr(args, "fail_rate", 0.0), retry_limit=getattr(args, "retry_limit", 3))
+        audit=audit, fail_rate=getattr(args, "fail_rate", 0.0), retry_limit=getattr(args, "retry_limit", 3),
+        eviction_cost_ratio=getattr(args, "eviction_cost_ratio", EVICTION_COST_RATIO),
+        eviction_max_wait_s=getattr(args, "eviction_max_wait", EVICTION_MAX_WAIT_S))
     workers = min(len(schedulers), getattr(args, "workers", None) or os.cpu_count() or 1)
     print(f"  replay: {len(jobs):,} jobs on {sum(n.devices for n in nodes):,} GPUs through "
           f"{', '.join(schedulers)} ({workers} at once)", file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..core.eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S, EvictionRule
 from ..core.gpr import GPR, priority_class
 from ..core.inventory import Inventory, NodeSpec
 from ..core.placement import make_policy
@@ -121,6 +122,8 @@ class ReplayResult:
     estimate_error: dict[str, float]
     failures: dict[str, int] = field(default_factory=dict)
     delays: list[float] = field(default_factory=list)
+    evictions_declined: int = 0  # eviction plans the eviction rule found not worth their cost (passes, not GPRs)
+    eviction_rule: str = ""  # the rule, in words ("" for a scheduler that never evicts)
 
     def to_dict(self, with_samples: bool = False) -> dict[str, object]:
         d = dict(self.__dict__)
@@ -191,6 +194,8 @@ def replay_run(
     fail_rate: float = 0.0,
     retry_limit: int = 3,
     progress: Callable[[float], None] | None = None,
+    eviction_cost_ratio: float | None = EVICTION_COST_RATIO,
+    eviction_max_wait_s: float = EVICTION_MAX_WAIT_S,
 ) -> ReplayResult:
     """Replay ``jobs`` (sorted by submit time) on ``nodes``. ``quotas``: GPUs per workspace.
 
@@ -198,6 +203,8 @@ def replay_run(
     then requeue with the GPR backoff (60 s doubling, at most 1 h) up to ``retry_limit`` times.
     ``progress`` is called with the fraction done, (jobs submitted + jobs ended) / 2 x jobs, about every 0.5%
     of it and once with 1.0 at the end: submissions alone would say 100% while a busy queue still drains.
+    ``eviction_cost_ratio``, ``eviction_max_wait_s``: the eviction rule (:class:`..core.eviction.EvictionRule`)
+    of the schedulers that evict.
     """
     t0, c0 = time.perf_counter(), time.process_time()
     assignment = assignment or Assignment()
@@ -217,6 +224,8 @@ def replay_run(
         quotas={ws: q * 1000 for ws, q in quotas.items()} if quotas else None,
         audit=audit,
         max_reservations=max_reservations,
+        eviction_cost_ratio=eviction_cost_ratio,
+        eviction_max_wait_s=eviction_max_wait_s,
     )
     eng = Scheduler(inv, pol, cfg)
     out: dict[str, JobOutcome] = {}
@@ -373,6 +382,8 @@ def replay_run(
         estimate_error=est_err,
         failures={"injected": failures, "requeued": requeues, "gave_up": gave_up},
         delays=delays,
+        evictions_declined=eng.evictions_declined,
+        eviction_rule=EvictionRule(eviction_cost_ratio, eviction_max_wait_s).describe() if cfg.eviction else "",
     )
 
 

@@ -83,10 +83,14 @@ def eviction_lines(results: list[ReplayResult]) -> list[str]:
         if not SCHEDULERS.get(r.scheduler, {}).get("eviction"):
             continue
         if not r.evictions:
-            out.append(f"{r.scheduler}: no evictions")
+            out.append(f"{r.scheduler}: no evictions" + (f" under the rule '{r.eviction_rule}' "
+                                                         f"({r.evictions_declined:,} plans declined)"
+                                                         if r.eviction_rule else ""))
             continue
         cost = (f"{r.scheduler}: {r.evictions:,} evictions lost {r.lost_gpu_hours:,.0f} GPU-hours of work "
                 f"({r.lost_gpu_hours / r.evictions:.1f} each)")
+        if r.eviction_rule:
+            cost += f" under the rule '{r.eviction_rule}' ({r.evictions_declined:,} plans declined)"
         base = by.get(f"{r.scheduler}-no-eviction")
         if base is None:
             out.append(f"{cost}; run {r.scheduler}-no-eviction too (--schedulers) to see the wait they buy")

@@ -128,6 +128,9 @@ def test_tiny_replay_end_to_end(tmp_path: Path) -> None:
         assert r["delay"]["all"]["p50"] <= r["delay"]["all"]["p95"] <= r["delay"]["all"]["p99"]
     assert res["fifo"]["evictions"] == res["strict-priority"]["evictions"] == 0
     assert res["accelstack-no-eviction"]["evictions"] == 0
+    # the default eviction rule weighed plans and turned some down (issue 35.8)
+    assert res["accelstack"]["evictions_declined"] > 0 and res["accelstack"]["eviction_rule"].startswith(
+        "evict when the victims' lost GPU-hours are at most 1 x")
     hi = "priority:high"
     assert res["accelstack"]["delay"][hi]["mean"] <= res["fifo"]["delay"][hi]["mean"]
 

@@ -87,6 +87,11 @@ def test_repeated_pod_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
         ["replay", "--fail-rate", "nan"],
         ["replay", "--schedulers", ","],  # ran nothing, exit 0
         ["replay", "--schedulers", "fifo,fifo"],
+        ["replay", "--eviction-cost-ratio", "-1"],  # the eviction rule's K
+        ["replay", "--eviction-cost-ratio", "nan"],
+        ["replay", "--eviction-cost-ratio", "never"],
+        ["demo", "--eviction-max-wait", "-5"],
+        ["demo", "--eviction-max-wait", "inf"],
     ],
 )
 def test_bad_flag_values_are_refused_before_the_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
