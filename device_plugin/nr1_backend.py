@@ -10,6 +10,7 @@ plugin can hand them to the pod.
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,6 +23,27 @@ from device_plugin.devices import HealthReport, PhysicalDevice
 from protos.deviceplugin.v1beta1 import api_pb2
 
 log = logging.getLogger("accelstack.device_plugin.nr1")
+
+
+PROBE_OUTPUT_LIMIT = 160  # characters of a failed probe's output in the reason (a node condition, a log line)
+_SECRET = re.compile(r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization)(\s*[:=]\s*)(bearer\s+)?\S+")
+_BEARER = re.compile(r"(?i)\bbearer\s+\S+")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor sequences
+
+
+def probe_output(stderr: bytes, stdout: bytes, limit: int = PROBE_OUTPUT_LIMIT) -> str:
+    """What a failed probe said, for its reason: stderr (where a failing command says why), else stdout, else
+    '(no output)'; one line (lines joined with ' | ', colour codes and control characters dropped), values of password/token/
+    key/authorization-like fields and bearer tokens replaced by '<redacted>', and its last ``limit``
+    characters (the end says why it failed)."""
+    for raw in (stderr, stdout):
+        lines = [" ".join("".join(c if c.isprintable() else " " for c in line).split())
+                 for line in _ANSI.sub("", raw.decode(errors="replace")).splitlines()]
+        text = " | ".join(line for line in lines if line)
+        if text:
+            text = _BEARER.sub("Bearer <redacted>", _SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}<redacted>", text))
+            return text if len(text) <= limit else "…" + text[-(limit - 1):]
+    return "(no output)"
 
 
 class NR1Backend:
@@ -93,8 +115,7 @@ class NR1Backend:
             except OSError as exc:
                 return False, f"probe could not run: {exc.strerror}"
             if result.returncode != 0:
-                tail = result.stdout.decode(errors="replace").strip()[-120:]
-                return False, f"probe exit {result.returncode}: {tail}"
+                return False, f"probe exit {result.returncode}: {probe_output(result.stderr, result.stdout)}"
         return True, ""
 
     def run_health(self, report: HealthReport, stopped: Callable[[], bool]) -> None:
