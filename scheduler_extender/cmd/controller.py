@@ -22,7 +22,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from scheduler_extender.cmd.extender import POLICIES, RESOURCE_NAMES, resource_names
-from service.flags import Checked, Parser, add_api_flags, add_logging_flags, adder, run_service
+from scheduler_extender.core.eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S
+from scheduler_extender.core.scheduler import SchedulerConfig
+from scheduler_extender.objects.accelerator_nodes import vendor_id
+from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
 
 log = logging.getLogger("accelstack.controller")
@@ -50,10 +53,25 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("refresh-qps", "20", "status writes per second that only move a queued GPR's position or wait estimate "
                              "(the rest wait for a later refresh, those nearest the head of the queue first)")
     add("refresh-burst", "100", "such writes at once after a quiet spell")
+    add("eviction-cost-ratio", f"{EVICTION_COST_RATIO:g}", "evict lower-priority work for a GPR only when the "
+        "GPU-hours the victims have run (and lose) are at most this many times the GPU-hours of waiting it is "
+        "spared (its GPUs x its predicted wait); off: whenever eviction makes room")
+    add("eviction-max-wait", f"{EVICTION_MAX_WAIT_S:g}", "seconds: a GPR with enableEviction that would otherwise "
+        "wait this long in all (waited + predicted) evicts whatever the cost: the priority guarantee")
     add("min-pass-gap", "0.25", "least seconds between a pass and the next one that events ask for (a burst of "
                                 "events makes fewer, larger passes: bounded CPU, decisions at most this much later)")
+    add("nr1-vendor-ids", "", "NR1 modules' PCI vendor IDs as lspci -nn shows them (comma-separated, the device "
+        "plugin's nr1.vendorIDs): node-feature-discovery's PCI labels of these vendors mark a node as an NR1 node")
     add_logging_flags(add)
     return p
+
+
+def nr1_vendor_ids(value: str) -> tuple[str, ...]:
+    """``--nr1-vendor-ids``: PCI vendor IDs, comma-separated (none: NR1 nodes are found by resource and labels)."""
+    try:
+        return tuple(vendor_id(v) for v in value.split(",") if v.strip())
+    except ValueError as exc:
+        raise UsageError(f"--nr1-vendor-ids: {exc}") from None
 
 
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -65,6 +83,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     resources = resource_names(args.resources)
     flags.one_of("policy", POLICIES)
     log_level, log_format = flags.logging()
+    cost_ratio = None if flags.raw("eviction-cost-ratio").strip().lower() == "off" else flags.number(
+        "eviction-cost-ratio", float, 0)
     return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "resources": resources,
             "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
             "lease_seconds": flags.number("lease-seconds", float, 2), "policy": args.policy,
@@ -74,6 +94,9 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             "refresh_qps": flags.number("refresh-qps", float, 0.1),
             "refresh_burst": flags.number("refresh-burst", int, 1),
             "min_gap": flags.number("min-pass-gap", float, 0.0, 60.0),
+            "eviction_cost_ratio": cost_ratio,
+            "eviction_max_wait_s": flags.number("eviction-max-wait", float, 0),
+            "nr1_vendors": nr1_vendor_ids(args.nr1_vendor_ids),
             "api_timeout": flags.number("api-timeout", float, 0.1),
             "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
                              idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
@@ -96,7 +119,10 @@ class ControllerProcess:
                                          lease_seconds=opts["lease_seconds"], registry=self.registry,
                                          estimate_every=opts["estimate_every"], concurrency=opts["concurrency"],
                                          refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"],
-                                         min_gap=opts["min_gap"])
+                                         min_gap=opts["min_gap"], nr1_vendors=opts.get("nr1_vendors", ()),
+                                         config=SchedulerConfig(
+                                             eviction_cost_ratio=opts.get("eviction_cost_ratio", EVICTION_COST_RATIO),
+                                             eviction_max_wait_s=opts.get("eviction_max_wait_s", EVICTION_MAX_WAIT_S)))
         self.informers = make_informers(kube, self.view, self.service.node_event, self.service.pod_event, self._on_gpr,
                                         self._sync_gprs) + self.service.informers
         self.limits: Limits = opts.get("limits") or Limits()

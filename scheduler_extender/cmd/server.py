@@ -36,6 +36,7 @@ from kubeapi.tasks import supervise, watch_loop_lag, while_leading
 from scheduler_extender.api.app import RateLimiter, RestAPI
 from scheduler_extender.api.auth import Authorizer
 from scheduler_extender.api.views import DEFAULT_GROUP_LABEL
+from scheduler_extender.controller.accelerator_nodes import AcceleratorNodeController
 from scheduler_extender.controller.gpr_controller import GPRController
 from scheduler_extender.controller.workspaces import WorkspaceController
 from scheduler_extender.extender.binder import Binder
@@ -134,7 +135,8 @@ class ControllerService:
     def __init__(self, kube: Kube, view: ClusterView, *, lease_namespace: str = "accelstack-system",
                  lease_name: str = "accelstack-gpr-controller", identity: str = "", policy: str = "bestfit",
                  resync: float = 5.0, lease_seconds: float = 15.0, sweep_every: float = 60.0,
-                 registry: CollectorRegistry | None = None, **controller: Any) -> None:
+                 registry: CollectorRegistry | None = None, nr1_vendors: Iterable[str] = (),
+                 **controller: Any) -> None:
         self.kube = kube
         self.view = view
         controller.setdefault("history_namespace", lease_namespace)
@@ -150,7 +152,11 @@ class ControllerService:
                                               namespace=lease_namespace, resync=resync, registry=registry,
                                               on_index=self.controller.changed)
         self.controller.workspaces = self.workspaces.index
-        self.informers = self.workspaces.informers  # the owner of the view runs them with its own
+        # accelerator nodes: an AcceleratorNode per node with GPUs or NR1 modules, what was found and who serves it
+        self.accelerator_nodes = AcceleratorNodeController(kube, view, nr1_vendors=nr1_vendors,
+                                                           resync=max(resync, 30.0), registry=registry)
+        # the owner of the view runs them with its own
+        self.informers = self.workspaces.informers + self.accelerator_nodes.informers
         self.released: int = 0  # ledger entries given back by sweeps
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -170,6 +176,7 @@ class ControllerService:
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
         if _pod_matters(old, new):
             self.controller.changed()
+        self.accelerator_nodes.pod_changed(old, new)
 
     def node_event(self, kind: str, obj: dict[str, Any]) -> None:
         """An informer's node event: the view takes it, then a pass is triggered if it changed what passes read."""
@@ -200,7 +207,9 @@ class ControllerService:
             asyncio.create_task(supervise("leader-election", self.elector.run, stop), name="leader-election"),
             asyncio.create_task(while_leading(self.elector, stop, {"gpr-controller": self.controller.run,
                                                                    "ledger-sweep": self._sweeper,
-                                                                   "workspace-controller": self.workspaces.run}),
+                                                                   "workspace-controller": self.workspaces.run,
+                                                                   "accelerator-node-controller":
+                                                                       self.accelerator_nodes.run}),
                                 name="leader-work"),
         ]
 

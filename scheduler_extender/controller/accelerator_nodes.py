@@ -1,0 +1,258 @@
+"""The accelerator-node controller's I/O: informers on Nodes and AcceleratorNodes, the pods of the cluster view,
+and the API calls that carry out :func:`accelerator_nodes.plan`. It runs in the controller process under the GPR
+controller's leader election (a term's task), beside the workspace controller.
+
+Nodes come from an informer of its own and are reduced at once to what :func:`accelerator_nodes.detect` found
+(a few hundred bytes per accelerator node, nothing for the others): the cluster view keeps neither a node's UID
+(the owner reference needs it) nor its ``managedFields`` (who wrote the labels). Holders are read from the view's
+pods (those asking for a managed resource) at each pass. A pass runs on a change that matters (a node's detection,
+an AcceleratorNode, a holder's pod), at most once per ``min_interval``, and every ``resync`` seconds; it writes only
+what differs, so a restarted or new leader writes nothing while the cluster is as it was. It never touches a Node.
+
+A write that fails (403, 500, no answer) is logged and counted; the next pass (the next resync at the latest)
+plans it again. What a write returned is kept at once (newer than the informer's copy), so the next pass does not
+repeat it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
+from kubeapi.errors import log_failure
+from kubeapi.informer import Informer
+from kubeapi.resources import NODES, Resource
+from scheduler_extender.objects import accelerator_nodes as an
+from scheduler_extender.objects import gpr_codec as gr
+from scheduler_extender.objects.cluster import ClusterView, PodView
+from scheduler_extender.objects.kube import Kube
+
+log = logging.getLogger("accelstack.accelerator_nodes")
+ACCELERATOR_NODES = Resource(an.GROUP, an.VERSION, an.PLURAL, an.KIND, namespaced=False)
+
+
+def _rv(obj: Mapping[str, Any] | None) -> int:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+class AcceleratorNodeController:
+    def __init__(self, kube: Kube, view: ClusterView, *, nr1_vendors: Iterable[str] = (), resync: float = 30.0,
+                 min_interval: float = 1.0, registry: CollectorRegistry | None = None,
+                 watch_timeout: tuple[int, int] = (300, 600), clock: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.view = view
+        self.nr1_vendors = tuple(an.vendor_id(v) for v in nr1_vendors)
+        self.resync = resync
+        self.min_interval = min(min_interval, resync)
+        self.clock = clock
+        self.detected: dict[str, an.Detection] = {}  # accelerator nodes only
+        self.objects: dict[str, dict[str, Any]] = {}  # AcceleratorNodes by name
+        self.poke = asyncio.Event()
+        self.passes = 0
+        self.last_plan: an.Plan | None = None
+        registry = registry or CollectorRegistry()
+        p = "accelstack_accelerator_node_"
+        self.passes_total = Counter(p + "passes_total", "Accelerator-node controller passes", registry=registry)
+        self.writes = Counter(p + "writes_total", "AcceleratorNode writes by verb and result", ["verb", "result"],
+                              registry=registry)
+        self.phases = Gauge(p + "nodes", "Accelerator nodes by phase and managed-by", ["phase", "managed_by"],
+                            registry=registry)
+        self.informers = [
+            Informer(kube.client, NODES, self._on_node, self._sync_nodes, name="accelerator-nodes-nodes",
+                     watch_timeout=watch_timeout, lazy=True),
+            Informer(kube.client, ACCELERATOR_NODES, self._on_object, self._sync_objects, name=an.PLURAL,
+                     watch_timeout=watch_timeout),
+        ]
+
+    # ---- informer callbacks ------------------------------------------------------------------------------------
+    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = _name(obj)
+        found = None if kind == "DELETED" else an.detect(obj, self.nr1_vendors)
+        old = self.detected.get(name)
+        if found is None:
+            self.detected.pop(name, None)
+        else:
+            self.detected[name] = found
+        if found != old:
+            self.poke.set()
+
+    async def _sync_nodes(self, items: Sequence[dict[str, Any]]) -> None:
+        detected = {}
+        for i, obj in enumerate(items):  # a Listed: each node decoded as read, reduced, let go
+            found = an.detect(obj, self.nr1_vendors)
+            if found is not None:
+                detected[found.node] = found
+            if i % 64 == 63:
+                await asyncio.sleep(0)
+        self.detected = detected
+        self.poke.set()
+
+    def _on_object(self, kind: str, obj: dict[str, Any]) -> None:
+        name = _name(obj)
+        if kind == "DELETED":
+            kept = self.objects.get(name)
+            uid = (obj.get("metadata") or {}).get("uid")
+            if kept is not None and (kept.get("metadata") or {}).get("uid") == uid:
+                del self.objects[name]
+        elif _rv(obj) >= _rv(self.objects.get(name)):
+            self.objects[name] = obj
+        self.poke.set()
+
+    def _sync_objects(self, items: list[dict[str, Any]]) -> None:
+        self.objects = {_name(o): o for o in items}
+        self.poke.set()
+
+    def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
+        """A pod of the view changed: a pass if it holds or held devices on an accelerator node."""
+        def holds(p: PodView | None) -> tuple[str, bool, tuple[tuple[str, int], ...]] | None:
+            if p is None or not p.node or p.node not in self.detected:
+                return None
+            return p.node, p.live, tuple(sorted(p.requests.items()))
+        if holds(old) != holds(new):
+            self.poke.set()
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    # ---- a pass ------------------------------------------------------------------------------------------------
+    def holders(self) -> dict[str, list[an.Holder]]:
+        """Per accelerator node, the live pods bound there that request devices."""
+        out: dict[str, list[an.Holder]] = {}
+        detected = self.detected
+        for pod in self.view.pods.values():
+            if not pod.node or pod.node not in detected or not pod.live:
+                continue
+            gpr = pod.gpr.partition("/")[2]
+            for resource, count in pod.requests.items():
+                if count > 0:
+                    out.setdefault(pod.node, []).append(an.Holder(pod.namespace, pod.name, gpr, resource, count))
+        return out
+
+    async def reconcile(self) -> an.Plan:
+        plan = an.plan(dict(self.detected), self.holders(), dict(self.objects), gr.rfc3339(self.clock()))
+        for name, uid in plan.delete:
+            await self._delete(name, uid)
+        for body in plan.create:
+            await self._create(body)
+        for name, status in plan.statuses.items():
+            await self._write_status(name, status)
+        self.passes += 1
+        self.passes_total.inc()
+        self.last_plan = plan
+        counts: dict[tuple[str, str], int] = {}
+        for d in self.detected.values():
+            counts[d.phase, d.managed_by] = counts.get((d.phase, d.managed_by), 0) + 1
+        self.phases.clear()
+        for (phase, by), n in counts.items():
+            self.phases.labels(phase, by).set(n)
+        return plan
+
+    async def _create(self, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        try:
+            made = await self.kube.client.create(ACCELERATOR_NODES, body)
+        except AlreadyExists:  # made by another leader a moment ago: the informer brings it
+            self.writes.labels("create", "exists").inc()
+            return
+        except ApiError as exc:
+            self._failed("create", name, exc)
+            return
+        self.writes.labels("create", "ok").inc()
+        log.info("accelerator node detected", extra={"node": name})
+        self._keep(made)
+
+    async def _write_status(self, name: str, status: dict[str, Any]) -> None:
+        obj = self.objects.get(name)
+        if obj is None:  # the create failed or was answered AlreadyExists: the next pass writes it
+            return
+        try:
+            written = await self.kube.client.replace(ACCELERATOR_NODES, name, {**obj, "status": status},
+                                                     subresource="status")
+        except (Conflict, NotFound):  # changed or gone meanwhile: the informer brings the news, the next pass decides
+            self.writes.labels("status", "conflict").inc()
+            self.poke.set()
+            return
+        except ApiError as exc:
+            self._failed("status", name, exc)
+            return
+        self.writes.labels("status", "ok").inc()
+        old = (obj.get("status") or {})
+        if (old.get("phase"), old.get("managedBy")) != (status["phase"], status["managedBy"]):
+            log.info("accelerator node state", extra={"node": name, "phase": status["phase"],
+                                                      "managed_by": status["managedBy"], "reason": status["reason"]})
+        self._keep(written)
+
+    async def _delete(self, name: str, uid: str) -> None:
+        try:
+            await self.kube.client.delete(ACCELERATOR_NODES, name, uid=uid or None)
+        except (NotFound, Conflict):
+            self.writes.labels("delete", "conflict").inc()
+        except ApiError as exc:
+            self._failed("delete", name, exc)
+            return
+        else:
+            self.writes.labels("delete", "ok").inc()
+            log.info("accelerator node gone", extra={"node": name})
+        kept = self.objects.get(name)
+        if kept is not None and (not uid or (kept.get("metadata") or {}).get("uid") == uid):
+            del self.objects[name]
+
+    def _failed(self, verb: str, name: str, exc: ApiError) -> None:
+        self.writes.labels(verb, "error").inc()
+        log.warning("accelerator node write failed; the next pass retries",
+                    extra={"node": name, "verb": verb, "error": str(exc)[:300]})
+
+    def _keep(self, obj: dict[str, Any]) -> None:
+        name = _name(obj)
+        if _rv(obj) >= _rv(self.objects.get(name)):
+            self.objects[name] = obj
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Passes while this replica leads (until ``stop``): on a change (at most one per ``min_interval``) and
+        every ``resync`` seconds. A pass that raises is retried with a backoff (1 s doubling to 30 s)."""
+        failures = 0
+        while not stop.is_set():
+            if not self.synced:  # never plan on a partial view: it would look like objects must be deleted
+                self.poke.clear()
+                await _first(stop, self.poke, timeout=0.2)
+                continue
+            self.poke.clear()
+            started = self.clock()
+            try:
+                await self.reconcile()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log_failure(log, "accelerator node pass failed; retrying", exc)
+            wait = min(30.0, 0.5 * 2 ** failures) if failures else self.resync
+            await _first(stop, None, timeout=max(0.0, started + self.min_interval - self.clock()))
+            await _first(stop, self.poke, timeout=wait)
+
+
+async def _first(stop: asyncio.Event, poke: asyncio.Event | None, timeout: float) -> None:
+    if timeout <= 0 or math.isnan(timeout):
+        return
+    waits = [asyncio.create_task(stop.wait())] + ([asyncio.create_task(poke.wait())] if poke is not None else [])
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
+    finally:
+        for w in waits:
+            w.cancel()

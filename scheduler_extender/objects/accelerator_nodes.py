@@ -1,0 +1,312 @@
+"""Accelerator nodes as pure functions: a Node in, whether it is an accelerator node and what says so out; the
+``AcceleratorNode`` objects (cluster-scoped, ``accelstack.io/v1alpha1``, one per accelerator node, named as the
+node) the cluster should hold, and their status.
+
+A platform team rarely starts from an empty cluster: GPU nodes already serve pods through NVIDIA's device plugin
+(GPU feature discovery labels them), node-feature-discovery labels PCI vendors, and accelstack's own device plugin
+labels the nodes it runs on. :func:`detect` reads all of that from the Node object alone:
+
+- the resource advertised (``status.capacity`` / ``allocatable`` of ``nvidia.com/gpu`` or ``neureality.com/nr1``),
+  by whichever device plugin registered it;
+- GPU feature discovery's labels ``nvidia.com/gpu.present``, ``.product``, ``.count``;
+- node-feature-discovery's PCI labels ``feature.node.kubernetes.io/pci-10de.present`` (NVIDIA) and the same for
+  the NR1 vendor IDs the controller is given (``--nr1-vendor-ids``, as the device plugin's ``nr1.vendorIDs``); NFD's
+  default ``pci-<class>_<vendor>.present`` form counts too;
+- the labels accelstack's device plugin writes (``nvidia.com/gpu.*``, ``nvidia.com/cuda.*``, ``accelstack.io/nr1.*``).
+  GPU feature discovery writes the same GPU label names (on purpose: node selectors keep working), so what tells
+  the two apart is who wrote them: the Node's ``metadata.managedFields`` entry of the field manager
+  ``accelstack-device-plugin`` (the labeller's, ``device_plugin/labeller.py``). A label alone is never taken for
+  accelstack's.
+
+A node is *Managed* when accelstack's device plugin labelled it and the resource is advertised; *Detected*
+otherwise (found, not managed: another plugin serves it, or nothing advertises the resource yet). The later
+phases (Onboarding, Deboarding, Deboarded, Failed) belong to the onboarding and deboarding slices, not built yet.
+
+:func:`plan` compares what should exist with the AcceleratorNodes there are (level-triggered: nothing depends on
+memory of earlier passes) and says what to create, which statuses to write (only those that differ, ignoring
+``lastTransitionTime``, which is kept while a condition's status stays) and what to delete: the object of a node
+that is gone or no longer an accelerator node, or one owned by an earlier node of the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_extender.objects.cluster import GPU, MODEL_LABEL, NR1
+
+GROUP, VERSION = "accelstack.io", "v1alpha1"
+KIND, PLURAL = "AcceleratorNode", "acceleratornodes"
+PHASES = ("Detected", "Onboarding", "Managed", "Deboarding", "Deboarded", "Failed")  # the last four: later slices
+# who serves the devices (printer column Managed-by)
+BY_ACCELSTACK, BY_OTHER, BY_NONE = "accelstack", "other-plugin", "none"
+# the labeller's field manager and label prefixes (device_plugin/labeller.py FIELD_MANAGER, OWNED_PREFIXES: the
+# layout keeps device_plugin out of the control plane's imports; tests/extender/test_accelerator_nodes.py keeps
+# the two in step)
+PLUGIN_MANAGER = "accelstack-device-plugin"
+PLUGIN_PREFIXES = {GPU: ("nvidia.com/gpu.", "nvidia.com/cuda."), NR1: ("accelstack.io/nr1.",)}
+COUNT_LABEL = {GPU: "nvidia.com/gpu.count", NR1: "accelstack.io/nr1.count"}
+GPU_PRESENT = "nvidia.com/gpu.present"
+NVIDIA_VENDOR = "10de"
+NFD_PCI = "feature.node.kubernetes.io/pci-"
+MAX_HOLDERS = 100  # rows kept in status.holders (holderCount counts them all): an object stays small
+
+
+def vendor_id(value: str) -> str:
+    """``0x1E2D`` / ``1e2d`` -> ``1e2d`` (the form NFD's labels use); ValueError naming the value otherwise."""
+    text = value.strip().lower()
+    text = text[2:] if text.startswith("0x") else text
+    if len(text) != 4 or any(c not in "0123456789abcdef" for c in text):
+        raise ValueError(f"not a PCI vendor ID like 0x1e2d: {value!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class Found:
+    """One resource's devices on a node: advertised (capacity, allocatable), labelled (the count label), model."""
+
+    resource: str
+    capacity: int = 0
+    allocatable: int = 0
+    labelled: int = 0
+    model: str = ""
+
+    @property
+    def seen(self) -> int:
+        return self.capacity or self.labelled
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What :func:`detect` found on an accelerator node. ``resource`` is the one the columns show (the advertised
+    one, GPU first when both are); ``ours``: accelstack's device plugin wrote labels of that resource."""
+
+    node: str
+    uid: str
+    resource: str
+    found: tuple[Found, ...]
+    evidence: tuple[str, ...]
+    ours: bool
+    managed_by: str
+    model: str
+
+    @property
+    def devices(self) -> int:
+        return next((f.seen for f in self.found if f.resource == self.resource), 0)
+
+    @property
+    def phase(self) -> str:
+        return "Managed" if self.managed_by == BY_ACCELSTACK else "Detected"
+
+
+def _count(value: Any) -> int:
+    try:
+        n = int(str(value))
+    except ValueError:
+        return 0
+    return max(n, 0)
+
+
+def _quantity(resources: Any, name: str) -> int:
+    return _count(resources.get(name, 0)) if isinstance(resources, Mapping) else 0
+
+
+def labels_by(node: Mapping[str, Any], manager: str = PLUGIN_MANAGER) -> set[str]:
+    """The label keys ``manager`` owns according to the Node's ``metadata.managedFields``."""
+    out: set[str] = set()
+    for entry in (node.get("metadata") or {}).get("managedFields") or ():
+        if not isinstance(entry, Mapping) or entry.get("manager") != manager:
+            continue
+        fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:labels") or {}
+        out.update(k[2:] for k in fields if isinstance(k, str) and k.startswith("f:"))
+    return out
+
+
+def _nfd_vendor(key: str, value: str) -> str:
+    """The vendor of an NFD PCI label that says present (``pci-10de.present``, ``pci-0302_10de.present``)."""
+    if not key.startswith(NFD_PCI) or not key.endswith(".present") or value != "true":
+        return ""
+    ident = key[len(NFD_PCI):-len(".present")]
+    return ident.rpartition("_")[2].lower()
+
+
+def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = ()) -> Detection | None:
+    """Whether ``node`` is an accelerator node and what was found (None: no evidence of GPUs or NR1 modules).
+    ``nr1_vendors``: NR1 PCI vendor IDs as :func:`vendor_id` writes them."""
+    meta, status = node.get("metadata") or {}, node.get("status") or {}
+    labels = meta.get("labels") or {}
+    labels = labels if isinstance(labels, Mapping) else {}
+    nr1_ids = set(nr1_vendors)
+    evidence: list[str] = []
+    hits: dict[str, bool] = {GPU: False, NR1: False}
+    found: list[Found] = []
+    written = labels_by(node)
+    ours: dict[str, bool] = {}
+    for resource in (GPU, NR1):
+        capacity = _quantity(status.get("capacity"), resource)
+        allocatable = _quantity(status.get("allocatable"), resource)
+        if capacity or allocatable:
+            evidence.append(f"{resource} advertised (capacity {capacity}, allocatable {allocatable})")
+            hits[resource] = True
+        ours[resource] = any(k.startswith(PLUGIN_PREFIXES[resource]) and k in labels for k in written)
+        count = _count(labels.get(COUNT_LABEL[resource], 0))
+        found.append(Found(resource, capacity, allocatable, count, str(labels.get(MODEL_LABEL[resource], ""))))
+    if labels.get(GPU_PRESENT) == "true":
+        evidence.append(f"label {GPU_PRESENT}=true")
+        hits[GPU] = True
+    for key in (MODEL_LABEL[GPU], COUNT_LABEL[GPU]):
+        if labels.get(key) and (key != COUNT_LABEL[GPU] or _count(labels[key])):
+            evidence.append(f"label {key}={labels[key]}")
+            hits[GPU] = True
+    for key in (COUNT_LABEL[NR1], MODEL_LABEL[NR1]):
+        if labels.get(key) and (key != COUNT_LABEL[NR1] or _count(labels[key])):
+            evidence.append(f"label {key}={labels[key]}")
+            hits[NR1] = True
+    for key, value in sorted(labels.items()):
+        vendor = _nfd_vendor(str(key), str(value))
+        if vendor == NVIDIA_VENDOR or (vendor and vendor in nr1_ids):
+            evidence.append(f"label {key}=true")
+            hits[GPU if vendor == NVIDIA_VENDOR else NR1] = True
+    for resource in (GPU, NR1):
+        if ours[resource] and hits[resource]:
+            evidence.append(f"{resource} labels written by {PLUGIN_MANAGER}")
+    if not any(hits.values()):
+        return None
+    kept = tuple(f for f in found if hits[f.resource])
+    advertised = [f.resource for f in kept if f.capacity or f.allocatable]
+    resource = advertised[0] if advertised else kept[0].resource
+    mine = ours[resource]
+    managed_by = (BY_ACCELSTACK if mine else BY_OTHER) if advertised and resource in advertised else BY_NONE
+    model = next(f.model for f in kept if f.resource == resource)
+    return Detection(str(meta.get("name") or ""), str(meta.get("uid") or ""), resource, kept, tuple(evidence), mine,
+                     managed_by, model)
+
+
+# ---- the objects -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Holder:
+    """A pod bound to the node that requests devices there (live: not Succeeded or Failed)."""
+
+    namespace: str
+    name: str
+    gpr: str  # the GPR's name ("" for a pod outside any GPR)
+    resource: str
+    count: int
+
+
+def _managed_condition(d: Detection) -> tuple[str, str, str]:
+    if d.managed_by == BY_ACCELSTACK:
+        return "True", "AccelstackDevicePlugin", \
+            f"accelstack's device plugin labelled the node and {d.resource} is advertised"
+    if d.managed_by == BY_OTHER:
+        return "False", "OtherDevicePlugin", \
+            f"{d.resource} is advertised by a device plugin that is not accelstack's (no labels by {PLUGIN_MANAGER})"
+    if d.ours:
+        return "False", "NoDevicePlugin", \
+            f"accelstack's device plugin labelled the node but no {d.resource} is advertised (not registered)"
+    return "False", "NoDevicePlugin", f"no device plugin advertises {d.resource}"
+
+
+def _detected_reason(d: Detection) -> str:
+    first = d.evidence[0]
+    if " advertised " in first:
+        return "ResourceAdvertised"
+    if first.startswith(f"label {NFD_PCI}"):
+        return "PCILabels"
+    return "FeatureLabels"
+
+
+def desired_status(d: Detection, holders: Iterable[Holder], generation: int, previous: Mapping[str, Any],
+                   now: str) -> dict[str, Any]:
+    """The status an AcceleratorNode of ``d`` should carry; ``previous`` (its current status) keeps each
+    condition's ``lastTransitionTime`` while the condition's status is the same."""
+    rows = sorted(holders, key=lambda h: (h.namespace, h.name, h.resource))
+    managed = _managed_condition(d)
+    conds = [("Detected", "True", _detected_reason(d), "; ".join(d.evidence)[:1000]), ("Managed", *managed)]
+    before = {c.get("type"): c for c in previous.get("conditions") or () if isinstance(c, Mapping)}
+    conditions = []
+    for kind, state, reason, message in conds:
+        old = before.get(kind) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == state else None
+        conditions.append({"type": kind, "status": state, "reason": reason, "message": message,
+                           "lastTransitionTime": since or now})
+    return {
+        "observedGeneration": generation,
+        "phase": d.phase,
+        "resource": d.resource,
+        "managedBy": d.managed_by,
+        "model": d.model,
+        "reason": managed[1],
+        "deviceCount": d.devices,
+        "allocated": sum(h.count for h in rows if h.resource == d.resource),
+        "holderCount": len(rows),
+        "devices": [{"resource": f.resource, "capacity": f.capacity, "allocatable": f.allocatable,
+                     "labelled": f.labelled, **({"model": f.model} if f.model else {})} for f in d.found],
+        "evidence": list(d.evidence),
+        "holders": [{"namespace": h.namespace, "name": h.name, **({"gpr": h.gpr} if h.gpr else {}),
+                     "resource": h.resource, "count": h.count} for h in rows[:MAX_HOLDERS]],
+        "conditions": conditions,
+    }
+
+
+def desired_object(d: Detection) -> dict[str, Any]:
+    """A new AcceleratorNode for ``d``: named as the node, owned by it (deleted with it by the garbage collector).
+    Its status goes in a second write (the status subresource ignores it on create)."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+            "metadata": {"name": d.node, "labels": {"app.kubernetes.io/managed-by": "accelstack-controller"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": d.node, "uid": d.uid,
+                                              "blockOwnerDeletion": False}]},
+            "spec": {}}
+
+
+def owner_uid(obj: Mapping[str, Any]) -> str:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("kind") == "Node":
+            return str(ref.get("uid") or "")
+    return ""
+
+
+def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    def strip(status: Mapping[str, Any]) -> Any:
+        return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                                         for c in status.get("conditions") or () if isinstance(c, Mapping)]}
+
+    return bool(strip(current) != strip(new))
+
+
+@dataclass
+class Plan:
+    create: list[dict[str, Any]] = field(default_factory=list)  # new objects (their status follows in statuses)
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> status to write
+    delete: list[tuple[str, str]] = field(default_factory=list)  # (name, uid) of objects no node wants
+
+    @property
+    def writes(self) -> int:
+        return len(self.create) + len(self.statuses) + len(self.delete)
+
+
+def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
+         existing: Mapping[str, Mapping[str, Any]], now: str) -> Plan:
+    """What to create, write and delete so that the AcceleratorNodes match the accelerator nodes ``nodes``."""
+    out = Plan()
+    for name, obj in sorted(existing.items()):
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        d = nodes.get(name)
+        if d is None or (d.uid and owner_uid(obj) != d.uid):  # gone, no longer one, or a new node of that name
+            out.delete.append((name, str(meta.get("uid") or "")))
+    gone = {n for n, _ in out.delete}
+    for name, d in sorted(nodes.items()):
+        have = existing.get(name)
+        if name in gone or (have is not None and (have.get("metadata") or {}).get("deletionTimestamp")):
+            continue  # created again by a pass after the delete is seen
+        if have is None:
+            out.create.append(desired_object(d))
+        previous: Mapping[str, Any] = (have or {}).get("status") or {}
+        generation = int(((have or {}).get("metadata") or {}).get("generation") or 1)
+        status = desired_status(d, holders.get(name, ()), generation, previous, now)
+        if have is None or status_differs(previous, status):
+            out.statuses[name] = status
+    return out
