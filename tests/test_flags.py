@@ -98,8 +98,7 @@ def console_scripts() -> dict[str, str]:
 NPD_PLUGINS = {"accelstack-npd-gpu", "accelstack-npd-nr1"}
 # no flags at all: the runtime passes everything as CNI_* variables (tests/cni/test_units.py has its --help)
 NO_FLAGS = {"accelstack-nr1-cni"}
-# the kubectl plugin's parser is the kubectl plugin's (scheduler_extender/cli/), left to its owner for now
-ELSEWHERE = {"kubectl-accelstack"}
+ELSEWHERE: set[str] = set()
 
 
 @pytest.mark.parametrize("prog", sorted(set(console_scripts()) - NO_FLAGS - ELSEWHERE))

@@ -313,9 +313,11 @@ def _seg(value: str) -> str:
 
 # ---- arguments ---------------------------------------------------------------------------------------------
 class Parser(argparse.ArgumentParser):
+    """One line for an argument argparse cannot parse and a pointer to ``--help`` (exit 2), as every accelstack
+    command answers, not the whole usage before the error."""
+
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for the options.\n")
 
 
 def positive(value: str) -> int:
