@@ -102,17 +102,18 @@ def test_accelerator_nodes_phases_holders_columns_and_gone(cp: ControlPlane, sta
         # what a platform engineer sees: the real kubectl with the CRD's printer columns
         wide = cp.kubectl("get", "acceleratornodes", gfd, nfd, other, ours, nr1, "-o", "wide").splitlines()
         assert wide[0].split() == ["NAME", "PHASE", "RESOURCE", "DEVICES", "ALLOCATED", "MANAGED-BY", "AGE", "MODEL",
-                                   "REASON"], wide[0]
+                                   "REASON", "HOLDERS"], wide[0]
         rows = {line.split()[0]: line.split() for line in wide[1:]}
         drop_age = {n: r[:6] + r[7:] for n, r in rows.items()}
         assert drop_age == {
-            gfd: [gfd, "Detected", "nvidia.com/gpu", "8", "0", "none", "NVIDIA-H100-80GB-HBM3", "NoDevicePlugin"],
-            nfd: [nfd, "Detected", "nvidia.com/gpu", "0", "0", "none", "NoDevicePlugin"],
+            gfd: [gfd, "Detected", "nvidia.com/gpu", "8", "0", "none", "NVIDIA-H100-80GB-HBM3", "NoDevicePlugin", "0"],
+            nfd: [nfd, "Detected", "nvidia.com/gpu", "0", "0", "none", "NoDevicePlugin", "0"],
             other: [other, "Detected", "nvidia.com/gpu", "8", "2", "other-plugin", "NVIDIA-H100-80GB-HBM3",
-                    "OtherDevicePlugin"],
+                    "OtherDevicePlugin", "1"],
             ours: [ours, "Managed", "nvidia.com/gpu", "8", "0", "accelstack",
-                   "NVIDIA-H100-80GB-HBM3", "AccelstackDevicePlugin"],
-            nr1: [nr1, "Managed", "neureality.com/nr1", "4", "0", "accelstack", "NR1-M", "AccelstackDevicePlugin"],
+                   "NVIDIA-H100-80GB-HBM3", "AccelstackDevicePlugin", "0"],
+            nr1: [nr1, "Managed", "neureality.com/nr1", "4", "0", "accelstack", "NR1-M", "AccelstackDevicePlugin",
+                  "0"],
         }, "\n".join(wide)
         plain = cp.kubectl("get", "acceleratornodes", other).splitlines()
         assert plain[0].split() == ["NAME", "PHASE", "RESOURCE", "DEVICES", "ALLOCATED", "MANAGED-BY", "AGE"]
