@@ -17,9 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from inference.gateway.listener import GatewayRunner
+from inference.gateway.listener import Listener
 from inference.gateway.server import POLICIES, Gateway, Settings
 from inference.routing import EjectionPolicy
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_loop
@@ -135,12 +133,13 @@ async def serve(opts: dict[str, Any]) -> None:
                                                opts["key_namespaces"])
         tasks.append(asyncio.create_task(kube_source.run()))
         cleanup.append(kube_source.close)
-    runner = GatewayRunner(gateway.app(), access_log=None, handler_cancellation=True,
-                           shutdown_timeout=settings.shutdown_timeout, header_timeout=opts["header_timeout"],
-                           keepalive_timeout=opts["keepalive_timeout"])
-    await runner.setup()
-    site = web.TCPSite(runner, opts["host"], opts["port"], backlog=1024)
-    await site.start()
+    listener = Listener(gateway.handle, header_timeout=opts["header_timeout"], idle_timeout=opts["keepalive_timeout"])
+    await gateway.start()
+    try:
+        await listener.start(opts["host"], opts["port"], backlog=1024)
+    except OSError:
+        await gateway.stop()
+        raise
     log.info("serving", extra={"listen": f"{opts['host']}:{opts['port']}", "policy": settings.policy,
                                "auth": settings.auth})
     stop = asyncio.Event()
@@ -153,7 +152,8 @@ async def serve(opts: dict[str, Any]) -> None:
         log.info("draining", extra={"seconds": settings.drain_seconds, "inflight": gateway.inflight})
         await asyncio.sleep(settings.drain_seconds)
     finally:
-        await runner.cleanup()  # stops accepting, lets requests in flight finish within shutdown_timeout
+        await listener.close(settings.shutdown_timeout)  # stops accepting, lets requests finish within the timeout
+        await gateway.stop()
         for task in tasks:
             task.cancel()
         for close in cleanup:

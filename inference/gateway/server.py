@@ -21,14 +21,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
-import aiohttp
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.access import Access, Caller, TokenBucket, admits, bearer_token, digest
 from inference.discovery import RouteSpec
+from inference.gateway.listener import BrokenBody, Request, Response, Stream
 from inference.gateway.metrics import GatewayMetrics, replica_label
 from inference.gateway.upstream import Answer, Pool, UpstreamError, request_head, split_url
 from inference.names import POOL_BURST, POOLS
@@ -91,20 +91,20 @@ class Rejected(Exception):
         self.status, self.message, self.type, self.code, self.reason = status, message, type_, code, reason
         self.retry_after, self.close = retry_after, close
 
-    def response(self, request_id: str) -> web.Response:
+    def response(self, request_id: str) -> Response:
         headers = {"x-request-id": request_id} if request_id else {}
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
         response = error_response(self.status, self.message, self.type, self.code, headers)
-        if self.close:  # the connection is in no state for another request (a body left half-read)
-            response.force_close()
+        # the connection is in no state for another request (a body left half-read)
+        response.close = self.close
         return response
 
 
 def error_response(status: int, message: str, type_: str, code: str | None,
-                   headers: Mapping[str, str] | None = None) -> web.Response:
+                   headers: Mapping[str, str] | None = None) -> Response:
     body = orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
-    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+    return Response(status, body, headers, content_type="application/json")
 
 
 def _sse_error(message: str, code: str) -> bytes:
@@ -172,6 +172,8 @@ class Gateway:
         self._notes: set[str] = set()  # discovery notes logged and still true
         # request ids: a random per-process prefix and a counter (unique as uuid4's, without its 3 % of the CPU)
         self._id_prefix, self._id_count = uuid.uuid4().hex[:16], 0
+        self._pages: dict[str, Callable[[], Response]] = {
+            "/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics_page}
 
     # ---- configuration from discovery ---------------------------------------------------------------------
     def apply(self, table: Mapping[str, RouteSpec], keys: Mapping[str, Caller], problems: list[str],
@@ -231,47 +233,60 @@ class Gateway:
                     "model": model, "stalled": stalled, "waiters": len(live.waiters), "woken": len(live.woken)})
                 self._wake(live)
 
-    # ---- the app --------------------------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/v1/models/{model}", self.model)
-        for path in API_PATHS:
-            app.router.add_post(path, self.proxy)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_page)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
+    # ---- the routes (served by listener.Listener) --------------------------------------------------------------
+    async def handle(self, request: Request) -> Response | Stream:
+        """Answer ``request``: the proxied API, the model list, health, readiness and metrics; 404 and 405 in the
+        OpenAI error shape. GET routes answer HEAD too (the listener leaves the body out)."""
+        path, method = request.path, request.method
+        if path in API_PATHS:
+            if method != "POST":
+                return self._not_allowed("POST")
+            return await self.proxy(request)
+        if path.startswith("/v1/models") and path[10:11] in ("", "/"):
+            if method not in ("GET", "HEAD"):
+                return self._not_allowed("GET")
+            name = unquote(path[11:])
+            return await (self.model(request, name) if name else self.models(request))
+        page = self._pages.get(path)
+        if page is None:
+            return error_response(404, f"No route for {path[:200]}.", "invalid_request_error", "not_found")
+        if method not in ("GET", "HEAD"):
+            return self._not_allowed("GET")
+        return page()
 
-    async def _start(self, _app: web.Application) -> None:
+    @staticmethod
+    def _not_allowed(allowed: str) -> Response:
+        return error_response(405, f"Method not allowed here; use {allowed}.", "invalid_request_error",
+                              "method_not_allowed", {"Allow": allowed})
+
+    async def start(self) -> None:
+        """Open the upstream pool and start the load poller (before the listener serves)."""
         self._pool = Pool(connect_timeout=self.settings.connect_timeout)
         if self.settings.load_poll_interval > 0:
             self._poller = asyncio.create_task(self._poll_load())
 
-    async def _stop(self, _app: web.Application) -> None:
+    async def stop(self) -> None:
         if self._poller:
             self._poller.cancel()
         if self._pool:
             self._pool.close()
 
-    async def healthz(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def healthz(self) -> Response:
+        return Response(body=b"ok")
 
-    async def readyz(self, _request: web.Request) -> web.Response:
+    def readyz(self) -> Response:
         if self.draining:
-            return web.Response(status=503, text="draining")
+            return Response(503, b"draining")
         if not self.synced:
-            return web.Response(status=503, text="discovery not synced")
-        return web.Response(text="ok")
+            return Response(503, b"discovery not synced")
+        return Response(body=b"ok")
 
-    async def metrics_page(self, _request: web.Request) -> web.Response:
+    def metrics_page(self) -> Response:
         self._export_replicas()
-        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Response(body=generate_latest(self.metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
     # ---- authentication and access ---------------------------------------------------------------------------
-    async def _caller(self, request: web.Request) -> Caller | None:
+    async def _caller(self, request: Request) -> Caller | None:
         if not self.settings.auth:
             return None
         token = bearer_token(request.headers.get("Authorization"))
@@ -322,17 +337,16 @@ class Gateway:
             bucket = self.buckets[caller.name] = TokenBucket(caller.rate, caller.burst)
         return bucket
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request) -> Response:
         try:
             caller = await self._caller(request)
         except Rejected as exc:
             return exc.response("")
         data = [self._model_object(m, live) for m, live in sorted(self.routes.items())
                 if caller is None or admits(live.access, caller)[0]]
-        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
+        return Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
 
-    async def model(self, request: web.Request) -> web.Response:
-        name = request.match_info["model"]
+    async def model(self, request: Request, name: str) -> Response:
         try:
             caller = await self._caller(request)
             live = self.routes.get(name)
@@ -341,7 +355,7 @@ class Gateway:
                                "model_not_found", "model_not_found")
         except Rejected as exc:
             return exc.response("")
-        return web.Response(body=orjson.dumps(self._model_object(name, live)), content_type="application/json")
+        return Response(body=orjson.dumps(self._model_object(name, live)), content_type="application/json")
 
     @staticmethod
     def _model_object(model: str, live: LiveRoute) -> dict[str, Any]:
@@ -482,7 +496,7 @@ class Gateway:
         return min(60.0, max(1.0, (len(live.waiters) + 1) * live.mean_latency / capacity))
 
     # ---- proxying ---------------------------------------------------------------------------------------------
-    async def proxy(self, request: web.Request) -> web.StreamResponse:
+    async def proxy(self, request: Request) -> Response | Stream:
         if not self.settings.access_log:
             return await self._proxy(request, {})
         start = self.clock()
@@ -499,7 +513,7 @@ class Gateway:
                 "model": seen.get("model", "-"), "path": request.path, "status": status,
                 "duration_ms": round((self.clock() - start) * 1000, 1)})
 
-    async def _proxy(self, request: web.Request, seen: dict[str, str]) -> web.StreamResponse:
+    async def _proxy(self, request: Request, seen: dict[str, str]) -> Response | Stream:
         request_id = seen["request_id"] = request.headers.get("x-request-id") or self._next_id()
         model = "-"
         self.inflight += 1
@@ -514,11 +528,7 @@ class Gateway:
             except Rejected as exc:
                 # a label only for models that exist: names sent by anyone must not grow the series without bound
                 self.metrics.child(self.metrics.errors, model if model in self.routes else "-", exc.reason).inc()
-                if exc.reason == "body_timeout":
-                    # the rest of a stalled body is not awaited: without this, aiohttp would linger reading it
-                    # (10 s) before closing
-                    request.content.feed_eof()
-                return exc.response(request_id)
+                return exc.response(request_id)  # a body left unread closes the connection (the listener)
             inflight = self.metrics.child(self.metrics.inflight, model)
             inflight.inc()
             try:
@@ -532,7 +542,7 @@ class Gateway:
         self._id_count += 1
         return f"{self._id_prefix}{self._id_count:016x}"
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: Request) -> bytes:
         """The body, refused with 413 as soon as it is known to exceed ``max_body``: by its Content-Length before
         a byte is read, or (chunked) while it streams in. Never more than ``max_body`` is held per request."""
         limit = self.settings.max_body
@@ -568,6 +578,9 @@ class Gateway:
         except TimeoutError:
             raise Rejected(408, f"The request body did not arrive within {self.settings.body_timeout:g} s.",
                            "invalid_request_error", "request_timeout", "body_timeout", close=True) from None
+        except BrokenBody as exc:
+            raise Rejected(400, f"The request body is malformed: {exc}.", "invalid_request_error", "invalid_body",
+                           "bad_request", close=True) from None
 
     def _too_large(self) -> Rejected:
         return Rejected(413, f"The request body is larger than {self.settings.max_body} bytes.",
@@ -593,8 +606,8 @@ class Gateway:
                            "bad_request")
         return model, stream
 
-    async def _forward(self, request: web.Request, live: LiveRoute, body: bytes, stream: bool, request_id: str,
-                       caller: Caller | None) -> web.StreamResponse:
+    async def _forward(self, request: Request, live: LiveRoute, body: bytes, stream: bool, request_id: str,
+                       caller: Caller | None) -> Response | Stream:
         model = live.core.model
         start = self.clock()
         tried: list[str] = []
@@ -644,8 +657,8 @@ class Gateway:
             target = self._targets[url] = split_url(url)
         return target
 
-    async def _attempt(self, request: web.Request, live: LiveRoute, replica: Replica, body: bytes, stream: bool,
-                       request_id: str, start: float, caller: str = "") -> web.StreamResponse | Rejected:
+    async def _attempt(self, request: Request, live: LiveRoute, replica: Replica, body: bytes, stream: bool,
+                       request_id: str, start: float, caller: str = "") -> Response | Stream | Rejected:
         """One try at one replica: the final response, or a Rejected the caller may retry elsewhere."""
         assert self._pool is not None
         model = live.core.model
@@ -692,17 +705,14 @@ class Gateway:
                 if upstream.status == 200 and b'"usage"' in payload:
                     self._count_usage(model, payload)
                 self._done(live, label, upstream.status, start)
-                return web.Response(status=upstream.status, body=payload,
-                                    headers={"Content-Type": content_type or "application/json",
-                                             "x-request-id": request_id})
+                return Response(upstream.status, payload, {"x-request-id": request_id},
+                                content_type=content_type or "application/json")
             if not first_chunk:
                 self._failed(live, replica)
                 return Rejected(502, "closed the stream before sending anything",
                                 "server_error", "upstream_error", "upstream_error", retry_after=1)
-            response = web.StreamResponse(status=upstream.status, headers={
+            response = request.stream(upstream.status, {
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": request_id})
-            response.enable_chunked_encoding()
-            await response.prepare(request)
             sent = True
             await self._pump(response, upstream, live, replica, first_chunk, stream_state)
             record_latency(replica, first - sent_at)  # a stream's length is the prompt's, not the replica's speed
@@ -711,10 +721,10 @@ class Gateway:
         except asyncio.CancelledError:
             self._client_left(live, replica, label, start, stream_state)
             raise
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        except ConnectionResetError:
             if sent:  # the client went away mid-stream
                 self._client_left(live, replica, label, start, stream_state)
-                return web.StreamResponse()
+                return response
             raise
         finally:
             if upstream is not None:
@@ -729,7 +739,7 @@ class Gateway:
         else:
             self.metrics.child(self.metrics.errors, live.core.model, "client_disconnected").inc()
 
-    async def _pump(self, response: web.StreamResponse, upstream: Answer, live: LiveRoute,
+    async def _pump(self, response: Stream, upstream: Answer, live: LiveRoute,
                     replica: Replica, chunk: bytes, state: _StreamState) -> None:
         """Pass the stream through as it comes; after an idle timeout or a broken stream, end it with an error."""
         model = live.core.model

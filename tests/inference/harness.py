@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from aiohttp import web
-
-from inference.gateway.listener import GatewayRunner
+from inference.gateway.listener import Listener
 from inference.gateway.server import Gateway, Settings
 from inference.gateway.sources import apply_objects
 from inference.names import GROUP, KIND, LABEL_API_KEY, LABEL_ENDPOINT, LABEL_POOL, POOL_PRIMARY, VERSION
@@ -71,7 +69,7 @@ class RunningGateway:
                  keepalive_timeout: float = 75.0) -> None:
         self.gateway = Gateway(settings or Settings(request_timeout=5, idle_timeout=5, queue_timeout=5))
         self.header_timeout, self.keepalive_timeout = header_timeout, keepalive_timeout
-        self._runner: web.AppRunner | None = None
+        self.listener: Listener | None = None
         self.url = ""
 
     def load(self, endpoints: Sequence[dict[str, Any]], endpoint_slices: Sequence[dict[str, Any]],
@@ -79,17 +77,17 @@ class RunningGateway:
         apply_objects(self.gateway, endpoints, endpoint_slices, secrets)
 
     async def start(self) -> str:
-        self._runner = GatewayRunner(self.gateway.app(), access_log=None, handler_cancellation=True,
-                                     header_timeout=self.header_timeout, keepalive_timeout=self.keepalive_timeout)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self.listener = Listener(self.gateway.handle, header_timeout=self.header_timeout,
+                                 idle_timeout=self.keepalive_timeout)
+        await self.gateway.start()
+        port = await self.listener.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{port}"
         return self.url
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self.listener is not None:
+            await self.listener.close(self.gateway.settings.shutdown_timeout)
+            await self.gateway.stop()
 
 
 async def eventually(condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:

@@ -216,3 +216,194 @@ async def test_distinct_bogus_tokens_cost_no_more_than_the_failure_limit_in_toke
                 assert r.status == 200
     finally:
         await apiserver.stop()
+
+
+def _post(body: bytes, *, path: str = "/v1/embeddings", extra: str = "", version: str = "1.1") -> bytes:
+    return (f"POST {path} HTTP/{version}\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+async def _answers(reader: asyncio.StreamReader, count: int) -> list[tuple[bytes, bytes]]:
+    """``count`` whole answers (Content-Length framed) from ``reader``: (head, body) each."""
+    out = []
+    for _ in range(count):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        out.append((head, await asyncio.wait_for(reader.readexactly(length), 30)))
+    return out
+
+
+async def test_pipelined_requests_are_answered_in_order(make_peers: Any, make_gateway: Any) -> None:
+    """Three requests in one write (the second a GET, the third asking to close): three answers in order on the
+    same connection, then the close."""
+    host, port = await start(make_peers, make_gateway)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(_post(b'{"model": "m", "input": "a"}', extra="x-request-id: one\r\n")
+                     + f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\r\n".encode()
+                     + _post(b'{"model": "m", "input": "b"}', extra="x-request-id: three\r\nConnection: close\r\n"))
+        await writer.drain()
+        (h1, b1), (h2, b2), (h3, _) = await _answers(reader, 3)
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # closed after the third, as it asked
+    finally:
+        writer.close()
+    assert h1.startswith(b"HTTP/1.1 200") and b"x-request-id: one" in h1 and b'"embedding"' in b1
+    assert h2.startswith(b"HTTP/1.1 200") and b'"object":"list"' in b2
+    assert h3.startswith(b"HTTP/1.1 200") and b"x-request-id: three" in h3 and b"Connection: close" in h3
+
+
+async def test_a_client_reuses_its_connection(make_peers: Any, make_gateway: Any) -> None:
+    """aiohttp's client keeps one connection for many requests: every one answered, one connection used."""
+    import aiohttp
+
+    (peer,) = await make_peers(1)
+    gw = await make_gateway()
+    gw.load([endpoint("llm")], slices("llm", [peer.url]))
+    await gw.start()
+    assert gw.listener is not None
+    seen = set()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        for i in range(5):
+            async with http.post(f"{gw.url}/v1/embeddings", json={"model": "m", "input": str(i)},
+                                 headers={"Authorization": f"Bearer {KEY_A}"}) as r:
+                assert r.status == 200 and (await r.json())["object"] == "list"
+            seen |= {id(c) for c in gw.listener.connections}
+    assert len(seen) == 1, seen  # one connection carried all five
+
+
+async def test_http_1_0_gets_an_answer_and_a_close(make_peers: Any, make_gateway: Any) -> None:
+    """HTTP/1.0 without keep-alive: the answer (framed by Content-Length), then the connection closes. A stream
+    to an HTTP/1.0 client is delimited by the close, not chunked (it could not decode chunks)."""
+    host, port = await start(make_peers, make_gateway)
+    answer = await exchange(host, port, _post(b'{"model": "m", "input": "x"}', version="1.0"))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head and b'"embedding"' in body
+    stream = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}'
+    answer = await exchange(host, port, _post(stream, path="/v1/chat/completions", version="1.0"))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower(), head
+    assert body.startswith(b"data: ") and body.rstrip().endswith(b"data: [DONE]"), body[-200:]
+
+
+async def test_http_1_0_keep_alive_is_honoured(make_peers: Any, make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        for _ in range(2):
+            writer.write(b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            (head, body), = await _answers(reader, 1)
+            assert head.startswith(b"HTTP/1.1 200") and body == b"ok"
+    finally:
+        writer.close()
+
+
+async def test_chunked_request_body_is_read_whole(make_peers: Any, make_gateway: Any) -> None:
+    """A chunked body in pieces (a chunk extension, a trailer) is forwarded whole; the connection stays usable."""
+    host, port = await start(make_peers, make_gateway)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write((f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n").encode())
+        for piece in (b'd;ext=1\r\n{"model', b'": "m"\r', b'\n10\r\n, "input": "xy"}\r\n', b"0\r\nX-Trailer: 1\r\n\r\n"):
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(piece)
+        (head, body), = await _answers(reader, 1)
+        assert head.startswith(b"HTTP/1.1 200") and b'"embedding"' in body, (head, body)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        (head, body), = await _answers(reader, 1)
+        assert body == b"ok"
+    finally:
+        writer.close()
+
+
+async def test_broken_chunked_body_is_a_400_in_the_openai_shape(make_peers: Any, make_gateway: Any) -> None:
+    host, port = await start(make_peers, make_gateway)
+    answer = await exchange(host, port, (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}"
+                                         "\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n").encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer[:300]
+    assert b'"code":"invalid_body"' in body and b"malformed chunked body" in body
+
+
+async def test_body_slower_than_the_timeout_gets_408(make_peers: Any, make_gateway: Any) -> None:
+    """A body that keeps arriving, a byte at a time, but not all within --client-body-timeout (0.3 s here): 408
+    and the connection closed, however steadily it drips."""
+    host, port = await start(make_peers, make_gateway)
+    body = b'{"model": "m", "input": "' + b"x" * 200 + b'"}'
+    reader, writer = await asyncio.open_connection(host, port)
+    answer = b""
+    try:
+        writer.write(_post(body)[:-len(body)])
+        for byte in body:
+            writer.write(bytes([byte]))
+            try:
+                await writer.drain()
+                answer += await asyncio.wait_for(reader.read(65536), 0.02)
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                break
+            if answer.endswith(b"}}") or not answer:
+                break
+        answer += await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    assert answer.split(b" ", 2)[1] == b"408", answer[:300]
+    assert b'"code":"request_timeout"' in answer
+
+
+async def test_dripping_head_on_a_kept_alive_connection_is_cut_off(make_peers: Any, make_gateway: Any) -> None:
+    """The head's clock starts again with the first byte of the next request on a kept-alive connection: a
+    second request whose head drips forever is closed (the idle timeout, far longer, does not apply)."""
+    host, port = await start(make_peers, make_gateway, header_timeout=0.5, keepalive_timeout=60)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        (head, _), = await _answers(reader, 1)
+        assert head.startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        writer.write(b"GET /healthz HTTP/1.1\r\n")
+        closed = False
+        for _ in range(600):
+            try:
+                writer.write(b"X")
+                await writer.drain()
+                if await asyncio.wait_for(reader.read(1), 0.05) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                closed = True
+                break
+    finally:
+        writer.close()
+    assert closed, "a dripping head on a kept-alive connection kept it"
+    assert time.monotonic() - started >= 0.5
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n", b"405"),
+    (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", b"404"),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"431"),
+    (b"GET / HTTP/1.1\r\n" + b"X-A: 1\r\n" * 200 + b"\r\n", b"431"),
+    (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", b"400"),
+    (b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", b"400"),
+    (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", b"400"),
+], ids=["wrong-method", "no-route", "long-line", "many-headers", "two-lengths", "both-framings", "folding"])
+async def test_refusals_are_4xx_in_the_openai_shape(make_peers: Any, make_gateway: Any, raw: bytes,
+                                                    status: bytes) -> None:
+    host, port = await start(make_peers, make_gateway)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(raw + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == status, answer[:300]
+    assert b'"error"' in body and b'"type"' in body
+    if status in (b"404", b"405"):  # a well-framed refusal: the connection serves the next request
+        assert answer.rstrip().endswith(b"ok")
