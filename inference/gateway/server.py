@@ -5,8 +5,8 @@ map and the key's rate limit, take a replica with room (or wait in the model's b
 ``Retry-After``), forward the body, and pass the answer back: a JSON body whole, a server-sent-event stream chunk by
 chunk as the replica writes it. A connection error, a timeout or a 5xx from the replica before anything reached
 the client is retried once on another replica; after the first byte it is final. A client that disconnects
-cancels the handler (``handler_cancellation``), which closes the upstream connection, so the runtime stops
-generating.
+cancels the handler (the listener does, on the connection's loss), which closes the upstream connection, so
+the runtime stops generating.
 """
 
 from __future__ import annotations
