@@ -614,6 +614,19 @@ class Scheduler:
         self.queue.push(g)
         return [Event(now, "requeued", name, why)]
 
+    def drain(self, name: str, now: float, why: str) -> list[Event]:
+        """A Running GPR must leave its node (the node is being deboarded): ``Evicting`` with reason ``why``, its
+        devices held until its pods are gone (the controller evicts them through the Eviction API), then requeued
+        by :meth:`evicted` as after any eviction. Not a failure and not counted as a preemption's eviction."""
+        g = self.gprs[name]
+        if g.phase is not Phase.RUNNING:
+            raise ValueError(f"{name} is not running ({g.phase.value})")
+        self.holders.pop(name, None)
+        self.evicting[name] = g
+        self._hold(g, leaving_at=now)
+        g.transition(Phase.EVICTING, now, why)
+        return [Event(now, "evicted", name, why)]
+
     def cancel(self, name: str, now: float) -> list[Event]:
         g = self.gprs[name]
         if g.holding or g.phase is Phase.EVICTING:

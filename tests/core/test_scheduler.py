@@ -945,3 +945,20 @@ def test_a_gpr_left_waiting_says_why_capacity_or_a_higher_level_and_the_reason_f
     assert s.gprs["head"].phase is Phase.ADMITTED
     # the head holds every device now: long waits for capacity, no longer behind a blocked higher level
     assert s.gprs["long"].reason == "InsufficientCapacity"
+
+
+def test_a_drained_gpr_holds_its_devices_until_its_pods_go_then_requeues_without_a_failure() -> None:
+    """Deboarding a node: its Running GPR goes Evicting (devices still held, nothing new placed on them), and
+    once its pods are gone it is requeued as after any eviction: no failure, no backoff."""
+    s = _sched(4)
+    s.submit(GPR("a", devices_per_node=4, exit_duration_s=100), 0)
+    s.tick(0)
+    with pytest.raises(ValueError, match="not running"):
+        s.drain("a", 1, "NodeDeboarding")
+    s.start("a", 1)
+    assert kinds(s.drain("a", 2, "NodeDeboarding")) == [("evicted", "a")]
+    g = s.gprs["a"]
+    assert g.phase is Phase.EVICTING and g.reason == "NodeDeboarding" and s.inv.used_milli() == 4000
+    s.check()
+    assert kinds(s.evicted("a", 3)) == [("requeued", "a")]
+    assert g.phase is Phase.QUEUED and g.failures == 0 and s.inv.used_milli() == 0
