@@ -12,10 +12,13 @@ shows the median over rounds.
 2. Throughput at 64 and 512 clients against one replica with a fixed service time (``--service-ms``): requests/s
    through the gateway over requests/s directly.
 3. Balancing: four replicas that each generate ``--batch`` requests at once (the rest wait, as in a runtime's
-   batch), one of them ``--slow`` times slower; the gateway's p99 with least-request over its p99 with round robin.
+   batch), one of them ``--slow`` times slower; the gateway (least outstanding requests) against round robin and
+   against nginx ``least_conn`` (Debian ``nginx-light``, its own config and port) in front of the same replicas,
+   with the CPU each proxy spends per request.
 
-Targets (issue 13): added p50 <= 1 ms; throughput >= 0.9x direct at 64 clients; p99 least-request <= 0.5x round
-robin. Usage: python bench/bench_gateway.py [--seconds 2] [--rounds 3] [--json]
+Targets: added p50 <= 1 ms; throughput >= 0.95x direct with one replica at 64 clients; over unequal replicas p99
+<= 1.0x nginx least_conn's and throughput >= 1.0x its; CPU per request <= 0.25 ms.
+Usage: python bench/bench_gateway.py [--seconds 2] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
