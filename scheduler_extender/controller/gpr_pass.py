@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from kubeapi.collector import collector_paused
+from scheduler_extender.controller.deboard import deboard_step, draining, requeued_from
 from scheduler_extender.controller.host_use import (
     GatedNeeds,
     fit_pods,
@@ -257,6 +258,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             plan.events += [(uid_of.get(e.gpr, ""), e) for e in sched.set_health(name, None, False, now)]
         else:  # closed: no new reservation; the ones it has stay
             sched.close(name)
+    plan.events += [(uid_of.get(e.gpr, ""), e) for e in deboard_step(sched, nodes_seen, pods_of, now)]
     # a GPR the webhook made for a pod that no informer has shown yet waits for it: where its pod may run is not
     # known, and a pod whose creation failed after the webhook answered never comes (it is deleted after
     # orphan_grace, having held nothing meanwhile)
@@ -292,7 +294,9 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
     else:
         cache.limits = None  # nothing judged this pass: nothing a later pass may build on
     fit.forget_except(gated)
+    leaving_node = draining(sched)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in pod_facts(sched, pods_of, tally, now)]
+    requeued_from(sched, leaving_node)
     cache.tallies.prune(sched.holders)
     ticked = sched.tick(now)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in ticked]

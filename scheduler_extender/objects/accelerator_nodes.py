@@ -30,10 +30,12 @@ that is gone or no longer an accelerator node, or one owned by an earlier node o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects.cluster import GPU, MODEL_LABEL, NR1
 
 GROUP, VERSION = "accelstack.io", "v1alpha1"
@@ -50,6 +52,17 @@ COUNT_LABEL = {GPU: "nvidia.com/gpu.count", NR1: "accelstack.io/nr1.count"}
 GPU_PRESENT = "nvidia.com/gpu.present"
 NVIDIA_VENDOR = "10de"
 NFD_PCI = "feature.node.kubernetes.io/pci-"
+# ---- deboarding (issue 39.4): spec.deboard {grace, requestedAt} asks for it; the controller taints the node
+# DEBOARD_TAINT=<until>:NoSchedule, <until> the end of the grace in Unix seconds (a taint value is a label value: the
+# GPR pass reads the deadline from the Node alone, which it already watches)
+DEBOARD_TAINT = "accelstack.io/deboarding"
+DEBOARD_REASON = "NodeDeboarding"  # the requeued GPRs' reason
+# the node labels the shipped DaemonSets select by (manifests/: device plugins, NPD, exporter, CNI installer),
+# removed when a node is Deboarded; GPU feature discovery and node-feature-discovery write some of them again
+# while they run there (docs/nodes.md)
+LANDING_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present", "accelstack.io/gpu-node",
+                  "accelstack.io/nr1-node", "accelstack.io/nr1.count")
+MAX_GRACE_S = 7 * 86400
 MAX_HOLDERS = 100  # rows kept in status.holders (holderCount counts them all): an object stays small
 
 
@@ -286,15 +299,47 @@ class Plan:
         return len(self.create) + len(self.statuses) + len(self.delete)
 
 
+@dataclass(frozen=True)
+class NodeBits:
+    """What deboarding needs of any Node (accelerator node or not: a Deboarded node may show no evidence left):
+    its UID, whether it carries the deboarding taint, and which of the DaemonSets' labels it has."""
+
+    uid: str
+    tainted: str | None  # the deboarding taint's value, None without it
+    labels: tuple[str, ...]
+
+
+def node_bits(node: Mapping[str, Any]) -> NodeBits:
+    meta = node.get("metadata") or {}
+    value = next((str(t.get("value") or "") for t in (node.get("spec") or {}).get("taints") or ()
+                  if isinstance(t, Mapping) and t.get("key") == DEBOARD_TAINT), None)
+    labels = meta.get("labels") or {}
+    return NodeBits(str(meta.get("uid") or ""), value, tuple(k for k in LANDING_LABELS if k in labels))
+
+
 def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
-         existing: Mapping[str, Mapping[str, Any]], now: str) -> Plan:
-    """What to create, write and delete so that the AcceleratorNodes match the accelerator nodes ``nodes``."""
+         existing: Mapping[str, Mapping[str, Any]], now: str,
+         bits: Mapping[str, NodeBits] | None = None) -> Plan:
+    """What to create, write and delete so that the AcceleratorNodes match the accelerator nodes ``nodes``. An
+    object with a deboard request stays while its node does (``bits``: every Node), evidence or not: a Deboarded
+    node's labels are gone by design."""
     out = Plan()
+    bits = bits or {}
+    clock = gr.parse_time(now) or 0.0
     for name, obj in sorted(existing.items()):
         meta = obj.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             continue
         d = nodes.get(name)
+        b = bits.get(name)
+        if d is None and deboard_request(obj) is not None and b is not None and b.uid == owner_uid(obj):
+            was: Mapping[str, Any] = obj.get("status") or {}
+            base = {**was, "conditions": [c for c in was.get("conditions") or () if isinstance(c, Mapping)]}
+            kept = deboard_status(base, deboard_request(obj), b.tainted is not None,  # type: ignore[arg-type]
+                                  holders.get(name, ()), b.labels, was, clock)
+            if status_differs(was, kept):
+                out.statuses[name] = kept
+            continue
         if d is None or (d.uid and owner_uid(obj) != d.uid):  # gone, no longer one, or a new node of that name
             out.delete.append((name, str(meta.get("uid") or "")))
     gone = {n for n, _ in out.delete}
@@ -307,6 +352,135 @@ def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
         previous: Mapping[str, Any] = (have or {}).get("status") or {}
         generation = int(((have or {}).get("metadata") or {}).get("generation") or 1)
         status = desired_status(d, holders.get(name, ()), generation, previous, now)
+        want = deboard_request(have) if have is not None else None
+        if want is not None:
+            b = bits.get(name) or NodeBits(d.uid, None, ())
+            status = deboard_status(status, want, b.tainted is not None, holders.get(name, ()), b.labels, previous,
+                                    clock)
         if have is None or status_differs(previous, status):
             out.statuses[name] = status
     return out
+
+
+# ---- deboarding ------------------------------------------------------------------------------------------------
+_DURATION = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_grace(text: str) -> float:
+    """``90s``, ``10m``, ``1h30m`` (or plain seconds) -> seconds; ValueError naming the value otherwise (at most
+    7 days: a deboard is an operation, not a schedule)."""
+    raw = str(text).strip()
+    if raw.isdigit():
+        total = float(raw)
+    else:
+        total, num, rest = 0.0, "", raw
+        for ch in rest:
+            if ch.isdigit():
+                num += ch
+            elif ch in _DURATION and num:
+                total, num = total + int(num) * _DURATION[ch], ""
+            else:
+                raise ValueError(f"not a duration like 10m or 1h30m: {text!r}")
+        if num or not raw:
+            raise ValueError(f"not a duration like 10m or 1h30m: {text!r}")
+    if total > MAX_GRACE_S:
+        raise ValueError(f"grace {text!r} is longer than 7 days")
+    return total
+
+
+@dataclass(frozen=True)
+class Deboard:
+    """A deboard request as ``spec.deboard`` carries it: the grace (seconds) and when it was asked for."""
+
+    grace_s: float
+    requested_at: float
+
+    @property
+    def until(self) -> int:
+        return math.ceil(self.requested_at + self.grace_s)
+
+
+def deboard_request(obj: Mapping[str, Any]) -> Deboard | None:
+    """The AcceleratorNode's deboard request (None: none, or one the schema would have refused)."""
+    spec = (obj.get("spec") or {}).get("deboard")
+    if not isinstance(spec, Mapping):
+        return None
+    try:
+        grace = parse_grace(str(spec.get("grace") or "0s"))
+        at = gr.parse_time(str(spec.get("requestedAt") or ""))
+    except ValueError:
+        return None
+    if at is None:
+        return None
+    return Deboard(grace, at)
+
+
+def deboard_until(taints: Iterable[Mapping[str, Any]]) -> float | None:
+    """The end of the grace a Node's deboarding taint carries (None: not deboarding; inf: a value that is not a
+    time, so running work stays until the controller writes it right)."""
+    for taint in taints:
+        if isinstance(taint, Mapping) and taint.get("key") == DEBOARD_TAINT:
+            value = str(taint.get("value") or "")
+            return float(value) if value.isdigit() else math.inf
+    return None
+
+
+def node_patch(node: Mapping[str, Any], want: Deboard | None, deboarded: bool) -> dict[str, Any] | None:
+    """The merge patch that makes ``node`` carry what its deboard request asks (None: nothing to change): the
+    taint while a request stands (its value the grace's end), gone once it is withdrawn; the DaemonSets' labels
+    removed once Deboarded. The patch carries the Node's resourceVersion (a compare-and-swap: the taint list is
+    replaced whole, so a taint someone added meanwhile must not be lost)."""
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    taints = [t for t in spec.get("taints") or () if isinstance(t, Mapping)]
+    others = [dict(t) for t in taints if t.get("key") != DEBOARD_TAINT]
+    mine = [t for t in taints if t.get("key") == DEBOARD_TAINT]
+    body: dict[str, Any] = {}
+    if want is not None:
+        taint = {"key": DEBOARD_TAINT, "value": str(want.until), "effect": "NoSchedule"}
+        if mine != [taint]:
+            body["spec"] = {"taints": [*others, taint]}
+    elif mine:
+        body["spec"] = {"taints": others or None}
+    labels = meta.get("labels") or {}
+    if want is not None and deboarded:
+        gone = {k: None for k in LANDING_LABELS if k in labels}
+        if gone:
+            body["metadata"] = {"labels": gone}
+    if not body:
+        return None
+    body.setdefault("metadata", {})["resourceVersion"] = str(meta.get("resourceVersion") or "")
+    return body
+
+
+def deboard_status(status: dict[str, Any], want: Deboard, tainted: bool, holders: Iterable[Holder],
+                   labelled: Iterable[str], previous: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """``status`` (what detection says) turned into a deboarding node's: phase Deboarding while the taint is not
+    on yet or pods hold devices there, Deboarded once none do and the DaemonSets' labels are gone; ``deboard``
+    says the progress and a ``Deboarding`` condition why."""
+    rows = list(holders)
+    gprs = sorted({h.gpr for h in rows if h.gpr})
+    left = sorted({f"{h.namespace}/{h.name}" for h in rows})
+    labels = sorted(set(labelled) & set(LANDING_LABELS))
+    past = now >= want.until
+    if not tainted:
+        phase, reason, message = "Deboarding", "Tainting", f"tainting the node {DEBOARD_TAINT}:NoSchedule"
+    elif left:
+        phase = "Deboarding"
+        reason = "EvictionPending" if past else "GracePeriod"
+        message = (f"{len(left)} pod(s) still hold devices (" + ", ".join(left[:5]) + ("..." if len(left) > 5 else "")
+                   + (") past the grace: evicted through the Eviction API; a PodDisruptionBudget that forbids it "
+                      "keeps them" if past else f") until the grace ends at {gr.rfc3339(want.until)}"))
+    elif labels:
+        phase, reason, message = "Deboarding", "RemovingLabels", "removing the DaemonSets' labels: " + ", ".join(labels)
+    else:
+        phase, reason, message = "Deboarded", "Deboarded", "no pod holds devices here; the DaemonSets' labels are " \
+            "removed; the node stays tainted until the request is withdrawn"
+    old = {c.get("type"): c for c in previous.get("conditions") or () if isinstance(c, Mapping)}.get("Deboarding")
+    kept = (old or {}).get("lastTransitionTime") if (old or {}).get("status") == "True" else None
+    conditions = [c for c in status["conditions"] if c["type"] != "Deboarding"]
+    conditions.append({"type": "Deboarding", "status": "True", "reason": reason, "message": message[:1000],
+                       "lastTransitionTime": kept or gr.rfc3339(now)})
+    since = ((previous.get("deboard") or {}).get("since")) or gr.rfc3339(want.requested_at)
+    return {**status, "phase": phase, "reason": reason, "conditions": conditions,
+            "deboard": {"since": since, "until": gr.rfc3339(want.until), "podsLeft": len(left),
+                        "gprsLeft": len(gprs), "pods": left[:MAX_HOLDERS]}}
