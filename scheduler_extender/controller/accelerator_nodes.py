@@ -7,7 +7,8 @@ Nodes come from an informer of its own and are reduced at once to what :func:`ac
 (the owner reference needs it) nor its ``managedFields`` (who wrote the labels). Holders are read from the view's
 pods (those asking for a managed resource) at each pass. A pass runs on a change that matters (a node's detection,
 an AcceleratorNode, a holder's pod), at most once per ``min_interval``, and every ``resync`` seconds; it writes only
-what differs, so a restarted or new leader writes nothing while the cluster is as it was. It never touches a Node.
+what differs, so a restarted or new leader writes nothing while the cluster is as it was. It writes a Node only
+to carry out a deboard request (:meth:`AcceleratorNodeController._deboard`).
 
 A write that fails (403, 500, no answer) is logged and counted; the next pass (the next resync at the latest)
 plans it again. What a write returned is kept at once (newer than the informer's copy), so the next pass does not
@@ -62,6 +63,9 @@ class AcceleratorNodeController:
         self.clock = clock
         self.detected: dict[str, an.Detection] = {}  # accelerator nodes only
         self.objects: dict[str, dict[str, Any]] = {}  # AcceleratorNodes by name
+        # every Node, reduced to what deboarding reads and patches (UID, resourceVersion, the deboarding taint and
+        # the others it must keep, the DaemonSets' labels)
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.poke = asyncio.Event()
         self.passes = 0
         self.last_plan: an.Plan | None = None
@@ -80,8 +84,24 @@ class AcceleratorNodeController:
         ]
 
     # ---- informer callbacks ------------------------------------------------------------------------------------
+    def _keep_node(self, kind: str, obj: dict[str, Any]) -> bool:
+        """Keep the Node's reduced copy; True when what deboarding reads of it changed."""
+        name = _name(obj)
+        if kind == "DELETED":
+            return self.nodes.pop(name, None) is not None
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        labels = meta.get("labels") or {}
+        small = {"metadata": {"name": name, "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+                              "labels": {k: labels[k] for k in an.LANDING_LABELS if k in labels}},
+                 "spec": {"taints": list(spec.get("taints") or ())}}
+        old = self.nodes.get(name)
+        self.nodes[name] = small
+        return old is None or an.node_bits(old) != an.node_bits(small)
+
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
+        if self._keep_node(kind, obj):
+            self.poke.set()
         found = None if kind == "DELETED" else an.detect(obj, self.nr1_vendors)
         old = self.detected.get(name)
         if found is None:
@@ -93,7 +113,9 @@ class AcceleratorNodeController:
 
     async def _sync_nodes(self, items: Sequence[dict[str, Any]]) -> None:
         detected = {}
+        self.nodes = {}
         for i, obj in enumerate(items):  # a Listed: each node decoded as read, reduced, let go
+            self._keep_node("ADDED", obj)
             found = an.detect(obj, self.nr1_vendors)
             if found is not None:
                 detected[found.node] = found
@@ -145,7 +167,10 @@ class AcceleratorNodeController:
         return out
 
     async def reconcile(self) -> an.Plan:
-        plan = an.plan(dict(self.detected), self.holders(), dict(self.objects), gr.rfc3339(self.clock()))
+        holders = self.holders()
+        bits = {name: an.node_bits(n) for name, n in self.nodes.items()}
+        plan = an.plan(dict(self.detected), holders, dict(self.objects), gr.rfc3339(self.clock()), bits)
+        await self._deboard(holders, bits)
         for name, uid in plan.delete:
             await self._delete(name, uid)
         for body in plan.create:
@@ -162,6 +187,35 @@ class AcceleratorNodeController:
         for (phase, by), n in counts.items():
             self.phases.labels(phase, by).set(n)
         return plan
+
+    async def _deboard(self, holders: Mapping[str, list[an.Holder]], bits: Mapping[str, an.NodeBits]) -> None:
+        """Make each Node carry what its AcceleratorNode's deboard request asks: the taint while it stands, the
+        DaemonSets' labels removed once no pod holds devices there, the taint removed once the request is
+        withdrawn (or its object is gone). A merge patch carrying the Node's resourceVersion: a Conflict (the
+        Node changed meanwhile) waits for the informer's newer copy and the next pass."""
+        for name, node in list(self.nodes.items()):
+            obj = self.objects.get(name)
+            want = an.deboard_request(obj) if obj is not None and an.owner_uid(obj) == bits[name].uid else None
+            if want is None and bits[name].tainted is None:
+                continue
+            done = bits[name].tainted is not None and not holders.get(name)
+            body = an.node_patch(node, want, done)
+            if body is None:
+                continue
+            try:
+                written = await self.kube.client.patch(NODES, name, body)
+            except (Conflict, NotFound):
+                self.writes.labels("node", "conflict").inc()
+                self.poke.set()
+                continue
+            except ApiError as exc:
+                self._failed("node", name, exc)
+                continue
+            self.writes.labels("node", "ok").inc()
+            log.info("accelerator node deboarding: node patched",
+                     extra={"node": name, "deboard": want is not None, "taint": "spec" in body,
+                            "labels_removed": sorted((body.get("metadata") or {}).get("labels") or ())})
+            self._keep_node("MODIFIED", written)
 
     async def _create(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
