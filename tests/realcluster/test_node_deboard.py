@@ -1,0 +1,73 @@
+"""Deboarding a node on the real API server, scheduler and Eviction API (issue 39 point 4): the request on the
+AcceleratorNode taints the Node, an Admitted GPR reserved there whose pods have not started is requeued and placed
+elsewhere (reason NodeDeboarding), a running GPR's pod is evicted once the grace is over and its GPR requeued (not
+Failed), the node ends Deboarded with the DaemonSets' landing labels removed and the taint kept; removing the
+request (abort) lifts the taint. Fails on the code before: there was no deboard request, taint or phase."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.realcluster.conftest import Nodes
+from tests.realcluster.controlplane import ControlPlane
+from tests.realcluster.objects import GPRS, admitted, bound_node, events_for, gpr, gpr_status, pod, wait_for
+from tests.realcluster.stack import Stack
+from tests.realcluster.test_accelerator_nodes import AN, GFD, label_as_device_plugin, status_of, wait_status
+from tests.realcluster.test_gpr_control_plane import pods_path, set_running
+
+TAINT = "accelstack.io/deboarding"
+
+
+def taints(cp: ControlPlane, node: str) -> list[str]:
+    return [t["key"] for t in ((cp.get(f"api/v1/nodes/{node}") or {}).get("spec") or {}).get("taints") or []]
+
+
+def deboard(cp: ControlPlane, node: str, grace: str | None) -> None:
+    request: Any = None if grace is None else {
+        "grace": grace, "requestedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    cp.api("PATCH", f"{AN}/{node}", {"spec": {"deboard": request}}, content_type="application/merge-patch+json")
+
+
+def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stack: Stack, ns: str,
+                                                          nodes: Nodes) -> None:
+    stack.start_scheduler()
+    names = [nodes.add(s, gpus=8) for s in ("a", "b", "c")]
+    for n in names:
+        label_as_device_plugin(cp, n, GFD)
+        wait_status(cp, n, phase="Managed")
+    # a running GPR, and an admitted one whose pods have not come yet, on two of the three nodes
+    cp.create(pods_path(ns), pod("run-0", gpus=8, gpr_name="run"))
+    cp.create(GPRS.format(ns=ns), gpr("run", devices=8))
+    running_on = wait_for("run-0 bound", lambda: bound_node(cp, ns, "run-0"))
+    set_running(cp, ns, "run-0")
+    wait_for("run Running", lambda: gpr_status(cp, ns, "run").get("phase") == "Running")
+    cp.create(GPRS.format(ns=ns), gpr("adm", devices=8))
+    reserved_on = wait_for("adm admitted", lambda: admitted(cp, ns, "adm"))["reservation"][0]["node"]
+    assert reserved_on != running_on
+
+    # deboard the admitted GPR's node (a long grace): tainted, its reservation moves to the third node
+    deboard(cp, reserved_on, "1h")
+    wait_for("the deboarding taint", lambda: TAINT in taints(cp, reserved_on))
+    third = next(n for n in names if n not in (running_on, reserved_on))
+    moved = wait_for("adm reserved on the third node", lambda: (st := admitted(cp, ns, "adm")) and
+                     st["reservation"][0]["node"] == third and st)
+    assert gpr_status(cp, ns, "adm").get("failures", 0) == 0, moved
+    assert any("NodeDeboarding" in (e.get("reason", "") + e.get("message", "")) for e in events_for(cp, ns, "adm")), \
+        events_for(cp, ns, "adm")
+    st = wait_status(cp, reserved_on, phase="Deboarded")  # nothing held devices there
+    assert "nvidia.com/gpu.present" not in ((cp.get(f"api/v1/nodes/{reserved_on}") or {}).get("metadata") or {}).get(
+        "labels", {}), st
+    assert TAINT in taints(cp, reserved_on)  # the node stays out
+
+    # deboard the running GPR's node with a short grace: its pod is evicted, the GPR requeued (not Failed)
+    deboard(cp, running_on, "3s")
+    wait_for("run-0 evicted", lambda: cp.get(f"{pods_path(ns)}/run-0") is None, timeout=90)
+    st_run = wait_for("run requeued", lambda: (s := gpr_status(cp, ns, "run")).get("phase") == "Queued" and s)
+    assert st_run.get("reason") == "NodeDeboarding" or "NodeDeboarding" in str(st_run.get("message")), st_run
+    wait_status(cp, running_on, phase="Deboarded")
+
+    # abort the first: the taint goes, the node is Managed again, and the requeued GPR may go there
+    deboard(cp, reserved_on, None)
+    wait_for("the taint lifted", lambda: TAINT not in taints(cp, reserved_on))
+    assert status_of(cp, reserved_on) is not None
