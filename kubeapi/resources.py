@@ -47,6 +47,7 @@ SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 WORKSPACES = Resource("accelstack.io", "v1alpha1", "workspaces", "Workspace", namespaced=False)
+ACCELERATOR_NODES = Resource("accelstack.io", "v1alpha1", "acceleratornodes", "AcceleratorNode", namespaced=False)
 GPR_TEMPLATE_BINDINGS = Resource("accelstack.io", "v1alpha1", "gprtemplatebindings", "GPRTemplateBinding")
 # owners whose labels a GPRTemplateBinding's workloadSelector matches
 JOBS = Resource("batch", "v1", "jobs", "Job")

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from scheduler_extender.api.auth import Authorizer
 from scheduler_extender.api.http import LIST_PAGE, api_call, api_items, error, json_response
+from scheduler_extender.api.nodes import node_routes
 from scheduler_extender.api.objects import object_routes
 from scheduler_extender.api.portal import portal_routes
 from scheduler_extender.api.views import DEFAULT_GROUP_LABEL, ViewRoutes
@@ -102,7 +103,8 @@ class RestAPI:
         return [web.get("/api/v1/inventory", self.get_inventory), web.get("/api/v1/gprs", self.list_gprs),
                 web.post("/api/v1/gprs", self.create_gpr), web.get("/api/v1/gprs/{namespace}/{name}", self.get_gpr),
                 web.delete("/api/v1/gprs/{namespace}/{name}", self.delete_gpr),
-                web.post("/api/v1/waittime", self.waittime), *object_routes(self), *self.views.routes(),
+                web.post("/api/v1/waittime", self.waittime), *object_routes(self), *node_routes(self),
+                *self.views.routes(),
                 *(portal_routes() if self.portal else [])]
 
     async def _denied(self, request: web.Request, verb: str, namespace: str = "",

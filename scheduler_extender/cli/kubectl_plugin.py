@@ -155,6 +155,21 @@ def cmd_queue(client: Client, args: argparse.Namespace) -> None:
     emit(args, data, render)
 
 
+def cmd_node_deboard(client: Client, args: argparse.Namespace) -> None:
+    path = f"/api/v1/acceleratornodes/{_seg(args.node)}/deboard"
+    data = client.call("DELETE", path) if args.abort else client.call("POST", path, {"grace": args.grace})
+
+    def render(d: dict[str, Any]) -> str:
+        if args.abort:
+            return (f"node {d['node']}: deboard request removed; the controller lifts the taint"
+                    if d.get("changed") else f"node {d['node']}: no deboard request to remove")
+        request = d.get("deboard") or {}
+        return (f"node {d['node']}: deboard requested at {request.get('requestedAt')} with a grace of "
+                f"{request.get('grace')}; follow it with: kubectl get acceleratornode {d['node']} -o wide")
+
+    emit(args, data, render)
+
+
 def cmd_inventory(client: Client, args: argparse.Namespace) -> None:
     if args.node:
         emit(args, client.get(f"/api/v1/inventory/nodes/{_seg(args.node)}"), _render_node)
@@ -398,6 +413,16 @@ def build_parser() -> argparse.ArgumentParser:
     u = ws.add_parser("usage", parents=[common], help="devices in use, reserved and queued against the quota")
     u.add_argument("name", nargs="?", default="", help="one workspace (default: all you may list)")
     u.set_defaults(run=cmd_workspace_usage)
+    nd = sub.add_parser("node", help="accelerator nodes (docs/nodes.md)").add_subparsers(
+        dest="node_command", metavar="COMMAND", parser_class=Parser)
+    nd.required = True
+    d = nd.add_parser("deboard", parents=[common], help="take a node out: no new placement, reservations moved, "
+                                                       "running GPR pods evicted after the grace, labels removed")
+    d.add_argument("node", help="the node (its AcceleratorNode has the same name)")
+    d.add_argument("--grace", default="10m", help="how long running GPR pods may finish first: 90s, 10m, 1h30m "
+                                                  "(default 10m, at most 7 days)")
+    d.add_argument("--abort", action="store_true", help="take the request back: the taint goes, nothing is put back")
+    d.set_defaults(run=cmd_node_deboard)
     return p
 
 

@@ -6,9 +6,7 @@ request (abort) lifts the taint. Fails on the code before: there was no deboard 
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
+from scheduler_extender.cli import kubectl_plugin
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.objects import GPRS, admitted, bound_node, events_for, gpr, gpr_status, pod, wait_for
@@ -23,15 +21,32 @@ def taints(cp: ControlPlane, node: str) -> list[str]:
     return [t["key"] for t in ((cp.get(f"api/v1/nodes/{node}") or {}).get("spec") or {}).get("taints") or []]
 
 
-def deboard(cp: ControlPlane, node: str, grace: str | None) -> None:
-    request: Any = None if grace is None else {
-        "grace": grace, "requestedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    cp.api("PATCH", f"{AN}/{node}", {"spec": {"deboard": request}}, content_type="application/merge-patch+json")
+def operator_token(cp: ControlPlane, ns: str, allowed: bool) -> str:
+    """A real ServiceAccount token; ``allowed``: bound to a ClusterRole that may patch acceleratornodes."""
+    name = "node-operator" if allowed else "bystander"
+    cp.create(f"api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                         "metadata": {"name": name}})
+    if allowed:
+        role = f"{ns}-node-operator"
+        cp.create("apis/rbac.authorization.k8s.io/v1/clusterroles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+            "rules": [{"apiGroups": ["accelstack.io"], "resources": ["acceleratornodes"],
+                       "verbs": ["get", "list", "patch"]}]})
+        cp.create("apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
+    return cp.token(ns, name)
 
 
 def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stack: Stack, ns: str,
                                                           nodes: Nodes) -> None:
     stack.start_scheduler()
+    plugin = ("--server", stack.url, "--insecure-skip-tls-verify", "--token", operator_token(cp, ns, True))
+
+    def deboard(node: str, *flags: str) -> None:  # `kubectl accelstack node deboard ...`, through the REST API
+        assert kubectl_plugin.main([*plugin, "node", "deboard", *flags, node]) == 0
+
     names = [nodes.add(s, gpus=8) for s in ("a", "b", "c")]
     for n in names:
         label_as_device_plugin(cp, n, GFD)
@@ -47,7 +62,9 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     assert reserved_on != running_on
 
     # deboard the admitted GPR's node (a long grace): tainted, its reservation moves to the third node
-    deboard(cp, reserved_on, "1h")
+    assert kubectl_plugin.main([*plugin, "node", "deboard", "--grace", "5x", reserved_on]) == 1  # 400: not a duration
+    assert TAINT not in taints(cp, reserved_on)
+    deboard(reserved_on, "--grace", "1h")
     wait_for("the deboarding taint", lambda: TAINT in taints(cp, reserved_on))
     third = next(n for n in names if n not in (running_on, reserved_on))
     moved = wait_for("adm reserved on the third node", lambda: (st := admitted(cp, ns, "adm")) and
@@ -61,13 +78,21 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     assert TAINT in taints(cp, reserved_on)  # the node stays out
 
     # deboard the running GPR's node with a short grace: its pod is evicted, the GPR requeued (not Failed)
-    deboard(cp, running_on, "3s")
+    deboard(running_on, "--grace", "3s")
     wait_for("run-0 evicted", lambda: cp.get(f"{pods_path(ns)}/run-0") is None, timeout=90)
     st_run = wait_for("run requeued", lambda: (s := gpr_status(cp, ns, "run")).get("phase") == "Queued" and s)
     assert st_run.get("reason") == "NodeDeboarding" or "NodeDeboarding" in str(st_run.get("message")), st_run
     wait_status(cp, running_on, phase="Deboarded")
 
-    # abort the first: the taint goes, the node is Managed again, and the requeued GPR may go there
-    deboard(cp, reserved_on, None)
+    # abort the first through `kubectl accelstack node deboard --abort` (the REST API, a caller allowed to patch
+    # AcceleratorNodes); one who is not is refused and nothing changes
+    bystander = ("--server", stack.url, "--insecure-skip-tls-verify", "--token", operator_token(cp, ns, False))
+    assert kubectl_plugin.main([*bystander, "node", "deboard", "--abort", reserved_on]) == 1
+    assert TAINT in taints(cp, reserved_on)
+    deboard(reserved_on, "--abort")
     wait_for("the taint lifted", lambda: TAINT not in taints(cp, reserved_on))
+    assert "deboard" not in ((cp.get(f"{AN}/{reserved_on}") or {}).get("spec") or {})
     assert status_of(cp, reserved_on) is not None
+    for suffix in ("node-operator",):
+        cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{ns}-{suffix}", ok=(200, 404))
+        cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-{suffix}", ok=(200, 404))
