@@ -18,9 +18,7 @@ repeat it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -28,9 +26,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
-from kubeapi.errors import log_failure
 from kubeapi.informer import Informer
 from kubeapi.resources import NODES, Resource
+from scheduler_extender.controller.passes import resource_version, run_passes
 from scheduler_extender.objects import accelerator_nodes as an
 from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects.cluster import ClusterView, PodView
@@ -38,13 +36,6 @@ from scheduler_extender.objects.kube import Kube
 
 log = logging.getLogger("accelstack.accelerator_nodes")
 ACCELERATOR_NODES = Resource(an.GROUP, an.VERSION, an.PLURAL, an.KIND, namespaced=False)
-
-
-def _rv(obj: Mapping[str, Any] | None) -> int:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -131,7 +122,7 @@ class AcceleratorNodeController:
             uid = (obj.get("metadata") or {}).get("uid")
             if kept is not None and (kept.get("metadata") or {}).get("uid") == uid:
                 del self.objects[name]
-        elif _rv(obj) >= _rv(self.objects.get(name)):
+        elif resource_version(obj) >= resource_version(self.objects.get(name)):
             self.objects[name] = obj
         self.poke.set()
 
@@ -274,39 +265,12 @@ class AcceleratorNodeController:
 
     def _keep(self, obj: dict[str, Any]) -> None:
         name = _name(obj)
-        if _rv(obj) >= _rv(self.objects.get(name)):
+        if resource_version(obj) >= resource_version(self.objects.get(name)):
             self.objects[name] = obj
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Passes while this replica leads (until ``stop``): on a change (at most one per ``min_interval``) and
-        every ``resync`` seconds. A pass that raises is retried with a backoff (1 s doubling to 30 s)."""
-        failures = 0
-        while not stop.is_set():
-            if not self.synced:  # never plan on a partial view: it would look like objects must be deleted
-                self.poke.clear()
-                await _first(stop, self.poke, timeout=0.2)
-                continue
-            self.poke.clear()
-            started = self.clock()
-            try:
-                await self.reconcile()
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                log_failure(log, "accelerator node pass failed; retrying", exc)
-            wait = min(30.0, 0.5 * 2 ** failures) if failures else self.resync
-            await _first(stop, None, timeout=max(0.0, started + self.min_interval - self.clock()))
-            await _first(stop, self.poke, timeout=wait)
-
-
-async def _first(stop: asyncio.Event, poke: asyncio.Event | None, timeout: float) -> None:
-    if timeout <= 0 or math.isnan(timeout):
-        return
-    waits = [asyncio.create_task(stop.wait())] + ([asyncio.create_task(poke.wait())] if poke is not None else [])
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
-    finally:
-        for w in waits:
-            w.cancel()
+        every ``resync`` seconds (:func:`.passes.run_passes`)."""
+        await run_passes(stop, self.poke, synced=lambda: self.synced, reconcile=self.reconcile, resync=self.resync,
+                         min_interval=self.min_interval, clock=self.clock, log=log, what="accelerator node")

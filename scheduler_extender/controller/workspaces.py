@@ -16,7 +16,6 @@ every ``5 * resync`` seconds and, once it is gone, the name is the controller's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -26,7 +25,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
-from kubeapi.errors import log_failure
 from kubeapi.informer import Informer
 from kubeapi.resources import (
     NAMESPACES,
@@ -36,6 +34,7 @@ from kubeapi.resources import (
     WORKSPACES,
     Resource,
 )
+from scheduler_extender.controller.passes import resource_version, run_passes
 from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects import workspaces as wsp
 from scheduler_extender.objects.cluster import MODEL_LABEL, ClusterView
@@ -44,13 +43,6 @@ from scheduler_extender.objects.kube import Kube
 log = logging.getLogger("accelstack.workspaces")
 KINDS: dict[str, Resource] = {"Role": ROLES, "RoleBinding": ROLE_BINDINGS, "ServiceAccount": SERVICE_ACCOUNTS,
                               "Namespace": NAMESPACES}
-
-
-def _rv(obj: Mapping[str, Any] | None) -> int:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def _name(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -118,7 +110,7 @@ class WorkspaceController:
         old = self.workspaces.get(name)
         if kind == "DELETED":
             self.workspaces.pop(name, None)
-        elif _rv(obj) >= _rv(old):
+        elif resource_version(obj) >= resource_version(old):
             self.workspaces[name] = obj
         else:
             return
@@ -134,7 +126,7 @@ class WorkspaceController:
         old = self.namespaces.get(name)
         if kind == "DELETED":
             self.namespaces.pop(name, None)
-        elif _rv(obj) >= _rv(old):
+        elif resource_version(obj) >= resource_version(old):
             self.namespaces[name] = obj
         labels = lambda o: ((o or {}).get("metadata") or {}).get("labels") or {}  # noqa: E731
         self._changed(kind == "DELETED" or old is None
@@ -167,7 +159,7 @@ class WorkspaceController:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if labels.get(wsp.MANAGED_LABEL) != wsp.MANAGED_BY:
             self.managed.pop(key, None)
-        elif _rv(obj) >= _rv(self.managed.get(key)):
+        elif resource_version(obj) >= resource_version(self.managed.get(key)):
             self.managed[key] = obj
 
     def changed(self, *_: Any) -> None:
@@ -328,7 +320,7 @@ class WorkspaceController:
 
     def _remember(self, a: wsp.Action, obj: dict[str, Any]) -> None:
         if a.kind == "Namespace":
-            if _rv(obj) >= _rv(self.namespaces.get(a.name)):
+            if resource_version(obj) >= resource_version(self.namespaces.get(a.name)):
                 self.namespaces[a.name] = obj
                 self._changed(True)
         else:
@@ -349,42 +341,14 @@ class WorkspaceController:
             log.warning("workspace status write failed", extra={"workspace": name, "error": str(exc)[:300]})
             return
         self.actions.labels("status", "Workspace", "ok").inc()
-        if _rv(written) >= _rv(self.workspaces.get(name)):
+        if resource_version(written) >= resource_version(self.workspaces.get(name)):
             self.workspaces[name] = written
 
     # ---- the loop --------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Passes while this replica leads (until ``stop``): on a change (coalesced, at most one per
         ``min_interval``), every ``resync`` seconds, and when a failed write's backoff (1 s doubling to 30 s, per
-        write) ends. A pass that raises is retried with the same backoff."""
-        failures = 0
-        while not stop.is_set():
-            if not self.synced:  # never plan on a partial view: it would look like everything must be created
-                self.poke.clear()
-                await _first(stop, self.poke, timeout=0.2)
-                continue
-            self.poke.clear()
-            started = self.clock()
-            try:
-                await self.reconcile()
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                log_failure(log, "workspace pass failed; retrying", exc)
-            wait = min(30.0, 0.5 * 2 ** failures) if failures else self.resync
-            if self._failed:
-                wait = min(wait, max(0.0, min(f[1] for f in self._failed.values()) - self.clock()))
-            await _first(stop, None, timeout=max(0.0, started + self.min_interval - self.clock()))
-            await _first(stop, self.poke, timeout=wait)
-
-
-async def _first(stop: asyncio.Event, poke: asyncio.Event | None, timeout: float) -> None:
-    if timeout <= 0 or math.isnan(timeout):
-        return
-    waits = [asyncio.create_task(stop.wait())] + ([asyncio.create_task(poke.wait())] if poke is not None else [])
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
-    finally:
-        for w in waits:
-            w.cancel()
+        write) ends (:func:`.passes.run_passes`)."""
+        await run_passes(stop, self.poke, synced=lambda: self.synced, reconcile=self.reconcile, resync=self.resync,
+                         min_interval=self.min_interval, clock=self.clock, log=log, what="workspace",
+                         retry_at=lambda: min((f[1] for f in self._failed.values()), default=None))

@@ -37,6 +37,7 @@ from typing import Any
 
 from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects.cluster import GPU, MODEL_LABEL, NR1
+from scheduler_extender.objects.conditions import status_differs
 
 GROUP, VERSION = "accelstack.io", "v1alpha1"
 KIND, PLURAL = "AcceleratorNode", "acceleratornodes"
@@ -278,14 +279,6 @@ def owner_uid(obj: Mapping[str, Any]) -> str:
         if isinstance(ref, Mapping) and ref.get("kind") == "Node":
             return str(ref.get("uid") or "")
     return ""
-
-
-def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    def strip(status: Mapping[str, Any]) -> Any:
-        return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                                         for c in status.get("conditions") or () if isinstance(c, Mapping)]}
-
-    return bool(strip(current) != strip(new))
 
 
 @dataclass

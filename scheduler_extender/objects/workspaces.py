@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from scheduler_extender.objects import gpr_codec as gr
+from scheduler_extender.objects.conditions import status_differs
 
 GROUP, VERSION = "accelstack.io", "v1alpha1"
 WORKSPACE_KIND, WORKSPACE_PLURAL = "Workspace", "workspaces"
@@ -522,7 +523,7 @@ def plan(obs: Observed) -> Plan:
         if obs.errors.get(ws.name):
             errs.append(obs.errors[ws.name])
         body = _status(ws, ns_status[ws.name], usage.get(ws.name, ([], {})), errs, pending[ws.name], obs.now)
-        if _status_differs(ws.status, body):
+        if status_differs(ws.status, body):
             out.statuses[ws.name] = body
     return out
 
@@ -605,9 +606,3 @@ def _reason(message: str) -> str:
     return "Error"
 
 
-def _status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    def strip(status: Mapping[str, Any]) -> Any:
-        return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                                         for c in status.get("conditions") or () if isinstance(c, Mapping)]}
-
-    return bool(strip(current) != strip(new))

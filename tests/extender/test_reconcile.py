@@ -10,6 +10,7 @@ import dataclasses
 import math
 import random
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -1418,27 +1419,41 @@ def test_reservations_given_back_to_outside_pods_do_not_depend_on_the_order_node
     assert outcomes[0][1]["k"] == "Admitted"
 
 
-def test_a_workspace_quota_held_gpr_says_the_quota_in_its_message_and_keeps_saying_it() -> None:
-    """Issue 35.4: a Queued GPR held by its workspace's quota carries reason WorkspaceQuota and, in status.message,
-    the workspace, its devices in use of the limit and what the GPR needs (before: in the Event alone); a later
-    write of its status (a refresh moving its estimate, a warm or a cold pass) keeps saying it."""
-    views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
+def _team_of_two() -> tuple[WorkspaceIndex, SchedulerConfig, dict[str, dict[str, Any]]]:
+    """Workspace "team" (namespace default) with a quota of 2 GPUs, and two queued 2-GPU GPRs a and b in it."""
     team = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 2000})
     core = SchedulerConfig(instant_eviction=False, learn=False, quotas=dict(team.quotas))
-    now = time.time()
     gprs = {}
     for i, name in enumerate("ab"):
         obj = gpr(name, phase=None, devices=2)
         obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp=f"2026-11-30T00:00:0{i}Z")
         gprs[f"u{name}"] = obj
+    return team, core, gprs
+
+
+def _passes(views: dict[str, Any], gprs: dict[str, dict[str, Any]], now: float, steps: int, gap: float,
+            config: Callable[[int], PassConfig]) -> Iterator[dict[str, dict[str, Any]]]:
+    """``steps`` passes ``gap`` seconds apart, each warm (one PassCache) and checked against a cold one, their
+    writes stored: the GPRs after each."""
     warm, version = PassCache(), 100
-    for step in range(3):
-        cfg = PassConfig(core=core, workspaces=team, refresh_queue=step == 2)
-        snap = Snapshot(now + 60 * step, views, {}, gprs)
+    for step in range(steps):
+        cfg = config(step)
+        snap = Snapshot(now + gap * step, views, {}, gprs)
         plan = plan_pass(snap, cfg, warm)
         assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), cfg, PassCache()))
         gprs, version = stored(gprs, plan, version)
-        status = gprs["ub"]["status"]
+        yield gprs
+
+
+def test_a_workspace_quota_held_gpr_says_the_quota_in_its_message_and_keeps_saying_it() -> None:
+    """Issue 35.4: a Queued GPR held by its workspace's quota carries reason WorkspaceQuota and, in status.message,
+    the workspace, its devices in use of the limit and what the GPR needs (before: in the Event alone); a later
+    write of its status (a refresh moving its estimate, a warm or a cold pass) keeps saying it."""
+    views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
+    team, core, gprs = _team_of_two()
+    for after in _passes(views, gprs, time.time(), 3, 60,
+                         lambda step: PassConfig(core=core, workspaces=team, refresh_queue=step == 2)):
+        status = after["ub"]["status"]
         assert status["phase"] == "Queued" and status["reason"] == "WorkspaceQuota", status
         assert "; WorkspaceQuota: workspace team" in status["message"], status["message"]
         assert "2 of 2 devices in use; it needs 2" in status["message"], status["message"]
@@ -1459,18 +1474,12 @@ def test_a_gpr_waiting_for_devices_says_what_it_needs_and_who_holds_them_and_kee
         obj = gpr(name, phase=None, devices=devices, priority=priority, exitDuration="9h")
         obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp=f"2026-11-30T00:00:0{i + 1}Z")
         gprs[f"u{name}"] = obj
-    warm, version = PassCache(), 100
-    for step in range(3):
-        cfg = PassConfig(refresh_queue=step == 2)
-        snap = Snapshot(now + 60 * step, views, {}, gprs)
-        plan = plan_pass(snap, cfg, warm)
-        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), cfg, PassCache()))
-        gprs, version = stored(gprs, plan, version)
-        status = gprs["uwant"]["status"]
+    for after in _passes(views, gprs, now, 3, 60, lambda step: PassConfig(refresh_queue=step == 2)):
+        status = after["uwant"]["status"]
         assert status["phase"] == "Queued" and status["reason"] == "InsufficientCapacity", status
         assert status["message"].endswith("; InsufficientCapacity: needs 1 node(s) x 6 nvidia.com/gpu; 0 of 1 "
                                           "fitting nodes have 6 free; held by team-b/big (n0)"), status["message"]
-        small = gprs["usmall"]["status"]
+        small = after["usmall"]["status"]
         assert small["reason"] == "BehindHigherPriority", small
         assert "behind default/want at priority level medium (101-200)" in small["message"], small["message"]
 
@@ -1479,30 +1488,19 @@ def test_no_estimate_says_now_for_a_gpr_the_controller_will_not_admit_now() -> N
     """Issue 35.4 point 2: a GPR its workspace quota holds gets no estimatedStart (before: an estimate of about
     now while the quota kept it out); one in backoff is never estimated before its nextRetryTime."""
     views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
-    team = WorkspaceIndex({"default": "team"}, {f"team|{GPU}": 2000})
-    core = SchedulerConfig(instant_eviction=False, learn=False, quotas=dict(team.quotas))
+    team, core, gprs = _team_of_two()
     now = time.time()
-    gprs = {}
-    for i, name in enumerate("ab"):
-        obj = gpr(name, phase=None, devices=2)
-        obj["metadata"].update(uid=f"u{name}", resourceVersion="7", creationTimestamp=f"2026-11-30T00:00:0{i}Z")
-        gprs[f"u{name}"] = obj
     retry = rfc3339(now + 3600)
     late = gpr("c", namespace="other", phase="Queued", devices=1, requeueOnFailure=True)
     late["metadata"].update(uid="uc", resourceVersion="8", creationTimestamp="2026-11-30T00:00:05Z")
     late["status"].update(reason="Backoff", failures=1, nextRetryTime=retry)
     gprs["uc"] = late
-    warm, version = PassCache(), 100
-    for step in range(2):
-        cfg = PassConfig(core=core, workspaces=team, refresh_queue=True)
-        snap = Snapshot(now + step, views, {}, gprs)
-        plan = plan_pass(snap, cfg, warm)
-        assert summary(plan) == summary(plan_pass(copy.deepcopy(snap), cfg, PassCache()))
-        gprs, version = stored(gprs, plan, version)
-        held = gprs["ub"]["status"]
+    for after in _passes(views, gprs, now, 2, 1,
+                         lambda _step: PassConfig(core=core, workspaces=team, refresh_queue=True)):
+        held = after["ub"]["status"]
         assert held["reason"] == "WorkspaceQuota" and "estimatedStart" not in held, held
-        assert "estimatedStart" in gprs["ua"]["status"] or gprs["ua"]["status"]["phase"] == "Admitted"
-        waiting = gprs["uc"]["status"]
+        assert "estimatedStart" in after["ua"]["status"] or after["ua"]["status"]["phase"] == "Admitted"
+        waiting = after["uc"]["status"]
         assert waiting["phase"] == "Queued" and waiting.get("nextRetryTime") == retry, waiting
         if "estimatedStart" in waiting:
             from scheduler_extender.objects.gpr_codec import parse_time
