@@ -16,7 +16,9 @@
 - A watch that gets no answer at all (connection refused or reset, read timeout: the API server is down or
   unreachable) makes the informer not ``healthy`` too, until a watch is answered again (or a relist succeeds):
   the view is then only as current as the outage is long, and ``/readyz`` must say so. A watch the server
-  answers with an error while lists still work (a 500 on the watch alone) leaves it healthy.
+  answers with an error while lists still work (a 500 on the watch alone) leaves it healthy. While it is not
+  healthy and only its watch is retried, the gap is capped at ``first_list_cap`` too, so ``/readyz`` turns 200
+  within seconds of the server's return; a failing relist keeps the full cap.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ class Informer:
         need_list, failures, expired = True, 0, 0
         loop = asyncio.get_running_loop()
         while not stop.is_set():
+            unreachable = False
             try:
                 if need_list:
                     await self._list()
@@ -210,6 +213,7 @@ class Informer:
                 failures += 1
             except ApiError as exc:
                 failures += 1
+                unreachable = exc.status == 0
                 if need_list or exc.status == 0:  # a list failed, or no answer at all (the server is unreachable)
                     self._set_health(False, str(exc))
                 else:
@@ -220,7 +224,13 @@ class Informer:
                 failures += 1
                 log_failure(log, "informer handler failed", exc, {"informer": self.name})
                 need_list = True
-            cap = self.backoff[1] if self.synced.is_set() else min(self.backoff[1], self.first_list_cap)
+            # Retries are at most first_list_cap apart before the first list, while the server gives no answer at
+            # all (a refused connection costs it nothing) and while an outage is over but for the watch (a watch is
+            # cheap; a relist is not, and a failing one keeps the full cap): until its next try the informer is
+            # not healthy and /readyz says 503, and with the 30 s cap an extender stayed unready for up to 30 s
+            # after a 3 s API-server restart (its watches had met a refused connection, then a starting server)
+            short = not self.synced.is_set() or unreachable or (not self.healthy and not need_list)
+            cap = min(self.backoff[1], self.first_list_cap) if short else self.backoff[1]
             await self._pause(stop, backoff_delay(failures, self.backoff[0], cap, self.rng))
 
     @staticmethod

@@ -249,3 +249,48 @@ async def test_until_the_first_list_succeeds_retries_are_at_most_4s_apart(monkey
         stop.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_after_an_outage_retries_are_at_most_4s_apart_until_a_watch_is_answered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 s API-server restart: the watches met refused connections, then a starting server's 503s; with the 30 s
+    cap the extender stayed unready (/readyz 503) for up to 30 s after the server was back. While the informer is
+    not healthy and only its watch fails, retries are at most 4 s apart; a failing relist keeps the full cap."""
+    import random
+
+    from kubeapi.errors import ApiError
+
+    client = _Outage()
+    answers: list[str] = ["refused"] * 10 + ["starting"] * 4
+    watched = client.watch
+
+    def watch(*a: Any, **k: Any) -> Any:
+        if answers:
+            kind = answers.pop(0)
+            if kind == "starting":
+                raise ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+            client.down = True
+        else:
+            client.down = False
+        return watched(*a, **k)
+
+    gaps: list[float] = []
+
+    async def pause(_: asyncio.Event, seconds: float) -> None:
+        gaps.append(seconds)
+        await asyncio.sleep(0)
+
+    informer = Informer(client, NODES, lambda k, o: None, lambda items: None,  # type: ignore[arg-type]
+                        rng=random.Random(3))
+    monkeypatch.setattr(client, "watch", watch)
+    monkeypatch.setattr(informer, "_pause", pause)
+    stop = asyncio.Event()
+    task = asyncio.create_task(informer.run(stop))
+    try:
+        await wait_until(lambda: informer.synced.is_set() and not answers and informer.healthy)
+        assert len(gaps) >= 14 and max(gaps[:14]) <= 4.0, gaps
+        assert client.lists == 1
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -181,5 +181,7 @@ def test_api_server_restart_under_running_processes(cp: ControlPlane, stack: Sta
     cp.create(GPRS.format(ns=ns), gpr("after"))
     wait_for("admitted after the restart", lambda: admitted(cp, ns, "after"), timeout=60)
     wait_for("bound after the restart", lambda: bound_node(cp, ns, "after-0"), timeout=60)
-    assert stack.extender.status() == 200
+    # ready again soon: every informer retries its watch at most 4 s apart while not healthy (a 30 s backoff once
+    # left /readyz at 503 for up to 30 s after the server was back)
+    wait_for("extender ready after the restart", lambda: stack.extender.status() == 200, timeout=20)
     assert any(e.get("reason") for e in events_for(cp, ns, "after")), "the controller's Events after the restart"
