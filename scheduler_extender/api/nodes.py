@@ -6,6 +6,12 @@
 must be allowed to ``patch acceleratornodes.accelstack.io`` (a SubjectAccessReview, before the body is read); the
 write is a conditional update (the object's resourceVersion), so a concurrent change is a 409, never lost. What
 deboarding then does is the controller's (:mod:`scheduler_extender.controller.accelerator_nodes`, docs/nodes.md).
+
+``GET /api/v1/acceleratornodes/{name}/check`` is the node preflight (``kubectl accelstack node check NODE``,
+docs/nr1-nodes.md): the caller must be allowed to ``get nodes`` (a SubjectAccessReview, before anything is read);
+then the Node, accelstack's own DaemonSet pods bound to it (label ``app.kubernetes.io/part-of=accelstack``: no
+workload pod is read or shown) and its AcceleratorNode are read live and judged by
+:func:`scheduler_extender.objects.node_check.check`. A node that does not exist is a 404.
 """
 
 from __future__ import annotations
@@ -16,19 +22,46 @@ from typing import Any
 
 from aiohttp import web
 
-from kubeapi.resources import ACCELERATOR_NODES
+from kubeapi.resources import ACCELERATOR_NODES, PODS
 from scheduler_extender.api.http import Routes, api_error, error, json_response
 from scheduler_extender.objects.accelerator_nodes import parse_grace
-from scheduler_extender.objects.kube import ApiError
+from scheduler_extender.objects.kube import ApiError, NotFound
+from scheduler_extender.objects.node_check import check as node_check
 from service.http_body import BodyError, closing
 
 ATTRS = {"group": ACCELERATOR_NODES.group, "resource": ACCELERATOR_NODES.plural}
 DEFAULT_GRACE = "10m"
+NODE_ATTRS = {"group": "", "resource": "nodes"}
+OUR_PODS = "app.kubernetes.io/part-of=accelstack"
 
 
 def node_routes(api: Routes) -> list[web.RouteDef]:
     path = "/api/v1/acceleratornodes/{name}/deboard"
-    return [web.post(path, functools.partial(deboard, api)), web.delete(path, functools.partial(abort, api))]
+    return [web.post(path, functools.partial(deboard, api)), web.delete(path, functools.partial(abort, api)),
+            web.get("/api/v1/acceleratornodes/{name}/check", functools.partial(check, api))]
+
+
+async def check(api: Routes, request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    denied = await api._denied(request, "get", attrs={**NODE_ATTRS, "name": name})
+    if denied is not None:
+        return denied
+    try:
+        node = await api.kube.get_node(name)
+    except NotFound:
+        return error(404, f"node {name!r} not found")
+    except ApiError as exc:
+        return api_error(exc)
+    try:
+        pods, _ = await api.kube.client.list(PODS, None, label_selector=OUR_PODS,
+                                             field_selector=f"spec.nodeName={name}")
+        try:
+            accelerator_node: dict[str, Any] | None = await api.kube.get_object(ACCELERATOR_NODES, None, name)
+        except NotFound:
+            accelerator_node = None
+    except ApiError as exc:
+        return api_error(exc)
+    return json_response(node_check(node, pods, accelerator_node, api.clock()))
 
 
 async def _set(api: Routes, name: str, request_value: dict[str, Any] | None) -> web.Response:

@@ -4,7 +4,8 @@ the accelstack REST API (kubectl finds it on PATH as ``kubectl accelstack``).
 The server is ``--server`` or ``$ACCELSTACK_SERVER``; the bearer token is ``--token``, ``$ACCELSTACK_TOKEN`` or
 the current kubeconfig user's token (``token`` or ``tokenFile``). The REST API checks the token with the API
 server and the action with your RBAC, as kubectl would. Tables by default; ``-o json`` or ``-o yaml`` print what
-the API answered. Bad arguments exit 2; an error from the API exits 1 with one line saying why.
+the API answered. Bad arguments exit 2; an error from the API exits 1 with one line saying why. ``node check``
+exits 1 too when an item is not ok (its lines say which).
 """
 
 from __future__ import annotations
@@ -168,6 +169,22 @@ def cmd_node_deboard(client: Client, args: argparse.Namespace) -> None:
                 f"{request.get('grace')}; follow it with: kubectl get acceleratornode {d['node']} -o wide")
 
     emit(args, data, render)
+
+
+def render_check(d: dict[str, Any]) -> str:
+    """One line an item, ``NAME  STATUS  EVIDENCE-OR-FIX``, then the verdict."""
+    rows = [[i["name"], i["status"], i["detail"]] for i in d["items"]]
+    bad = sum(i["status"] != "ok" for i in d["items"])
+    verdict = f"node {d['node']}: all {len(rows)} checks ok" if d.get("ok") else \
+        f"node {d['node']}: {bad} of {len(rows)} checks not ok"
+    return table(["ITEM", "STATUS", "EVIDENCE"], rows) + "\n\n" + verdict
+
+
+def cmd_node_check(client: Client, args: argparse.Namespace) -> None:
+    data = client.get(f"/api/v1/acceleratornodes/{_seg(args.node)}/check")
+    emit(args, data, render_check)
+    if not data.get("ok"):
+        raise Failure("", 1)  # the items said why: no second line
 
 
 def cmd_inventory(client: Client, args: argparse.Namespace) -> None:
@@ -357,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "  kubectl accelstack inventory --group p5.48xlarge\n"
                       "  kubectl accelstack wait-time -n team-a --template small-gpu\n"
                       "  kubectl accelstack gpr describe team-a/finetune\n"
-                      "  kubectl accelstack workspace usage team-a -o yaml\n\n"
+                      "  kubectl accelstack workspace usage team-a -o yaml\n"
+                      "  kubectl accelstack node check nr1-01\n\n"
                       f"The server is --server or ${ENV_SERVER}; the token --token, ${ENV_TOKEN} or the current "
                       "kubeconfig user's token.")
     p.add_argument("--server", default=os.environ.get(ENV_SERVER, ""),
@@ -423,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "(default 10m, at most 7 days)")
     d.add_argument("--abort", action="store_true", help="take the request back: the taint goes, nothing is put back")
     d.set_defaults(run=cmd_node_deboard)
+    c = nd.add_parser("check", parents=[common], help="preflight: what the node needs to serve accelerator pods, "
+                                                      "item by item (exit 0 when all ok, 1 otherwise)")
+    c.add_argument("node", help="the node")
+    c.set_defaults(run=cmd_node_check)
     return p
 
 
@@ -449,7 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         token = args.token or kubeconfig_token(args.kubeconfig or None)
         args.run(Client(args.server, token, tls_context(args)), args)
     except Failure as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        if str(exc):
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.code
     except BrokenPipeError:  # `| head`
         return 0
