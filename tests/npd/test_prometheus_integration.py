@@ -1,5 +1,7 @@
 """A real Prometheus server (Debian's prometheus) scrapes the exporter (8 FakeNVML GPUs, pod-resources peer) and
-loads the alert rules; queried through its HTTP API. Bounded: 60 s at most."""
+loads the shipped alert rules; queried through its HTTP API, the alerts through its own /api/v1/alerts. The
+accelerator-node alerts (the controller's gauge) are tested with promtool only: no controller is scraped here.
+Bounded: 60 s at most."""
 
 from __future__ import annotations
 
@@ -37,10 +39,20 @@ def query(port: int, expr: str) -> list[dict[str, Any]]:
     return body["data"]["result"]
 
 
+def alerts(port: int) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=5) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return cast(list[dict[str, Any]], body["data"]["alerts"])
+
+
 def test_prometheus_scrapes_the_exporter_and_loads_the_rules(tmp_path: Path) -> None:
     prometheus = need("prometheus")
     fake = dgx_like(8)
     fake.gpus[2].temperature_c = 88
+    fake.gpus[3].utilization_gpu = 90  # busy, allocated to no container
+    fake.gpus[4].utilization_gpu = 50  # exactly the threshold: not over it
+    # GPU 0 (allocated to ml/train-0 below) and the free GPUs stay at 0 %: only GPU 0 is idle while allocated
     peer = PodResourcesPeer(str(tmp_path / "kubelet.sock"))
     peer.allocatable = {"nvidia.com/gpu": [g.uuid for g in fake.gpus]}
     peer.set_pod("ml", "train-0", {"nvidia.com/gpu": [fake.gpus[0].uuid]})
@@ -79,16 +91,28 @@ def test_prometheus_scrapes_the_exporter_and_loads_the_rules(tmp_path: Path) -> 
         assert query(port, 'up{job="accelstack-device-exporter"}')[0]["value"][1] == "1"
         allocated = query(port, 'accelstack_node_allocated_devices{resource="nvidia.com/gpu"}')
         assert allocated[0]["value"][1] == "1"
-        # the rule pending for GPU 2 (over 85 °C, `for: 5m`) shows the rules load and evaluate on real data
+        # the rules pending on the exporter's real data (their `for` is minutes): GPU 2 over 85 °C, GPU 0 idle
+        # while allocated, GPU 3 busy while not; as Prometheus itself reports its alerts
+        expected = {("AccelstackGPUTemperatureHigh", "2", "pending"),
+                    ("AccelstackGPUIdleWhileAllocated", "0", "pending"),
+                    ("AccelstackGPUBusyWhileUnallocated", "3", "pending")}
+        seen: set[tuple[str, str, str]] = set()
+        found: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            alerts = query(port, 'ALERTS{alertname="AccelstackGPUTemperatureHigh"}')
-            if alerts:
+            found = alerts(port)
+            seen = {(a["labels"]["alertname"], a["labels"].get("gpu", ""), a["state"]) for a in found}
+            if expected <= seen:
                 break
             time.sleep(0.3)
-        assert [(a["metric"]["gpu"], a["metric"]["alertstate"]) for a in alerts] == [("2", "pending")]
+        # nothing else: the free idle GPUs, GPU 4 at exactly 50 %, the allocated GPU 0 not "busy while unallocated"
+        assert seen == expected, seen
+        (idle,) = [a for a in found if a["labels"]["alertname"] == "AccelstackGPUIdleWhileAllocated"]
+        assert idle["labels"]["namespace"] == "ml" and idle["labels"]["pod"] == "train-0"
+        assert idle["labels"]["uuid"] == fake.gpus[0].uuid and idle["labels"]["severity"] == "warning"
+        assert idle["annotations"]["summary"] == "GPU 0 on gpu-1 is allocated to ml/train-0 but idle"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5) as response:
             groups = json.loads(response.read())["data"]["groups"]
-        assert sum(len(g["rules"]) for g in groups) == 12
+        assert sum(len(g["rules"]) for g in groups) == 19
         assert all(r["health"] == "ok" for g in groups for r in g["rules"])
     finally:
         server.terminate()
