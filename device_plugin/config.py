@@ -276,6 +276,12 @@ OPTIONS: tuple[Option, ...] = (
            "command run per module for health ({pci} substituted); exit 0 = healthy"),
     Option("nr1.probeTimeout", parse_duration, 5.0, "probe command timeout"),
     Option("nr1.healthInterval", parse_duration, 10.0, "how often NR1 health is polled"),
+    # the kubelet's view of assigned devices (handover.py)
+    Option("podResources.socket", parse_str, "/var/lib/kubelet/pod-resources/kubelet.sock",
+           "kubelet pod-resources API socket: which device IDs pods hold, published as the Node annotation "
+           "accelstack.io/pod-resources; empty disables (no annotation, no handover guard)"),
+    Option("podResources.interval", parse_duration, 30.0,
+           "how often the pod-resources API is read (also at each registration and after each Allocate)"),
     # feature discovery
     Option("labeller.enabled", parse_bool, True, "publish node labels for what the node has"),
     Option("labeller.nodeName", parse_str, "", "this node's name (default: env NODE_NAME)"),
@@ -431,6 +437,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise ConfigError("nvidia.deviceListStrategy: must name at least one strategy")
     if values["nvidia.resourceName"] == values["nr1.resourceName"]:
         raise ConfigError("nr1.resourceName: must differ from nvidia.resourceName")
+    if values["podResources.interval"] <= 0:
+        raise ConfigError(f"podResources.interval: must be more than 0s, got {values['podResources.interval']}s")
     if not values["labeller.nodeName"]:
         values["labeller.nodeName"] = environ.get("NODE_NAME", "")
     return Config(values, config.sources), args

@@ -91,6 +91,9 @@ class DeviceTable:
         self.replicas = replicas
         self.health: dict[str, str] = {pid: HEALTHY for pid in self.physical}
         self.reasons: dict[str, str] = {}
+        # devices reported Unhealthy whatever their own health, while the kubelet lists device IDs assigned to
+        # pods that this plugin does not serve (handover.py): kept apart so that neither overwrites the other
+        self.fenced: frozenset[str] = frozenset()
         self.generation = 0
         self.changed_at = time.monotonic()
         self._changed = asyncio.Condition()
@@ -126,6 +129,23 @@ class DeviceTable:
         asyncio.get_running_loop().create_task(self._notify())
         return True
 
+    def set_fenced(self, physical_ids: Iterable[str]) -> bool:
+        """Report exactly these physical devices Unhealthy on top of their own health (empty: none); returns
+        whether the set changed (and then wakes the watchers). Their own health is kept and shows again once
+        they are no longer fenced."""
+        fenced = frozenset(p for p in physical_ids if p in self.physical)
+        if fenced == self.fenced:
+            return False
+        self.fenced = fenced
+        self.generation += 1
+        self.changed_at = time.monotonic()
+        asyncio.get_running_loop().create_task(self._notify())
+        return True
+
+    def effective_health(self, physical_id: str) -> str:
+        """What the kubelet is told: Unhealthy when fenced, else the device's own health."""
+        return UNHEALTHY if physical_id in self.fenced else self.health[physical_id]
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
@@ -137,10 +157,11 @@ class DeviceTable:
 
     def listing(self) -> list[tuple[str, str, int | None]]:
         """(advertised id, health, NUMA node) for every advertised device, in a stable order."""
-        return [(aid, self.health[pid], self.physical[pid].numa_node) for aid, pid in self.advertised.items()]
+        return [(aid, self.effective_health(pid), self.physical[pid].numa_node)
+                for aid, pid in self.advertised.items()]
 
     def counts(self) -> dict[str, int]:
         out = {HEALTHY: 0, UNHEALTHY: 0}
         for pid in self.advertised.values():
-            out[self.health[pid]] += 1
+            out[self.effective_health(pid)] += 1
         return out

@@ -39,13 +39,19 @@ def label_patch(current: dict[str, str], desired: dict[str, str]) -> dict[str, s
 
 
 class NodeLabeller:
+    """Labels from ``compute``; annotations from ``annotations`` (the pod-resources reports, handover.py), each
+    written only when :func:`handover.unchanged` says the Node's value differs (its ``observedAt`` aside), in a
+    patch of its own after the labels', so a refused annotation never holds the labels back."""
+
     def __init__(self, kube: KubeClient, node_name: str, compute: Callable[[], dict[str, str]],
-                 interval: float = 60.0) -> None:
+                 interval: float = 60.0, annotations: Callable[[], dict[str, str]] | None = None) -> None:
         self.kube = kube
         self.node_name = node_name
         self.compute = compute
+        self.annotations = annotations
         self.interval = interval
         self.patches = 0
+        self.annotation_patches = 0
 
     async def reconcile(self) -> dict[str, str | None]:
         from kubeapi.resources import NODES
@@ -59,7 +65,22 @@ class NodeLabeller:
                                   retry=True)
             self.patches += 1
             log.info("node labels updated", extra={"node": self.node_name, "changed": sorted(patch)})
+        if self.annotations is not None:
+            await self._annotate(node)
         return patch
+
+    async def _annotate(self, node: dict[str, Any]) -> None:
+        from device_plugin.handover import unchanged
+        from kubeapi.resources import NODES
+
+        assert self.annotations is not None
+        current = dict((node.get("metadata") or {}).get("annotations") or {})
+        patch = {k: v for k, v in self.annotations().items() if not unchanged(current.get(k), v)}
+        if patch:
+            await self.kube.patch(NODES, self.node_name, {"metadata": {"annotations": patch}},
+                                  patch_type="strategic", retry=True)
+            self.annotation_patches += 1
+            log.info("node annotations updated", extra={"node": self.node_name, "changed": sorted(patch)})
 
     async def run(self, stop: asyncio.Event, poke: asyncio.Event | None = None) -> None:
         """Reconcile now, then every ``interval`` or when ``poke`` is set, until ``stop``."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from device_plugin.config import SCHEMA, Config, ConfigError, load
 from device_plugin.devices import Backend, DeviceTable
+from device_plugin.handover import ANNOTATION, NR1_ANNOTATION, PodResourcesWatch
 from device_plugin.labeller import NodeLabeller, in_cluster_client
 from device_plugin.nr1_backend import NR1Backend
 from device_plugin.nr1_sysfs import check_sysfs_root
@@ -63,6 +64,8 @@ class DevicePluginProcess:
         self.poll_interval = poll_interval
         self.tables: dict[str, DeviceTable] = {}
         self.runners: list[PluginRunner] = []
+        self.watch: PodResourcesWatch | None = None  # the kubelet's pod-resources view (handover.py)
+        self.labeller_poke = asyncio.Event()
         self.stop = asyncio.Event()
         self._threads_stop = threading.Event()
 
@@ -96,12 +99,15 @@ class DevicePluginProcess:
             self.runners.append(PluginRunner(backend, table, self.config["flags.devicePluginPath"], self.metrics,
                                              register_retry=self.config["flags.registerRetry"],
                                              poll_interval=self.poll_interval))
+        self._start_watch()
         http = start_http(self.config["flags.metricsAddress"], self.metrics, self.ready)
         labeller_task, own_client = await self._start_labeller()
         for thread in threads:
             thread.start()
         tasks = [asyncio.create_task(r.run(self.stop), name=f"runner-{r.backend.resource_name}")
                  for r in self.runners]
+        if self.watch is not None:
+            tasks.append(asyncio.create_task(self.watch.run(self.stop), name="pod-resources"))
         try:
             done, _ = await asyncio.wait([*tasks, asyncio.create_task(self.stop.wait())],
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -122,6 +128,20 @@ class DevicePluginProcess:
                 thread.join(timeout=2)
             for backend in self.backends:
                 backend.close()
+
+    def _start_watch(self) -> None:
+        """The pod-resources watch over every resource, read at each registration and after each Allocate;
+        none when ``podResources.socket`` is empty."""
+        socket_path = self.config["podResources.socket"]
+        if not socket_path:
+            return
+        keys = {b.resource_name: NR1_ANNOTATION if isinstance(b, NR1Backend) else ANNOTATION for b in self.backends}
+        self.watch = PodResourcesWatch(
+            socket_path, self.config["podResources.interval"], self.tables, keys, self.metrics.registry,
+            on_change=self.labeller_poke.set, on_fence=lambda r: self._update_gauges(r, self.tables[r]))
+        for runner in self.runners:
+            runner.on_registered = self.watch.registered
+            runner.on_allocate = self.watch.allocated
 
     def node_labels(self) -> dict[str, str]:
         labels: dict[str, str] = {}
@@ -149,8 +169,13 @@ class DevicePluginProcess:
             except Exception as exc:
                 log.warning("labeller disabled: no Kubernetes credentials", extra={"error": str(exc)[:200]})
                 return None, None
-        labeller = NodeLabeller(kube, node, self.node_labels, self.config["labeller.interval"])
-        return asyncio.create_task(supervise("labeller", labeller.run, self.stop), name="labeller"), own_client
+        labeller = NodeLabeller(kube, node, self.node_labels, self.config["labeller.interval"],
+                                annotations=self.watch.annotations if self.watch is not None else None)
+
+        async def run(stop: asyncio.Event) -> None:
+            await labeller.run(stop, self.labeller_poke)
+
+        return asyncio.create_task(supervise("labeller", run, self.stop), name="labeller"), own_client
 
     def _health(self, backend: Backend, report: Any) -> None:
         try:

@@ -180,11 +180,13 @@ def socket_name(resource_name: str) -> str:
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """The five v1beta1 RPCs over a backend and its device table."""
 
-    def __init__(self, backend: Backend, table: DeviceTable, metrics: PluginMetrics) -> None:
+    def __init__(self, backend: Backend, table: DeviceTable, metrics: PluginMetrics,
+                 on_allocate: Callable[[], None] | None = None) -> None:
         self.backend = backend
         self.table = table
         self.metrics = metrics
         self.resource = backend.resource_name
+        self.on_allocate = on_allocate  # handover.py re-reads the kubelet's view after an allocation
 
     async def GetDevicePluginOptions(self, request: api_pb2.Empty, context: Any) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
@@ -241,6 +243,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self.metrics.allocations.labels(self.resource, "ok").inc()
         self.metrics.allocate_seconds.labels(self.resource).observe(time.perf_counter() - started)
+        if self.on_allocate:
+            self.on_allocate()
         return response
 
     async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
@@ -278,6 +282,7 @@ class PluginRunner:
         self.registered = False
         self.registrations = 0
         self.on_registered: Callable[[], None] | None = None
+        self.on_allocate: Callable[[], None] | None = None
         self._server: grpc.aio.Server | None = None
         self.dirwatch = DirWatch(plugin_dir, poll_interval)
 
@@ -285,7 +290,7 @@ class PluginRunner:
         prepare_socket(self.socket_path)
         check_socket_path(self.kubelet_socket)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        add_quiet_servicer(DevicePluginService(self.backend, self.table, self.metrics), server)
+        add_quiet_servicer(DevicePluginService(self.backend, self.table, self.metrics, self._allocated), server)
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as exc:  # grpc's "Failed to bind": the directory changed since the probe
@@ -296,6 +301,10 @@ class PluginRunner:
         async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
             await asyncio.wait_for(channel.channel_ready(), timeout=5)
         log.info("serving", extra={"resource": self.backend.resource_name, "socket": self.socket_path})
+
+    def _allocated(self) -> None:
+        if self.on_allocate:
+            self.on_allocate()
 
     async def _stop_server(self) -> None:
         if self._server is not None:
