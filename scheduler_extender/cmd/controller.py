@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from scheduler_extender.cmd.extender import POLICIES, RESOURCE_NAMES, resource_names
 from scheduler_extender.core.eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S
 from scheduler_extender.core.scheduler import SchedulerConfig
-from scheduler_extender.objects.accelerator_nodes import vendor_id
+from scheduler_extender.objects.accelerator_nodes import parse_grace, parse_selector, vendor_id
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
 
@@ -62,6 +62,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                 "events makes fewer, larger passes: bounded CPU, decisions at most this much later)")
     add("nr1-vendor-ids", "", "NR1 modules' PCI vendor IDs as lspci -nn shows them (comma-separated, the device "
         "plugin's nr1.vendorIDs): node-feature-discovery's PCI labels of these vendors mark a node as an NR1 node")
+    add("onboard-selector", "", "label selector (a=b,c!=d,e,!f) of accelerator nodes to onboard without being asked: "
+        "labelled so the DaemonSets land, then Managed once accelstack's plugin serves them; empty: only nodes "
+        "onboarded with kubectl accelstack node onboard (or labelled by hand) and those its plugin serves already")
+    add("onboard-timeout", "15m", "how long onboarding may take before the AcceleratorNode says Failed (it still "
+        "turns Managed once done): a duration like 15m")
     add_logging_flags(add)
     return p
 
@@ -72,6 +77,25 @@ def nr1_vendor_ids(value: str) -> tuple[str, ...]:
         return tuple(vendor_id(v) for v in value.split(",") if v.strip())
     except ValueError as exc:
         raise UsageError(f"--nr1-vendor-ids: {exc}") from None
+
+
+def onboard_selector(value: str) -> str:
+    """``--onboard-selector``: checked here (one line naming the bad part), kept as text for the controller."""
+    try:
+        parse_selector(value)
+    except ValueError as exc:
+        raise UsageError(f"--onboard-selector: {exc}") from None
+    return value
+
+
+def duration(flag: str, value: str) -> float:
+    try:
+        seconds = parse_grace(value)
+    except ValueError as exc:
+        raise UsageError(f"--{flag}: {exc}") from None
+    if seconds <= 0:
+        raise UsageError(f"--{flag}: must be longer than 0s: {value!r}")
+    return seconds
 
 
 def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -97,6 +121,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             "eviction_cost_ratio": cost_ratio,
             "eviction_max_wait_s": flags.number("eviction-max-wait", float, 0),
             "nr1_vendors": nr1_vendor_ids(args.nr1_vendor_ids),
+            "onboard_selector": onboard_selector(args.onboard_selector),
+            "onboard_timeout": duration("onboard-timeout", args.onboard_timeout),
             "api_timeout": flags.number("api-timeout", float, 0.1),
             "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
                              idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
@@ -120,6 +146,8 @@ class ControllerProcess:
                                          estimate_every=opts["estimate_every"], concurrency=opts["concurrency"],
                                          refresh_qps=opts["refresh_qps"], refresh_burst=opts["refresh_burst"],
                                          min_gap=opts["min_gap"], nr1_vendors=opts.get("nr1_vendors", ()),
+                                         onboard_selector=opts.get("onboard_selector", ""),
+                                         onboard_timeout=opts.get("onboard_timeout", 900.0),
                                          config=SchedulerConfig(
                                              eviction_cost_ratio=opts.get("eviction_cost_ratio", EVICTION_COST_RATIO),
                                              eviction_max_wait_s=opts.get("eviction_max_wait_s", EVICTION_MAX_WAIT_S)))

@@ -136,6 +136,7 @@ class ControllerService:
                  lease_name: str = "accelstack-gpr-controller", identity: str = "", policy: str = "bestfit",
                  resync: float = 5.0, lease_seconds: float = 15.0, sweep_every: float = 60.0,
                  registry: CollectorRegistry | None = None, nr1_vendors: Iterable[str] = (),
+                 onboard_selector: str = "", onboard_timeout: float = 900.0,
                  **controller: Any) -> None:
         self.kube = kube
         self.view = view
@@ -154,7 +155,9 @@ class ControllerService:
         self.controller.workspaces = self.workspaces.index
         # accelerator nodes: an AcceleratorNode per node with GPUs or NR1 modules, what was found and who serves it
         self.accelerator_nodes = AcceleratorNodeController(kube, view, nr1_vendors=nr1_vendors,
-                                                           resync=max(resync, 30.0), registry=registry)
+                                                           resync=max(resync, 30.0), registry=registry,
+                                                           onboard_selector=onboard_selector,
+                                                           onboard_timeout=onboard_timeout)
         # the owner of the view runs them with its own
         self.informers = self.workspaces.informers + self.accelerator_nodes.informers
         self.released: int = 0  # ledger entries given back by sweeps

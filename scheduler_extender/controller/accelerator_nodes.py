@@ -8,7 +8,8 @@ Nodes come from an informer of its own and are reduced at once to what :func:`ac
 pods (those asking for a managed resource) at each pass. A pass runs on a change that matters (a node's detection,
 an AcceleratorNode, a holder's pod), at most once per ``min_interval``, and every ``resync`` seconds; it writes only
 what differs, so a restarted or new leader writes nothing while the cluster is as it was. It writes a Node only
-to carry out a deboard request (:meth:`AcceleratorNodeController._deboard`).
+to onboard it (the landing label, :meth:`AcceleratorNodeController._label`) or to carry out a deboard request
+(:meth:`AcceleratorNodeController._deboard`).
 
 A write that fails (403, 500, no answer) is logged and counted; the next pass (the next resync at the latest)
 plans it again. What a write returned is kept at once (newer than the informer's copy), so the next pass does not
@@ -45,10 +46,13 @@ def _name(obj: Mapping[str, Any]) -> str:
 class AcceleratorNodeController:
     def __init__(self, kube: Kube, view: ClusterView, *, nr1_vendors: Iterable[str] = (), resync: float = 30.0,
                  min_interval: float = 1.0, registry: CollectorRegistry | None = None,
-                 watch_timeout: tuple[int, int] = (300, 600), clock: Callable[[], float] = time.time) -> None:
+                 watch_timeout: tuple[int, int] = (300, 600), clock: Callable[[], float] = time.time,
+                 onboard_selector: str = "", onboard_timeout: float = an.ONBOARD_TIMEOUT_S) -> None:
         self.kube = kube
         self.view = view
         self.nr1_vendors = tuple(an.vendor_id(v) for v in nr1_vendors)
+        self.selector = an.parse_selector(onboard_selector)
+        self.onboard_timeout = onboard_timeout
         self.resync = resync
         self.min_interval = min(min_interval, resync)
         self.clock = clock
@@ -93,7 +97,7 @@ class AcceleratorNodeController:
         name = _name(obj)
         if self._keep_node(kind, obj):
             self.poke.set()
-        found = None if kind == "DELETED" else an.detect(obj, self.nr1_vendors)
+        found = None if kind == "DELETED" else an.detect(obj, self.nr1_vendors, self.selector)
         old = self.detected.get(name)
         if found is None:
             self.detected.pop(name, None)
@@ -107,7 +111,7 @@ class AcceleratorNodeController:
         self.nodes = {}
         for i, obj in enumerate(items):  # a Listed: each node decoded as read, reduced, let go
             self._keep_node("ADDED", obj)
-            found = an.detect(obj, self.nr1_vendors)
+            found = an.detect(obj, self.nr1_vendors, self.selector)
             if found is not None:
                 detected[found.node] = found
             if i % 64 == 63:
@@ -160,8 +164,11 @@ class AcceleratorNodeController:
     async def reconcile(self) -> an.Plan:
         holders = self.holders()
         bits = {name: an.node_bits(n) for name, n in self.nodes.items()}
-        plan = an.plan(dict(self.detected), holders, dict(self.objects), gr.rfc3339(self.clock()), bits)
+        plan = an.plan(dict(self.detected), holders, dict(self.objects), gr.rfc3339(self.clock()), bits,
+                       self.onboard_timeout)
         await self._deboard(holders, bits)
+        for name, label in plan.label.items():
+            await self._label(name, label)
         for name, uid in plan.delete:
             await self._delete(name, uid)
         for body in plan.create:
@@ -172,8 +179,10 @@ class AcceleratorNodeController:
         self.passes_total.inc()
         self.last_plan = plan
         counts: dict[tuple[str, str], int] = {}
-        for d in self.detected.values():
-            counts[d.phase, d.managed_by] = counts.get((d.phase, d.managed_by), 0) + 1
+        for name, d in self.detected.items():  # the phase written (or about to be), as kubectl shows it
+            st = plan.statuses.get(name) or (self.objects.get(name) or {}).get("status") or {}
+            key = (str(st.get("phase") or d.phase), d.managed_by)
+            counts[key] = counts.get(key, 0) + 1
         self.phases.clear()
         for (phase, by), n in counts.items():
             self.phases.labels(phase, by).set(n)
@@ -207,6 +216,21 @@ class AcceleratorNodeController:
                      extra={"node": name, "deboard": want is not None, "taint": "spec" in body,
                             "labels_removed": sorted((body.get("metadata") or {}).get("labels") or ())})
             self._keep_node("MODIFIED", written)
+
+    async def _label(self, name: str, label: str) -> None:
+        """Onboarding's first step: the landing label on the Node (a merge patch of that one label: nothing else of
+        the Node is replaced), so the shipped DaemonSets land there."""
+        try:
+            written = await self.kube.client.patch(NODES, name, {"metadata": {"labels": {label: "true"}}})
+        except NotFound:
+            self.writes.labels("node", "conflict").inc()
+            return
+        except ApiError as exc:
+            self._failed("node", name, exc)
+            return
+        self.writes.labels("node", "ok").inc()
+        log.info("accelerator node onboarding: landing label put on", extra={"node": name, "label": label})
+        self._on_node("MODIFIED", written)
 
     async def _create(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]

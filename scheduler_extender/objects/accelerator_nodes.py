@@ -18,9 +18,13 @@ labels the nodes it runs on. :func:`detect` reads all of that from the Node obje
   ``accelstack-device-plugin`` (the labeller's, ``device_plugin/labeller.py``). A label alone is never taken for
   accelstack's.
 
-A node is *Managed* when accelstack's device plugin labelled it and the resource is advertised; *Detected*
-otherwise (found, not managed: another plugin serves it, or nothing advertises the resource yet). The later
-phases (Onboarding, Deboarding, Deboarded, Failed) belong to the onboarding and deboarding slices, not built yet.
+A node is *Detected* until it is onboarded (:func:`onboard_why`: asked for with ``spec.onboard``, chosen by the
+controller's selector, already served by accelstack's plugin, or carrying its landing label). Onboarding puts the
+landing label on (the shipped DaemonSets land only there) and waits, step by step (:func:`onboard_step`), for
+accelstack's device plugin to serve the resource, node-problem-detector to report and the kubelet's pod-resources
+view (as the plugin reports it) to match the pods bound there; then the node is *Managed*. An onboarding not done
+within the timeout is *Failed* (and Managed the moment its last step is done). Deboarding and Deboarded follow a
+deboard request (below).
 
 :func:`plan` compares what should exist with the AcceleratorNodes there are (level-triggered: nothing depends on
 memory of earlier passes) and says what to create, which statuses to write (only those that differ, ignoring
@@ -30,8 +34,9 @@ that is gone or no longer an accelerator node, or one owned by an earlier node o
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +46,7 @@ from scheduler_extender.objects.conditions import status_differs
 
 GROUP, VERSION = "accelstack.io", "v1alpha1"
 KIND, PLURAL = "AcceleratorNode", "acceleratornodes"
-PHASES = ("Detected", "Onboarding", "Managed", "Deboarding", "Deboarded", "Failed")  # the last four: later slices
+PHASES = ("Detected", "Onboarding", "Managed", "Deboarding", "Deboarded", "Failed")
 # who serves the devices (printer column Managed-by)
 BY_ACCELSTACK, BY_OTHER, BY_NONE = "accelstack", "other-plugin", "none"
 # the labeller's field manager and label prefixes (device_plugin/labeller.py FIELD_MANAGER, OWNED_PREFIXES: the
@@ -61,8 +66,18 @@ DEBOARD_REASON = "NodeDeboarding"  # the requeued GPRs' reason
 # the node labels the shipped DaemonSets select by (manifests/: device plugins, NPD, exporter, CNI installer),
 # removed when a node is Deboarded; GPU feature discovery and node-feature-discovery write some of them again
 # while they run there (docs/nodes.md)
-LANDING_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present", "accelstack.io/gpu-node",
-                  "accelstack.io/nr1-node", "accelstack.io/nr1.count")
+# ---- onboarding (issue 39.3): the shipped DaemonSets (device plugin, NPD, exporter, CNI installer) land only on
+# nodes carrying their kind's landing label; putting it on is onboarding, taking it off (deboarding) sends them away.
+# GPU feature discovery's and node-feature-discovery's labels are evidence only: they never bring accelstack's
+# plugin onto a node another plugin serves
+ONBOARD_LABEL = {GPU: "accelstack.io/gpu-node", NR1: "accelstack.io/nr1-node"}
+LANDING_LABELS = tuple(ONBOARD_LABEL.values())
+# the node condition accelstack's node-problem-detector keeps per kind (manifests/npd/configmap.yaml): present (any
+# status) means NPD reports on the node
+NPD_CONDITION = {GPU: "GPUUnhealthy", NR1: "NR1Unhealthy"}
+# the kubelet's pod-resources view as accelstack's device plugin reports it on its Node (device_plugin/)
+POD_RESOURCES = "accelstack.io/pod-resources"
+ONBOARD_TIMEOUT_S = 900.0
 MAX_GRACE_S = 7 * 86400
 MAX_HOLDERS = 100  # rows kept in status.holders (holderCount counts them all): an object stays small
 
@@ -92,6 +107,72 @@ class Found:
 
 
 @dataclass(frozen=True)
+class PodResources:
+    """The kubelet's pod-resources view of one resource as accelstack's device plugin reports it on its Node
+    (annotation ``accelstack.io/pod-resources``): the devices the plugin serves, the device IDs the kubelet lists as
+    assigned to pods, and how many of those the plugin does not serve (IDs another plugin handed out); ``error``
+    when the plugin could not read the view (or the annotation is not what it writes)."""
+
+    resource: str = ""
+    devices: int = 0
+    in_use: int = 0
+    unknown: int = 0
+    error: str = ""
+
+
+def pod_resources(value: Any) -> PodResources | None:
+    """The annotation's value decoded (None: no annotation); a malformed one is an ``error``, never zeros."""
+    if value is None:
+        return None
+    try:
+        doc = json.loads(str(value))
+    except ValueError:
+        return PodResources(error=f"annotation {POD_RESOURCES} is not JSON")
+    if not isinstance(doc, Mapping):
+        return PodResources(error=f"annotation {POD_RESOURCES} is not a JSON object")
+    if doc.get("error"):
+        return PodResources(str(doc.get("resource") or ""), error=str(doc["error"])[:300])
+    numbers = [doc.get(k) for k in ("devices", "inUse", "unknownIDs")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        return PodResources(str(doc.get("resource") or ""),
+                            error=f"annotation {POD_RESOURCES} lacks devices, inUse or unknownIDs")
+    return PodResources(str(doc.get("resource") or ""), *numbers)  # type: ignore[arg-type]
+
+
+def parse_selector(text: str) -> Callable[[Mapping[str, Any]], bool]:
+    """A label selector as kubectl takes it, equality and existence forms (``a=b,c!=d,e,!f``), as a predicate
+    over a node's labels; ValueError naming the part otherwise. An empty text selects nothing (not everything:
+    onboarding by selector is opt-in)."""
+    terms: list[tuple[str, str, str]] = []  # (op, key, value): op one of = != exists absent
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "!=" in part:
+            key, _, value = part.partition("!=")
+            op = "!="
+        elif "=" in part:
+            key, _, value = part.partition("==" if "==" in part else "=")
+            op = "="
+        else:
+            op, key, value = ("absent", part[1:], "") if part.startswith("!") else ("exists", part, "")
+        key, value = key.strip(), value.strip()
+        if not key or any(c in key + value for c in " ()!=,"):
+            raise ValueError(f"not a label selector like gpu-pool=a100 or key!=value: {part!r}")
+        terms.append((op, key, value))
+
+    def matches(labels: Mapping[str, Any]) -> bool:
+        if not terms:
+            return False
+        for op, key, value in terms:
+            have = labels.get(key)
+            ok = {"=": have == value, "!=": have != value, "exists": key in labels, "absent": key not in labels}[op]
+            if not ok:
+                return False
+        return True
+    return matches
+
+
+@dataclass(frozen=True)
 class Detection:
     """What :func:`detect` found on an accelerator node. ``resource`` is the one the columns show (the advertised
     one, GPU first when both are); ``ours``: accelstack's device plugin wrote labels of that resource."""
@@ -104,6 +185,10 @@ class Detection:
     ours: bool
     managed_by: str
     model: str
+    onboard_label: bool = False  # the landing label of ``resource`` is on (the DaemonSets land)
+    npd: bool = False  # accelstack's NPD condition of ``resource`` is on the Node
+    podres: PodResources | None = None  # the device plugin's report of the kubelet's view
+    selected: bool = False  # the controller's --onboard-selector matches the node
 
     @property
     def devices(self) -> int:
@@ -145,9 +230,11 @@ def _nfd_vendor(key: str, value: str) -> str:
     return ident.rpartition("_")[2].lower()
 
 
-def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = ()) -> Detection | None:
+def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = (),
+           selector: Callable[[Mapping[str, Any]], bool] | None = None) -> Detection | None:
     """Whether ``node`` is an accelerator node and what was found (None: no evidence of GPUs or NR1 modules).
-    ``nr1_vendors``: NR1 PCI vendor IDs as :func:`vendor_id` writes them."""
+    ``nr1_vendors``: NR1 PCI vendor IDs as :func:`vendor_id` writes them; ``selector``: the onboarding policy's
+    (:func:`parse_selector`)."""
     meta, status = node.get("metadata") or {}, node.get("status") or {}
     labels = meta.get("labels") or {}
     labels = labels if isinstance(labels, Mapping) else {}
@@ -156,6 +243,8 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = ()) -> Detectio
     hits: dict[str, bool] = {GPU: False, NR1: False}
     found: list[Found] = []
     written = labels_by(node)
+    annotations = meta.get("annotations") or {}
+    podres = pod_resources(annotations.get(POD_RESOURCES) if isinstance(annotations, Mapping) else None)
     ours: dict[str, bool] = {}
     for resource in (GPU, NR1):
         capacity = _quantity(status.get("capacity"), resource)
@@ -163,7 +252,11 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = ()) -> Detectio
         if capacity or allocatable:
             evidence.append(f"{resource} advertised (capacity {capacity}, allocatable {allocatable})")
             hits[resource] = True
-        ours[resource] = any(k.startswith(PLUGIN_PREFIXES[resource]) and k in labels for k in written)
+        # labels count as the plugin's only where managedFields say it set them: a label it wrote with the value
+        # GPU feature discovery had already written is not recorded as its (the API server records changes), so
+        # on a brownfield node its pod-resources report (only accelstack's plugin writes it) says so instead
+        ours[resource] = any(k.startswith(PLUGIN_PREFIXES[resource]) and k in labels for k in written) or \
+            (podres is not None and podres.resource == resource)
         count = _count(labels.get(COUNT_LABEL[resource], 0))
         found.append(Found(resource, capacity, allocatable, count, str(labels.get(MODEL_LABEL[resource], ""))))
     if labels.get(GPU_PRESENT) == "true":
@@ -183,8 +276,14 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = ()) -> Detectio
             evidence.append(f"label {key}=true")
             hits[GPU if vendor == NVIDIA_VENDOR else NR1] = True
     for resource in (GPU, NR1):
+        if labels.get(ONBOARD_LABEL[resource]) == "true":
+            evidence.append(f"label {ONBOARD_LABEL[resource]}=true (onboarded: the DaemonSets land)")
+            hits[resource] = True
+    for resource in (GPU, NR1):
         if ours[resource] and hits[resource]:
-            evidence.append(f"{resource} labels written by {PLUGIN_MANAGER}")
+            evidence.append(f"{resource} labels written by {PLUGIN_MANAGER}" if any(
+                k.startswith(PLUGIN_PREFIXES[resource]) and k in labels for k in written)
+                else f"{resource} pod-resources view reported by accelstack's device plugin ({POD_RESOURCES})")
     if not any(hits.values()):
         return None
     kept = tuple(f for f in found if hits[f.resource])
@@ -193,8 +292,10 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = ()) -> Detectio
     mine = ours[resource]
     managed_by = (BY_ACCELSTACK if mine else BY_OTHER) if advertised and resource in advertised else BY_NONE
     model = next(f.model for f in kept if f.resource == resource)
+    conditions = {c.get("type") for c in status.get("conditions") or () if isinstance(c, Mapping)}
     return Detection(str(meta.get("name") or ""), str(meta.get("uid") or ""), resource, kept, tuple(evidence), mine,
-                     managed_by, model)
+                     managed_by, model, labels.get(ONBOARD_LABEL[resource]) == "true",
+                     NPD_CONDITION[resource] in conditions, podres, bool(selector and selector(labels)))
 
 
 # ---- the objects -----------------------------------------------------------------------------------------------
@@ -231,13 +332,99 @@ def _detected_reason(d: Detection) -> str:
     return "FeatureLabels"
 
 
+# ---- onboarding ------------------------------------------------------------------------------------------------
+ONBOARD_STEPS = ("Labelling", "WaitingForDevicePlugin", "WaitingForNodeProblemDetector", "WaitingForPodResources",
+                 "InventoryMatch")
+HANDOVER_DOC = "docs/nodes.md#handing-over-from-another-device-plugin"
+
+
+def onboard_why(d: Detection, obj: Mapping[str, Any] | None) -> str:
+    """Why ``d``'s node is onboarded ("" for not), the first that holds: ``requested`` (``spec.onboard``:
+    ``kubectl accelstack node onboard``), ``selector`` (the controller's ``--onboard-selector``), ``accelstack``
+    (accelstack's device plugin serves it already), ``label`` (its landing label is on, put by hand). Never while
+    a deboard request stands."""
+    if obj is not None and deboard_request(obj) is not None:
+        return ""
+    if obj is not None and isinstance((obj.get("spec") or {}).get("onboard"), Mapping):
+        return "requested"
+    if d.selected:
+        return "selector"
+    if d.managed_by == BY_ACCELSTACK:
+        return "accelstack"
+    return "label" if d.onboard_label else ""
+
+
+def onboard_step(d: Detection, allocated: int, onboarded: bool) -> tuple[int, str, str]:
+    """The first onboarding step not done yet: (its number from 1, its reason, what it waits for); number 0 and
+    reason ``Onboarded`` when all are. ``allocated``: devices of ``d.resource`` held by live pods bound there (the
+    inventory's view); ``onboarded``: the node was Onboarded before, so only the label and the plugin are asked
+    again (pods come and go faster than the plugin reports the kubelet's view: no flapping back to Onboarding)."""
+    res, label = d.resource, ONBOARD_LABEL[d.resource]
+    if not d.onboard_label:
+        return 1, "Labelling", f"labelling the node {label}=true so the DaemonSets land"
+    if d.managed_by == BY_OTHER:
+        return 2, "WaitingForDevicePlugin", (
+            f"{res} is still advertised by another device plugin, not accelstack's: stop that plugin on this node so "
+            f"accelstack's registers ({HANDOVER_DOC})")
+    if d.managed_by == BY_NONE:
+        return 2, "WaitingForDevicePlugin", (
+            f"waiting for accelstack's device plugin to register {res} with the kubelet and label the node")
+    done = (f"onboarded: accelstack's device plugin serves {d.devices} {res}; node-problem-detector reported and "
+            f"the kubelet's pod-resources view matched the pods bound here")
+    if onboarded:
+        return 0, "Onboarded", done
+    if not d.npd:
+        return 3, "WaitingForNodeProblemDetector", (
+            f"waiting for node-problem-detector's {NPD_CONDITION[res]} condition on the node")
+    pr = d.podres
+    if pr is None or (pr.resource and pr.resource != res):
+        return 4, "WaitingForPodResources", (
+            f"waiting for accelstack's device plugin to report the kubelet's pod-resources view of {res} "
+            f"(annotation {POD_RESOURCES})")
+    if pr.error:
+        return 4, "PodResourcesUnreadable", f"the device plugin cannot read the kubelet's pod-resources view: {pr.error}"
+    if pr.unknown:
+        return 5, "DeviceIDsDiffer", (
+            f"{pr.unknown} {res} in use were handed out by the previous plugin under IDs accelstack's plugin does "
+            f"not serve: it withholds its free devices until those pods end ({HANDOVER_DOC})")
+    if pr.in_use != allocated:
+        return 5, "InventoryMismatch", (
+            f"the kubelet lists {pr.in_use} {res} in use; the pods bound here request {allocated}")
+    return 0, "Onboarded", done
+
+
+def _onboard(d: Detection, why: str, allocated: int, previous: Mapping[str, Any], now: str,
+             timeout_s: float) -> tuple[str, tuple[str, str, str], dict[str, Any] | None]:
+    """(phase, the Onboarded condition, status.onboard) of a node as onboarding sees it."""
+    if not why:
+        hint = (f"; it is served by another device plugin: read {HANDOVER_DOC} first" if d.managed_by == BY_OTHER
+                else "")
+        return "Detected", ("False", "NotRequested",
+                            f"not onboarded: kubectl accelstack node onboard {d.node}{hint}"), None
+    was = {c.get("type"): c for c in previous.get("conditions") or () if isinstance(c, Mapping)}.get("Onboarded")
+    step, reason, message = onboard_step(d, allocated, bool(was and was.get("status") == "True"))
+    kept = previous.get("onboard") if isinstance(previous.get("onboard"), Mapping) else {}
+    since = str((kept or {}).get("since") or now)
+    if not step:
+        done = str((kept or {}).get("completedAt") or now)
+        return "Managed", ("True", reason, message), {"since": since, "by": why, "completedAt": done}
+    late = (gr.parse_time(now) or 0.0) - (gr.parse_time(since) or 0.0) > timeout_s
+    progress = {"since": since, "by": why, "step": f"{step}/{len(ONBOARD_STEPS)} {ONBOARD_STEPS[step - 1]}"}
+    if late:
+        return "Failed", ("False", reason, f"{message} (onboarding for longer than {timeout_s:.0f} s)"), progress
+    return "Onboarding", ("False", reason, message), progress
+
+
 def desired_status(d: Detection, holders: Iterable[Holder], generation: int, previous: Mapping[str, Any],
-                   now: str) -> dict[str, Any]:
+                   now: str, why: str = "", timeout_s: float = ONBOARD_TIMEOUT_S) -> dict[str, Any]:
     """The status an AcceleratorNode of ``d`` should carry; ``previous`` (its current status) keeps each
-    condition's ``lastTransitionTime`` while the condition's status is the same."""
+    condition's ``lastTransitionTime`` while the condition's status is the same; ``why``: :func:`onboard_why`."""
     rows = sorted(holders, key=lambda h: (h.namespace, h.name, h.resource))
     managed = _managed_condition(d)
-    conds = [("Detected", "True", _detected_reason(d), "; ".join(d.evidence)[:1000]), ("Managed", *managed)]
+    allocated = sum(h.count for h in rows if h.resource == d.resource)
+    phase, onboarded, progress = _onboard(d, why, allocated, previous, now, timeout_s)
+    conds = [("Detected", "True", _detected_reason(d), "; ".join(d.evidence)[:1000]), ("Managed", *managed),
+             ("Onboarded", *onboarded)]
     before = {c.get("type"): c for c in previous.get("conditions") or () if isinstance(c, Mapping)}
     conditions = []
     for kind, state, reason, message in conds:
@@ -247,13 +434,13 @@ def desired_status(d: Detection, holders: Iterable[Holder], generation: int, pre
                            "lastTransitionTime": since or now})
     return {
         "observedGeneration": generation,
-        "phase": d.phase,
+        "phase": phase,
         "resource": d.resource,
         "managedBy": d.managed_by,
         "model": d.model,
-        "reason": managed[1],
+        "reason": onboarded[1] if why else managed[1],
         "deviceCount": d.devices,
-        "allocated": sum(h.count for h in rows if h.resource == d.resource),
+        "allocated": allocated,
         "holderCount": len(rows),
         "devices": [{"resource": f.resource, "capacity": f.capacity, "allocatable": f.allocatable,
                      "labelled": f.labelled, **({"model": f.model} if f.model else {})} for f in d.found],
@@ -261,6 +448,7 @@ def desired_status(d: Detection, holders: Iterable[Holder], generation: int, pre
         "holders": [{"namespace": h.namespace, "name": h.name, **({"gpr": h.gpr} if h.gpr else {}),
                      "resource": h.resource, "count": h.count} for h in rows[:MAX_HOLDERS]],
         "conditions": conditions,
+        **({"onboard": progress} if progress else {}),
     }
 
 
@@ -286,6 +474,7 @@ class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)  # new objects (their status follows in statuses)
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> status to write
     delete: list[tuple[str, str]] = field(default_factory=list)  # (name, uid) of objects no node wants
+    label: dict[str, str] = field(default_factory=dict)  # node -> the landing label to put on (onboarding)
 
     @property
     def writes(self) -> int:
@@ -312,10 +501,10 @@ def node_bits(node: Mapping[str, Any]) -> NodeBits:
 
 def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
          existing: Mapping[str, Mapping[str, Any]], now: str,
-         bits: Mapping[str, NodeBits] | None = None) -> Plan:
-    """What to create, write and delete so that the AcceleratorNodes match the accelerator nodes ``nodes``. An
-    object with a deboard request stays while its node does (``bits``: every Node), evidence or not: a Deboarded
-    node's labels are gone by design."""
+         bits: Mapping[str, NodeBits] | None = None, timeout_s: float = ONBOARD_TIMEOUT_S) -> Plan:
+    """What to create, write and delete so that the AcceleratorNodes match the accelerator nodes ``nodes``, and
+    which nodes to label for onboarding. An object with a deboard request stays while its node does (``bits``:
+    every Node), evidence or not: a Deboarded node's labels are gone by design."""
     out = Plan()
     bits = bits or {}
     clock = gr.parse_time(now) or 0.0
@@ -344,7 +533,10 @@ def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
             out.create.append(desired_object(d))
         previous: Mapping[str, Any] = (have or {}).get("status") or {}
         generation = int(((have or {}).get("metadata") or {}).get("generation") or 1)
-        status = desired_status(d, holders.get(name, ()), generation, previous, now)
+        why = onboard_why(d, have)
+        if why and not d.onboard_label:
+            out.label[name] = ONBOARD_LABEL[d.resource]
+        status = desired_status(d, holders.get(name, ()), generation, previous, now, why, timeout_s)
         want = deboard_request(have) if have is not None else None
         if want is not None:
             b = bits.get(name) or NodeBits(d.uid, None, ())

@@ -50,7 +50,9 @@ def test_gfd_labels_only_detected_with_no_device_plugin() -> None:
                           "label nvidia.com/gpu.count=8")
     status = an.desired_status(d, (), 1, {}, NOW)
     assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == \
-        [("Detected", "True", "FeatureLabels"), ("Managed", "False", "NoDevicePlugin")]
+        [("Detected", "True", "FeatureLabels"), ("Managed", "False", "NoDevicePlugin"),
+         ("Onboarded", "False", "NotRequested")]
+    assert status["phase"] == "Detected" and "onboard" not in status
 
 
 @pytest.mark.parametrize("key", ["feature.node.kubernetes.io/pci-10de.present",
@@ -132,3 +134,134 @@ def test_plan_creates_writes_on_change_only_and_deletes() -> None:
     assert renewed is not None
     swap = an.plan({"a": renewed}, {}, stored, NOW)
     assert (swap.delete, swap.create) == ([("a", "an-1")], [])
+
+
+# ---- onboarding ---------------------------------------------------------------------------------------------------
+def onboarding_node(*, label: bool = True, ours: bool = True, other: bool = False, npd: bool = True,
+                    podres: dict[str, Any] | str | None = None, gpus: int = 8) -> dict[str, Any]:
+    """A GPU node at some step of onboarding: landing label, who advertises the GPUs, NPD's condition, the device
+    plugin's pod-resources report."""
+    import json
+
+    labels = {**GFD, **({"accelstack.io/gpu-node": "true"} if label else {})}
+    n = node("g", labels=labels, capacity={"nvidia.com/gpu": str(gpus)} if (ours or other) else None,
+             plugin_labels=("nvidia.com/gpu.product", "nvidia.com/gpu.count") if ours else ())
+    if npd:
+        n["status"]["conditions"] = [{"type": "Ready", "status": "True"},
+                                     {"type": "GPUUnhealthy", "status": "False", "reason": "NoGPUProblem"}]
+    if podres is not None:
+        n["metadata"]["annotations"] = {an.POD_RESOURCES: podres if isinstance(podres, str) else json.dumps(podres)}
+    return n
+
+
+def report(in_use: int = 2, unknown: int = 0, devices: int = 8) -> dict[str, Any]:
+    return {"resource": "nvidia.com/gpu", "devices": devices, "inUse": in_use, "unknownIDs": unknown,
+            "observedAt": NOW}
+
+
+HOLDERS = [an.Holder("team", "p0", "", "nvidia.com/gpu", 2)]
+
+
+def step(n: dict[str, Any], allocated: int = 2, onboarded: bool = False) -> tuple[int, str]:
+    d = an.detect(n)
+    assert d is not None
+    number, reason, message = an.onboard_step(d, allocated, onboarded)
+    assert message
+    return number, reason
+
+
+def test_onboarding_steps_in_order_each_waiting_for_what_it_names() -> None:
+    assert step(onboarding_node(label=False, ours=False, other=True)) == (1, "Labelling")
+    assert step(onboarding_node(ours=False, other=True)) == (2, "WaitingForDevicePlugin")
+    assert step(onboarding_node(ours=False)) == (2, "WaitingForDevicePlugin")
+    assert step(onboarding_node(npd=False, podres=report())) == (3, "WaitingForNodeProblemDetector")
+    assert step(onboarding_node()) == (4, "WaitingForPodResources")
+    assert step(onboarding_node(podres={"resource": "nvidia.com/gpu", "error": "socket not found"})) == \
+        (4, "PodResourcesUnreadable")
+    assert step(onboarding_node(podres="{not json")) == (4, "PodResourcesUnreadable")
+    assert step(onboarding_node(podres={"resource": "nvidia.com/gpu"})) == (4, "PodResourcesUnreadable")
+    assert step(onboarding_node(podres=report(unknown=2))) == (5, "DeviceIDsDiffer")
+    assert step(onboarding_node(podres=report(in_use=3))) == (5, "InventoryMismatch")
+    assert step(onboarding_node(podres=report())) == (0, "Onboarded")
+    # once onboarded, pods coming and going faster than the plugin reports do not send it back to Onboarding;
+    # losing the plugin does
+    assert step(onboarding_node(podres=report(in_use=5)), onboarded=True) == (0, "Onboarded")
+    assert step(onboarding_node(ours=False), onboarded=True) == (2, "WaitingForDevicePlugin")
+
+
+def test_why_a_node_is_onboarded() -> None:
+    other = an.detect(onboarding_node(label=False, ours=False, other=True))
+    assert other is not None and an.onboard_why(other, None) == ""  # another plugin's node: only on request
+    asked = {"spec": {"onboard": {"requestedAt": NOW}}}
+    assert an.onboard_why(other, asked) == "requested"
+    deboarding = {"spec": {"onboard": {"requestedAt": NOW}, "deboard": {"grace": "1m", "requestedAt": NOW}}}
+    assert an.onboard_why(other, deboarding) == ""
+    labelled = an.detect(onboarding_node(ours=False, other=True))
+    assert labelled is not None and an.onboard_why(labelled, None) == "label"
+    ours = an.detect(onboarding_node(label=False))
+    assert ours is not None and an.onboard_why(ours, None) == "accelstack"
+    pick = an.parse_selector("pool=a100,!frozen")
+    chosen = onboarding_node(label=False, ours=False, other=True)
+    chosen["metadata"]["labels"]["pool"] = "a100"
+    d = an.detect(chosen, selector=pick)
+    assert d is not None and an.onboard_why(d, None) == "selector"
+    chosen["metadata"]["labels"]["frozen"] = "yes"
+    d = an.detect(chosen, selector=pick)
+    assert d is not None and an.onboard_why(d, None) == ""
+
+
+def test_selector_errors_name_the_part_and_empty_selects_nothing() -> None:
+    assert an.parse_selector("")({"a": "b"}) is False
+    assert an.parse_selector("a!=b")({}) is True and an.parse_selector("a==b")({"a": "b"}) is True
+    for bad in ("a in (b)", "=b", "a=b c", "!"):
+        with pytest.raises(ValueError, match="not a label selector"):
+            an.parse_selector(bad)
+
+
+def test_plan_labels_then_onboarding_then_managed_and_failed_after_the_timeout() -> None:
+    asked = {"metadata": {"name": "g", "uid": "an-1", "generation": 2,
+                          "ownerReferences": [{"kind": "Node", "uid": "uid-1"}]},
+             "spec": {"onboard": {"requestedAt": NOW}}, "status": {}}
+    d = an.detect(onboarding_node(label=False, ours=False, other=True))
+    assert d is not None
+    first = an.plan({"g": d}, {"g": HOLDERS}, {"g": asked}, NOW)
+    assert first.label == {"g": "accelstack.io/gpu-node"}
+    st = first.statuses["g"]
+    assert (st["phase"], st["reason"], st["onboard"]) == (
+        "Onboarding", "Labelling", {"since": NOW, "by": "requested", "step": "1/5 Labelling"})
+    # labelled, the other plugin still there: the step says so; 16 minutes on: Failed, with the same reason
+    d = an.detect(onboarding_node(ours=False, other=True))
+    assert d is not None
+    asked["status"] = st
+    waiting = an.plan({"g": d}, {"g": HOLDERS}, {"g": asked}, "2026-03-01T10:05:00Z")
+    assert not waiting.label
+    st = waiting.statuses["g"]
+    assert (st["phase"], st["reason"], st["onboard"]["since"]) == ("Onboarding", "WaitingForDevicePlugin", NOW)
+    assert "another device plugin" in next(c["message"] for c in st["conditions"] if c["type"] == "Onboarded")
+    asked["status"] = st
+    late = an.plan({"g": d}, {"g": HOLDERS}, {"g": asked}, "2026-03-01T10:16:00Z").statuses["g"]
+    assert (late["phase"], late["reason"]) == ("Failed", "WaitingForDevicePlugin")
+    # everything agrees: Managed, even after the timeout, and the onboarding's span kept in status.onboard
+    d = an.detect(onboarding_node(podres=report()))
+    assert d is not None
+    asked["status"] = late
+    done = an.plan({"g": d}, {"g": HOLDERS}, {"g": asked}, "2026-03-01T10:17:00Z").statuses["g"]
+    assert (done["phase"], done["reason"], done["onboard"]) == (
+        "Managed", "Onboarded", {"since": NOW, "by": "requested", "completedAt": "2026-03-01T10:17:00Z"})
+    asked["status"] = done
+    assert an.plan({"g": d}, {"g": HOLDERS}, {"g": asked}, "2026-03-01T10:18:00Z").writes == 0
+
+
+def test_the_plugins_report_marks_a_brownfield_node_as_served_by_accelstack() -> None:
+    """On a node GPU feature discovery labelled, accelstack's labeller writes the same values: the API server
+    records no change and so no ownership, and the labels alone never say accelstack. Its pod-resources report
+    (only its plugin writes it) does."""
+    labelled_only = an.detect(onboarding_node(ours=False, other=True))
+    assert labelled_only is not None and labelled_only.managed_by == an.BY_OTHER
+    reported = an.detect(onboarding_node(ours=False, other=True, podres=report()))
+    assert reported is not None and (reported.managed_by, reported.ours) == (an.BY_ACCELSTACK, True)
+    assert "nvidia.com/gpu pod-resources view reported by accelstack's device plugin (accelstack.io/pod-resources)" \
+        in reported.evidence
+    # a report of another resource says nothing about this one
+    other = an.detect(onboarding_node(ours=False, other=True, podres={**report(), "resource": "neureality.com/nr1"}))
+    assert other is not None and other.managed_by == an.BY_OTHER

@@ -10,6 +10,7 @@ them from GPU feature discovery's labels of the same names.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import urllib.request
@@ -28,6 +29,26 @@ OUTSIDE = "kube-system"  # no pod webhook there: a pod bound by nodeName, as ano
 
 def label_as_device_plugin(cp: ControlPlane, node: str, labels: dict[str, str]) -> None:
     cp.api("PATCH", f"api/v1/nodes/{node}?fieldManager=accelstack-device-plugin", {"metadata": {"labels": labels}},
+           content_type="application/strategic-merge-patch+json")
+
+
+def npd_reports(cp: ControlPlane, node: str, ctype: str = "GPUUnhealthy") -> None:
+    """The condition accelstack's node-problem-detector keeps, as it writes it (tests/realcluster/test_node_health.py
+    runs the real NPD binary), beside the Ready condition the fake kubelet left."""
+    stamp = "2026-01-01T00:00:00Z"
+    cp.patch(f"api/v1/nodes/{node}/status", {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": stamp,
+         "lastTransitionTime": stamp},
+        {"type": ctype, "status": "False", "reason": "NoProblem", "lastHeartbeatTime": stamp,
+         "lastTransitionTime": stamp}]}}, kind="strategic")
+
+
+def plugin_reports(cp: ControlPlane, node: str, resource: str, devices: int, in_use: int, unknown: int = 0) -> None:
+    """The kubelet's pod-resources view as accelstack's device plugin reports it on its Node (its field manager)."""
+    view = {"resource": resource, "devices": devices, "inUse": in_use, "unknownIDs": unknown,
+            "observedAt": "2026-01-01T00:00:00Z"}
+    cp.api("PATCH", f"api/v1/nodes/{node}?fieldManager=accelstack-device-plugin",
+           {"metadata": {"annotations": {"accelstack.io/pod-resources": json.dumps(view)}}},
            content_type="application/strategic-merge-patch+json")
 
 
@@ -73,12 +94,25 @@ def test_accelerator_nodes_phases_holders_columns_and_gone(cp: ControlPlane, sta
     wait_status(cp, nfd, phase="Detected", managedBy="none", deviceCount=0)
     st = wait_status(cp, other, phase="Detected", managedBy="other-plugin", deviceCount=8, reason="OtherDevicePlugin")
     assert st["model"] == "NVIDIA-H100-80GB-HBM3"
+    # served by accelstack's plugin already: onboarded without being asked (the landing label put on), and Managed
+    # once node-problem-detector reports and the plugin's pod-resources view matches the pods there
+    st = wait_status(cp, ours, phase="Onboarding", managedBy="accelstack", reason="WaitingForNodeProblemDetector")
+    assert st["onboard"]["by"] == "accelstack" and st["onboard"]["step"] == "3/5 WaitingForNodeProblemDetector"
+    assert (cp.get(f"api/v1/nodes/{ours}") or {})["metadata"]["labels"].get("accelstack.io/gpu-node") == "true"
+    npd_reports(cp, ours)
+    plugin_reports(cp, ours, "nvidia.com/gpu", 8, 0)
     st = wait_status(cp, ours, phase="Managed", managedBy="accelstack", deviceCount=8)
     assert {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]} == {
-        "Detected": ("True", "ResourceAdvertised"), "Managed": ("True", "AccelstackDevicePlugin")}
+        "Detected": ("True", "ResourceAdvertised"), "Managed": ("True", "AccelstackDevicePlugin"),
+        "Onboarded": ("True", "Onboarded")}
     assert "nvidia.com/gpu labels written by accelstack-device-plugin" in st["evidence"]
+    npd_reports(cp, nr1, "NR1Unhealthy")
+    plugin_reports(cp, nr1, "neureality.com/nr1", 4, 0)
     wait_status(cp, nr1, phase="Managed", managedBy="accelstack", resource="neureality.com/nr1", deviceCount=4,
                 model="NR1-M")
+    # another plugin's node and feature-discovery-only nodes are never labelled without being asked
+    for name in (gfd, nfd, other):
+        assert "accelstack.io/gpu-node" not in (cp.get(f"api/v1/nodes/{name}") or {})["metadata"]["labels"]
     assert cp.get(f"{AN}/{cpu}") is None
     # named as the node, owned by it
     for name in (gfd, ours):
@@ -110,10 +144,8 @@ def test_accelerator_nodes_phases_holders_columns_and_gone(cp: ControlPlane, sta
             nfd: [nfd, "Detected", "nvidia.com/gpu", "0", "0", "none", "NoDevicePlugin", "0"],
             other: [other, "Detected", "nvidia.com/gpu", "8", "2", "other-plugin", "NVIDIA-H100-80GB-HBM3",
                     "OtherDevicePlugin", "1"],
-            ours: [ours, "Managed", "nvidia.com/gpu", "8", "0", "accelstack",
-                   "NVIDIA-H100-80GB-HBM3", "AccelstackDevicePlugin", "0"],
-            nr1: [nr1, "Managed", "neureality.com/nr1", "4", "0", "accelstack", "NR1-M", "AccelstackDevicePlugin",
-                  "0"],
+            ours: [ours, "Managed", "nvidia.com/gpu", "8", "0", "accelstack", "NVIDIA-H100-80GB-HBM3", "Onboarded", "0"],
+            nr1: [nr1, "Managed", "neureality.com/nr1", "4", "0", "accelstack", "NR1-M", "Onboarded", "0"],
         }, "\n".join(wide)
         plain = cp.kubectl("get", "acceleratornodes", other).splitlines()
         assert plain[0].split() == ["NAME", "PHASE", "RESOURCE", "DEVICES", "ALLOCATED", "MANAGED-BY", "AGE"]

@@ -11,7 +11,15 @@ from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.objects import GPRS, admitted, bound_node, events_for, gpr, gpr_status, pod, wait_for
 from tests.realcluster.stack import Stack
-from tests.realcluster.test_accelerator_nodes import AN, GFD, label_as_device_plugin, status_of, wait_status
+from tests.realcluster.test_accelerator_nodes import (
+    AN,
+    GFD,
+    label_as_device_plugin,
+    npd_reports,
+    plugin_reports,
+    status_of,
+    wait_status,
+)
 from tests.realcluster.test_gpr_control_plane import pods_path, set_running
 
 TAINT = "accelstack.io/deboarding"
@@ -50,6 +58,8 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     names = [nodes.add(s, gpus=8) for s in ("a", "b", "c")]
     for n in names:
         label_as_device_plugin(cp, n, GFD)
+        npd_reports(cp, n)
+        plugin_reports(cp, n, "nvidia.com/gpu", 8, 0)
         wait_status(cp, n, phase="Managed")
     # a running GPR, and an admitted one whose pods have not come yet, on two of the three nodes
     cp.create(pods_path(ns), pod("run-0", gpus=8, gpr_name="run"))
@@ -73,8 +83,9 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     assert any("NodeDeboarding" in (e.get("reason", "") + e.get("message", "")) for e in events_for(cp, ns, "adm")), \
         events_for(cp, ns, "adm")
     st = wait_status(cp, reserved_on, phase="Deboarded")  # nothing held devices there
-    assert "nvidia.com/gpu.present" not in ((cp.get(f"api/v1/nodes/{reserved_on}") or {}).get("metadata") or {}).get(
-        "labels", {}), st
+    labels = ((cp.get(f"api/v1/nodes/{reserved_on}") or {}).get("metadata") or {}).get("labels", {})
+    assert "accelstack.io/gpu-node" not in labels, st  # the DaemonSets leave
+    assert labels.get("nvidia.com/gpu.present") == "true"  # GPU feature discovery's labels are not ours to remove
     assert TAINT in taints(cp, reserved_on)  # the node stays out
 
     # deboard the running GPR's node with a short grace: its pod is evicted, the GPR requeued (not Failed)
@@ -93,6 +104,10 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     wait_for("the taint lifted", lambda: TAINT not in taints(cp, reserved_on))
     assert "deboard" not in ((cp.get(f"{AN}/{reserved_on}") or {}).get("spec") or {})
     assert status_of(cp, reserved_on) is not None
+    # served by accelstack's plugin still: onboarded again, the landing label back
+    wait_for("the landing label back", lambda: ((cp.get(f"api/v1/nodes/{reserved_on}") or {}).get("metadata") or {})
+             .get("labels", {}).get("accelstack.io/gpu-node") == "true")
+    wait_status(cp, reserved_on, phase="Managed")
     for suffix in ("node-operator",):
         cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{ns}-{suffix}", ok=(200, 404))
         cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-{suffix}", ok=(200, 404))
