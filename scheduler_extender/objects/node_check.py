@@ -42,7 +42,7 @@ class Kind:
     devices: str  # "NR1 modules"
     seen_by: str  # where the device plugin looks
     item: str  # the devices item's name
-    landing: tuple[tuple[str, str], ...]  # labels the DaemonSets land on (any one)
+    landing: tuple[tuple[str, str], ...]  # the landing label the DaemonSets select (GFD's, NFD's are only evidence)
     count_label: str
     plugin: str
     npd: str
@@ -55,8 +55,7 @@ NR1_KIND = Kind("nr1", "neureality.com/nr1", "NR1 modules", "in sysfs", "modules
                 (("accelstack.io/nr1-node", "true"),), "accelstack.io/nr1.count", "accelstack-device-plugin-nr1",
                 "accelstack-npd-nr1", "NR1Unhealthy", "nr1", cni="accelstack-nr1-cni")
 GPU_KIND = Kind("gpu", "nvidia.com/gpu", "GPUs", "through NVML", "devices",
-                (("nvidia.com/gpu.present", "true"), ("accelstack.io/gpu-node", "true"),
-                 ("feature.node.kubernetes.io/pci-10de.present", "true")), "nvidia.com/gpu.count",
+                (("accelstack.io/gpu-node", "true"),), "nvidia.com/gpu.count",
                 "accelstack-device-plugin-nvidia", "accelstack-npd-gpu", "GPUUnhealthy", "gpu")
 
 
@@ -78,9 +77,11 @@ def kinds_of(node: Mapping[str, Any]) -> list[Kind]:
     capacity = (node.get("status") or {}).get("capacity") or {}
     found = [k for k in (NR1_KIND, GPU_KIND)
              if k.resource in capacity or k.count_label in labels or any(labels.get(key) == v for key, v in k.landing)]
-    if not found and any(key.startswith("feature.node.kubernetes.io/pci-") and key.endswith("10de.present")
-                         and labels.get(key) == "true" for key in labels):
-        found = [GPU_KIND]
+    gpu_evidence = labels.get("nvidia.com/gpu.present") == "true" or any(  # GFD's, NFD's: evidence, not landing
+        key.startswith("feature.node.kubernetes.io/pci-") and key.endswith("10de.present") and labels.get(key) == "true"
+        for key in labels)
+    if gpu_evidence and GPU_KIND not in found:
+        found.append(GPU_KIND)
     return found or [NR1_KIND]
 
 

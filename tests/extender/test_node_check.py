@@ -195,7 +195,8 @@ def test_a_bare_node_is_checked_as_an_nr1_node_about_to_join() -> None:
 
 def test_a_gpu_only_node_gets_the_items_that_apply() -> None:
     res = {"nvidia.com/gpu": "8"}
-    gpu = {"metadata": {"name": "gpu-01", "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8"},
+    gpu: dict[str, Any] = {"metadata": {"name": "gpu-01", "labels": {"accelstack.io/gpu-node": "true", "nvidia.com/gpu.present": "true",
+                                                     "nvidia.com/gpu.count": "8"},
                         "managedFields": [managed("nvidia.com/gpu.count")]},
            "status": {"capacity": res, "allocatable": res, "conditions": [
                {"type": "Ready", "status": "True"},
@@ -207,6 +208,10 @@ def test_a_gpu_only_node_gets_the_items_that_apply() -> None:
     assert list(got) == ["node", "labels", "devices", "device plugin", "npd", "exporter"]  # no CNI
     assert all(s == "ok" for s, _ in got.values()), got
     assert got["devices"][1].startswith("8 GPUs through NVML")
+    # GPU feature discovery's label is evidence of a GPU node, not where the DaemonSets land
+    gfd_only = copy.deepcopy(gpu)
+    del gfd_only["metadata"]["labels"]["accelstack.io/gpu-node"]
+    assert "kubectl label node gpu-01 accelstack.io/gpu-node=true" in only(items(gfd_only, pods), "labels", "missing")
     # an NR1 pod on it never stands in for the GPU exporter
     got = items(gpu, [*pods[:2], ds_pod("accelstack-device-exporter", "nr1")])
     assert got["exporter"][0] == "missing"
