@@ -1,5 +1,10 @@
-"""The REST API's node life-cycle routes: ask for a node to be deboarded, or take the request back
-(``kubectl accelstack node deboard NODE [--grace D] [--abort]``).
+"""The REST API's node life-cycle routes: ask for a node to be onboarded (``kubectl accelstack node onboard
+NODE``) or deboarded, or take a deboard request back (``kubectl accelstack node deboard NODE [--grace D]
+[--abort]``).
+
+``POST /api/v1/acceleratornodes/{name}/onboard`` sets the AcceleratorNode's ``spec.onboard`` (now as
+``requestedAt``; an existing request is kept, ``changed`` false); a node being deboarded is a 409 that says to
+abort the deboard first. Same rights and conditional update as below.
 
 ``POST /api/v1/acceleratornodes/{name}/deboard`` with ``{"grace": "10m"}`` sets the AcceleratorNode's
 ``spec.deboard`` (the grace and now as ``requestedAt``); ``DELETE`` on the same path removes it (abort). The caller
@@ -38,6 +43,7 @@ OUR_PODS = "app.kubernetes.io/part-of=accelstack"
 def node_routes(api: Routes) -> list[web.RouteDef]:
     path = "/api/v1/acceleratornodes/{name}/deboard"
     return [web.post(path, functools.partial(deboard, api)), web.delete(path, functools.partial(abort, api)),
+            web.post("/api/v1/acceleratornodes/{name}/onboard", functools.partial(onboard, api)),
             web.get("/api/v1/acceleratornodes/{name}/check", functools.partial(check, api))]
 
 
@@ -64,21 +70,39 @@ async def check(api: Routes, request: web.Request) -> web.Response:
     return json_response(node_check(node, pods, accelerator_node, api.clock()))
 
 
-async def _set(api: Routes, name: str, request_value: dict[str, Any] | None) -> web.Response:
+async def _set(api: Routes, name: str, request_value: dict[str, Any] | None, key: str = "deboard") -> web.Response:
+    """Set (or, with None, remove) ``spec.<key>`` with a conditional update; an onboard request already there is
+    kept (its ``requestedAt`` dates the onboarding), and one on a node being deboarded is refused."""
     try:
         obj = await api.kube.get_object(ACCELERATOR_NODES, None, name)
         spec = dict(obj.get("spec") or {})
         if request_value is None:
-            if "deboard" not in spec:
-                return json_response({"node": name, "deboard": None, "changed": False})
-            spec.pop("deboard")
+            if key not in spec:
+                return json_response({"node": name, key: None, "changed": False})
+            spec.pop(key)
+        elif key == "onboard" and isinstance(spec.get("deboard"), dict):
+            return error(409, f"node {name} is being deboarded: abort that first "
+                              f"(kubectl accelstack node deboard {name} --abort)")
+        elif key == "onboard" and isinstance(spec.get("onboard"), dict):
+            return json_response({"node": name, key: spec["onboard"], "changed": False})
         else:
-            spec["deboard"] = request_value
+            spec[key] = request_value
         obj["spec"] = spec
         await api.kube.replace_object(ACCELERATOR_NODES, None, name, obj)
+    except NotFound:
+        return error(404, f"no AcceleratorNode {name!r}: the node does not exist or shows no GPUs or NR1 modules "
+                          "(kubectl get acceleratornodes lists those found)")
     except ApiError as exc:
         return api_error(exc)
-    return json_response({"node": name, "deboard": request_value, "changed": True})
+    return json_response({"node": name, key: request_value, "changed": True})
+
+
+async def onboard(api: Routes, request: web.Request) -> web.Response:
+    denied = await api._denied(request, "patch", attrs=ATTRS)
+    if denied is not None:
+        return await closing(request, denied)
+    requested = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(api.clock()))
+    return await closing(request, await _set(api, request.match_info["name"], {"requestedAt": requested}, "onboard"))
 
 
 async def deboard(api: Routes, request: web.Request) -> web.Response:

@@ -171,6 +171,17 @@ def cmd_node_deboard(client: Client, args: argparse.Namespace) -> None:
     emit(args, data, render)
 
 
+def cmd_node_onboard(client: Client, args: argparse.Namespace) -> None:
+    data = client.call("POST", f"/api/v1/acceleratornodes/{_seg(args.node)}/onboard")
+
+    def render(d: dict[str, Any]) -> str:
+        when = (d.get("onboard") or {}).get("requestedAt")
+        said = f"onboarding requested at {when}" if d.get("changed") else f"onboarding already requested at {when}"
+        return f"node {d['node']}: {said}; follow it with: kubectl get acceleratornode {d['node']} -o wide"
+
+    emit(args, data, render)
+
+
 def render_check(d: dict[str, Any]) -> str:
     """One line an item, ``NAME  STATUS  EVIDENCE-OR-FIX``, then the verdict."""
     rows = [[i["name"], i["status"], i["detail"]] for i in d["items"]]
@@ -434,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     nd = sub.add_parser("node", help="accelerator nodes (docs/nodes.md)").add_subparsers(
         dest="node_command", metavar="COMMAND", parser_class=Parser)
     nd.required = True
+    o = nd.add_parser("onboard", parents=[common], help="hand a detected node to accelstack: labelled so the "
+                      "DaemonSets land, Managed once its device plugin, NPD and the kubelet's view agree; running "
+                      "pods are not touched (docs/nodes.md#onboarding)")
+    o.add_argument("node", help="the node (its AcceleratorNode has the same name)")
+    o.set_defaults(run=cmd_node_onboard)
     d = nd.add_parser("deboard", parents=[common], help="take a node out: no new placement, reservations moved, "
                                                        "running GPR pods evicted after the grace, labels removed")
     d.add_argument("node", help="the node (its AcceleratorNode has the same name)")

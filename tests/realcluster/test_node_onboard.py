@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from scheduler_extender.cli import kubectl_plugin
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ApiCallError, ControlPlane
 from tests.realcluster.objects import pod, wait_for
@@ -28,6 +29,7 @@ from tests.realcluster.test_accelerator_nodes import (
     status_of,
     wait_status,
 )
+from tests.realcluster.test_node_deboard import operator_token
 
 LANDING = "accelstack.io/gpu-node"
 
@@ -58,8 +60,21 @@ def test_a_brownfield_node_is_onboarded_step_by_step_with_its_pods_untouched(cp:
         time.sleep(2)  # a few passes: another plugin's node is never labelled unasked
         assert LANDING not in node_labels(cp, brown)
 
+        # `kubectl accelstack node onboard` through the REST API: a caller who may not patch AcceleratorNodes is
+        # refused and nothing changes; an allowed one sets spec.onboard (asking twice changes nothing)
+        tokens = {allowed: operator_token(cp, ns, allowed) for allowed in (True, False)}
+
+        def plugin(allowed: bool, *argv: str) -> int:
+            return kubectl_plugin.main(["--server", stack.url, "--insecure-skip-tls-verify", "--token",
+                                        tokens[allowed], *argv])
+        assert plugin(False, "node", "onboard", brown) == 1
+        assert plugin(True, "node", "onboard", f"{ns}-no-such-node") == 1  # a one-line 404
+        assert "onboard" not in ((cp.get(f"{AN}/{brown}") or {}).get("spec") or {})
         asked = time.monotonic()
-        cp.patch(f"{AN}/{brown}", {"spec": {"onboard": {"requestedAt": "2026-12-03T10:00:00Z"}}})
+        assert plugin(True, "node", "onboard", brown) == 0
+        requested = ((cp.get(f"{AN}/{brown}") or {}).get("spec") or {})["onboard"]
+        assert plugin(True, "node", "onboard", brown) == 0
+        assert ((cp.get(f"{AN}/{brown}") or {}).get("spec") or {})["onboard"] == requested
         st = wait_status(cp, brown, phase="Onboarding", reason="WaitingForDevicePlugin")
         assert node_labels(cp, brown).get(LANDING) == "true"
         assert st["onboard"]["by"] == "requested" and st["onboard"]["step"] == "2/5 WaitingForDevicePlugin"
@@ -88,8 +103,14 @@ def test_a_brownfield_node_is_onboarded_step_by_step_with_its_pods_untouched(cp:
         assert now["metadata"]["uid"] == made["metadata"]["uid"] and now["spec"]["nodeName"] == brown
         assert not now["metadata"].get("deletionTimestamp")
         print(f"onboarding, request to Managed with every step written as it came: {took:.1f} s")
+        # a node being deboarded is not onboarded: the request is refused with what to do instead
+        assert plugin(True, "node", "deboard", "--grace", "1h", brown) == 0
+        assert plugin(True, "node", "onboard", brown) == 1
+        assert plugin(True, "node", "deboard", "--abort", brown) == 0
     finally:
         cp.api("DELETE", f"api/v1/namespaces/{OUTSIDE}/pods/{holder}", {"gracePeriodSeconds": 0}, ok=(200, 202, 404))
+        cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{ns}-node-operator", ok=(200, 404))
+        cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-node-operator", ok=(200, 404))
 
 
 def test_a_node_deleted_while_onboarding_takes_its_accelerator_node(cp: ControlPlane, stack: Stack, ns: str,
