@@ -75,8 +75,9 @@ LANDING_LABELS = tuple(ONBOARD_LABEL.values())
 # the node condition accelstack's node-problem-detector keeps per kind (manifests/npd/configmap.yaml): present (any
 # status) means NPD reports on the node
 NPD_CONDITION = {GPU: "GPUUnhealthy", NR1: "NR1Unhealthy"}
-# the kubelet's pod-resources view as accelstack's device plugin reports it on its Node (device_plugin/)
-POD_RESOURCES = "accelstack.io/pod-resources"
+# the kubelet's pod-resources view as accelstack's device plugin reports it on its Node (device_plugin/handover.py),
+# one annotation per plugin (the GPU and NR1 DaemonSets on one node do not overwrite each other)
+POD_RESOURCES_KEY = {GPU: "accelstack.io/pod-resources", NR1: "accelstack.io/pod-resources-nr1"}
 ONBOARD_TIMEOUT_S = 900.0
 MAX_GRACE_S = 7 * 86400
 MAX_HOLDERS = 100  # rows kept in status.holders (holderCount counts them all): an object stays small
@@ -109,7 +110,7 @@ class Found:
 @dataclass(frozen=True)
 class PodResources:
     """The kubelet's pod-resources view of one resource as accelstack's device plugin reports it on its Node
-    (annotation ``accelstack.io/pod-resources``): the devices the plugin serves, the device IDs the kubelet lists as
+    (annotation ``accelstack.io/pod-resources``, ``accelstack.io/pod-resources-nr1`` for NR1): the devices the plugin serves, the device IDs the kubelet lists as
     assigned to pods, and how many of those the plugin does not serve (IDs another plugin handed out); ``error``
     when the plugin could not read the view (or the annotation is not what it writes)."""
 
@@ -127,15 +128,15 @@ def pod_resources(value: Any) -> PodResources | None:
     try:
         doc = json.loads(str(value))
     except ValueError:
-        return PodResources(error=f"annotation {POD_RESOURCES} is not JSON")
+        return PodResources(error="the pod-resources annotation is not JSON")
     if not isinstance(doc, Mapping):
-        return PodResources(error=f"annotation {POD_RESOURCES} is not a JSON object")
+        return PodResources(error="the pod-resources annotation is not a JSON object")
     if doc.get("error"):
         return PodResources(str(doc.get("resource") or ""), error=str(doc["error"])[:300])
     numbers = [doc.get(k) for k in ("devices", "inUse", "unknownIDs")]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
         return PodResources(str(doc.get("resource") or ""),
-                            error=f"annotation {POD_RESOURCES} lacks devices, inUse or unknownIDs")
+                            error="the pod-resources annotation lacks devices, inUse or unknownIDs")
     return PodResources(str(doc.get("resource") or ""), *numbers)  # type: ignore[arg-type]
 
 
@@ -244,7 +245,8 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = (),
     found: list[Found] = []
     written = labels_by(node)
     annotations = meta.get("annotations") or {}
-    podres = pod_resources(annotations.get(POD_RESOURCES) if isinstance(annotations, Mapping) else None)
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    reports = {r: pod_resources(annotations.get(key)) for r, key in POD_RESOURCES_KEY.items()}
     ours: dict[str, bool] = {}
     for resource in (GPU, NR1):
         capacity = _quantity(status.get("capacity"), resource)
@@ -255,8 +257,9 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = (),
         # labels count as the plugin's only where managedFields say it set them: a label it wrote with the value
         # GPU feature discovery had already written is not recorded as its (the API server records changes), so
         # on a brownfield node its pod-resources report (only accelstack's plugin writes it) says so instead
+        report = reports[resource]
         ours[resource] = any(k.startswith(PLUGIN_PREFIXES[resource]) and k in labels for k in written) or \
-            (podres is not None and podres.resource == resource)
+            (report is not None and report.resource in ("", resource))
         count = _count(labels.get(COUNT_LABEL[resource], 0))
         found.append(Found(resource, capacity, allocatable, count, str(labels.get(MODEL_LABEL[resource], ""))))
     if labels.get(GPU_PRESENT) == "true":
@@ -283,7 +286,8 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = (),
         if ours[resource] and hits[resource]:
             evidence.append(f"{resource} labels written by {PLUGIN_MANAGER}" if any(
                 k.startswith(PLUGIN_PREFIXES[resource]) and k in labels for k in written)
-                else f"{resource} pod-resources view reported by accelstack's device plugin ({POD_RESOURCES})")
+                else f"{resource} pod-resources view reported by accelstack's device plugin "
+                     f"({POD_RESOURCES_KEY[resource]})")
     if not any(hits.values()):
         return None
     kept = tuple(f for f in found if hits[f.resource])
@@ -295,7 +299,7 @@ def detect(node: Mapping[str, Any], nr1_vendors: Iterable[str] = (),
     conditions = {c.get("type") for c in status.get("conditions") or () if isinstance(c, Mapping)}
     return Detection(str(meta.get("name") or ""), str(meta.get("uid") or ""), resource, kept, tuple(evidence), mine,
                      managed_by, model, labels.get(ONBOARD_LABEL[resource]) == "true",
-                     NPD_CONDITION[resource] in conditions, podres, bool(selector and selector(labels)))
+                     NPD_CONDITION[resource] in conditions, reports[resource], bool(selector and selector(labels)))
 
 
 # ---- the objects -----------------------------------------------------------------------------------------------
@@ -380,7 +384,7 @@ def onboard_step(d: Detection, allocated: int, onboarded: bool) -> tuple[int, st
     if pr is None or (pr.resource and pr.resource != res):
         return 4, "WaitingForPodResources", (
             f"waiting for accelstack's device plugin to report the kubelet's pod-resources view of {res} "
-            f"(annotation {POD_RESOURCES})")
+            f"(annotation {POD_RESOURCES_KEY[res]})")
     if pr.error:
         return 4, "PodResourcesUnreadable", f"the device plugin cannot read the kubelet's pod-resources view: {pr.error}"
     if pr.unknown:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -141,8 +142,6 @@ def onboarding_node(*, label: bool = True, ours: bool = True, other: bool = Fals
                     podres: dict[str, Any] | str | None = None, gpus: int = 8) -> dict[str, Any]:
     """A GPU node at some step of onboarding: landing label, who advertises the GPUs, NPD's condition, the device
     plugin's pod-resources report."""
-    import json
-
     labels = {**GFD, **({"accelstack.io/gpu-node": "true"} if label else {})}
     n = node("g", labels=labels, capacity={"nvidia.com/gpu": str(gpus)} if (ours or other) else None,
              plugin_labels=("nvidia.com/gpu.product", "nvidia.com/gpu.count") if ours else ())
@@ -150,7 +149,7 @@ def onboarding_node(*, label: bool = True, ours: bool = True, other: bool = Fals
         n["status"]["conditions"] = [{"type": "Ready", "status": "True"},
                                      {"type": "GPUUnhealthy", "status": "False", "reason": "NoGPUProblem"}]
     if podres is not None:
-        n["metadata"]["annotations"] = {an.POD_RESOURCES: podres if isinstance(podres, str) else json.dumps(podres)}
+        n["metadata"]["annotations"] = {an.POD_RESOURCES_KEY["nvidia.com/gpu"]: podres if isinstance(podres, str) else json.dumps(podres)}
     return n
 
 
@@ -262,6 +261,12 @@ def test_the_plugins_report_marks_a_brownfield_node_as_served_by_accelstack() ->
     assert reported is not None and (reported.managed_by, reported.ours) == (an.BY_ACCELSTACK, True)
     assert "nvidia.com/gpu pod-resources view reported by accelstack's device plugin (accelstack.io/pod-resources)" \
         in reported.evidence
-    # a report of another resource says nothing about this one
+    # a report of another resource says nothing about this one; the NR1 plugin's report has its own key
     other = an.detect(onboarding_node(ours=False, other=True, podres={**report(), "resource": "neureality.com/nr1"}))
     assert other is not None and other.managed_by == an.BY_OTHER
+    nr1 = node("m", capacity={"neureality.com/nr1": "4"}, labels={"accelstack.io/nr1-node": "true"})
+    nr1["metadata"]["annotations"] = {"accelstack.io/pod-resources-nr1": json.dumps(
+        {"resource": "neureality.com/nr1", "devices": 4, "inUse": 0, "unknownIDs": 0})}
+    nr1["status"]["conditions"] = [{"type": "NR1Unhealthy", "status": "False"}]
+    d = an.detect(nr1)
+    assert d is not None and d.managed_by == an.BY_ACCELSTACK and an.onboard_step(d, 0, False)[1] == "Onboarded"

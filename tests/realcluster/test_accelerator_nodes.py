@@ -47,8 +47,9 @@ def plugin_reports(cp: ControlPlane, node: str, resource: str, devices: int, in_
     """The kubelet's pod-resources view as accelstack's device plugin reports it on its Node (its field manager)."""
     view = {"resource": resource, "devices": devices, "inUse": in_use, "unknownIDs": unknown,
             "observedAt": "2026-01-01T00:00:00Z"}
+    key = "accelstack.io/pod-resources-nr1" if resource == "neureality.com/nr1" else "accelstack.io/pod-resources"
     cp.api("PATCH", f"api/v1/nodes/{node}?fieldManager=accelstack-device-plugin",
-           {"metadata": {"annotations": {"accelstack.io/pod-resources": json.dumps(view)}}},
+           {"metadata": {"annotations": {key: json.dumps(view)}}},
            content_type="application/strategic-merge-patch+json")
 
 

@@ -6,6 +6,9 @@ request (abort) lifts the taint. Fails on the code before: there was no deboard 
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from scheduler_extender.cli import kubectl_plugin
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
@@ -111,3 +114,78 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     for suffix in ("node-operator",):
         cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{ns}-{suffix}", ok=(200, 404))
         cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-{suffix}", ok=(200, 404))
+
+
+def managed_gpu_node(cp: ControlPlane, nodes: Nodes, suffix: str) -> str:
+    """A node accelstack's device plugin serves, with NPD reporting: Managed."""
+    name = nodes.add(suffix, gpus=8)
+    label_as_device_plugin(cp, name, GFD)
+    npd_reports(cp, name)
+    plugin_reports(cp, name, "nvidia.com/gpu", 8, 0)
+    wait_status(cp, name, phase="Managed")
+    return name
+
+
+def test_deboarding_waits_for_a_pdb_that_blocks_and_goes_on_once_it_allows(cp: ControlPlane, stack: Stack, ns: str,
+                                                                          nodes: Nodes) -> None:
+    """Past the grace, a running GPR's pod is evicted through the Eviction API: a PodDisruptionBudget that allows
+    no disruption (as the real disruption controller computes it) keeps it, the GPR says EvictionBlocked and the
+    node EvictionPending; once the PDB allows it, the pod goes, the GPR is requeued (NodeDeboarding) and the node
+    ends Deboarded."""
+    stack.start_scheduler()
+    cp.start_controller_manager()  # the disruption controller computes what the PDB allows
+    node = managed_gpu_node(cp, nodes, "pdb")
+    cp.create(pods_path(ns), pod("guarded-0", gpus=8, gpr_name="guarded", labels={"app": "guarded"}))
+    cp.create(GPRS.format(ns=ns), gpr("guarded", devices=8))
+    assert wait_for("guarded-0 bound", lambda: bound_node(cp, ns, "guarded-0")) == node
+    set_running(cp, ns, "guarded-0")
+    wait_for("guarded Running", lambda: gpr_status(cp, ns, "guarded").get("phase") == "Running")
+    cp.create(f"apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
+    pdb = f"apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/guarded"
+    wait_for("the disruption controller's verdict: none allowed",
+             lambda: (st := (cp.get(pdb) or {}).get("status") or {}).get("observedGeneration") == 1
+             and st.get("currentHealthy") == 1 and st.get("disruptionsAllowed") == 0)
+
+    cp.patch(f"{AN}/{node}", {"spec": {"deboard": {"grace": "1s", "requestedAt": "2026-01-01T00:00:00Z"}}})
+    st = wait_status(cp, node, phase="Deboarding", reason="EvictionPending")
+    assert st["deboard"]["podsLeft"] == 1 and st["deboard"]["pods"] == [f"{ns}/guarded-0"]
+
+    def blocked() -> dict[str, Any] | None:
+        conds = {c["type"]: c for c in gpr_status(cp, ns, "guarded").get("conditions") or []}
+        c = conds.get("EvictionBlocked")
+        return c if c and c.get("status") == "True" else None
+
+    wait_for("EvictionBlocked on the GPR", blocked, timeout=60)
+    assert bound_node(cp, ns, "guarded-0") == node  # the PDB held
+    assert status_of(cp, node)["phase"] == "Deboarding"  # type: ignore[index]
+
+    cp.patch(pdb, {"spec": {"minAvailable": 0}})  # the PDB allows it now
+    wait_for("guarded-0 evicted", lambda: cp.get(f"{pods_path(ns)}/guarded-0") is None, timeout=60)
+    st_gpr = wait_for("guarded requeued", lambda: (s := gpr_status(cp, ns, "guarded")).get("phase") == "Queued" and s)
+    assert "NodeDeboarding" in (str(st_gpr.get("reason")) + str(st_gpr.get("message"))), st_gpr
+    assert st_gpr.get("failures", 0) == 0
+    wait_status(cp, node, phase="Deboarded")
+
+
+def test_a_node_deleted_mid_deboard_drops_out_and_its_gprs_requeue_as_for_a_lost_node(
+        cp: ControlPlane, stack: Stack, ns: str, nodes: Nodes) -> None:
+    stack.start_scheduler()
+    node = managed_gpu_node(cp, nodes, "lost")
+    cp.create(pods_path(ns), pod("held-0", gpus=8, gpr_name="held"))
+    cp.create(GPRS.format(ns=ns), gpr("held", devices=8))
+    assert wait_for("held-0 bound", lambda: bound_node(cp, ns, "held-0")) == node
+    set_running(cp, ns, "held-0")
+    wait_for("held Running", lambda: gpr_status(cp, ns, "held").get("phase") == "Running")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cp.patch(f"{AN}/{node}", {"spec": {"deboard": {"grace": "1h", "requestedAt": now}}})
+    wait_status(cp, node, phase="Deboarding", reason="GracePeriod")
+    cp.delete(f"api/v1/nodes/{node}")
+    wait_for(f"AcceleratorNode {node} gone", lambda: cp.get(f"{AN}/{node}") is None, timeout=60)
+    def lost() -> dict[str, Any] | None:
+        st = gpr_status(cp, ns, "held")
+        return st if st.get("phase") in ("Queued", "Failed") else None
+
+    st = wait_for("held requeued or failed as for a lost node", lost, timeout=60)
+    assert "NodeLost" in (str(st.get("reason")) + str(st.get("message"))), st
