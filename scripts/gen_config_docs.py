@@ -27,6 +27,8 @@ from inference.operator import main as io_main
 from npd import config as npd_config
 from scheduler_extender.cmd import controller as ctl_main
 from scheduler_extender.cmd import extender as ext_main
+from scheduler_extender.cmd import hub as hub_main
+from scheduler_extender.cmd import member_agent as agent_main
 
 MARKER = re.compile(r"<!-- BEGIN GENERATED: (?P<name>[a-z0-9-]+) -->\n.*?<!-- END GENERATED: (?P=name) -->",
                     re.DOTALL)
@@ -126,6 +128,8 @@ def blocks() -> dict[str, str]:
         "npd": options_table(npd_config.OPTIONS),
         "gateway": extender_table(gw_main),
         "inference-operator": extender_table(io_main),
+        "hub": extender_table(hub_main),
+        "member-agent": extender_table(agent_main),
     }
 
 

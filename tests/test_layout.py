@@ -12,13 +12,14 @@ SE = "scheduler_extender"
 SHARED = {"kubeapi", "service"}
 # package -> what it may import besides itself and the shared layers (docs/architecture.md, "The code")
 ALLOWED: dict[str, set[str]] = {
-    f"{SE}.cmd": {f"{SE}.api", f"{SE}.admission", f"{SE}.extender", f"{SE}.controller", f"{SE}.objects",
-                  f"{SE}.core"},
-    f"{SE}.cli": {f"{SE}.objects", f"{SE}.core"},
+    f"{SE}.cmd": {f"{SE}.api", f"{SE}.admission", f"{SE}.extender", f"{SE}.controller", f"{SE}.multicluster",
+                  f"{SE}.objects", f"{SE}.core"},
+    f"{SE}.cli": {f"{SE}.multicluster", f"{SE}.objects", f"{SE}.core"},
     f"{SE}.api": {f"{SE}.objects", f"{SE}.core"},
     f"{SE}.admission": {f"{SE}.objects", f"{SE}.core"},
     f"{SE}.extender": {f"{SE}.objects", f"{SE}.core"},
     f"{SE}.controller": {f"{SE}.objects", f"{SE}.core"},
+    f"{SE}.multicluster": {f"{SE}.objects", f"{SE}.core"},
     f"{SE}.simulator": {f"{SE}.core"},
     f"{SE}.objects": {f"{SE}.core"},
     f"{SE}.core": set(),

@@ -24,6 +24,7 @@ GROUP = "apis/accelstack.io/v1alpha1"
 GPRS, TEMPLATES, BINDINGS = f"{GROUP}/gpuprovisioningrequests", f"{GROUP}/gprtemplates", f"{GROUP}/gprtemplatebindings"
 WORKSPACES, ENDPOINTS = f"{GROUP}/workspaces", f"{GROUP}/inferenceendpoints"
 ACCELERATOR_NODES = f"{GROUP}/acceleratornodes"
+CLUSTERS = f"{GROUP}/clusters"
 NOW = 1_796_018_400.0
 NOT_CHECKED = ('<nil>: Invalid value: "null": some validation rules were not checked because the object was invalid; '
                "correct the existing errors to complete validation")
@@ -559,4 +560,4 @@ def test_values_and_paths_print_as_go_prints_them() -> None:
 
 def test_the_crds_are_read_once() -> None:
     assert CustomSchemas().resources is SCHEMAS.resources
-    assert set(SCHEMAS.resources) == {GPRS, TEMPLATES, BINDINGS, WORKSPACES, ENDPOINTS, ACCELERATOR_NODES}
+    assert set(SCHEMAS.resources) == {GPRS, TEMPLATES, BINDINGS, WORKSPACES, ENDPOINTS, ACCELERATOR_NODES, CLUSTERS}

@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from scheduler_extender.cli import cluster as cluster_cli
+
 PROG = "kubectl-accelstack"
 ENV_SERVER, ENV_TOKEN = "ACCELSTACK_SERVER", "ACCELSTACK_TOKEN"
 OUTPUTS = ("table", "json", "yaml")
@@ -461,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "item by item (exit 0 when all ok, 1 otherwise)")
     c.add_argument("node", help="the node")
     c.set_defaults(run=cmd_node_check)
+    cluster_cli.add_parser(sub, Parser, common)
     return p
 
 
@@ -479,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not hasattr(args, "output"):
         args.output = "table"
+    if args.command == "cluster":  # talks to two API servers, not to the REST API
+        return cluster_cli.run(args, PROG)
     try:
         if not args.server:
             raise Failure(f"no server: give --server or set {ENV_SERVER}", 2)

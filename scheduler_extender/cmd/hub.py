@@ -1,0 +1,139 @@
+"""``accelstack-hub``: the hub's controller (docs/multicluster.md), leader-elected on a Lease like the GPR
+controller. It judges every member ``Cluster`` Ready or Lost by its heartbeats, on the hub's clock alone, and
+exports ``accelstack_hub_cluster_ready{cluster}`` and the members' devices on ``/metrics``.
+
+It serves ``/healthz``, ``/readyz`` (200 once Clusters can be listed) and ``/metrics``; SIGTERM gives the Lease
+up. Every flag has an environment variable (``ACCELSTACK_HUB_<FLAG>``); a flag wins over its variable. Bad values
+stop the process with exit code 2 and a message naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from scheduler_extender.cmd.controller import duration
+from scheduler_extender.multicluster.hub import HubController
+from service.flags import Checked, Parser, add_api_flags, add_logging_flags, adder, run_service
+from service.http_listener import Limits, serve_app
+
+log = logging.getLogger("accelstack.hub")
+ENV = "ACCELSTACK_HUB_"
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = Parser(prog="accelstack-hub",
+               description="The hub controller (leader-elected): marks member Clusters Ready while their agents' "
+                           "heartbeats come and Lost when none came for --lost-after. Each flag can also be set "
+                           f"with {ENV}<FLAG>; the flag wins.")
+    add = adder(p, environ, ENV)
+    add("listen", ":8083", "host:port for /healthz, /readyz and /metrics")
+    add_api_flags(add, environ, lease_name="accelstack-hub")
+    add("lost-after", "15m", "a member whose heartbeat the hub has not seen change for this long is Lost (the "
+        "hub's clock; a duration like 15m, as MultiKueue's workerLostTimeout)")
+    add("resync", "30", "seconds between passes when nothing changes")
+    add_logging_flags(add)
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    flags = Checked.parse(build_parser(environ), argv, ENV)
+    args = flags.args
+    host, port = flags.listen()
+    flags.existing_file("kubeconfig")
+    log_level, log_format = flags.logging()
+    return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "lease_namespace": args.lease_namespace,
+            "lease_name": args.lease_name, "identity": args.identity or f"{socket.gethostname()}-{os.getpid()}",
+            "lease_seconds": flags.number("lease-seconds", float, 2),
+            "lost_after": duration("lost-after", args.lost_after),
+            "resync": flags.number("resync", float, 0.05), "api_timeout": flags.number("api-timeout", float, 0.1),
+            "log_level": log_level, "log_format": log_format}
+
+
+class HubProcess:
+    def __init__(self, client: Any, opts: dict[str, Any]) -> None:
+        from kubeapi.leader import LeaderElector
+
+        self.registry = CollectorRegistry()
+        self.controller = HubController(client, lost_after=opts["lost_after"], resync=opts["resync"],
+                                        registry=self.registry)
+        lease = opts["lease_seconds"]
+        self.elector = LeaderElector(client, opts["lease_namespace"], opts["lease_name"], opts["identity"],
+                                     lease_duration=lease, renew_deadline=lease * 2 / 3, retry_period=lease * 2 / 15)
+        self.stop_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        from kubeapi.tasks import while_leading
+
+        informer = self.controller.informer
+        self._tasks = [asyncio.create_task(informer.run(self.stop_event), name="informer-clusters"),
+                       asyncio.create_task(self.elector.run(self.stop_event), name="leader"),
+                       asyncio.create_task(while_leading(self.elector, self.stop_event,
+                                                         {"hub": self.controller.run}), name="hub")]
+        app = web.Application()
+        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
+                        web.get("/metrics", self._metrics)])
+        self._runner, self.port = await serve_app(app, host, port, limits=Limits())
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        # the elector gives the Lease up on its way out; the rest is cancelled
+        await asyncio.wait(self._tasks[1:2], timeout=5)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        informer = self.controller.informer
+        if informer.synced.is_set() and informer.healthy:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text=f"not ready: clusters: {informer.last_error or 'not synced'}\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self.registry) + generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def serve(opts: dict[str, Any]) -> None:
+    from kubeapi.client import from_config
+
+    client = await from_config(opts["kubeconfig"], field_manager="accelstack-hub", timeout=opts["api_timeout"])
+    process = HubProcess(client, opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await process.start(opts["host"], opts["port"])
+        log.info("hub started", extra={"port": process.port, "lost_after_s": opts["lost_after"]})
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await process.stop()
+        await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_service("accelstack-hub", argv, parse, serve, log, fast_loop=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""``accelstack-member-agent``: a member cluster's agent (docs/multicluster.md). It reads its own cluster (Nodes,
+AcceleratorNodes, GPRs) and writes its ``Cluster`` status on the hub with a token scoped to that one object.
+
+It serves ``/healthz``, ``/readyz`` (200 once every informer of the member is synced and the last status write
+reached the hub) and ``/metrics``; SIGTERM stops it cleanly. Every flag has an environment variable
+(``ACCELSTACK_AGENT_<FLAG>``); a flag wins over its variable. Bad values stop the process with exit code 2 and
+a message naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
+
+from scheduler_extender.cmd.extender import RESOURCE_NAMES, resource_names
+from scheduler_extender.multicluster.agent import HUB_SECRET, MemberAgent, token_times
+from scheduler_extender.multicluster.clusters import check_name, member_namespace
+from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
+from service.http_listener import Limits, serve_app
+
+log = logging.getLogger("accelstack.member_agent")
+ENV = "ACCELSTACK_AGENT_"
+HUB_KUBECONFIG = "/etc/accelstack/hub/kubeconfig"  # the Secret accelstack-hub-kubeconfig, mounted
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = Parser(prog="accelstack-member-agent",
+               description="A member cluster's agent: pushes its inventory summary and heartbeat to its Cluster "
+                           f"object on the hub. Each flag can also be set with {ENV}<FLAG>; the flag wins.")
+    add = adder(p, environ, ENV)
+    add("listen", ":8082", "host:port for /healthz, /readyz and /metrics")
+    add_api_flags(add, environ)
+    add("hub-kubeconfig", HUB_KUBECONFIG, "kubeconfig for the hub (cluster join writes it into the member's Secret "
+        f"{HUB_SECRET}): a token that may touch only this member's Cluster and its own ServiceAccount's token")
+    add("cluster", "", "this member's name on the hub (cluster join writes it into the Secret as key cluster)")
+    add("heartbeat", "10", "seconds between status writes when nothing changes (the hub judges Lost by them)")
+    add("min-write-gap", "1", "least seconds between two status writes that changes ask for")
+    add("resources", ",".join(RESOURCE_NAMES), "extended resources to count, comma-separated")
+    add("secret-namespace", environ.get("POD_NAMESPACE", "accelstack-system"),
+        "namespace of the Secret the renewed hub token is written into (empty: not written)")
+    add("secret-name", HUB_SECRET, "name of that Secret")
+    add_logging_flags(add)
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    flags = Checked.parse(build_parser(environ), argv, ENV)
+    args = flags.args
+    host, port = flags.listen()
+    flags.existing_file("kubeconfig")
+    if not args.hub_kubeconfig:
+        raise UsageError("--hub-kubeconfig: required (the kubeconfig cluster join made)")
+    flags.existing_file("hub-kubeconfig")
+    try:
+        cluster = check_name(args.cluster)
+    except ValueError as exc:
+        raise UsageError(f"--cluster: {exc}") from None
+    heartbeat = flags.number("heartbeat", float, 0.1, 3600)
+    log_level, log_format = flags.logging()
+    return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "hub_kubeconfig": args.hub_kubeconfig,
+            "cluster": cluster, "heartbeat": heartbeat,
+            "min_gap": flags.number("min-write-gap", float, 0.0, heartbeat),
+            "resources": resource_names(args.resources), "secret_namespace": args.secret_namespace,
+            "secret_name": args.secret_name, "api_timeout": flags.number("api-timeout", float, 0.1),
+            "log_level": log_level, "log_format": log_format}
+
+
+def accelstack_version() -> str:
+    try:
+        return metadata.version("accelstack")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class AgentProcess:
+    """The agent, its informers and a small health/metrics server."""
+
+    def __init__(self, agent: MemberAgent) -> None:
+        self.agent = agent
+        self.registry = CollectorRegistry()
+        self.hub_ok = Gauge("accelstack_member_agent_hub_ok", "1 while the last status write reached the hub",
+                            registry=self.registry)
+        self.writes = Gauge("accelstack_member_agent_status_writes", "Status writes to the hub since the start",
+                            registry=self.registry)
+        self.stop_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int, limits: Limits | None = None) -> None:
+        from kubeapi.tasks import supervise
+
+        self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}")
+                       for i in self.agent.informers]
+        self._tasks.append(asyncio.create_task(supervise("member-agent", self.agent.run, self.stop_event)))
+        app = web.Application()
+        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
+                        web.get("/metrics", self._metrics)])
+        self._runner, self.port = await serve_app(app, host, port, limits=limits or Limits())
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        if self.agent.ready():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text=f"not ready: {self.agent.not_ready_because()}\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        self.hub_ok.set(1 if self.agent.hub_ok else 0)
+        self.writes.set(self.agent.writes)
+        body = generate_latest(self.registry) + generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def serve(opts: dict[str, Any]) -> None:
+    from kubeapi.client import from_config
+
+    member = await from_config(opts["kubeconfig"], field_manager="accelstack-member-agent",
+                               timeout=opts["api_timeout"])
+    hub = await from_config(opts["hub_kubeconfig"], field_manager="accelstack-member-agent",
+                            timeout=opts["api_timeout"])
+    agent = MemberAgent(member, hub, opts["cluster"], resources=opts["resources"], heartbeat=opts["heartbeat"],
+                        min_gap=opts["min_gap"], hub_namespace=member_namespace(opts["cluster"]),
+                        secret_namespace=opts["secret_namespace"], secret_name=opts["secret_name"],
+                        token=token_times(opts["hub_kubeconfig"]))
+    await agent.load_versions(accelstack_version())
+    process = AgentProcess(agent)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await process.start(opts["host"], opts["port"])
+        log.info("member agent started", extra={"port": process.port, "cluster": opts["cluster"],
+                                                "hub": hub.host})
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await process.stop()
+        await member.close()
+        await hub.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_service("accelstack-member-agent", argv, parse, serve, log, fast_loop=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""The hub controller's I/O (``accelstack-hub``, leader-elected on the hub): judges every ``Cluster`` Ready or
+Lost from the heartbeats its agent writes, and exports per-cluster metrics.
+
+Level-triggered: each pass reads the Clusters from its informer, computes the hub's part of each status with
+:func:`~.clusters.judge` at the hub's time, and merge-patches only the Clusters whose hub part would change. It
+keeps no memory between passes (what it needs, the heartbeat value it last saw and when, is in the status), so a
+restarted or newly elected hub reaches the same verdicts and writes nothing while nothing changed. A pass runs
+when a Cluster changes (a heartbeat) and at the earliest time a verdict would flip without one (Ready → Lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from kubeapi import ApiError, KubeClient, NotFound
+from kubeapi.informer import Informer
+from scheduler_extender.multicluster.clusters import (
+    CLUSTERS,
+    LOST_AFTER_S,
+    hub_part_differs,
+    hub_status,
+    judge,
+)
+
+log = logging.getLogger("accelstack.hub")
+DEVICE_KINDS = ("capacity", "allocatable", "allocated", "reserved", "unhealthy", "queued")
+
+
+class HubMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ready = Gauge("accelstack_hub_cluster_ready", "1 while the member cluster is Ready (heartbeats seen "
+                           "within --lost-after on the hub's clock), 0 when Lost or not reporting",
+                           ["cluster"], registry=registry)
+        self.devices = Gauge("accelstack_hub_cluster_devices", "A member's devices as its agent last reported them, "
+                             "by resource and kind (capacity, allocatable, allocated, reserved, unhealthy, queued)",
+                             ["cluster", "resource", "kind"], registry=registry)
+        self.writes = Gauge("accelstack_hub_status_writes", "Cluster status writes this replica made",
+                            registry=registry)
+        self._seen: set[tuple[str, ...]] = set()
+
+    def show(self, clusters: dict[str, dict[str, Any]], ready: dict[str, bool]) -> None:
+        labels: set[tuple[str, ...]] = set()
+        for name, obj in clusters.items():
+            self.ready.labels(name).set(1 if ready.get(name) else 0)
+            labels.add((name,))
+            totals: dict[tuple[str, str], int] = {}
+            for item in (obj.get("status") or {}).get("inventory") or []:
+                for kind in DEVICE_KINDS:
+                    key = (str(item.get("resource", "")), kind)
+                    totals[key] = totals.get(key, 0) + int(item.get(kind) or 0)
+            for (resource, kind), value in totals.items():
+                self.devices.labels(name, resource, kind).set(value)
+                labels.add((name, resource, kind))
+        for gone in self._seen - labels:  # a cluster that left, or a resource it no longer reports
+            with contextlib.suppress(KeyError):
+                (self.ready if len(gone) == 1 else self.devices).remove(*gone)
+        self._seen = labels
+
+
+class HubController:
+    def __init__(self, client: KubeClient, *, lost_after: float = LOST_AFTER_S, resync: float = 30.0,
+                 registry: CollectorRegistry | None = None, wall: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.lost_after, self.resync = lost_after, resync
+        self.wall = wall
+        self.clusters: dict[str, dict[str, Any]] = {}
+        self.changed = asyncio.Event()
+        self.metrics = HubMetrics(registry or CollectorRegistry())
+        self.writes = 0
+        self.informer = Informer(client, CLUSTERS, self._on_cluster, self._sync, name="clusters")
+
+    def _on_cluster(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind == "DELETED":
+            self.clusters.pop(name, None)
+        else:
+            self.clusters[name] = obj
+        self.changed.set()
+
+    def _sync(self, items: Sequence[dict[str, Any]]) -> None:
+        self.clusters = {str((o.get("metadata") or {}).get("name") or ""): o for o in items}
+        self.changed.set()
+
+    def plan(self, now: float) -> tuple[dict[str, dict[str, Any]], dict[str, bool], float | None]:
+        """(cluster -> the hub part to write, for those that change; cluster -> Ready; the next time a verdict
+        flips without an event). Pure over the informer's objects."""
+        writes, ready, wake = {}, {}, None
+        for name, obj in self.clusters.items():
+            status = obj.get("status") or {}
+            verdict = judge(status, now, self.lost_after)
+            ready[name] = verdict.ready
+            new = hub_status(status, verdict, now)
+            if hub_part_differs(status, new):
+                writes[name] = new
+            if verdict.next_check is not None:
+                wake = verdict.next_check if wake is None else min(wake, verdict.next_check)
+        return writes, ready, wake
+
+    async def pass_once(self) -> float | None:
+        now = self.wall()
+        writes, ready, wake = self.plan(now)
+        for name, part in writes.items():
+            before = (self.clusters.get(name) or {}).get("status") or {}  # before: the watch may bring our write
+            try:
+                written = await self.client.patch(CLUSTERS, name, {"status": part}, subresource="status")
+            except NotFound:
+                continue  # left meanwhile
+            except ApiError as exc:
+                log.warning("cannot write a Cluster's status", extra={"cluster": name, "error": str(exc)[:200]})
+                continue
+            self.clusters[name] = written
+            self.writes += 1
+            self.metrics.writes.set(self.writes)
+            was = next((c.get("status") for c in before.get("conditions") or [] if c.get("type") == "Ready"), None)
+            if was != ("True" if ready[name] else "False"):
+                ready_cond = part["conditions"][0]
+                log.info("cluster Ready changed", extra={"cluster": name, "ready": ready_cond["status"],
+                                                         "reason": ready_cond["reason"],
+                                                         "detail": ready_cond["message"]})
+        self.metrics.show(self.clusters, ready)
+        return wake
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Leader-only: a pass on every change, at the next verdict flip, and every ``resync`` seconds."""
+        await self.informer.synced.wait()
+        while not stop.is_set():
+            self.changed.clear()
+            wake = await self.pass_once()
+            wait = self.resync if wake is None else max(0.05, min(self.resync, wake - self.wall() + 0.01))
+            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.changed.wait())]
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), wait)
+            finally:
+                for w in waits:
+                    w.cancel()
