@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster.controlplane import ControlPlane, assets_dir, free_port
+from tests.realcluster.controlplane import ApiCallError, ControlPlane, assets_dir, free_port
 from tests.realcluster.objects import wait_for
 from tests.realcluster.shipped import ROOT, render
 from tests.realcluster.stack import Product
@@ -142,6 +142,14 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
     a.add_node("a-gpu-1", 8)
     a.add_node("a-gpu-2", 8, model="A100")
     b.add_node("b-gpu-1", 4)
+
+    # ---- the CRD's own checks (CEL), as the API server applies them ------------------------------------------
+    for name, labels, says in (("x" * 46, {}, "a cluster's name is a DNS label of at most 45"),
+                               ("ok", {"bad key!": "v"}, "spec.labels: every key is a label key")):
+        with pytest.raises(ApiCallError) as refused_crd:
+            cp.create(CLUSTERS, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Cluster",
+                                 "metadata": {"name": name}, "spec": {"labels": labels}})
+        assert refused_crd.value.status == 422 and says in str(refused_crd.value), refused_crd.value
 
     # ---- join, through the real CLI, printing one line per object -------------------------------------------
     joined = {}

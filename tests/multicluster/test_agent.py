@@ -1,0 +1,91 @@
+"""The member agent's hub token: renewed past two thirds of its life through TokenRequest on its own
+ServiceAccount, used at once and stored in the member Secret; a refused renewal keeps the old token."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubeapi import Forbidden, Resource
+from kubeapi.metrics import api_metrics
+from scheduler_extender.multicluster.agent import MemberAgent, token_times
+
+
+class Configuration:
+    def __init__(self) -> None:
+        self.api_key: dict[str, str] = {"BearerToken": "old"}
+        self.api_key_prefix: dict[str, str] = {}
+
+
+class FakeClient:
+    """Records calls; answers TokenRequest and the Secret as the API server would (or refuses)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.configuration, self.refuse, self.calls = Configuration(), refuse, []  # type: ignore[var-annotated]
+        self.metrics = api_metrics()  # what the agent's informers count with
+        self.secret = {"metadata": {"name": "accelstack-hub-kubeconfig", "resourceVersion": "7"}, "data": {
+            "kubeconfig": base64.b64encode(yaml.safe_dump({"users": [{"name": "u", "user": {"token": "old"}}]})
+                                           .encode()).decode()}}
+
+    async def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None, **kw: Any) -> Any:
+        self.calls.append(("create", res.plural, namespace, kw, body))
+        if self.refuse:
+            raise Forbidden(403, "Forbidden", "no")
+        return {"status": {"token": "new-token"}}
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Any:
+        return self.secret
+
+    async def replace(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None) -> Any:
+        self.calls.append(("replace", res.plural, namespace, name, body))
+        self.secret = body
+        return body
+
+
+def agent(hub: FakeClient, member: FakeClient, now: list[float]) -> MemberAgent:
+    return MemberAgent(member, hub, "member-a", resources=("nvidia.com/gpu",),  # type: ignore[arg-type]
+                       hub_namespace="accelstack-member-member-a", secret_namespace="accelstack-system",
+                       token=(1000.0, 1000.0 + 3600), wall=lambda: now[0])
+
+
+async def test_the_token_is_renewed_past_two_thirds_of_its_life() -> None:
+    hub, member, now = FakeClient(), FakeClient(), [1000.0 + 2399]
+    a = agent(hub, member, now)
+    await a.maybe_renew_token()
+    assert hub.calls == []  # 2399 s of 3600: not yet
+    now[0] = 1000.0 + 2401
+    await a.maybe_renew_token()
+    (verb, plural, namespace, kw, body), = hub.calls
+    assert (verb, plural, namespace, kw) == ("create", "serviceaccounts", "accelstack-member-member-a",
+                                             {"subresource": "token", "name": "member-agent"})
+    assert body["spec"] == {"expirationSeconds": 3600}
+    assert hub.configuration.api_key == {"BearerToken": "new-token"}  # used from the next call on
+    stored = yaml.safe_load(base64.b64decode(member.secret["data"]["kubeconfig"]))
+    assert stored["users"][0]["user"]["token"] == "new-token"
+    assert member.secret["metadata"]["resourceVersion"] == "7"  # a conditional update of what was read
+    await a.maybe_renew_token()
+    assert len(hub.calls) == 1  # the new token is young
+
+
+async def test_a_refused_renewal_keeps_the_token() -> None:
+    hub, member, now = FakeClient(refuse=True), FakeClient(), [1000.0 + 3000]
+    a = agent(hub, member, now)
+    await a.maybe_renew_token()
+    assert hub.configuration.api_key == {"BearerToken": "old"} and member.calls == []
+
+
+def test_token_times_read_the_jwt_claims(tmp_path: Path) -> None:
+    def part(d: str) -> str:
+        return base64.urlsafe_b64encode(d.encode()).decode().rstrip("=")
+
+    claims = '{"iat": 100, "exp": 700}'
+    jwt = f"{part('{}')}.{part(claims)}.sig"
+    path = tmp_path / "kc"
+    path.write_text(yaml.safe_dump({"current-context": "c", "contexts": [{"name": "c", "context": {"user": "u"}}],
+                                    "users": [{"name": "u", "user": {"token": jwt}}]}))
+    assert token_times(str(path)) == (100.0, 700.0)
+    path.write_text("users: []")
+    assert token_times(str(path)) is None
