@@ -61,7 +61,12 @@ class Replica:
         return self.spec.pool
 
     def load(self) -> float:
-        return (self.outstanding + self.reported_queue) / (self.spec.weight if self.spec.weight > 0 else 1.0)
+        """What the replica has to do: the gateway's outstanding requests, or the runtime's reported queue when that
+        is longer (clients other than this gateway). Not their sum: the requests this gateway sent that wait in the
+        replica's queue are in both, and counting them twice (from a report up to a poll interval old) steered
+        requests away from a replica in proportion to its own backlog of them, worse than least_conn's tail."""
+        load = max(self.outstanding, self.reported_queue)
+        return load / (self.spec.weight if self.spec.weight > 0 else 1.0)
 
     def ejected(self, now: float) -> bool:
         return now < self.ejected_until

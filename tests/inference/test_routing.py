@@ -70,6 +70,15 @@ def test_reported_queue_counts_as_load() -> None:
     assert pick(r, random.Random(0), 0.0).url == "http://p1"  # type: ignore[union-attr]
 
 
+def test_our_own_requests_waiting_in_the_runtimes_queue_are_not_counted_twice() -> None:
+    """p0 has 6 of ours outstanding, 4 of them waiting in its queue (so it reports 4); p1 has 7 and an empty queue:
+    p0 has less to do. Summed, p0 looked like 10 and lost to p1."""
+    r = route(2, max_inflight=100)
+    r.replicas["http://p0"].outstanding, r.replicas["http://p0"].reported_queue = 6, 4
+    r.replicas["http://p1"].outstanding = 7
+    assert pick(r, random.Random(0), 0.0).url == "http://p0"  # type: ignore[union-attr]
+
+
 def test_least_request_keeps_load_even() -> None:
     r = route(8, max_inflight=1000)
     rng = random.Random(7)
