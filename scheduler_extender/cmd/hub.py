@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from scheduler_extender.cmd.controller import duration
+from scheduler_extender.multicluster.dispatch import Dispatcher
 from scheduler_extender.multicluster.hub import HubController
 from service.flags import Checked, Parser, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
@@ -67,6 +68,8 @@ class HubProcess:
         self.registry = CollectorRegistry()
         self.controller = HubController(client, lost_after=opts["lost_after"], resync=opts["resync"],
                                         registry=self.registry)
+        self.dispatcher = Dispatcher(client, lambda: self.controller.clusters, resync=opts["resync"])
+        self.controller.listeners.append(self.dispatcher.changed)
         lease = opts["lease_seconds"]
         self.elector = LeaderElector(client, opts["lease_namespace"], opts["lease_name"], opts["identity"],
                                      lease_duration=lease, renew_deadline=lease * 2 / 3, retry_period=lease * 2 / 15)
@@ -79,10 +82,12 @@ class HubProcess:
         from kubeapi.tasks import while_leading
 
         informer = self.controller.informer
-        self._tasks = [asyncio.create_task(informer.run(self.stop_event), name="informer-clusters"),
-                       asyncio.create_task(self.elector.run(self.stop_event), name="leader"),
+        self._tasks = [asyncio.create_task(self.elector.run(self.stop_event), name="leader"),
+                       asyncio.create_task(informer.run(self.stop_event), name="informer-clusters"),
+                       asyncio.create_task(self.dispatcher.informer.run(self.stop_event), name="informer-gprs"),
                        asyncio.create_task(while_leading(self.elector, self.stop_event,
-                                                         {"hub": self.controller.run}), name="hub")]
+                                                         {"hub": self.controller.run,
+                                                          "gprs": self._dispatch}), name="hub")]
         app = web.Application()
         app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
                         web.get("/metrics", self._metrics)])
@@ -91,21 +96,27 @@ class HubProcess:
     async def stop(self) -> None:
         self.stop_event.set()
         # the elector gives the Lease up on its way out; the rest is cancelled
-        await asyncio.wait(self._tasks[1:2], timeout=5)
+        await asyncio.wait(self._tasks[:1], timeout=5)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
 
+    async def _dispatch(self, stop: asyncio.Event) -> None:
+        await self.controller.informer.synced.wait()  # place only over the members' inventories as stored
+        await self.dispatcher.run(stop)
+
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        informer = self.controller.informer
-        if informer.synced.is_set() and informer.healthy:
+        broken = [f"{i.name}: {i.last_error or 'not synced'}" for i in (self.controller.informer,
+                                                                          self.dispatcher.informer)
+                  if not (i.synced.is_set() and i.healthy)]
+        if not broken:
             return web.Response(text="ok\n")
-        return web.Response(status=503, text=f"not ready: clusters: {informer.last_error or 'not synced'}\n")
+        return web.Response(status=503, text=f"not ready: {', '.join(broken)}\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self.registry) + generate_latest(REGISTRY)

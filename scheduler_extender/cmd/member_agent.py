@@ -1,5 +1,7 @@
 """``accelstack-member-agent``: a member cluster's agent (docs/multicluster.md). It reads its own cluster (Nodes,
-AcceleratorNodes, GPRs) and writes its ``Cluster`` status on the hub with a token scoped to that one object.
+AcceleratorNodes, GPRs) and writes its ``Cluster`` status on the hub with a token scoped to that one object and
+its own hub namespace; it follows the GPRs the hub dispatched there (creates them in its cluster, mirrors their
+status back, deletes them when the hub's dispatch is gone).
 
 It serves ``/healthz``, ``/readyz`` (200 once every informer of the member is synced and the last status write
 reached the hub) and ``/metrics``; SIGTERM stops it cleanly. Every flag has an environment variable
@@ -24,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from scheduler_extender.cmd.extender import RESOURCE_NAMES, resource_names
 from scheduler_extender.multicluster.agent import HUB_SECRET, MemberAgent, token_times
 from scheduler_extender.multicluster.clusters import check_name, member_namespace
+from scheduler_extender.multicluster.follow import DispatchFollower
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
 
@@ -35,15 +38,18 @@ HUB_KUBECONFIG = "/etc/accelstack/hub/kubeconfig"  # the Secret accelstack-hub-k
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     p = Parser(prog="accelstack-member-agent",
                description="A member cluster's agent: pushes its inventory summary and heartbeat to its Cluster "
-                           f"object on the hub. Each flag can also be set with {ENV}<FLAG>; the flag wins.")
+                           "object on the hub, and runs the GPRs the hub dispatched to it through its own cluster's "
+                           f"controller, mirroring their status back. Each flag can also be set with {ENV}<FLAG>; the flag wins.")
     add = adder(p, environ, ENV)
     add("listen", ":8082", "host:port for /healthz, /readyz and /metrics")
     add_api_flags(add, environ)
     add("hub-kubeconfig", HUB_KUBECONFIG, "kubeconfig for the hub (cluster join writes it into the member's Secret "
-        f"{HUB_SECRET}): a token that may touch only this member's Cluster and its own ServiceAccount's token")
+        f"{HUB_SECRET}): a token that may touch only this member's Cluster, its own ServiceAccount's token and "
+        "the GPRs dispatched into its hub namespace")
     add("cluster", "", "this member's name on the hub (cluster join writes it into the Secret as key cluster)")
     add("heartbeat", "10", "seconds between status writes when nothing changes (the hub judges Lost by them)")
     add("min-write-gap", "1", "least seconds between two status writes that changes ask for")
+    add("resync", "30", "seconds between passes over the hub's dispatched GPRs when nothing changes")
     add("resources", ",".join(RESOURCE_NAMES), "extended resources to count, comma-separated")
     add("secret-namespace", environ.get("POD_NAMESPACE", "accelstack-system"),
         "namespace of the Secret the renewed hub token is written into (empty: not written)")
@@ -68,7 +74,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     heartbeat = flags.number("heartbeat", float, 0.1, 3600)
     log_level, log_format = flags.logging()
     return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "hub_kubeconfig": args.hub_kubeconfig,
-            "cluster": cluster, "heartbeat": heartbeat,
+            "cluster": cluster, "heartbeat": heartbeat, "resync": flags.number("resync", float, 0.05),
             "min_gap": flags.number("min-write-gap", float, 0.0, heartbeat),
             "resources": resource_names(args.resources), "secret_namespace": args.secret_namespace,
             "secret_name": args.secret_name, "api_timeout": flags.number("api-timeout", float, 0.1),
@@ -85,8 +91,8 @@ def accelstack_version() -> str:
 class AgentProcess:
     """The agent, its informers and a small health/metrics server."""
 
-    def __init__(self, agent: MemberAgent) -> None:
-        self.agent = agent
+    def __init__(self, agent: MemberAgent, follower: DispatchFollower | None = None) -> None:
+        self.agent, self.follower = agent, follower
         self.registry = CollectorRegistry()
         self.hub_ok = Gauge("accelstack_member_agent_hub_ok", "1 while the last status write reached the hub",
                             registry=self.registry)
@@ -100,9 +106,11 @@ class AgentProcess:
     async def start(self, host: str, port: int, limits: Limits | None = None) -> None:
         from kubeapi.tasks import supervise
 
-        self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}")
-                       for i in self.agent.informers]
+        informers = [*self.agent.informers, *(self.follower.informers if self.follower else [])]
+        self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in informers]
         self._tasks.append(asyncio.create_task(supervise("member-agent", self.agent.run, self.stop_event)))
+        if self.follower is not None:
+            self._tasks.append(asyncio.create_task(supervise("dispatches", self.follower.run, self.stop_event)))
         app = web.Application()
         app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
                         web.get("/metrics", self._metrics)])
@@ -120,9 +128,12 @@ class AgentProcess:
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        if self.agent.ready():
+        broken = [f"{i.name}: {i.last_error or 'not synced'}" for i in (self.follower.informers if self.follower
+                                                                          else []) if not (i.synced.is_set() and i.healthy)]
+        if self.agent.ready() and not broken:
             return web.Response(text="ok\n")
-        return web.Response(status=503, text=f"not ready: {self.agent.not_ready_because()}\n")
+        because = ", ".join([self.agent.not_ready_because(), *broken] if not self.agent.ready() else broken)
+        return web.Response(status=503, text=f"not ready: {because}\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
         self.hub_ok.set(1 if self.agent.hub_ok else 0)
@@ -143,7 +154,8 @@ async def serve(opts: dict[str, Any]) -> None:
                         secret_namespace=opts["secret_namespace"], secret_name=opts["secret_name"],
                         token=token_times(opts["hub_kubeconfig"]))
     await agent.load_versions(accelstack_version())
-    process = AgentProcess(agent)
+    follower = DispatchFollower(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
+    process = AgentProcess(agent, follower)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

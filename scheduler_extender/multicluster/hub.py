@@ -72,6 +72,7 @@ class HubController:
         self.wall = wall
         self.clusters: dict[str, dict[str, Any]] = {}
         self.changed = asyncio.Event()
+        self.listeners: list[asyncio.Event] = []  # set with ``changed``: the dispatcher places by the Clusters
         self.metrics = HubMetrics(registry or CollectorRegistry())
         self.writes = 0
         self.informer = Informer(client, CLUSTERS, self._on_cluster, self._sync, name="clusters")
@@ -82,11 +83,16 @@ class HubController:
             self.clusters.pop(name, None)
         else:
             self.clusters[name] = obj
-        self.changed.set()
+        self._notify()
 
     def _sync(self, items: Sequence[dict[str, Any]]) -> None:
         self.clusters = {str((o.get("metadata") or {}).get("name") or ""): o for o in items}
+        self._notify()
+
+    def _notify(self) -> None:
         self.changed.set()
+        for event in self.listeners:
+            event.set()
 
     def plan(self, now: float) -> tuple[dict[str, dict[str, Any]], dict[str, bool], float | None]:
         """(cluster -> the hub part to write, for those that change; cluster -> Ready; the next time a verdict

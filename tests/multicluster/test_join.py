@@ -25,7 +25,9 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
     assert ns_role.namespace == "accelstack-member-member-a"
     assert ns_role.body is not None and ns_role.body["rules"] == [
         {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
-         "resourceNames": ["member-agent"]}]
+         "resourceNames": ["member-agent"]},
+        {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests/status"], "verbs": ["patch"]}]
     cluster = items[("Cluster", "member-a")].body
     assert cluster is not None and cluster["spec"] == {"labels": {"region": "eu-west"}}
     # every object carries join's label (leave deletes only those), the token is issued, never stored on the hub
@@ -35,10 +37,12 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
         "hub: ServiceAccount member-agent/token in accelstack-member-member-a"
 
 
-def test_the_member_agent_reads_and_nothing_else() -> None:
+def test_the_member_agent_reads_and_writes_only_gprs() -> None:
     rules = next(o for o in member_objects() if o["kind"] == "ClusterRole")["rules"]
-    assert {v for r in rules for v in r["verbs"]} == {"get", "list", "watch"}
     assert {res for r in rules for res in r["resources"]} == {"nodes", "acceleratornodes", "gpuprovisioningrequests"}
+    writes = [r for r in rules if set(r["verbs"]) - {"get", "list", "watch"}]
+    assert writes == [{"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"],
+                       "verbs": ["create", "delete"]}]  # the hub's GPRs: no status, no update, no nodes
     role = next(o for o in member_objects() if o["kind"] == "Role")
     assert role["rules"][0]["resourceNames"] == ["accelstack-hub-kubeconfig"]
     assert member_items()[0].line() == "member: Secret accelstack-hub-kubeconfig in accelstack-system"

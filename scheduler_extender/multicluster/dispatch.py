@@ -1,0 +1,269 @@
+"""The hub's half of GPRs across clusters (``accelstack-hub``, leader only): it places each origin GPR on a member
+(``spec.clusterName``, or :func:`~.placement.pick`), writes the dispatch into that member's hub namespace, mirrors
+the dispatch's status into the origin's, deletes the dispatch of a deleted origin, and takes a not-yet-started
+GPR off a Lost member.
+
+Level-triggered over two informers (every GPR on the hub, and the Clusters the :class:`~.hub.HubController`
+already watches): each pass looks at every origin and every dispatch and does what their stored state asks, so
+a restarted or newly elected hub continues where the last one stopped. The order of writes is what keeps one
+origin on one member:
+
+- the choice is recorded first (``status.cluster`` on the origin), then the dispatch is created. A pass that
+  finds a recorded cluster never picks again; a crash between the two writes leaves a choice with no dispatch,
+  which the next pass creates (with *create*: a dispatch already there answers 409).
+- re-placement deletes the old dispatch first (with a UID precondition), then records the new cluster and the
+  ``Replaced`` condition, then creates the new dispatch. A GPR that had started (``Running``) is never moved.
+- a dispatch whose origin is gone (or is a different origin of the same name, or was placed elsewhere) is
+  deleted; the member's agent then deletes its copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from kubeapi.informer import Informer
+from kubeapi.resources import GPRS
+from scheduler_extender.multicluster.clusters import member_namespace, micro_time
+from scheduler_extender.multicluster.placement import (
+    Placed,
+    demand_of,
+    dispatch_name,
+    dispatch_object,
+    is_member_namespace,
+    lost_of,
+    mirror_differs,
+    on_lost,
+    origin_of,
+    origin_status,
+    pick,
+    waiting_status,
+)
+
+log = logging.getLogger("accelstack.hub")
+FINAL = ("Complete", "Failed", "Evicted", "Cancelled")
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == kind), {})
+
+
+class Dispatcher:
+    def __init__(self, client: KubeClient, clusters: Callable[[], Mapping[str, dict[str, Any]]], *,
+                 resync: float = 30.0, wall: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.clusters = clusters  # name -> Cluster object, the HubController's informer cache
+        self.resync, self.wall = resync, wall
+        self.origins: dict[tuple[str, str], dict[str, Any]] = {}
+        self.dispatches: dict[tuple[str, str], dict[str, Any]] = {}  # (member namespace, name) -> dispatch
+        self.changed = asyncio.Event()
+        self.writes = 0
+        self.informer = Informer(client, GPRS, self._on_gpr, self._sync, name="gprs")
+
+    # ---- the hub's GPRs, origins and dispatches ------------------------------------------------------------
+    def _table(self, obj: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]] | None:
+        ns = _key(obj)[0]
+        if not is_member_namespace(ns):
+            return self.origins
+        return self.dispatches if origin_of(obj) is not None else None
+
+    def _on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
+        table = self._table(obj)
+        if table is None:
+            return
+        if kind == "DELETED":
+            table.pop(_key(obj), None)
+        else:
+            table[_key(obj)] = obj
+        self.changed.set()
+
+    def _sync(self, items: Sequence[dict[str, Any]]) -> None:
+        self.origins, self.dispatches = {}, {}
+        for obj in items:
+            table = self._table(obj)
+            if table is not None:
+                table[_key(obj)] = obj
+        self.changed.set()
+
+    def dispatch_of(self, origin: Mapping[str, Any], cluster: str) -> dict[str, Any] | None:
+        ns, name = _key(origin)
+        found = self.dispatches.get((member_namespace(cluster), dispatch_name(ns, name)))
+        uid = (origin.get("metadata") or {}).get("uid")
+        return found if found is not None and (origin_of(found) or ("", "", ""))[2] == uid else None
+
+    # ---- one pass ---------------------------------------------------------------------------------------------
+    async def pass_once(self) -> None:
+        clusters = dict(self.clusters())
+        now_text = micro_time(self.wall()).split(".")[0] + "Z"
+        for origin in list(self.origins.values()):
+            if (origin.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            try:
+                await self._one(origin, clusters, now_text)
+            except Conflict:
+                pass  # decided on an old copy: the informer's event for the new one brings another pass
+            except ApiError as exc:
+                log.warning("cannot place or mirror a hub GPR; retrying at the next pass",
+                            extra={"gpr": "/".join(_key(origin)), "error": str(exc)[:300]})
+        await self._orphans()
+
+    async def _one(self, origin: dict[str, Any], clusters: Mapping[str, dict[str, Any]], now_text: str) -> None:
+        status = origin.get("status") or {}
+        spec = origin.get("spec") or {}
+        pinned = str(spec.get("clusterName") or "")
+        cluster = str(status.get("cluster") or "")
+        if not cluster:
+            await self._place(origin, pinned, clusters, now_text)
+            return
+        placed_cond = _condition(status, "Placed")
+        placed = Placed(cluster, str(placed_cond.get("reason") or ("Pinned" if pinned else "EarliestStart")),
+                        str(placed_cond.get("message") or ""))
+        dispatch = self.dispatch_of(origin, cluster)
+        lost = ""
+        if lost_of(clusters.get(cluster)) and str(status.get("phase") or "") not in FINAL:
+            action = on_lost(str(status.get("phase") or ""), bool(pinned))
+            if action == "replace":
+                if await self._replace(origin, cluster, dispatch, clusters, now_text):
+                    return
+                lost = f"{cluster} is Lost; the GPR had not started there, but no other member can take it now"
+            elif action == "lost":
+                phase = status.get("phase") or "Queued"
+                lost = (f"{cluster} is Lost (no heartbeat); the GPR was {phase} there and may still run: not placed "
+                        "again" + (" (pinned by spec.clusterName)" if pinned else ""))
+        if dispatch is None and not lost:
+            await self._create_dispatch(origin, cluster)
+        replaced = str(_condition(status, "Replaced").get("message") or "")
+        patch = origin_status((dispatch or {}).get("status") if dispatch is not None else None, status, placed,
+                              now_text, lost=lost, replaced=replaced)
+        if dispatch is None and lost:  # nothing to mirror: keep what the origin last showed
+            patch.update({k: status.get(k) for k in ("phase", "reservation", "reservedNodes", "queuePosition",
+                                                     "estimatedStart", "estimatedStartRange", "admittedAt",
+                                                     "startedAt", "finishedAt")})
+        elif dispatch is not None and lost:
+            patch["phase"] = status.get("phase") or patch.get("phase")
+        await self._write(origin, patch)
+
+    async def _place(self, origin: dict[str, Any], pinned: str, clusters: Mapping[str, dict[str, Any]],
+                     now_text: str) -> None:
+        status = origin.get("status") or {}
+        if pinned:
+            if pinned not in clusters:
+                await self._write(origin, waiting_status(
+                    "ClusterNotFound", f"spec.clusterName: no member cluster {pinned!r} has joined the hub", status,
+                    now_text))
+                return
+            placed = Placed(pinned, "Pinned", f"spec.clusterName: {pinned}")
+        else:
+            choice = pick(demand_of(origin.get("spec") or {}), clusters)
+            if not choice.cluster:
+                await self._write(origin, waiting_status(choice.reason, choice.message, status, now_text))
+                return
+            placed = Placed(choice.cluster, choice.reason, choice.message)
+        # the choice first: a pass that finds it never picks again
+        await self._write(origin, origin_status(None, status, placed, now_text), decide=True)
+        log.info("hub GPR placed", extra={"gpr": "/".join(_key(origin)), "cluster": placed.cluster,
+                                          "reason": placed.reason, "detail": placed.message})
+        await self._create_dispatch(origin, placed.cluster)
+
+    async def _replace(self, origin: dict[str, Any], old: str, dispatch: dict[str, Any] | None,
+                       clusters: Mapping[str, dict[str, Any]], now_text: str) -> bool:
+        """Take a never-started GPR off Lost member ``old``: delete its dispatch there, record the new member,
+        create the new dispatch. False (nothing done) when no other member can take it now."""
+        choice = pick(demand_of(origin.get("spec") or {}), clusters, exclude=[old])
+        if not choice.cluster:
+            return False
+        if dispatch is not None:
+            meta = dispatch.get("metadata") or {}
+            with contextlib.suppress(NotFound):
+                await self.client.delete(GPRS, str(meta.get("name")), str(meta.get("namespace")),
+                                         uid=str(meta.get("uid") or "") or None)
+        phase = str((origin.get("status") or {}).get("phase") or "Queued")
+        why = f"taken off {old} (Lost) where it was {phase} and had not started; placed on {choice.cluster}"
+        placed = Placed(choice.cluster, "Replaced", choice.message)
+        status = {**(origin.get("status") or {}), "conditions": [
+            c for c in (origin.get("status") or {}).get("conditions") or () if c.get("type") != "Replaced"]}
+        await self._write(origin, origin_status(None, status, placed, now_text, replaced=why), decide=True)
+        log.warning("hub GPR placed again: its member is Lost", extra={
+            "gpr": "/".join(_key(origin)), "from": old, "cluster": choice.cluster, "phase": phase})
+        await self._create_dispatch(origin, choice.cluster)
+        return True
+
+    async def _create_dispatch(self, origin: dict[str, Any], cluster: str) -> None:
+        body = dispatch_object(origin, cluster)
+        try:
+            created = await self.client.create(GPRS, body, member_namespace(cluster))
+        except AlreadyExists:
+            return  # there already: the informer brings it (or the orphan pass removes a stale one first)
+        except NotFound:
+            log.warning("the member's hub namespace is missing (left, or not joined)",
+                        extra={"gpr": "/".join(_key(origin)), "cluster": cluster})
+            return
+        self.dispatches[_key(created)] = created
+        self.writes += 1
+
+    async def _write(self, origin: dict[str, Any], patch: dict[str, Any], decide: bool = False) -> None:
+        """Merge-patch the origin's status when it would change. ``decide``: a placement, written only over the
+        very object the decision read (its resourceVersion as a precondition: 409 when the informer was behind)."""
+        current = origin.get("status") or {}
+        strip = {**patch, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                                         for c in patch.get("conditions") or ()]}
+        now = {**current, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                                         for c in current.get("conditions") or ()]}
+        if not mirror_differs(now, strip):
+            return
+        ns, name = _key(origin)
+        body: dict[str, Any] = {"status": patch}
+        if decide:
+            body["metadata"] = {"resourceVersion": (origin.get("metadata") or {}).get("resourceVersion")}
+        written = await self.client.patch(GPRS, name, body, ns, subresource="status")
+        self.origins[(ns, name)] = written
+        self.writes += 1
+
+    async def _orphans(self) -> None:
+        """Delete each dispatch whose origin is gone, is a newer GPR of the same name, or sits elsewhere."""
+        for key, dispatch in list(self.dispatches.items()):
+            origin_ns, origin_name, uid = origin_of(dispatch) or ("", "", "")
+            origin = self.origins.get((origin_ns, origin_name))
+            where = key[0]
+            if origin is not None and (origin.get("metadata") or {}).get("uid") == uid and \
+                    member_namespace(str((origin.get("status") or {}).get("cluster") or "")) == where:
+                continue
+            if origin is not None and (origin.get("metadata") or {}).get("uid") == uid and \
+                    not (origin.get("status") or {}).get("cluster"):
+                continue  # its choice is being written
+            meta = dispatch.get("metadata") or {}
+            try:
+                await self.client.delete(GPRS, key[1], where, uid=str(meta.get("uid") or "") or None)
+            except NotFound:
+                pass
+            except ApiError as exc:
+                log.warning("cannot delete a dispatch whose origin is gone", extra={
+                    "dispatch": f"{where}/{key[1]}", "error": str(exc)[:200]})
+                continue
+            self.dispatches.pop(key, None)
+            log.info("dispatch deleted: its origin is gone or placed elsewhere",
+                     extra={"dispatch": f"{where}/{key[1]}", "origin": f"{origin_ns}/{origin_name}"})
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Leader-only: a pass on every change of a GPR or a Cluster, and every ``resync`` seconds."""
+        await self.informer.synced.wait()
+        while not stop.is_set():
+            self.changed.clear()
+            await self.pass_once()
+            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.changed.wait())]
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), self.resync)
+            finally:
+                for w in waits:
+                    w.cancel()

@@ -1,0 +1,230 @@
+"""Many clusters, step 2 (issue 40.3): GPRs made on the hub run on a member, on three real API servers.
+
+A fresh hub (no GPR controller runs there: only ``accelstack-hub``, under the shipped ``manifests/hub``
+ServiceAccount) and two members, each with the product's own extender (webhooks) and GPR controller (``Stack``),
+joined with the real ``kubectl accelstack cluster join``; each agent runs with the hub kubeconfig join stored in
+its member (the real, scoped token). A pinned GPR is admitted by member-a's controller and its phase and
+reservation come back to the hub; an unpinned one goes to the member with free GPUs and says why; the same name
+in two hub namespaces makes two member GPRs; deleting a hub GPR deletes the member's; a missing namespace is
+reported. Then member-a's agent stops: past ``--lost-after`` its never-started GPR is placed on member-b, its
+Running one is reported Lost and is not duplicated, and when the agent comes back it drops the moved copy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.realcluster.controlplane import ControlPlane, assets_dir, free_port
+from tests.realcluster.objects import GPRS, gpr, wait_for
+from tests.realcluster.shipped import install, render
+from tests.realcluster.stack import Product, Stack
+from tests.realcluster.test_multicluster import SYSTEM, Member, cli, condition, ready_with
+
+LOST_AFTER = 4.0
+SECONDS: dict[str, float] = {}
+HUB_NS = "apis/accelstack.io/v1alpha1/namespaces/{ns}/gpuprovisioningrequests"
+
+
+def _plane(role: str) -> ControlPlane:
+    folder = assets_dir()
+    assert folder is not None
+    plane = ControlPlane(folder)
+    plane.dir.joinpath("role").write_text(role)
+    return plane.start()
+
+
+class World:
+    def __init__(self, hub: ControlPlane, members: dict[str, Member], stacks: list[Stack]) -> None:
+        self.hub, self.members, self.stacks = hub, members, stacks
+        self.hub_proc: Product | None = None
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    """A hub and two members (three real control planes), each member with the product's extender and controller,
+    both joined through the real CLI, their agents and the hub controller running."""
+    started = time.monotonic()
+    hub = _plane("hub")
+    members = {n: Member(n, _plane(n)) for n in ("member-a", "member-b")}
+    stacks: list[Stack] = []
+    w = World(hub, members, stacks)
+    try:
+        objects = [o for o in render("manifests/hub") if o["kind"] != "Deployment"]
+        hub.apply([o for o in objects if o["kind"] == "CustomResourceDefinition"])
+        for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
+            hub.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
+        hub.apply([o for o in objects if o["kind"] == "Namespace"])
+        hub.apply([o for o in objects if o["kind"] not in ("CustomResourceDefinition", "Namespace")])
+        for m in members.values():
+            shipped = install(m.cp, render())
+            stacks.append(Stack(m.cp, shipped).start())
+        SECONDS["three planes, members with their stack"] = time.monotonic() - started
+        for m in members.values():
+            res = cli("cluster", "join", m.name, "--hub-kubeconfig", str(hub.admin_kubeconfig),
+                      "--kubeconfig", str(m.cp.admin_kubeconfig), "--token-expiry", "1h")
+            assert res.returncode == 0, res.stderr
+        port = free_port()
+        w.hub_proc = Product(hub, "hub", "scheduler_extender.cmd.hub", [
+            "--kubeconfig", str(hub.sa_kubeconfig(SYSTEM, "accelstack-hub")), "--listen", f"127.0.0.1:{port}",
+            "--lost-after", f"{LOST_AFTER:g}s", "--lease-seconds", "3", "--identity", "hub-0", "--resync", "1",
+            "--log-format", "json"], env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start()
+        for m in members.values():
+            m.start_agent()
+        SECONDS["set-up"] = time.monotonic() - started
+        yield w
+    finally:
+        for m in members.values():
+            if m.agent is not None:
+                m.agent.stop()
+        if w.hub_proc is not None:
+            w.hub_proc.stop()
+        for s in stacks:
+            s.stop()
+        for m in members.values():
+            m.cp.cleanup()
+        hub.cleanup()
+
+
+def namespace(cp: ControlPlane, name: str) -> None:
+    """A namespace with its default ServiceAccount (no controller-manager here makes it; pods need it)."""
+    cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    cp.create(f"api/v1/namespaces/{name}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                             "metadata": {"name": "default"}})
+
+
+def hub_gpr(w: World, ns: str, name: str) -> dict[str, Any]:
+    return w.hub.get(f"{HUB_NS.format(ns=ns)}/{name}") or {}
+
+
+def member_gpr(m: Member, ns: str, name: str) -> dict[str, Any]:
+    return m.cp.get(f"{GPRS.format(ns=ns)}/{name}") or {}
+
+
+def dispatches(w: World, member: str) -> list[str]:
+    items = w.hub.api("GET", HUB_NS.format(ns=f"accelstack-member-{member}")).get("items") or []
+    return sorted(o["metadata"]["name"] for o in items)
+
+
+def hub_status(w: World, ns: str, name: str, **want: Any) -> dict[str, Any] | None:
+    status = hub_gpr(w, ns, name).get("status") or {}
+    return status if all(status.get(k) == v for k, v in want.items()) else None
+
+
+def reserved(cp: ControlPlane, cluster: str, model: str) -> int:
+    obj = cp.get(f"apis/accelstack.io/v1alpha1/clusters/{cluster}") or {}
+    return sum(int(r.get("reserved") or 0) for r in (obj.get("status") or {}).get("inventory") or []
+               if r.get("model") == model)
+
+
+def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_a_lost_member(world: World) -> None:
+    w = world
+    a, b = w.members["member-a"], w.members["member-b"]
+    started = time.monotonic()
+    for m in (a, b):
+        m.add_node(f"{m.name[-1]}-h100", 8)
+        m.add_node(f"{m.name[-1]}-a100", 8, model="A100")
+    wait_for("both members Ready with 16 GPUs", lambda: ready_with(w.hub, "member-a", 16)
+             and ready_with(w.hub, "member-b", 16), timeout=60)
+    for ns in ("team-a", "team-b"):
+        for cp in (w.hub, a.cp, b.cp):
+            namespace(cp, ns)
+    namespace(w.hub, "team-c")  # on the hub only
+
+    # ---- pinned: member-a's own controller admits it; phase and reservation come back to the hub -------------
+    w.hub.create(HUB_NS.format(ns="team-a"), gpr("pinned", devices=8, clusterName="member-a", models=["H100"]))
+    status = wait_for("the pinned GPR Admitted on member-a, seen on the hub",
+                      lambda: hub_status(w, "team-a", "pinned", phase="Admitted", cluster="member-a"), timeout=60)
+    assert status["reservation"] == [{"node": "a-h100", "devices": 8}]
+    assert condition({"status": status}, "Placed") == {**condition({"status": status}, "Placed"), "status": "True",
+                                                       "reason": "Pinned", "message": "spec.clusterName: member-a"}
+    copy = member_gpr(a, "team-a", "pinned")
+    assert "clusterName" not in copy["spec"] and copy["status"]["phase"] == "Admitted"
+    origin_uid = hub_gpr(w, "team-a", "pinned")["metadata"]["uid"]
+    assert copy["metadata"]["annotations"]["accelstack.io/origin"] == f"hub/team-a/pinned/{origin_uid}"
+    assert member_gpr(b, "team-a", "pinned") == {}
+    assert dispatches(w, "member-a") == ["team-a.pinned"] and dispatches(w, "member-b") == []
+
+    # ---- unpinned: member-a's H100s are reserved, so it goes to member-b, which has them free -----------------
+    wait_for("member-a's reservation on the hub", lambda: reserved(w.hub, "member-a", "H100") == 8, timeout=30)
+    w.hub.create(HUB_NS.format(ns="team-a"), gpr("auto", devices=8, models=["H100"]))
+    status = wait_for("the unpinned GPR Admitted on member-b",
+                      lambda: hub_status(w, "team-a", "auto", phase="Admitted", cluster="member-b"), timeout=60)
+    placed = condition({"status": status}, "Placed")
+    assert placed["reason"] == "EarliestStart", placed
+    assert placed["message"].startswith("member-b: 8 free nvidia.com/gpu now (free now); member-a: 0 free"), placed
+    assert status["reservation"] == [{"node": "b-h100", "devices": 8}]
+
+    # ---- the same name in two hub namespaces: two member GPRs, no clash; the second waits in member-a's queue --
+    w.hub.create(HUB_NS.format(ns="team-b"), gpr("pinned", devices=8, clusterName="member-a", models=["H100"]))
+    status = wait_for("team-b/pinned Queued on member-a with a position",
+                      lambda: hub_status(w, "team-b", "pinned", phase="Queued", cluster="member-a", queuePosition=1),
+                      timeout=60)
+    assert member_gpr(a, "team-b", "pinned")["status"]["phase"] == "Queued"
+    assert member_gpr(a, "team-a", "pinned")["status"]["phase"] == "Admitted"  # untouched
+    assert dispatches(w, "member-a") == ["team-a.pinned", "team-b.pinned"]
+
+    # ---- a namespace the member lacks: reported, never created by the agent -----------------------------------
+    w.hub.create(HUB_NS.format(ns="team-c"), gpr("nowhere", devices=1, clusterName="member-b"))
+    status = wait_for("NamespaceMissing on the hub", lambda: hub_status(w, "team-c", "nowhere",
+                                                                        reason="NamespaceMissing"), timeout=60)
+    assert "namespace team-c does not exist" in status["message"]
+    assert b.cp.get("api/v1/namespaces/team-c") is None
+
+    # ---- deleting the hub GPR deletes the dispatch and then the member's GPR -----------------------------------
+    w.hub.delete(f"{HUB_NS.format(ns='team-a')}/auto")
+    wait_for("team-a/auto gone from member-b", lambda: member_gpr(b, "team-a", "auto") == {}, timeout=60)
+    assert "team-a.auto" not in dispatches(w, "member-b")
+
+    # ---- a started GPR and a never-started one on member-a --------------------------------------------------
+    a.cp.create("api/v1/namespaces/team-a/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pinned-0", "labels": {"accelstack.io/gpr": "pinned"}},
+        "spec": {"nodeName": "a-h100", "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                                       "resources": {"requests": {"nvidia.com/gpu": "8"},
+                                                                     "limits": {"nvidia.com/gpu": "8"}}}]}})
+    a.cp.patch("api/v1/namespaces/team-a/pods/pinned-0/status", {"status": {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}], "startTime": "2026-01-01T00:00:00Z"}})
+    wait_for("team-a/pinned Running on the hub", lambda: hub_status(w, "team-a", "pinned", phase="Running"),
+             timeout=60)
+    # A100 on both members, all free: a tie, so member-a by name; Admitted there, never started
+    w.hub.create(HUB_NS.format(ns="team-a"), gpr("moves", devices=8, models=["A100"]))
+    wait_for("team-a/moves Admitted on member-a",
+             lambda: hub_status(w, "team-a", "moves", phase="Admitted", cluster="member-a"), timeout=60)
+
+    # ---- member-a's agent stops: Lost; the never-started GPR moves, the Running one is reported Lost ---------
+    assert a.agent is not None and a.agent.stop() == 0
+    lost_at = time.monotonic()
+    moved = wait_for("team-a/moves Admitted on member-b", lambda: hub_status(
+        w, "team-a", "moves", phase="Admitted", cluster="member-b"), timeout=60)
+    assert time.monotonic() - lost_at >= LOST_AFTER - 0.6  # not before the member is Lost
+    replaced = condition({"status": moved}, "Replaced")
+    assert replaced["status"] == "True" and "taken off member-a (Lost) where it was Admitted" in replaced["message"]
+    assert moved["reservation"] == [{"node": "b-a100", "devices": 8}]
+    assert dispatches(w, "member-a") == ["team-a.pinned", "team-b.pinned"]  # the old dispatch deleted first
+    running = wait_for("team-a/pinned reported Lost", lambda: hub_status(w, "team-a", "pinned", reason="ClusterLost"),
+                       timeout=30)
+    assert running["phase"] == "Running" and running["cluster"] == "member-a"
+    assert condition({"status": running}, "Lost")["status"] == "True"
+    pinned_b = wait_for("team-b/pinned (pinned, queued) reported Lost, not moved",
+                        lambda: hub_status(w, "team-b", "pinned", reason="ClusterLost"), timeout=30)
+    assert pinned_b["cluster"] == "member-a"
+    # never duplicated: nothing of the started or the pinned GPR on member-b, or in its hub namespace
+    assert dispatches(w, "member-b") == ["team-a.moves", "team-c.nowhere"]
+    assert member_gpr(b, "team-a", "pinned") == {} and member_gpr(b, "team-b", "pinned") == {}
+
+    # ---- member-a's agent back: its copy of the moved GPR is deleted (its dispatch is gone), Lost cleared -----
+    a.start_agent()
+    wait_for("member-a's copy of team-a/moves deleted", lambda: member_gpr(a, "team-a", "moves") == {}, timeout=60)
+    def running_not_lost() -> dict[str, Any] | None:
+        s = hub_status(w, "team-a", "pinned", phase="Running")
+        return s if s is not None and not condition({"status": s}, "Lost") else None
+
+    back = wait_for("team-a/pinned Running again, not Lost", running_not_lost, timeout=60)
+    assert back["cluster"] == "member-a"
+    assert member_gpr(a, "team-a", "pinned")["status"]["phase"] == "Running"
+    SECONDS["test body"] = time.monotonic() - started
+    print(f"\nmulticluster GPR seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
