@@ -130,6 +130,23 @@ def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_
         m.add_node(f"{m.name[-1]}-a100", 8, model="A100")
     wait_for("both members Ready with 16 GPUs", lambda: ready_with(w.hub, "member-a", 16)
              and ready_with(w.hub, "member-b", 16), timeout=60)
+    # ---- the GPR rights, with the real tokens join issued -------------------------------------------------------
+    g, own, other = "gpuprovisioningrequests.accelstack.io", "accelstack-member-member-a", "accelstack-member-member-b"
+    token_a = a.hub_kubeconfig()
+    assert w.hub.can_i(token_a, "watch", g, namespace=own) and w.hub.can_i(token_a, "patch", g, namespace=own,
+                                                                              subresource="status")
+    for verb in ("create", "update", "delete"):  # the spec and the life of a dispatch are the hub's
+        assert not w.hub.can_i(token_a, verb, g, namespace=own), verb
+    for verb, ns in (("list", other), ("patch", other), ("list", "team-a"), ("list", "")):
+        assert not w.hub.can_i(token_a, verb, g, namespace=ns or None), (verb, ns)
+    agent_kc = a.cp.sa_kubeconfig(SYSTEM, "accelstack-member-agent")
+    assert a.cp.can_i(agent_kc, "create", g, namespace="team-a") and a.cp.can_i(agent_kc, "delete", g,
+                                                                                namespace="team-a")
+    assert not a.cp.can_i(agent_kc, "patch", g, namespace="team-a", subresource="status")
+    assert not a.cp.can_i(agent_kc, "create", "namespaces")
+    hub_kc = w.hub.sa_kubeconfig(SYSTEM, "accelstack-hub")
+    assert w.hub.can_i(hub_kc, "create", g, namespace=own) and not w.hub.can_i(hub_kc, "get", "secrets",
+                                                                                namespace=own)
     for ns in ("team-a", "team-b"):
         for cp in (w.hub, a.cp, b.cp):
             namespace(cp, ns)
