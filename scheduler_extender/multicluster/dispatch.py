@@ -187,6 +187,7 @@ class Dispatcher:
             with contextlib.suppress(NotFound):
                 await self.client.delete(GPRS, str(meta.get("name")), str(meta.get("namespace")),
                                          uid=str(meta.get("uid") or "") or None)
+            self.dispatches.pop(_key(dispatch), None)
         phase = str((origin.get("status") or {}).get("phase") or "Queued")
         why = f"taken off {old} (Lost) where it was {phase} and had not started; placed on {choice.cluster}"
         placed = Placed(choice.cluster, "Replaced", choice.message)

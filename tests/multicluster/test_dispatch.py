@@ -1,0 +1,169 @@
+"""The hub's dispatcher (scheduler_extender/multicluster/dispatch.py) against a fake API server: the choice is
+recorded (over the very object it read) before the dispatch is created, a pass over an unchanged world writes
+nothing, a dispatch whose origin is gone is deleted, and a Lost member's never-started GPR is moved (old dispatch
+deleted first) while a Running one is only reported."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from kubeapi import AlreadyExists, Conflict, NotFound, Resource
+from kubeapi.metrics import api_metrics
+from scheduler_extender.multicluster.dispatch import Dispatcher
+
+NOW = 1_796_018_400.0
+
+
+class FakeHub:
+    """GPRs by (namespace, name); a status patch carrying metadata.resourceVersion is refused when it is stale."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.metrics = api_metrics()
+        self.rv = 1
+
+    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return copy.deepcopy(obj)
+
+    async def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
+        key = (str(namespace), body["metadata"]["name"])
+        self.calls.append(("create", *key))
+        if key in self.objects:
+            raise AlreadyExists(409, "AlreadyExists", "exists")
+        obj = copy.deepcopy(body)
+        obj["metadata"].update(namespace=namespace, uid=f"uid-{key[1]}")
+        self.objects[key] = obj
+        return self._bump(obj)
+
+    async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                    subresource: str | None = None) -> Any:
+        key = (str(namespace), name)
+        self.calls.append(("patch-status", *key))
+        obj = self.objects.get(key)
+        if obj is None:
+            raise NotFound(404, "NotFound", name)
+        want = (body.get("metadata") or {}).get("resourceVersion")
+        if want is not None and want != obj["metadata"]["resourceVersion"]:
+            raise Conflict(409, "Conflict", "the object has been modified")
+        status = obj.setdefault("status", {})
+        for k, v in body["status"].items():
+            if v is None:
+                status.pop(k, None)
+            else:
+                status[k] = v
+        return self._bump(obj)
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None, *, uid: str | None = None) -> Any:
+        key = (str(namespace), name)
+        self.calls.append(("delete", *key))
+        if key not in self.objects:
+            raise NotFound(404, "NotFound", name)
+        del self.objects[key]
+        return {}
+
+
+def member(ready: bool = True, free: int = 8) -> dict[str, Any]:
+    return {"status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"},
+                                      {"type": "Lost", "status": "False" if ready else "True"}],
+                       "inventory": [{"resource": "nvidia.com/gpu", "model": "H100", "nodes": 1, "capacity": 8,
+                                      "allocatable": 8, "allocated": 8 - free, "reserved": 0, "unhealthy": 0,
+                                      "queued": 0}]}}
+
+
+def setup(clusters: dict[str, dict[str, Any]]) -> tuple[FakeHub, Dispatcher]:
+    hub = FakeHub()
+    d = Dispatcher(hub, lambda: clusters, wall=lambda: NOW)  # type: ignore[arg-type]
+    return hub, d
+
+
+def origin(hub: FakeHub, d: Dispatcher, name: str = "train", **spec: Any) -> dict[str, Any]:
+    obj = {"metadata": {"name": name, "namespace": "team-a", "uid": "o-1"},
+           "spec": {"resource": "nvidia.com/gpu", "devicesPerNode": 8, "nodeCount": 1, **spec}}
+    hub.objects[("team-a", name)] = obj
+    stored = hub._bump(obj)
+    d._on_gpr("ADDED", stored)
+    return stored
+
+
+def watch_all(hub: FakeHub, d: Dispatcher) -> None:
+    """What the informer brings: every stored object as it is now."""
+    d._sync([copy.deepcopy(o) for o in hub.objects.values()])
+
+
+def test_the_choice_is_recorded_before_the_dispatch_and_an_unchanged_world_writes_nothing() -> None:
+    hub, d = setup({"member-a": member(free=0), "member-b": member(free=8)})
+    origin(hub, d)
+    asyncio.run(d.pass_once())
+    assert hub.calls == [("patch-status", "team-a", "train"), ("create", "accelstack-member-member-b", "team-a.train")]
+    status = hub.objects[("team-a", "train")]["status"]
+    assert status["cluster"] == "member-b" and status["reason"] == "Dispatched"
+    assert status["conditions"][0]["reason"] == "EarliestStart"
+    dispatch = hub.objects[("accelstack-member-member-b", "team-a.train")]
+    assert dispatch["metadata"]["labels"]["accelstack.io/origin-uid"] == "o-1"
+    hub.calls.clear()
+    watch_all(hub, d)
+    asyncio.run(d.pass_once())
+    assert hub.calls == []  # recorded once: no second pick, no second create
+
+
+def test_a_decision_on_a_stale_copy_is_refused_and_creates_nothing() -> None:
+    hub, d = setup({"member-b": member()})
+    stale = origin(hub, d)
+    hub._bump(hub.objects[("team-a", "train")])  # the stored object moved on; the informer has not seen it
+    d._on_gpr("MODIFIED", stale)
+    asyncio.run(d.pass_once())
+    assert hub.calls == [("patch-status", "team-a", "train")]
+    assert "status" not in hub.objects[("team-a", "train")]
+
+
+def test_the_dispatch_of_a_deleted_origin_is_deleted() -> None:
+    hub, d = setup({"member-b": member()})
+    origin(hub, d)
+    asyncio.run(d.pass_once())
+    del hub.objects[("team-a", "train")]
+    watch_all(hub, d)
+    hub.calls.clear()
+    asyncio.run(d.pass_once())
+    assert hub.calls == [("delete", "accelstack-member-member-b", "team-a.train")]
+
+
+def run_on_a(phase: str, pinned: bool = False) -> tuple[FakeHub, dict[str, dict[str, Any]], Dispatcher]:
+    clusters = {"member-a": member(), "member-b": member()}
+    hub, d = setup(clusters)
+    origin(hub, d, **({"clusterName": "member-a"} if pinned else {}))
+    asyncio.run(d.pass_once())  # a tie: member-a by name
+    assert hub.objects[("team-a", "train")]["status"]["cluster"] == "member-a"
+    hub.objects[("accelstack-member-member-a", "team-a.train")]["status"] = {"phase": phase}  # the agent mirrored
+    watch_all(hub, d)
+    asyncio.run(d.pass_once())
+    assert hub.objects[("team-a", "train")]["status"]["phase"] == phase
+    clusters["member-a"] = member(ready=False)
+    watch_all(hub, d)
+    hub.calls.clear()
+    asyncio.run(d.pass_once())
+    return hub, clusters, d
+
+
+def test_a_never_started_gpr_leaves_a_lost_member_old_dispatch_first() -> None:
+    hub, _, _ = run_on_a("Admitted")
+    assert hub.calls == [("delete", "accelstack-member-member-a", "team-a.train"),
+                         ("patch-status", "team-a", "train"),
+                         ("create", "accelstack-member-member-b", "team-a.train")]
+    status = hub.objects[("team-a", "train")]["status"]
+    assert status["cluster"] == "member-b"
+    replaced = next(c for c in status["conditions"] if c["type"] == "Replaced")
+    assert replaced["message"].startswith("taken off member-a (Lost) where it was Admitted")
+
+
+def test_a_running_or_pinned_gpr_on_a_lost_member_is_reported_never_duplicated() -> None:
+    for phase, pinned in (("Running", False), ("Queued", True)):
+        hub, _, _ = run_on_a(phase, pinned)
+        assert [c[0] for c in hub.calls] == ["patch-status"], (phase, hub.calls)
+        status = hub.objects[("team-a", "train")]["status"]
+        assert (status["cluster"], status["phase"], status["reason"]) == ("member-a", phase, "ClusterLost")
+        assert not any(k[0] == "accelstack-member-member-b" for k in hub.objects)
