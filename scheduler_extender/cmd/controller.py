@@ -14,12 +14,11 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from scheduler_extender.cmd.extender import POLICIES, RESOURCE_NAMES, resource_names
 from scheduler_extender.core.eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S
@@ -27,6 +26,7 @@ from scheduler_extender.core.scheduler import SchedulerConfig
 from scheduler_extender.objects.accelerator_nodes import parse_grace, parse_selector, vendor_id
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
+from service.probes import informer_problems, probe_routes, serve_until_signal
 
 log = logging.getLogger("accelstack.controller")
 ENV = "ACCELSTACK_CTL_"
@@ -178,8 +178,7 @@ class ControllerProcess:
         await wait_synced(self.informers, sync_timeout)
         self.service.start(self.stop_event)
         app = web.Application()
-        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
-                        web.get("/metrics", self._metrics)])
+        app.add_routes(probe_routes(lambda: informer_problems(self.informers), [self.registry]))
         # the same listener as the extender's: fixed answers to malformed HTTP, header and idle timeouts
         self._runner, self.port = await serve_app(app, host, port, limits=self.limits)
 
@@ -192,18 +191,6 @@ class ControllerProcess:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def _readyz(self, _: web.Request) -> web.Response:
-        if self.ready():
-            return web.Response(text="ok\n")
-        broken = ", ".join(f"{i.name}: {i.last_error or 'not synced'}" for i in self.informers if not i.healthy)
-        return web.Response(status=503, text=f"not ready: {broken}\n")
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self.registry) + generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def serve(opts: dict[str, Any]) -> None:
@@ -213,18 +200,13 @@ async def serve(opts: dict[str, Any]) -> None:
     kube = Kube(await from_config(opts["kubeconfig"], field_manager="accelstack-gpr-controller",
                                   timeout=opts["api_timeout"]))
     process = ControllerProcess(kube, opts)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await process.start(opts["host"], opts["port"])
-        log.info("controller started", extra={"port": process.port})
-        await stop.wait()
-    finally:
-        log.info("shutting down")
+
+    async def stop() -> None:
         await process.stop()
         await kube.close()
+
+    await serve_until_signal(lambda: process.start(opts["host"], opts["port"]), stop,
+                             lambda: log.info("controller started", extra={"port": process.port}), log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

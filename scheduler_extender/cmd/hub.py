@@ -13,19 +13,19 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from scheduler_extender.cmd.controller import duration
 from scheduler_extender.multicluster.dispatch import Dispatcher
 from scheduler_extender.multicluster.hub import HubController
 from service.flags import Checked, Parser, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
+from service.probes import informer_problems, probe_routes, serve_until_signal
 
 log = logging.getLogger("accelstack.hub")
 ENV = "ACCELSTACK_HUB_"
@@ -89,8 +89,8 @@ class HubProcess:
                                                          {"hub": self.controller.run,
                                                           "gprs": self._dispatch}), name="hub")]
         app = web.Application()
-        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
-                        web.get("/metrics", self._metrics)])
+        app.add_routes(probe_routes(
+            lambda: informer_problems((self.controller.informer, self.dispatcher.informer)), [self.registry]))
         self._runner, self.port = await serve_app(app, host, port, limits=Limits())
 
     async def stop(self) -> None:
@@ -107,20 +107,6 @@ class HubProcess:
         await self.controller.informer.synced.wait()  # place only over the members' inventories as stored
         await self.dispatcher.run(stop)
 
-    async def _healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def _readyz(self, _: web.Request) -> web.Response:
-        broken = [f"{i.name}: {i.last_error or 'not synced'}" for i in (self.controller.informer,
-                                                                          self.dispatcher.informer)
-                  if not (i.synced.is_set() and i.healthy)]
-        if not broken:
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text=f"not ready: {', '.join(broken)}\n")
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self.registry) + generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def serve(opts: dict[str, Any]) -> None:
@@ -128,18 +114,14 @@ async def serve(opts: dict[str, Any]) -> None:
 
     client = await from_config(opts["kubeconfig"], field_manager="accelstack-hub", timeout=opts["api_timeout"])
     process = HubProcess(client, opts)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await process.start(opts["host"], opts["port"])
-        log.info("hub started", extra={"port": process.port, "lost_after_s": opts["lost_after"]})
-        await stop.wait()
-    finally:
-        log.info("shutting down")
+
+    async def stop() -> None:
         await process.stop()
         await client.close()
+
+    await serve_until_signal(lambda: process.start(opts["host"], opts["port"]), stop,
+                             lambda: log.info("hub started", extra={"port": process.port,
+                                                                    "lost_after_s": opts["lost_after"]}), log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

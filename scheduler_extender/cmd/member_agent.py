@@ -15,13 +15,12 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge
 
 from scheduler_extender.cmd.extender import RESOURCE_NAMES, resource_names
 from scheduler_extender.multicluster.agent import HUB_SECRET, MemberAgent, token_times
@@ -29,6 +28,7 @@ from scheduler_extender.multicluster.clusters import check_name, member_namespac
 from scheduler_extender.multicluster.follow import DispatchFollower
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
+from service.probes import informer_problems, probe_routes, serve_until_signal
 
 log = logging.getLogger("accelstack.member_agent")
 ENV = "ACCELSTACK_AGENT_"
@@ -112,8 +112,7 @@ class AgentProcess:
         if self.follower is not None:
             self._tasks.append(asyncio.create_task(supervise("dispatches", self.follower.run, self.stop_event)))
         app = web.Application()
-        app.add_routes([web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
-                        web.get("/metrics", self._metrics)])
+        app.add_routes(probe_routes(self._problems, [self.registry], self._scrape))
         self._runner, self.port = await serve_app(app, host, port, limits=limits or Limits())
 
     async def stop(self) -> None:
@@ -124,23 +123,13 @@ class AgentProcess:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    def _problems(self) -> list[str]:
+        broken = informer_problems(self.follower.informers if self.follower else [])
+        return broken if self.agent.ready() else [self.agent.not_ready_because(), *broken]
 
-    async def _readyz(self, _: web.Request) -> web.Response:
-        broken = [f"{i.name}: {i.last_error or 'not synced'}" for i in (self.follower.informers if self.follower
-                                                                          else []) if not (i.synced.is_set() and i.healthy)]
-        if self.agent.ready() and not broken:
-            return web.Response(text="ok\n")
-        because = ", ".join([self.agent.not_ready_because(), *broken] if not self.agent.ready() else broken)
-        return web.Response(status=503, text=f"not ready: {because}\n")
-
-    async def _metrics(self, _: web.Request) -> web.Response:
+    def _scrape(self) -> None:
         self.hub_ok.set(1 if self.agent.hub_ok else 0)
         self.writes.set(self.agent.writes)
-        body = generate_latest(self.registry) + generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
 
 async def serve(opts: dict[str, Any]) -> None:
     from kubeapi.client import from_config
@@ -156,20 +145,16 @@ async def serve(opts: dict[str, Any]) -> None:
     await agent.load_versions(accelstack_version())
     follower = DispatchFollower(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
     process = AgentProcess(agent, follower)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await process.start(opts["host"], opts["port"])
-        log.info("member agent started", extra={"port": process.port, "cluster": opts["cluster"],
-                                                "hub": hub.host})
-        await stop.wait()
-    finally:
-        log.info("shutting down")
+
+    async def stop() -> None:
         await process.stop()
         await member.close()
         await hub.close()
+
+    await serve_until_signal(lambda: process.start(opts["host"], opts["port"]), stop,
+                             lambda: log.info("member agent started", extra={"port": process.port,
+                                                                             "cluster": opts["cluster"],
+                                                                             "hub": hub.host}), log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

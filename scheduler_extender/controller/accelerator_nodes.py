@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
 from kubeapi.informer import Informer
+from kubeapi.passes import resource_version, run_passes
 from kubeapi.resources import NODES, Resource
-from scheduler_extender.controller.passes import resource_version, run_passes
 from scheduler_extender.objects import accelerator_nodes as an
 from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects.cluster import ClusterView, PodView

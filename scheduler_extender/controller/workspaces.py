@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
 from kubeapi.informer import Informer
+from kubeapi.passes import resource_version, run_passes
 from kubeapi.resources import (
     NAMESPACES,
     ROLE_BINDINGS,
@@ -34,7 +35,6 @@ from kubeapi.resources import (
     WORKSPACES,
     Resource,
 )
-from scheduler_extender.controller.passes import resource_version, run_passes
 from scheduler_extender.objects import gpr_codec as gr
 from scheduler_extender.objects import workspaces as wsp
 from scheduler_extender.objects.cluster import MODEL_LABEL, ClusterView

@@ -28,6 +28,7 @@ from typing import Any
 
 from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from kubeapi.informer import Informer
+from kubeapi.passes import run_passes
 from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.clusters import member_namespace, micro_time
 from scheduler_extender.multicluster.placement import (
@@ -256,15 +257,7 @@ class Dispatcher:
                      extra={"dispatch": f"{where}/{key[1]}", "origin": f"{origin_ns}/{origin_name}"})
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Leader-only: a pass on every change of a GPR or a Cluster, and every ``resync`` seconds."""
-        await self.informer.synced.wait()
-        while not stop.is_set():
-            self.changed.clear()
-            await self.pass_once()
-            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.changed.wait())]
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), self.resync)
-            finally:
-                for w in waits:
-                    w.cancel()
+        """Leader-only: a pass on every change of a GPR or a Cluster, and every ``resync`` seconds
+        (:func:`kubeapi.passes.run_passes`)."""
+        await run_passes(stop, self.changed, synced=self.informer.synced.is_set, reconcile=self.pass_once,
+                         resync=self.resync, min_interval=0.0, clock=self.wall, log=log, what="dispatch")

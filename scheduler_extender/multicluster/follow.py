@@ -19,7 +19,6 @@ Level-triggered, as the hub: a pass on every change of either side and every ``r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import Any
 
 from kubeapi import AlreadyExists, ApiError, KubeClient, NotFound
 from kubeapi.informer import Informer
+from kubeapi.passes import run_passes
 from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.clusters import micro_time
 from scheduler_extender.multicluster.placement import (
@@ -166,15 +166,8 @@ class DispatchFollower:
             log.info("GPR deleted: its hub dispatch is gone", extra={"gpr": "/".join(key)})
 
     async def run(self, stop: asyncio.Event) -> None:
-        for informer in self.informers:
-            await informer.synced.wait()
-        while not stop.is_set():
-            self.changed.clear()
-            await self.pass_once()
-            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.changed.wait())]
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), self.resync)
-            finally:
-                for w in waits:
-                    w.cancel()
+        """A pass on every change of either side and every ``resync`` seconds, once both informers have synced
+        (:func:`kubeapi.passes.run_passes`)."""
+        await run_passes(stop, self.changed, synced=lambda: all(i.synced.is_set() for i in self.informers),
+                         reconcile=self.pass_once, resync=self.resync, min_interval=0.0, clock=self.wall, log=log,
+                         what="dispatch follower")

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from kubeapi import ApiError, KubeClient, NotFound
 from kubeapi.informer import Informer
+from kubeapi.passes import run_passes
 from scheduler_extender.multicluster.clusters import (
     CLUSTERS,
     LOST_AFTER_S,
@@ -134,16 +135,13 @@ class HubController:
         return wake
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Leader-only: a pass on every change, at the next verdict flip, and every ``resync`` seconds."""
-        await self.informer.synced.wait()
-        while not stop.is_set():
-            self.changed.clear()
-            wake = await self.pass_once()
-            wait = self.resync if wake is None else max(0.05, min(self.resync, wake - self.wall() + 0.01))
-            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.changed.wait())]
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), wait)
-            finally:
-                for w in waits:
-                    w.cancel()
+        """Leader-only: a pass on every change, at the next verdict flip, and every ``resync`` seconds
+        (:func:`kubeapi.passes.run_passes`: a pass that fails is retried with a backoff)."""
+        wake: list[float | None] = [None]
+
+        async def reconcile() -> None:
+            wake[0] = await self.pass_once()
+
+        await run_passes(stop, self.changed, synced=self.informer.synced.is_set, reconcile=reconcile,
+                         resync=self.resync, min_interval=0.05, clock=self.wall, log=log, what="hub",
+                         retry_at=lambda: None if wake[0] is None else wake[0] + 0.01)

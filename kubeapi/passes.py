@@ -1,6 +1,7 @@
-"""The loop every level-triggered controller of ``accelstack-controller`` runs while it leads (workspaces,
-accelerator nodes): a pass on a change (coalesced, at most one per ``min_interval``) and every ``resync`` seconds,
-never on a partial view, and a pass that raises retried with a backoff (1 s doubling to 30 s)."""
+"""The loop every level-triggered controller runs while it leads (workspaces and accelerator nodes in
+``accelstack-controller``, the hub's Cluster judgement and GPR dispatch, a member agent's dispatch follower): a pass
+on a change (coalesced, at most one per ``min_interval``) and every ``resync`` seconds, never on a partial view,
+and a pass that raises retried with a backoff (1 s doubling to 30 s)."""
 
 from __future__ import annotations
 
