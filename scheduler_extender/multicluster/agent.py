@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import time
@@ -29,6 +28,7 @@ import yaml
 
 from kubeapi import ApiError, KubeClient, NotFound
 from kubeapi.informer import Informer
+from kubeapi.passes import wait_first
 from kubeapi.resources import ACCELERATOR_NODES, GPRS, NODES, SECRETS, SERVICE_ACCOUNTS
 from scheduler_extender.multicluster.clusters import (
     CLUSTERS,
@@ -180,7 +180,7 @@ class MemberAgent:
             wait = max(0.05, min(self.heartbeat - since, self.heartbeat) if self.hub_ok else min(self.heartbeat, 2.0))
             if self.changed.is_set():
                 wait = min(wait, max(0.05, self.min_gap - since))
-            await _first(stop, self.changed, wait)
+            await wait_first(stop, self.changed, wait)
 
     # ---- the hub token ---------------------------------------------------------------------------------------
     async def maybe_renew_token(self) -> None:
@@ -246,12 +246,3 @@ def token_times(kubeconfig: str) -> tuple[float, float] | None:
     except (OSError, yaml.YAMLError, StopIteration, IndexError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
-
-async def _first(stop: asyncio.Event, changed: asyncio.Event, seconds: float) -> None:
-    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), seconds)
-    finally:
-        for w in waits:
-            w.cancel()

@@ -65,3 +65,20 @@ def bound_node(cp: ControlPlane, ns: str, name: str) -> str:
 def events_for(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
     items = cp.api("GET", f"api/v1/namespaces/{ns}/events").get("items") or []
     return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]
+
+
+def account_token(cp: ControlPlane, ns: str, name: str, rules: list[dict[str, Any]] | None = None) -> str:
+    """A real token of a new ServiceAccount ``ns/name``; with ``rules``, a ClusterRole ``<ns>-<name>`` of them bound
+    to it (the test removes the two cluster-wide objects, or the next run's create meets them)."""
+    cp.create(f"api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                         "metadata": {"name": name}})
+    if rules:
+        role = f"{ns}-{name}"
+        cp.create("apis/rbac.authorization.k8s.io/v1/clusterroles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+            "rules": rules})
+        cp.create("apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
+    return cp.token(ns, name)

@@ -19,7 +19,7 @@ from scheduler_extender.cli import kubectl_plugin
 from scheduler_extender.objects.gpr_codec import rfc3339
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
-from tests.realcluster.objects import wait_for
+from tests.realcluster.objects import account_token, wait_for
 from tests.realcluster.stack import Stack
 from tests.realcluster.test_accelerator_nodes import AN, label_as_device_plugin, wait_status
 from tests.realcluster.test_gpr_control_plane import pods_path, set_running
@@ -59,20 +59,11 @@ def ds_pod(cp: ControlPlane, ns: str, node: str, key: str, uid: str) -> str:
 
 def node_reader(cp: ControlPlane, ns: str, allowed: bool) -> str:
     """A real ServiceAccount token; ``allowed``: may get nodes and patch acceleratornodes (check and deboard)."""
-    name = "node-admin" if allowed else "onlooker"
-    cp.create(f"api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                         "metadata": {"name": name}})
-    if allowed:
-        role = f"{ns}-node-admin"
-        cp.create("apis/rbac.authorization.k8s.io/v1/clusterroles", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-                      {"apiGroups": ["accelstack.io"], "resources": ["acceleratornodes"], "verbs": ["get", "patch"]}]})
-        cp.create("apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
-    return cp.token(ns, name)
+    if not allowed:
+        return account_token(cp, ns, "onlooker")
+    return account_token(cp, ns, "node-admin", [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["accelstack.io"], "resources": ["acceleratornodes"], "verbs": ["get", "patch"]}])
 
 
 def test_an_nr1_node_joins_item_by_item_then_is_removed(cp: ControlPlane, stack: Stack, ns: str, nodes: Nodes,

@@ -12,7 +12,17 @@ from typing import Any
 from scheduler_extender.cli import kubectl_plugin
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
-from tests.realcluster.objects import GPRS, admitted, bound_node, events_for, gpr, gpr_status, pod, wait_for
+from tests.realcluster.objects import (
+    GPRS,
+    account_token,
+    admitted,
+    bound_node,
+    events_for,
+    gpr,
+    gpr_status,
+    pod,
+    wait_for,
+)
 from tests.realcluster.stack import Stack
 from tests.realcluster.test_accelerator_nodes import (
     AN,
@@ -34,20 +44,10 @@ def taints(cp: ControlPlane, node: str) -> list[str]:
 
 def operator_token(cp: ControlPlane, ns: str, allowed: bool) -> str:
     """A real ServiceAccount token; ``allowed``: bound to a ClusterRole that may patch acceleratornodes."""
-    name = "node-operator" if allowed else "bystander"
-    cp.create(f"api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                         "metadata": {"name": name}})
-    if allowed:
-        role = f"{ns}-node-operator"
-        cp.create("apis/rbac.authorization.k8s.io/v1/clusterroles", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
-            "rules": [{"apiGroups": ["accelstack.io"], "resources": ["acceleratornodes"],
-                       "verbs": ["get", "list", "patch"]}]})
-        cp.create("apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]})
-    return cp.token(ns, name)
+    if not allowed:
+        return account_token(cp, ns, "bystander")
+    return account_token(cp, ns, "node-operator", [{"apiGroups": ["accelstack.io"], "resources": ["acceleratornodes"],
+                                                    "verbs": ["get", "list", "patch"]}])
 
 
 def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stack: Stack, ns: str,
