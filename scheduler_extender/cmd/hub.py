@@ -1,6 +1,7 @@
 """``accelstack-hub``: the hub's controller (docs/multicluster.md), leader-elected on a Lease like the GPR
 controller. It judges every member ``Cluster`` Ready or Lost by its heartbeats, on the hub's clock alone, and
-exports ``accelstack_hub_cluster_ready{cluster}`` and the members' devices on ``/metrics``.
+exports ``accelstack_hub_cluster_ready{cluster}`` and the members' devices on ``/metrics``; it places hub GPRs on
+members and carries Workspaces with ``spec.clusters`` to the listed members.
 
 It serves ``/healthz``, ``/readyz`` (200 once Clusters can be listed) and ``/metrics``; SIGTERM gives the Lease
 up. Every flag has an environment variable (``ACCELSTACK_HUB_<FLAG>``); a flag wins over its variable. Bad values
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from scheduler_extender.cmd.controller import duration
 from scheduler_extender.multicluster.dispatch import Dispatcher
 from scheduler_extender.multicluster.hub import HubController
+from scheduler_extender.multicluster.workspaces import WorkspaceDispatcher
 from service.flags import Checked, Parser, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
 from service.probes import informer_problems, probe_routes, serve_until_signal
@@ -70,6 +72,8 @@ class HubProcess:
                                         registry=self.registry)
         self.dispatcher = Dispatcher(client, lambda: self.controller.clusters, resync=opts["resync"])
         self.controller.listeners.append(self.dispatcher.changed)
+        self.workspaces = WorkspaceDispatcher(client, lambda: self.controller.clusters, resync=opts["resync"])
+        self.controller.listeners.append(self.workspaces.changed)
         lease = opts["lease_seconds"]
         self.elector = LeaderElector(client, opts["lease_namespace"], opts["lease_name"], opts["identity"],
                                      lease_duration=lease, renew_deadline=lease * 2 / 3, retry_period=lease * 2 / 15)
@@ -85,12 +89,16 @@ class HubProcess:
         self._tasks = [asyncio.create_task(self.elector.run(self.stop_event), name="leader"),
                        asyncio.create_task(informer.run(self.stop_event), name="informer-clusters"),
                        asyncio.create_task(self.dispatcher.informer.run(self.stop_event), name="informer-gprs"),
+                       *(asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}")
+                         for i in self.workspaces.informers),
                        asyncio.create_task(while_leading(self.elector, self.stop_event,
                                                          {"hub": self.controller.run,
-                                                          "gprs": self._dispatch}), name="hub")]
+                                                          "gprs": self._dispatch,
+                                                          "workspaces": self._workspaces}), name="hub")]
         app = web.Application()
         app.add_routes(probe_routes(
-            lambda: informer_problems((self.controller.informer, self.dispatcher.informer)), [self.registry]))
+            lambda: informer_problems((self.controller.informer, self.dispatcher.informer,
+                                        *self.workspaces.informers)), [self.registry]))
         self._runner, self.port = await serve_app(app, host, port, limits=Limits())
 
     async def stop(self) -> None:
@@ -106,6 +114,10 @@ class HubProcess:
     async def _dispatch(self, stop: asyncio.Event) -> None:
         await self.controller.informer.synced.wait()  # place only over the members' inventories as stored
         await self.dispatcher.run(stop)
+
+    async def _workspaces(self, stop: asyncio.Event) -> None:
+        await self.controller.informer.synced.wait()  # a member not joined is told apart from one not seen yet
+        await self.workspaces.run(stop)
 
 
 

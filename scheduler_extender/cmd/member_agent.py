@@ -1,7 +1,7 @@
 """``accelstack-member-agent``: a member cluster's agent (docs/multicluster.md). It reads its own cluster (Nodes,
 AcceleratorNodes, GPRs) and writes its ``Cluster`` status on the hub with a token scoped to that one object and
 its own hub namespace; it follows the GPRs the hub dispatched there (creates them in its cluster, mirrors their
-status back, deletes them when the hub's dispatch is gone).
+status back, deletes them when the hub's dispatch is gone), and the Workspaces the hub carried there the same way.
 
 It serves ``/healthz``, ``/readyz`` (200 once every informer of the member is synced and the last status write
 reached the hub) and ``/metrics``; SIGTERM stops it cleanly. Every flag has an environment variable
@@ -26,6 +26,7 @@ from scheduler_extender.cmd.extender import RESOURCE_NAMES, resource_names
 from scheduler_extender.multicluster.agent import HUB_SECRET, MemberAgent, token_times
 from scheduler_extender.multicluster.clusters import check_name, member_namespace
 from scheduler_extender.multicluster.follow import DispatchFollower
+from scheduler_extender.multicluster.workspaces import WorkspaceFollower
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
 from service.probes import informer_problems, probe_routes, serve_until_signal
@@ -91,8 +92,9 @@ def accelstack_version() -> str:
 class AgentProcess:
     """The agent, its informers and a small health/metrics server."""
 
-    def __init__(self, agent: MemberAgent, follower: DispatchFollower | None = None) -> None:
-        self.agent, self.follower = agent, follower
+    def __init__(self, agent: MemberAgent, follower: DispatchFollower | None = None,
+                 workspaces: WorkspaceFollower | None = None) -> None:
+        self.agent, self.follower, self.workspaces = agent, follower, workspaces
         self.registry = CollectorRegistry()
         self.hub_ok = Gauge("accelstack_member_agent_hub_ok", "1 while the last status write reached the hub",
                             registry=self.registry)
@@ -106,11 +108,13 @@ class AgentProcess:
     async def start(self, host: str, port: int, limits: Limits | None = None) -> None:
         from kubeapi.tasks import supervise
 
-        informers = [*self.agent.informers, *(self.follower.informers if self.follower else [])]
+        informers = [*self.agent.informers, *self._followers_informers()]
         self._tasks = [asyncio.create_task(i.run(self.stop_event), name=f"informer-{i.name}") for i in informers]
         self._tasks.append(asyncio.create_task(supervise("member-agent", self.agent.run, self.stop_event)))
         if self.follower is not None:
             self._tasks.append(asyncio.create_task(supervise("dispatches", self.follower.run, self.stop_event)))
+        if self.workspaces is not None:
+            self._tasks.append(asyncio.create_task(supervise("workspaces", self.workspaces.run, self.stop_event)))
         app = web.Application()
         app.add_routes(probe_routes(self._problems, [self.registry], self._scrape))
         self._runner, self.port = await serve_app(app, host, port, limits=limits or Limits())
@@ -123,8 +127,12 @@ class AgentProcess:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def _followers_informers(self) -> list[Any]:
+        return [*(self.follower.informers if self.follower else []),
+                *(self.workspaces.informers if self.workspaces else [])]
+
     def _problems(self) -> list[str]:
-        broken = informer_problems(self.follower.informers if self.follower else [])
+        broken = informer_problems(self._followers_informers())
         return broken if self.agent.ready() else [self.agent.not_ready_because(), *broken]
 
     def _scrape(self) -> None:
@@ -144,7 +152,8 @@ async def serve(opts: dict[str, Any]) -> None:
                         token=token_times(opts["hub_kubeconfig"]))
     await agent.load_versions(accelstack_version())
     follower = DispatchFollower(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
-    process = AgentProcess(agent, follower)
+    workspaces = WorkspaceFollower(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
+    process = AgentProcess(agent, follower, workspaces)
 
     async def stop() -> None:
         await process.stop()

@@ -3,13 +3,14 @@
 Join runs on an admin's machine that holds both kubeconfigs; the hub never gets the member's credentials. On
 the hub it makes the member's namespace ``accelstack-member-NAME`` with a ServiceAccount ``member-agent`` there,
 a Role + RoleBinding there that lets that account ask for its own token (renewal), read the GPRs the hub
-dispatched into that namespace and patch their status (nothing outside it), a ClusterRole +
+dispatched into that namespace and patch their status, read the Workspace carriers (ConfigMaps) there and patch
+them (the member's verdict; nothing outside that namespace), a ClusterRole +
 ClusterRoleBinding granting get/update/patch on ``clusters`` and ``clusters/status`` with ``resourceNames:
 [NAME]`` only (OCM's klusterlet identity is scoped the same way), the ``Cluster`` itself, and a token for the
 ServiceAccount (TokenRequest, with an expiry). On the member it makes the Secret ``accelstack-hub-kubeconfig``
 (a kubeconfig for the hub with that token, and the cluster's name) and the agent: its ServiceAccount, a
-ClusterRole that reads nodes, acceleratornodes and gprs and may create and delete gprs (the hub's, in their
-namespaces) and nothing else, a Role that may update that one
+ClusterRole that reads nodes, acceleratornodes and gprs, may create and delete gprs (the hub's, in their
+namespaces) and read, create, update and delete workspaces (the hub's) and nothing else, a Role that may update that one
 Secret (where the agent stores a renewed token), and its Deployment — the same objects as ``manifests/member/``
 (a test keeps the two equal).
 
@@ -110,7 +111,9 @@ def hub_items(name: str, labels: Mapping[str, str]) -> list[Item]:
             {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests"],
              "verbs": ["get", "list", "watch"]},
             {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests/status"],
-             "verbs": ["patch"]}])),
+             "verbs": ["patch"]},
+            # the Workspaces the hub carried to this member (ConfigMaps): read, and patch (the member's verdict)
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]}])),
         Item("hub", ROLE_BINDINGS, AGENT, ns, _binding("RoleBinding", AGENT, ns, "Role", AGENT,
                                                        AGENT_SERVICE_ACCOUNT, ns)),
         Item("hub", CLUSTER_ROLES, role, None, _rbac("ClusterRole", role, None, [
@@ -163,7 +166,10 @@ def member_objects() -> list[dict[str, Any]]:
             {"apiGroups": [CLUSTERS.group], "resources": ["acceleratornodes", "gpuprovisioningrequests"],
              "verbs": ["get", "list", "watch"]},
             # the GPRs the hub sent: created in their namespace, deleted with their dispatch (never a status)
-            {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests"], "verbs": ["create", "delete"]}]),
+            {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests"], "verbs": ["create", "delete"]},
+            # the hub's Workspaces: created, updated, deleted only when it made them (label and origin annotation)
+            {"apiGroups": [CLUSTERS.group], "resources": ["workspaces"],
+             "verbs": ["get", "list", "watch", "create", "update", "delete"]}]),
         _binding("ClusterRoleBinding", AGENT, None, "ClusterRole", AGENT, AGENT, ns),
         _rbac("Role", AGENT, ns, [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
                                    "resourceNames": [HUB_SECRET]}]),

@@ -27,7 +27,9 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
         {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
          "resourceNames": ["member-agent"]},
         {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests/status"], "verbs": ["patch"]}]
+        {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests/status"], "verbs": ["patch"]},
+        # the Workspace carriers in its own hub namespace: read them, patch the verdict in (never create or delete)
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]}]
     cluster = items[("Cluster", "member-a")].body
     assert cluster is not None and cluster["spec"] == {"labels": {"region": "eu-west"}}
     # every object carries join's label (leave deletes only those), the token is issued, never stored on the hub
@@ -37,12 +39,15 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
         "hub: ServiceAccount member-agent/token in accelstack-member-member-a"
 
 
-def test_the_member_agent_reads_and_writes_only_gprs() -> None:
+def test_the_member_agent_reads_and_writes_only_gprs_and_workspaces() -> None:
     rules = next(o for o in member_objects() if o["kind"] == "ClusterRole")["rules"]
-    assert {res for r in rules for res in r["resources"]} == {"nodes", "acceleratornodes", "gpuprovisioningrequests"}
+    assert {res for r in rules for res in r["resources"]} == {"nodes", "acceleratornodes", "gpuprovisioningrequests",
+                                                              "workspaces"}
     writes = [r for r in rules if set(r["verbs"]) - {"get", "list", "watch"}]
     assert writes == [{"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"],
-                       "verbs": ["create", "delete"]}]  # the hub's GPRs: no status, no update, no nodes
+                       "verbs": ["create", "delete"]},  # the hub's GPRs: no status, no update, no nodes
+                      {"apiGroups": ["accelstack.io"], "resources": ["workspaces"],  # no status, no namespaces
+                       "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
     role = next(o for o in member_objects() if o["kind"] == "Role")
     assert role["rules"][0]["resourceNames"] == ["accelstack-hub-kubeconfig"]
     assert member_items()[0].line() == "member: Secret accelstack-hub-kubeconfig in accelstack-system"

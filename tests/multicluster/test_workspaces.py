@@ -1,0 +1,218 @@
+"""Workspaces across clusters (scheduler_extender/multicluster/workspaces.py): the carrier and the member's copy as
+pure functions, then the hub's dispatcher and the agent's follower against a fake API server: carriers for the
+listed members only, removed with the member or the workspace, status.clusters from the agents' answers, no write
+over an unchanged world; the agent creates, updates and deletes only its own copies, reports a name it did not
+make, and deletes nothing while its view of the hub is not fresh."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+from kubeapi import AlreadyExists, NotFound, Resource
+from kubeapi.metrics import api_metrics
+from scheduler_extender.multicluster.workspaces import (
+    WORKSPACE_DISPATCH,
+    WorkspaceDispatcher,
+    WorkspaceFollower,
+    carrier_object,
+    carrier_status,
+    hub_clusters_status,
+    label_value,
+    made_by_agent,
+    member_verdict,
+    member_workspace,
+)
+
+SPEC = {"namespaces": ["team-a"], "access": [{"kind": "User", "name": "alice", "role": "admin"}]}
+
+
+def workspace(name: str = "team", clusters: list[str] | None = None, uid: str = "ws-uid") -> dict[str, Any]:
+    return {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": name, "uid": uid},
+            "spec": {**SPEC, "clusters": clusters or []}}
+
+
+class FakeApi:
+    """Objects by (plural, namespace, name); merge patches of data and status; DELETE with a UID precondition."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str, str]] = []
+        self.metrics = api_metrics()
+        self.n = 0
+
+    def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.n += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"].setdefault("uid", f"uid-{self.n}")
+        obj["metadata"]["resourceVersion"] = str(self.n)
+        self.objects[(plural, str(obj["metadata"].get("namespace") or ""), obj["metadata"]["name"])] = obj
+        return copy.deepcopy(obj)
+
+    async def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
+        key = (res.plural, namespace or "", body["metadata"]["name"])
+        self.calls.append(("create", *key))
+        if key in self.objects:
+            raise AlreadyExists(409, "AlreadyExists", "exists")
+        return self.put(res.plural, {**body, "metadata": {**body["metadata"], "namespace": namespace or ""}})
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Any:
+        obj = self.objects.get((res.plural, namespace or "", name))
+        if obj is None:
+            raise NotFound(404, "NotFound", name)
+        return copy.deepcopy(obj)
+
+    async def replace(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None) -> Any:
+        self.calls.append(("replace", res.plural, namespace or "", name))
+        return self.put(res.plural, body)
+
+    async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                    subresource: str | None = None) -> Any:
+        key = (res.plural, namespace or "", name)
+        self.calls.append(("patch", *key))
+        obj = self.objects.get(key)
+        if obj is None:
+            raise NotFound(404, "NotFound", name)
+        for part, value in body.items():
+            obj.setdefault(part, {}).update(value)
+        return self.put(res.plural, obj)
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None, *, uid: str | None = None) -> Any:
+        key = (res.plural, namespace or "", name)
+        self.calls.append(("delete", *key))
+        if key not in self.objects:
+            raise NotFound(404, "NotFound", name)
+        assert uid == self.objects[key]["metadata"]["uid"]
+        return self.objects.pop(key)
+
+    def of(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for (p, ns, _), o in sorted(self.objects.items())
+                if p == plural and (namespace is None or ns == namespace)]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# ---- pure parts -------------------------------------------------------------------------------------------------
+def test_a_member_gets_the_spec_without_clusters_and_its_origin() -> None:
+    carrier = carrier_object(workspace(clusters=["member-a", "member-b"]), "member-a")
+    assert carrier["metadata"]["namespace"] == "accelstack-member-member-a"
+    assert carrier["metadata"]["labels"][WORKSPACE_DISPATCH] == "team"
+    copy_ = member_workspace(carrier)
+    assert copy_ is not None and copy_["spec"] == SPEC  # clusters is the hub's
+    assert copy_["metadata"]["annotations"]["accelstack.io/origin"] == "hub/team/ws-uid"
+    assert made_by_agent(copy_) and not made_by_agent({"metadata": {"name": "team"}})
+    assert member_workspace({"metadata": {"name": "x"}, "data": {"spec": "not json"}}) is None
+    long = "w" * 200
+    assert len(label_value(long)) <= 63 and label_value(long) != label_value("w" * 199)
+
+
+def test_status_rows_per_listed_member() -> None:
+    ws = workspace(clusters=["member-a", "member-b", "gone"])
+    answered = {**carrier_object(ws, "member-a")}
+    answered["data"] = {**answered["data"], "status": json.dumps(member_verdict({
+        "namespaces": [{"name": "team-a", "ready": True}],
+        "usage": [{"resource": "nvidia.com/gpu", "max": 8, "inUse": 2}],
+        "conditions": [{"type": "Ready", "status": "True", "message": "1 namespace"}]}))}
+    rows = hub_clusters_status(ws, {"member-a": answered, "member-b": carrier_object(ws, "member-b")},
+                               lambda c: c != "gone")
+    assert rows == [
+        {"name": "member-a", "ready": True, "namespaces": ["team-a"],
+         "usage": [{"resource": "nvidia.com/gpu", "max": 8, "inUse": 2}], "message": "1 namespace"},
+        {"name": "member-b", "ready": False, "namespaces": [], "usage": [],
+         "message": "the member's agent has not answered yet"},
+        {"name": "gone", "ready": False, "namespaces": [], "usage": [],
+         "message": "ClusterNotFound: no member cluster 'gone' has joined the hub"}]
+
+
+# ---- the hub ----------------------------------------------------------------------------------------------------
+def test_the_hub_carries_to_listed_members_only_and_removes_what_is_no_longer_listed() -> None:
+    api = FakeApi()
+    ws = api.put("workspaces", workspace(clusters=["member-a", "member-b"]))
+    other = api.put("workspaces", workspace("solo"))  # no clusters: nothing carried, no status written
+    hub = WorkspaceDispatcher(api, lambda: {"member-a": {}, "member-b": {}})  # type: ignore[arg-type]
+    hub._sync_workspaces([ws, other])
+    run(hub.pass_once())
+    assert [(c[0], c[2]) for c in api.calls if c[1] == "configmaps"] == [
+        ("create", "accelstack-member-member-a"), ("create", "accelstack-member-member-b")]
+    rows = api.objects[("workspaces", "", "team")]["status"]["clusters"]
+    assert [r["name"] for r in rows] == ["member-a", "member-b"] and not any(r["ready"] for r in rows)
+    assert "status" not in api.objects[("workspaces", "", "solo")]
+    # an unchanged world writes nothing
+    hub._sync_workspaces(api.of("workspaces"))
+    hub._sync_carriers(api.of("configmaps"))
+    api.calls.clear()
+    run(hub.pass_once())
+    assert api.calls == []
+    # member-b dropped: its carrier goes, member-a's stays; the status has one row
+    ws = api.objects[("workspaces", "", "team")]
+    ws["spec"]["clusters"] = ["member-a"]
+    hub._on_workspace("MODIFIED", copy.deepcopy(ws))
+    run(hub.pass_once())
+    assert [o["metadata"]["namespace"] for o in api.of("configmaps")] == ["accelstack-member-member-a"]
+    assert [r["name"] for r in api.objects[("workspaces", "", "team")]["status"]["clusters"]] == ["member-a"]
+    # the workspace deleted: every carrier goes
+    hub._on_workspace("DELETED", ws)
+    run(hub.pass_once())
+    assert api.of("configmaps") == []
+
+
+# ---- the member's agent -----------------------------------------------------------------------------------------
+def follower(hub: FakeApi, member: FakeApi) -> WorkspaceFollower:
+    f = WorkspaceFollower(member, hub, "accelstack-member-member-a")  # type: ignore[arg-type]
+    f.hub_informer.synced.set()
+    f.hub_informer.healthy = True
+    return f
+
+
+def test_the_agent_creates_updates_answers_and_deletes_only_its_own_copy() -> None:
+    hub, member = FakeApi(), FakeApi()
+    carrier = hub.put("configmaps", carrier_object(workspace(clusters=["member-a"]), "member-a"))
+    f = follower(hub, member)
+    f._sync_carriers([carrier])
+    f._sync_mine([])
+    run(f.pass_once())
+    made = member.objects[("workspaces", "", "team")]
+    assert made["spec"] == SPEC and made_by_agent(made)
+    answer = carrier_status(hub.objects[("configmaps", "accelstack-member-member-a", "team")])
+    assert answer is not None and answer["ready"] is False
+    # the member's controller made the namespace: the verdict goes back
+    made["status"] = {"namespaces": [{"name": "team-a", "ready": True}],
+                      "conditions": [{"type": "Ready", "status": "True", "message": "ok"}]}
+    f._sync_mine(member.of("workspaces"))
+    f._sync_carriers(hub.of("configmaps"))
+    run(f.pass_once())
+    answer = carrier_status(hub.objects[("configmaps", "accelstack-member-member-a", "team")])
+    assert answer == {"ready": True, "namespaces": ["team-a"], "usage": [], "message": "ok"}
+    # a changed spec on the hub reaches the member's copy
+    spec = {**SPEC, "namespaces": ["team-a", "team-b"]}
+    hub.objects[("configmaps", "accelstack-member-member-a", "team")]["data"]["spec"] = json.dumps(spec)
+    f._sync_carriers(hub.of("configmaps"))
+    run(f.pass_once())
+    assert member.objects[("workspaces", "", "team")]["spec"] == spec
+    # the hub's view is not fresh: nothing deleted; once it is, the copy goes (and a foreign Workspace stays)
+    member.put("workspaces", {"metadata": {"name": "theirs"}, "spec": SPEC})
+    f._sync_mine(member.of("workspaces"))
+    f._sync_carriers([])
+    f.hub_informer.healthy = False
+    run(f.pass_once())
+    assert ("workspaces", "", "team") in member.objects
+    f.hub_informer.healthy = True
+    run(f.pass_once())
+    assert [o["metadata"]["name"] for o in member.of("workspaces")] == ["theirs"]
+
+
+def test_a_workspace_the_agent_did_not_make_is_reported_not_touched() -> None:
+    hub, member = FakeApi(), FakeApi()
+    member.put("workspaces", {"metadata": {"name": "team"}, "spec": {"namespaces": ["mine"]}})
+    carrier = hub.put("configmaps", carrier_object(workspace(clusters=["member-a"]), "member-a"))
+    f = follower(hub, member)
+    f._sync_carriers([carrier])
+    f._sync_mine([])
+    run(f.pass_once())
+    assert member.objects[("workspaces", "", "team")]["spec"] == {"namespaces": ["mine"]}
+    answer = carrier_status(hub.objects[("configmaps", "accelstack-member-member-a", "team")])
+    assert answer is not None and answer["message"].startswith("NameTaken: ")
