@@ -39,6 +39,7 @@ from scheduler_extender.controller.deboard import deboard_step, draining, requeu
 from scheduler_extender.controller.host_use import (
     GatedNeeds,
     fit_pods,
+    keep_to_bound_pods,
     node_lost,
     pod_facts,
     taken_from_reservations,
@@ -293,6 +294,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
                     key, now, f"Requeued: its pods' CPU or memory requests do not fit on reserved node {node}")]
     else:
         cache.limits = None  # nothing judged this pass: nothing a later pass may build on
+    keep_to_bound_pods(sched, pods_of)
     fit.forget_except(gated)
     leaving_node = draining(sched)
     plan.events += [(uid_of.get(e.gpr, ""), e) for e in pod_facts(sched, pods_of, tally, now)]

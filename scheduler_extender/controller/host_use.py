@@ -343,6 +343,21 @@ def pod_facts(sched: Scheduler, pods_of: dict[str, list[PodView]],
     return events
 
 
+def keep_to_bound_pods(sched: Scheduler, pods_of: Mapping[str, Sequence[PodView]]) -> None:
+    """A queued GPR whose live pods are already bound on at least as many nodes as it asks for (a running pod
+    adopted by a GPR made after it, as onboarding does; or pods created with ``nodeName``) is placed where they
+    run: placed anywhere else, its status would say Running on nodes its pods are not on, and their devices would be
+    counted twice (reserved there, used here). A limit of this pass only (the scheduler is built anew each pass)."""
+    for key, pods in pods_of.items():
+        g = sched.gprs.get(key)
+        if g is None or g.phase is not Phase.QUEUED:
+            continue
+        bound = frozenset(p.node for p in pods if p.node and p.live)
+        if bound and len(bound) >= g.node_count:
+            have = sched.limits.get(key)
+            sched.limit(key, bound if have is None else (have & bound) or bound)
+
+
 def fit_pods(sched: Scheduler, fit: NodeFit, gated: dict[str, list[PodView]],
               pods_of: dict[str, list[PodView]], now: float, kept: dict[str, frozenset[str]] | None,
               redo: AbstractSet[str] = frozenset()) -> tuple[list[Event], dict[str, frozenset[str]]]:
