@@ -7,7 +7,9 @@ its member (the real, scoped token). A pinned GPR is admitted by member-a's cont
 reservation come back to the hub; an unpinned one goes to the member with free GPUs and says why; the same name
 in two hub namespaces makes two member GPRs; deleting a hub GPR deletes the member's; a missing namespace is
 reported. Then member-a's agent stops: past ``--lost-after`` its never-started GPR is placed on member-b, its
-Running one is reported Lost and is not duplicated, and when the agent comes back it drops the moved copy.
+Running one is reported Lost and is not duplicated, and when the agent comes back it drops the moved copy. A hub
+Workspace listing both members is made there by each member's own workspace controller (namespace, Role) and
+shows both in status.clusters; dropping member-b deletes its Workspace, never its namespace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -245,3 +248,69 @@ def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_
     assert member_gpr(a, "team-a", "pinned")["status"]["phase"] == "Running"
     SECONDS["test body"] = time.monotonic() - started
     print(f"\nmulticluster GPR seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
+
+
+# ---- Workspaces across clusters (issue 40.2): in the same world, no other plane started -------------------------
+WORKSPACES = "apis/accelstack.io/v1alpha1/workspaces"
+
+
+def member_workspace(m: Member, name: str) -> dict[str, Any]:
+    return m.cp.get(f"{WORKSPACES}/{name}") or {}
+
+
+def clusters_status(w: World, name: str) -> list[dict[str, Any]]:
+    return list(((w.hub.get(f"{WORKSPACES}/{name}") or {}).get("status") or {}).get("clusters") or [])
+
+
+def test_a_hub_workspace_is_made_by_each_listed_members_controller_and_leaves_a_dropped_member(world: World) -> None:
+    w = world
+    a, b = w.members["member-a"], w.members["member-b"]
+    started = time.monotonic()
+    # ---- the new rights, with the real tokens join issued --------------------------------------------------------
+    own, other = "accelstack-member-member-a", "accelstack-member-member-b"
+    token_a = a.hub_kubeconfig()
+    assert w.hub.can_i(token_a, "watch", "configmaps", namespace=own) and w.hub.can_i(token_a, "patch", "configmaps",
+                                                                                        namespace=own)
+    for verb, ns in (("create", own), ("delete", own), ("list", other), ("get", "team-a"), ("list", "")):
+        assert not w.hub.can_i(token_a, verb, "configmaps", namespace=ns or None), (verb, ns)
+    assert not w.hub.can_i(token_a, "list", "workspaces.accelstack.io")
+    agent_kc = a.cp.sa_kubeconfig(SYSTEM, "accelstack-member-agent")
+    assert a.cp.can_i(agent_kc, "create", "workspaces.accelstack.io") and a.cp.can_i(
+        agent_kc, "delete", "workspaces.accelstack.io")
+    assert not a.cp.can_i(agent_kc, "patch", "workspaces.accelstack.io", subresource="status")
+    assert not a.cp.can_i(agent_kc, "create", "namespaces") and not a.cp.can_i(agent_kc, "create", "roles",
+                                                                                namespace="team-a")
+
+    # ---- a hub workspace listing both members: each member's own controller makes its namespace and Role -----
+    w.hub.create(WORKSPACES, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace",
+                              "metadata": {"name": "span"},
+                              "spec": {"namespaces": ["span-ns"], "clusters": ["member-a", "member-b"],
+                                       "access": [{"kind": "User", "name": "alice", "role": "admin"}]}})
+    uid = w.hub.get(f"{WORKSPACES}/span")["metadata"]["uid"]  # type: ignore[index]
+    for m in (a, b):
+        made = wait_for(f"span-ns made on {m.name}", partial(m.cp.get, "api/v1/namespaces/span-ns"), timeout=60)
+        assert made["metadata"]["labels"]["accelstack.io/workspace"] == "span"
+        copy = member_workspace(m, "span")
+        assert copy["metadata"]["annotations"]["accelstack.io/origin"] == f"hub/span/{uid}"
+        assert "clusters" not in copy["spec"] and copy["spec"]["namespaces"] == ["span-ns"]
+        wait_for(f"the admin Role in span-ns on {m.name}", partial(m.cp.get,
+            "apis/rbac.authorization.k8s.io/v1/namespaces/span-ns/roles/accelstack-workspace-admin"), timeout=60)
+
+    def both_ready() -> list[dict[str, Any]] | None:
+        rows = clusters_status(w, "span")
+        return rows if len(rows) == 2 and all(r.get("ready") for r in rows) else None
+
+    rows = wait_for("both members ready in the hub workspace's status", both_ready, timeout=60)
+    assert [(r["name"], r["namespaces"]) for r in rows] == [("member-a", ["span-ns"]), ("member-b", ["span-ns"])]
+    assert w.hub.get("api/v1/namespaces/span-ns") is None  # the hub makes nothing but carriers there
+
+    # ---- member-b dropped: its Workspace goes (the namespace stays), member-a's stays ----------------------------
+    a_uid = member_workspace(a, "span")["metadata"]["uid"]
+    w.hub.patch(f"{WORKSPACES}/span", {"spec": {"clusters": ["member-a"]}})
+    wait_for("member-b's Workspace deleted", lambda: member_workspace(b, "span") == {}, timeout=60)
+    assert b.cp.get("api/v1/namespaces/span-ns") is not None  # never a namespace
+    assert member_workspace(a, "span")["metadata"]["uid"] == a_uid
+    wait_for("the hub status shows member-a only", lambda: [r["name"] for r in clusters_status(w, "span")]
+             == ["member-a"], timeout=60)
+    SECONDS["workspace test body"] = time.monotonic() - started
+    print(f"\nmulticluster workspace seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
