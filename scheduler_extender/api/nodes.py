@@ -2,8 +2,8 @@
 NODE``) or deboarded, or take a deboard request back (``kubectl accelstack node deboard NODE [--grace D]
 [--abort]``).
 
-``POST /api/v1/acceleratornodes/{name}/onboard`` sets the AcceleratorNode's ``spec.onboard`` (now as
-``requestedAt``; an existing request is kept, ``changed`` false); a node being deboarded is a 409 that says to
+``POST /api/v1/acceleratornodes/{name}/onboard`` (body optional: ``{"adoptPods": true}``) sets the AcceleratorNode's
+``spec.onboard`` (now as ``requestedAt``; an existing request is kept, ``changed`` false); a node being deboarded is a 409 that says to
 abort the deboard first. Same rights and conditional update as below.
 
 ``POST /api/v1/acceleratornodes/{name}/deboard`` with ``{"grace": "10m"}`` sets the AcceleratorNode's
@@ -83,8 +83,11 @@ async def _set(api: Routes, name: str, request_value: dict[str, Any] | None, key
         elif key == "onboard" and isinstance(spec.get("deboard"), dict):
             return error(409, f"node {name} is being deboarded: abort that first "
                               f"(kubectl accelstack node deboard {name} --abort)")
-        elif key == "onboard" and isinstance(spec.get("onboard"), dict):
+        elif key == "onboard" and isinstance(spec.get("onboard"), dict) and (
+                spec["onboard"].get("adoptPods") or not request_value.get("adoptPods")):
             return json_response({"node": name, key: spec["onboard"], "changed": False})
+        elif key == "onboard" and isinstance(spec.get("onboard"), dict):  # asked again, now to adopt its pods
+            request_value = spec[key] = {**spec["onboard"], "adoptPods": True}
         else:
             spec[key] = request_value
         obj["spec"] = spec
@@ -101,8 +104,16 @@ async def onboard(api: Routes, request: web.Request) -> web.Response:
     denied = await api._denied(request, "patch", attrs=ATTRS)
     if denied is not None:
         return await closing(request, denied)
+    try:
+        body = await api._body(request) if request.can_read_body else {}
+    except BodyError as exc:
+        return await closing(request, error(exc.status, exc.message))
+    adopt = body.get("adoptPods", False)
+    if not isinstance(adopt, bool):
+        return error(400, f"adoptPods: a boolean, not {adopt!r}"[:200])
     requested = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(api.clock()))
-    return await closing(request, await _set(api, request.match_info["name"], {"requestedAt": requested}, "onboard"))
+    value: dict[str, Any] = {"requestedAt": requested, **({"adoptPods": True} if adopt else {})}
+    return await _set(api, request.match_info["name"], value, "onboard")
 
 
 async def deboard(api: Routes, request: web.Request) -> web.Response:

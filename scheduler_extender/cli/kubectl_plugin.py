@@ -174,7 +174,8 @@ def cmd_node_deboard(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_node_onboard(client: Client, args: argparse.Namespace) -> None:
-    data = client.call("POST", f"/api/v1/acceleratornodes/{_seg(args.node)}/onboard")
+    data = client.call("POST", f"/api/v1/acceleratornodes/{_seg(args.node)}/onboard",
+                       {"adoptPods": True} if args.adopt_pods else {})
 
     def render(d: dict[str, Any]) -> str:
         when = (d.get("onboard") or {}).get("requestedAt")
@@ -451,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "DaemonSets land, Managed once its device plugin, NPD and the kubelet's view agree; running "
                       "pods are not touched (docs/nodes.md#onboarding)")
     o.add_argument("node", help="the node (its AcceleratorNode has the same name)")
+    o.add_argument("--adopt-pods", action="store_true", help="once Managed, give each pod already holding devices "
+                   "there an automatic GPR (placed where it runs) so the queue and quotas see it")
     o.set_defaults(run=cmd_node_onboard)
     d = nd.add_parser("deboard", parents=[common], help="take a node out: no new placement, reservations moved, "
                                                        "running GPR pods evicted after the grace, labels removed")

@@ -29,10 +29,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
 from kubeapi.informer import Informer
 from kubeapi.passes import resource_version, run_passes
-from kubeapi.resources import NODES, Resource
+from kubeapi.resources import GPRS, NODES, PODS, Resource
 from scheduler_extender.objects import accelerator_nodes as an
 from scheduler_extender.objects import gpr_codec as gr
-from scheduler_extender.objects.cluster import ClusterView, PodView
+from scheduler_extender.objects.cluster import GPR_LABEL, ClusterView, PodView
 from scheduler_extender.objects.kube import Kube
 
 log = logging.getLogger("accelstack.accelerator_nodes")
@@ -136,10 +136,10 @@ class AcceleratorNodeController:
 
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
         """A pod of the view changed: a pass if it holds or held devices on an accelerator node."""
-        def holds(p: PodView | None) -> tuple[str, bool, tuple[tuple[str, int], ...]] | None:
+        def holds(p: PodView | None) -> tuple[str, bool, tuple[tuple[str, int], ...], str] | None:
             if p is None or not p.node or p.node not in self.detected:
                 return None
-            return p.node, p.live, tuple(sorted(p.requests.items()))
+            return p.node, p.live, tuple(sorted(p.requests.items())), p.gpr  # the GPR: a holder's row shows it
         if holds(old) != holds(new):
             self.poke.set()
 
@@ -169,6 +169,9 @@ class AcceleratorNodeController:
         await self._deboard(holders, bits)
         for name, label in plan.label.items():
             await self._label(name, label)
+        for name, pods in plan.adopt.items():
+            for holder in pods:
+                await self._adopt(name, holder)
         for name, uid in plan.delete:
             await self._delete(name, uid)
         for body in plan.create:
@@ -231,6 +234,36 @@ class AcceleratorNodeController:
         self.writes.labels("node", "ok").inc()
         log.info("accelerator node onboarding: landing label put on", extra={"node": name, "label": label})
         self._on_node("MODIFIED", written)
+
+    async def _adopt(self, node: str, h: an.Holder) -> None:
+        """An automatic GPR for a pod that ran on ``node`` before it was onboarded: the GPR first (an automatic GPR
+        waits for its pod and is placed nowhere meanwhile, as the webhook's), then the pod labelled for it (a label
+        is all a running pod may change); the GPR pass places it where the pod runs. A GPR of that name that is not
+        an adoption on this node is left alone and said (the pod keeps no GPR); a failed label is tried again the
+        next pass (the GPR is found ours)."""
+        name = an.adopted_name(h.name)
+        try:
+            try:
+                await self.kube.client.create(GPRS, an.adopted_gpr(h, node), namespace=h.namespace)
+            except AlreadyExists:
+                have = await self.kube.client.get(GPRS, name, namespace=h.namespace)
+                if ((have.get("metadata") or {}).get("labels") or {}).get(an.ADOPTED_LABEL) != node:
+                    self.writes.labels("adopt", "exists").inc()
+                    log.warning("accelerator node onboarding: a GPR of the adopted pod's name exists and is not an "
+                                "adoption; the pod is left outside any GPR",
+                                extra={"node": node, "pod": f"{h.namespace}/{h.name}", "gpr": name})
+                    return
+            await self.kube.client.patch(PODS, h.name, {"metadata": {"labels": {GPR_LABEL: name}}},
+                                         namespace=h.namespace)
+        except NotFound:  # the pod ended meanwhile (its automatic GPR is removed after the orphan grace)
+            self.writes.labels("adopt", "conflict").inc()
+            return
+        except ApiError as exc:
+            self._failed("adopt", node, exc)
+            return
+        self.writes.labels("adopt", "ok").inc()
+        log.info("accelerator node onboarding: running pod adopted by an automatic GPR",
+                 extra={"node": node, "pod": f"{h.namespace}/{h.name}", "gpr": name})
 
     async def _create(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]

@@ -34,6 +34,7 @@ that is gone or no longer an accelerator node, or one owned by an earlier node o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -358,6 +359,42 @@ def onboard_why(d: Detection, obj: Mapping[str, Any] | None) -> str:
     return "label" if d.onboard_label else ""
 
 
+ADOPTED_LABEL = "accelstack.io/adopted-on"  # on a GPR made for a pod that ran before onboarding: the node
+
+
+def adopts_pods(obj: Mapping[str, Any] | None) -> bool:
+    """The onboard request asks for an automatic GPR for each pod already holding devices (``adoptPods``)."""
+    onboard = ((obj or {}).get("spec") or {}).get("onboard")
+    return isinstance(onboard, Mapping) and onboard.get("adoptPods") is True
+
+
+def adopted_name(pod: str) -> str:
+    """The GPR made for pod ``pod``: its name, cut to a label value's 63 characters with a hash when longer (the
+    pod carries it in ``accelstack.io/gpr``)."""
+    if len(pod) <= gr.MAX_NAME:
+        return pod
+    digest = hashlib.sha256(pod.encode()).hexdigest()[:8]
+    return f"{pod[:gr.MAX_NAME - 9].rstrip('-.')}-{digest}"
+
+
+def adopted_gpr(h: Holder, node: str) -> dict[str, Any]:
+    """An automatic GPR for a pod that already runs on ``node``: one node of its devices. The GPR pass places it
+    where the pod runs (its pod is bound there) and it is Running at once; the queue, quotas and the portal see it."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUProvisioningRequest",
+            "metadata": {"name": adopted_name(h.name), "namespace": h.namespace,
+                         "labels": {"accelstack.io/auto-gpr": "true", ADOPTED_LABEL: node},
+                         "annotations": {"accelstack.io/adopted-pod": h.name}},
+            "spec": {"resource": h.resource, "devicesPerNode": h.count, "nodeCount": 1}}
+
+
+def to_adopt(d: Detection, holders: Iterable[Holder], obj: Mapping[str, Any] | None,
+             status: Mapping[str, Any]) -> list[Holder]:
+    """The pods outside any GPR that hold devices on an onboarded (Managed) node whose request asks to adopt them."""
+    if status.get("phase") != "Managed" or not adopts_pods(obj):
+        return []
+    return sorted((h for h in holders if not h.gpr and h.resource == d.resource), key=lambda h: (h.namespace, h.name))
+
+
 def onboard_step(d: Detection, allocated: int, onboarded: bool) -> tuple[int, str, str]:
     """The first onboarding step not done yet: (its number from 1, its reason, what it waits for); number 0 and
     reason ``Onboarded`` when all are. ``allocated``: devices of ``d.resource`` held by live pods bound there (the
@@ -479,6 +516,7 @@ class Plan:
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> status to write
     delete: list[tuple[str, str]] = field(default_factory=list)  # (name, uid) of objects no node wants
     label: dict[str, str] = field(default_factory=dict)  # node -> the landing label to put on (onboarding)
+    adopt: dict[str, list[Holder]] = field(default_factory=dict)  # node -> pods to give an automatic GPR
 
     @property
     def writes(self) -> int:
@@ -546,6 +584,9 @@ def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
             b = bits.get(name) or NodeBits(d.uid, None, ())
             status = deboard_status(status, want, b.tainted is not None, holders.get(name, ()), b.labels, previous,
                                     clock)
+        pods = to_adopt(d, holders.get(name, ()), have, status)
+        if pods:
+            out.adopt[name] = pods
         if have is None or status_differs(previous, status):
             out.statuses[name] = status
     return out

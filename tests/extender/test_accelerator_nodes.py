@@ -270,3 +270,19 @@ def test_the_plugins_report_marks_a_brownfield_node_as_served_by_accelstack() ->
     nr1["status"]["conditions"] = [{"type": "NR1Unhealthy", "status": "False"}]
     d = an.detect(nr1)
     assert d is not None and d.managed_by == an.BY_ACCELSTACK and an.onboard_step(d, 0, False)[1] == "Onboarded"
+
+
+def test_pods_are_adopted_only_when_asked_and_once_managed() -> None:
+    d = an.detect(onboarding_node(podres=report()))
+    assert d is not None
+    holders = [an.Holder("ml", "train-0", "", "nvidia.com/gpu", 2), an.Holder("ml", "mine", "g", "nvidia.com/gpu", 1)]
+    asked = {"spec": {"onboard": {"requestedAt": NOW, "adoptPods": True}}}
+    assert an.to_adopt(d, holders, asked, {"phase": "Managed"}) == holders[:1]  # a GPR's pod is not adopted again
+    assert an.to_adopt(d, holders, asked, {"phase": "Onboarding"}) == []  # not before the node is Managed
+    assert an.to_adopt(d, holders, {"spec": {"onboard": {"requestedAt": NOW}}}, {"phase": "Managed"}) == []
+    gpr = an.adopted_gpr(holders[0], "g")
+    assert (gpr["metadata"]["name"], gpr["metadata"]["namespace"], gpr["spec"]) == (
+        "train-0", "ml", {"resource": "nvidia.com/gpu", "devicesPerNode": 2, "nodeCount": 1})
+    assert gpr["metadata"]["labels"] == {"accelstack.io/auto-gpr": "true", an.ADOPTED_LABEL: "g"}
+    long = "p" * 80
+    assert len(an.adopted_name(long)) == 63 and an.adopted_name(long) != an.adopted_name(long[:-1] + "q")

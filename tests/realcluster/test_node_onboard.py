@@ -29,6 +29,7 @@ from tests.realcluster.test_accelerator_nodes import (
     status_of,
     wait_status,
 )
+from tests.realcluster.test_gpr_control_plane import set_running
 from tests.realcluster.test_node_deboard import operator_token
 
 LANDING = "accelstack.io/gpu-node"
@@ -53,6 +54,7 @@ def test_a_brownfield_node_is_onboarded_step_by_step_with_its_pods_untouched(cp:
     holder = f"{ns}-held"[:63]
     made = cp.create(f"api/v1/namespaces/{OUTSIDE}/pods",
                      pod(holder, gpus=2, scheduler="default-scheduler", nodeName=brown))
+    set_running(cp, OUTSIDE, holder)  # as the kubelet reports it
     try:
         st = wait_status(cp, brown, phase="Detected", managedBy="other-plugin", allocated=2, holderCount=1)
         assert (condition(st, "Onboarded")["status"], condition(st, "Onboarded")["reason"]) == ("False", "NotRequested")
@@ -103,12 +105,35 @@ def test_a_brownfield_node_is_onboarded_step_by_step_with_its_pods_untouched(cp:
         assert now["metadata"]["uid"] == made["metadata"]["uid"] and now["spec"]["nodeName"] == brown
         assert not now["metadata"].get("deletionTimestamp")
         print(f"onboarding, request to Managed with every step written as it came: {took:.1f} s")
+        assert "accelstack.io/gpr" not in (now["metadata"].get("labels") or {})  # not adopted unasked
+        # asked again, now to adopt the pods already there: the pod gets an automatic GPR, placed where it runs and
+        # Running at once; the pod is only labelled (same UID, still bound)
+        assert plugin(True, "node", "onboard", "--adopt-pods", brown) == 0
+        assert ((cp.get(f"{AN}/{brown}") or {}).get("spec") or {})["onboard"] == {**requested, "adoptPods": True}
+        gprs = f"apis/accelstack.io/v1alpha1/namespaces/{OUTSIDE}/gpuprovisioningrequests"
+
+        def adopted() -> dict[str, Any] | None:
+            st = (cp.get(f"{gprs}/{holder}") or {}).get("status") or {}
+            return st if st.get("phase") == "Running" else None
+
+        st_gpr = wait_for("the adopted pod's GPR Running", adopted)
+        assert st_gpr["reservation"] == [{"devices": 2, "node": brown}], st_gpr
+        gpr_obj = cp.get(f"{gprs}/{holder}") or {}
+        assert gpr_obj["metadata"]["labels"]["accelstack.io/adopted-on"] == brown
+        now = cp.get(f"api/v1/namespaces/{OUTSIDE}/pods/{holder}") or {}
+        assert now["metadata"]["uid"] == made["metadata"]["uid"] and now["spec"]["nodeName"] == brown
+        assert now["metadata"]["labels"]["accelstack.io/gpr"] == holder
+        wait_for("the holder shown with its GPR", lambda: (status_of(cp, brown) or {}).get("holders") == [
+            {"namespace": OUTSIDE, "name": holder, "gpr": holder, "resource": "nvidia.com/gpu", "count": 2}])
+        assert (status_of(cp, brown) or {}).get("phase") == "Managed"
         # a node being deboarded is not onboarded: the request is refused with what to do instead
         assert plugin(True, "node", "deboard", "--grace", "1h", brown) == 0
         assert plugin(True, "node", "onboard", brown) == 1
         assert plugin(True, "node", "deboard", "--abort", brown) == 0
     finally:
         cp.api("DELETE", f"api/v1/namespaces/{OUTSIDE}/pods/{holder}", {"gracePeriodSeconds": 0}, ok=(200, 202, 404))
+        cp.api("DELETE", f"apis/accelstack.io/v1alpha1/namespaces/{OUTSIDE}/gpuprovisioningrequests/{holder}",
+               ok=(200, 202, 404))
         cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{ns}-node-operator", ok=(200, 404))
         cp.api("DELETE", f"apis/rbac.authorization.k8s.io/v1/clusterroles/{ns}-node-operator", ok=(200, 404))
 
