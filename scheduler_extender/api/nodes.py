@@ -100,14 +100,22 @@ async def _set(api: Routes, name: str, request_value: dict[str, Any] | None, key
     return json_response({"node": name, key: request_value, "changed": True})
 
 
-async def onboard(api: Routes, request: web.Request) -> web.Response:
+async def _request_body(api: Routes, request: web.Request) -> dict[str, Any] | web.Response:
+    """The caller may patch AcceleratorNodes (asked before the body is read), then the body (none: ``{}``); or
+    the refusal to answer with."""
     denied = await api._denied(request, "patch", attrs=ATTRS)
     if denied is not None:
         return await closing(request, denied)
     try:
-        body = await api._body(request) if request.can_read_body else {}
+        return await api._body(request) if request.can_read_body else {}
     except BodyError as exc:
         return await closing(request, error(exc.status, exc.message))
+
+
+async def onboard(api: Routes, request: web.Request) -> web.Response:
+    body = await _request_body(api, request)
+    if isinstance(body, web.Response):
+        return body
     adopt = body.get("adoptPods", False)
     if not isinstance(adopt, bool):
         return error(400, f"adoptPods: a boolean, not {adopt!r}"[:200])
@@ -118,13 +126,9 @@ async def onboard(api: Routes, request: web.Request) -> web.Response:
 
 async def deboard(api: Routes, request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    denied = await api._denied(request, "patch", attrs=ATTRS)
-    if denied is not None:
-        return await closing(request, denied)
-    try:
-        body = await api._body(request) if request.can_read_body else {}
-    except BodyError as exc:
-        return await closing(request, error(exc.status, exc.message))
+    body = await _request_body(api, request)
+    if isinstance(body, web.Response):
+        return body
     grace = str(body.get("grace") or DEFAULT_GRACE)
     try:
         parse_grace(grace)
