@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduler_extender.multicluster.clusters import GPRSummary, NodeSummary, inventory, micro_time
 from scheduler_extender.multicluster.placement import (
     Placed,
+    Placer,
     demand_of,
     dispatch_object,
     origin_status,
-    pick,
 )
 from scheduler_extender.objects.cluster import GPU, NR1
 
@@ -114,22 +114,31 @@ def origin(index: int, members: list[str], rng: random.Random) -> dict[str, Any]
 Chooser = Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]], int], Placed | None]
 
 
-def by_pick(origin_: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any]], _: int) -> Placed | None:
-    choice = pick(demand_of(origin_.get("spec") or {}), clusters)
-    return Placed(choice.cluster, choice.reason, choice.message) if choice.cluster else None
+def by_pick(clusters: Mapping[str, Mapping[str, Any]]) -> Chooser:
+    """The hub's choice for one pass: a :class:`Placer` made at the pass's start, as ``Dispatcher.pass_once`` does."""
+    placer = Placer(clusters)
 
-
-def round_robin(names: list[str]) -> Chooser:
-    def choose(origin_: Mapping[str, Any], _: Mapping[str, Mapping[str, Any]], i: int) -> Placed | None:
-        demand_of(origin_.get("spec") or {})
-        cluster = names[i % len(names)]
-        return Placed(cluster, "EarliestStart", f"{cluster}: round robin")
+    def choose(origin_: Mapping[str, Any], _: Mapping[str, Mapping[str, Any]], __: int) -> Placed | None:
+        choice = placer.pick(demand_of(origin_.get("spec") or {}))
+        return Placed(choice.cluster, choice.reason, choice.message) if choice.cluster else None
     return choose
 
 
-def one_pass(origins: list[dict[str, Any]], clusters: Mapping[str, Mapping[str, Any]], choose: Chooser,
+def round_robin(names: list[str]) -> Callable[[Mapping[str, Mapping[str, Any]]], Chooser]:
+    def per_pass(_: Mapping[str, Mapping[str, Any]]) -> Chooser:
+        def choose(origin_: Mapping[str, Any], __: Mapping[str, Mapping[str, Any]], i: int) -> Placed | None:
+            demand_of(origin_.get("spec") or {})
+            cluster = names[i % len(names)]
+            return Placed(cluster, "EarliestStart", f"{cluster}: round robin")
+        return choose
+    return per_pass
+
+
+def one_pass(origins: list[dict[str, Any]], clusters: Mapping[str, Mapping[str, Any]],
+             per_pass: Callable[[Mapping[str, Mapping[str, Any]]], Chooser],
              now: float) -> tuple[int, int, dict[str, int]]:
     """What the hub's pass computes for every unplaced origin; (placed, waiting, placed per member)."""
+    choose = per_pass(clusters)
     now_text = micro_time(now).split(".")[0] + "Z"
     placed = waiting = 0
     where: dict[str, int] = {}
@@ -172,7 +181,8 @@ def main() -> int:
     rows = sum(len(c["status"]["inventory"]) for c in clusters.values())
     print(f"built {len(clusters)} members ({rows} inventory rows), {len(origins):,} hub GPRs in "
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    kinds: dict[str, Chooser] = {"pick": by_pick, "round robin": round_robin(names)}
+    kinds: dict[str, Callable[[Mapping[str, Mapping[str, Any]]], Chooser]] = {
+        "pick": by_pick, "round robin": round_robin(names)}
     times: dict[str, list[float]] = {k: [] for k in kinds}
     outcome: dict[str, tuple[int, int, dict[str, int]]] = {}
     now = 1_796_000_000.0

@@ -33,6 +33,7 @@ from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.clusters import member_namespace, micro_time
 from scheduler_extender.multicluster.placement import (
     Placed,
+    Placer,
     demand_of,
     dispatch_name,
     dispatch_object,
@@ -42,7 +43,6 @@ from scheduler_extender.multicluster.placement import (
     on_lost,
     origin_of,
     origin_status,
-    pick,
     waiting_status,
 )
 
@@ -105,12 +105,13 @@ class Dispatcher:
     # ---- one pass ---------------------------------------------------------------------------------------------
     async def pass_once(self) -> None:
         clusters = dict(self.clusters())
+        placer = Placer(clusters)  # one pass's picks: members read once per demand, what it sent counted
         now_text = micro_time(self.wall()).split(".")[0] + "Z"
         for origin in list(self.origins.values()):
             if (origin.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             try:
-                await self._one(origin, clusters, now_text)
+                await self._one(origin, clusters, placer, now_text)
             except Conflict:
                 pass  # decided on an old copy: the informer's event for the new one brings another pass
             except ApiError as exc:
@@ -118,13 +119,14 @@ class Dispatcher:
                             extra={"gpr": "/".join(_key(origin)), "error": str(exc)[:300]})
         await self._orphans()
 
-    async def _one(self, origin: dict[str, Any], clusters: Mapping[str, dict[str, Any]], now_text: str) -> None:
+    async def _one(self, origin: dict[str, Any], clusters: Mapping[str, dict[str, Any]], placer: Placer,
+                   now_text: str) -> None:
         status = origin.get("status") or {}
         spec = origin.get("spec") or {}
         pinned = str(spec.get("clusterName") or "")
         cluster = str(status.get("cluster") or "")
         if not cluster:
-            await self._place(origin, pinned, clusters, now_text)
+            await self._place(origin, pinned, clusters, placer, now_text)
             return
         placed_cond = _condition(status, "Placed")
         placed = Placed(cluster, str(placed_cond.get("reason") or ("Pinned" if pinned else "EarliestStart")),
@@ -134,7 +136,7 @@ class Dispatcher:
         if lost_of(clusters.get(cluster)) and str(status.get("phase") or "") not in FINAL:
             action = on_lost(str(status.get("phase") or ""), bool(pinned))
             if action == "replace":
-                if await self._replace(origin, cluster, dispatch, clusters, now_text):
+                if await self._replace(origin, cluster, dispatch, placer, now_text):
                     return
                 lost = f"{cluster} is Lost; the GPR had not started there, but no other member can take it now"
             elif action == "lost":
@@ -155,7 +157,7 @@ class Dispatcher:
         await self._write(origin, patch)
 
     async def _place(self, origin: dict[str, Any], pinned: str, clusters: Mapping[str, dict[str, Any]],
-                     now_text: str) -> None:
+                     placer: Placer, now_text: str) -> None:
         status = origin.get("status") or {}
         if pinned:
             if pinned not in clusters:
@@ -165,7 +167,7 @@ class Dispatcher:
                 return
             placed = Placed(pinned, "Pinned", f"spec.clusterName: {pinned}")
         else:
-            choice = pick(demand_of(origin.get("spec") or {}), clusters)
+            choice = placer.pick(demand_of(origin.get("spec") or {}))
             if not choice.cluster:
                 await self._write(origin, waiting_status(choice.reason, choice.message, status, now_text))
                 return
@@ -177,10 +179,10 @@ class Dispatcher:
         await self._create_dispatch(origin, placed.cluster)
 
     async def _replace(self, origin: dict[str, Any], old: str, dispatch: dict[str, Any] | None,
-                       clusters: Mapping[str, dict[str, Any]], now_text: str) -> bool:
+                       placer: Placer, now_text: str) -> bool:
         """Take a never-started GPR off Lost member ``old``: delete its dispatch there, record the new member,
         create the new dispatch. False (nothing done) when no other member can take it now."""
-        choice = pick(demand_of(origin.get("spec") or {}), clusters, exclude=[old])
+        choice = placer.pick(demand_of(origin.get("spec") or {}), exclude=[old])
         if not choice.cluster:
             return False
         if dispatch is not None:

@@ -189,3 +189,23 @@ def test_the_origin_shows_the_dispatch_status_the_cluster_and_placed() -> None:
 ])
 def test_what_a_lost_members_gpr_becomes(phase: str, pinned: bool, action: str) -> None:
     assert on_lost(phase, pinned) == action
+
+
+def test_one_pass_spreads_a_burst_instead_of_sending_it_all_to_the_member_that_looked_best() -> None:
+    """The inventories do not change within a pass: without counting what the pass already sent, every GPR of a
+    demand went to the one member that looked best before any of them went (3,617 of 10,000 to one of 20)."""
+    from scheduler_extender.multicluster.placement import Placer
+
+    clusters = {"a": member(row()), "b": member(row()), "c": member(row(capacity=8, allocatable=8, nodes=1))}
+    alone = [pick(want(), clusters).cluster for _ in range(6)]
+    assert alone == ["a"] * 6  # each pick on its own sees the same inventories
+    placer = Placer(clusters)
+    got = [placer.pick(want()).cluster for _ in range(6)]
+    # free now first (by the least queued per device, what this pass sent counting as queued), then the least
+    # queued per device: a, b, c while each has 8 free, then a and b's last 8, then a tie by name
+    assert got == ["a", "b", "c", "a", "b", "a"], got
+    assert placer.pick(want(), exclude=["a", "b"]).cluster == "c"
+    # a choice names at most four other members and counts the rest
+    many = {f"m{i:02d}": member(row()) for i in range(8)}
+    message = Placer(many).pick(want()).message
+    assert message.endswith("; 3 more") and message.count(": ") == 5, message
