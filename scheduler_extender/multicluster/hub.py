@@ -6,6 +6,12 @@ Level-triggered: each pass reads the Clusters from its informer, computes the hu
 keeps no memory between passes (what it needs, the heartbeat value it last saw and when, is in the status), so a
 restarted or newly elected hub reaches the same verdicts and writes nothing while nothing changed. A pass runs
 when a Cluster changes (a heartbeat) and at the earliest time a verdict would flip without one (Ready → Lost).
+
+The hub vouches for a member's silence only over time it could hear it: while its own API server does not answer
+(its informer unhealthy, or a write refused for want of an answer) nothing is judged Lost, and once it answers
+again, or when this replica starts leading, a Ready member keeps ``lost_after`` of grace from then. Without it a
+hub down for longer than ``--lost-after`` judged every member Lost from its stale view on its first pass back, and
+the dispatcher moved their unstarted GPRs (issue 40.5: the hub down is the hub's fault, not the members').
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from scheduler_extender.multicluster.clusters import (
     hub_part_differs,
     hub_status,
     judge,
+    micro_time,
+    parse_time,
 )
 
 log = logging.getLogger("accelstack.hub")
@@ -76,6 +84,7 @@ class HubController:
         self.listeners: list[asyncio.Event] = []  # set with ``changed``: the dispatcher places by the Clusters
         self.metrics = HubMetrics(registry or CollectorRegistry())
         self.writes = 0
+        self.heard_since: float | None = None  # since when (hub clock) the hub's view is live; None: it is not
         self.informer = Informer(client, CLUSTERS, self._on_cluster, self._sync, name="clusters")
 
     def _on_cluster(self, kind: str, obj: dict[str, Any]) -> None:
@@ -101,7 +110,7 @@ class HubController:
         writes, ready, wake = {}, {}, None
         for name, obj in self.clusters.items():
             status = obj.get("status") or {}
-            verdict = judge(status, now, self.lost_after)
+            verdict = judge(self._vouched(status, now), now, self.lost_after)
             ready[name] = verdict.ready
             new = hub_status(status, verdict, now)
             if hub_part_differs(status, new):
@@ -110,8 +119,25 @@ class HubController:
                 wake = verdict.next_check if wake is None else min(wake, verdict.next_check)
         return writes, ready, wake
 
+    def _vouched(self, status: dict[str, Any], now: float) -> dict[str, Any]:
+        """The status as judged: a Ready member's last heartbeat counts as seen no earlier than when the hub's view
+        became live (``now`` while it is not), so the hub's own outage never reads as the member's silence. A
+        member already Lost stays Lost; only the judging changes, never the written observedHeartbeatTime."""
+        since = now if self.heard_since is None else self.heard_since
+        seen_at = parse_time(status.get("observedHeartbeatTime"))
+        lost = any(c.get("type") == "Lost" and c.get("status") == "True" for c in status.get("conditions") or ()
+                   if isinstance(c, dict))
+        if lost or seen_at is None or seen_at >= since or status.get("observedHeartbeat") != status.get(
+                "lastHeartbeatTime"):
+            return status
+        return {**status, "observedHeartbeatTime": micro_time(since)}
+
     async def pass_once(self) -> float | None:
         now = self.wall()
+        if not self.informer.healthy:
+            self.heard_since = None
+        elif self.heard_since is None:
+            self.heard_since = now
         writes, ready, wake = self.plan(now)
         for name, part in writes.items():
             before = (self.clusters.get(name) or {}).get("status") or {}  # before: the watch may bring our write
@@ -121,6 +147,8 @@ class HubController:
                 continue  # left meanwhile
             except ApiError as exc:
                 log.warning("cannot write a Cluster's status", extra={"cluster": name, "error": str(exc)[:200]})
+                if exc.status == 0 or exc.status >= 500:  # no answer: the view is not live until it answers again
+                    self.heard_since = None
                 continue
             self.clusters[name] = written
             self.writes += 1

@@ -9,24 +9,29 @@ in two hub namespaces makes two member GPRs; deleting a hub GPR deletes the memb
 reported. Then member-a's agent stops: past ``--lost-after`` its never-started GPR is placed on member-b, its
 Running one is reported Lost and is not duplicated, and when the agent comes back it drops the moved copy. A hub
 Workspace listing both members is made there by each member's own workspace controller (namespace, Role) and
-shows both in status.clusters; dropping member-b deletes its Workspace, never its namespace.
+shows both in status.clusters; dropping member-b deletes its Workspace, never its namespace. Faults (40.5): the
+hub's API server down past ``--lost-after`` (members keep admitting, agents 503 naming the hub, status catches up,
+nothing judged Lost or moved), and member-a's hub ServiceAccount deleted (one log line, 503, no crash, Lost, member-b
+untouched; join again makes it Ready).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import pytest
 
-from tests.realcluster.controlplane import ControlPlane, assets_dir, free_port
+from tests.realcluster.controlplane import ControlPlane, Process, assets_dir, free_port
 from tests.realcluster.objects import GPRS, gpr, wait_for
 from tests.realcluster.shipped import install, render
 from tests.realcluster.stack import Product, Stack
-from tests.realcluster.test_multicluster import SYSTEM, Member, cli, condition, ready_with
+from tests.realcluster.test_multicluster import SYSTEM, Member, cli, cluster, condition, ready_with
 
 LOST_AFTER = 4.0
 SECONDS: dict[str, float] = {}
@@ -314,3 +319,127 @@ def test_a_hub_workspace_is_made_by_each_listed_members_controller_and_leaves_a_
              == ["member-a"], timeout=60)
     SECONDS["workspace test body"] = time.monotonic() - started
     print(f"\nmulticluster workspace seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
+
+
+# ---- Faults (issue 40.5): in the same world, no other plane started ---------------------------------------------
+def readyz(m: Member) -> tuple[int, str]:
+    """The agent's /readyz: (status, body)."""
+    assert m.agent is not None
+    try:
+        with urllib.request.urlopen(m.agent.health + "/readyz", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def not_ready(m: Member) -> str | None:
+    """The body of the agent's /readyz while it answers 503."""
+    code, body = readyz(m)
+    return body if code == 503 else None
+
+
+def heartbeat(w: World, name: str) -> str:
+    return str((cluster(w.hub, name).get("status") or {}).get("lastHeartbeatTime") or "")
+
+
+def log_lines(p: Product | None, after: int = 0) -> list[dict[str, Any]]:
+    """The JSON lines a product process logged past byte ``after``."""
+    assert p is not None
+    text = p.log.read_bytes()[after:].decode(errors="replace")
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_the_hub_down_members_keep_admitting_say_so_and_catch_up_without_a_false_lost(world: World) -> None:
+    """The hub's API server down for longer than --lost-after: each member's own controller still admits a GPR
+    made there, each agent's /readyz says 503 naming the hub in one line, and once the hub is back the Clusters'
+    heartbeats move and they are Ready with no restart; the hub never judges a member Lost for its own outage,
+    so a GPR it placed before (Admitted, not started) stays where it is."""
+    w = world
+    a, b = w.members["member-a"], w.members["member-b"]
+    started = time.monotonic()
+    before = {n: heartbeat(w, n) for n in w.members}
+    moves = hub_status(w, "team-a", "moves", phase="Admitted", cluster="member-b")
+    assert moves is not None, hub_gpr(w, "team-a", "moves")
+    was_dispatched = {n: dispatches(w, n) for n in w.members}
+    hub_log = w.hub_proc.log.stat().st_size if w.hub_proc is not None else 0
+    w.hub.procs["kube-apiserver"].stop()
+    down_at = time.monotonic()
+    try:
+        b.cp.create(GPRS.format(ns="team-a"), gpr("local", devices=8, models=["H100"]))
+        wait_for("team-a/local Admitted by member-b's own controller, the hub down", lambda: (
+            member_gpr(b, "team-a", "local").get("status") or {}).get("phase") == "Admitted", timeout=60)
+        for m in (a, b):
+            body = wait_for(f"{m.name}'s agent not ready", partial(not_ready, m), timeout=30)
+            assert body.startswith("not ready: ") and "hub: " in body and body.count("\n") == 1, body
+            assert m.agent is not None and m.agent.proc is not None and m.agent.proc.poll() is None
+        # down past --lost-after by the hub's clock, so a stale verdict would say Lost
+        time.sleep(max(0.0, LOST_AFTER + 1.0 - (time.monotonic() - down_at)))
+    finally:
+        w.hub.procs["kube-apiserver"] = Process("kube-apiserver", w.hub.apiserver_args,
+                                                w.hub.dir / "kube-apiserver.log")
+        w.hub.wait_ready()
+    SECONDS["hub down"] = time.monotonic() - down_at
+    def caught_up(n: str) -> bool:
+        return heartbeat(w, n) != before[n] and condition(cluster(w.hub, n), "Ready").get("status") == "True"
+
+    for n in w.members:
+        wait_for(f"{n}'s heartbeat moves and it is Ready", partial(caught_up, n), timeout=60)
+    for m in (a, b):
+        wait_for(f"{m.name}'s agent ready again", partial(lambda m: readyz(m)[0] == 200, m), timeout=30)
+    assert member_gpr(b, "team-a", "local")["status"]["phase"] == "Admitted"
+    # never judged Lost for the hub's own outage: nothing moved, nothing logged as a Ready change
+    assert hub_status(w, "team-a", "moves", phase="Admitted", cluster="member-b") is not None
+    assert {n: dispatches(w, n) for n in w.members} == was_dispatched
+    flips = [r for r in log_lines(w.hub_proc, hub_log) if r.get("msg") == "cluster Ready changed"]
+    assert flips == [], flips
+    b.cp.delete(f"{GPRS.format(ns='team-a')}/local")
+    SECONDS["hub-down test body"] = time.monotonic() - started
+    print(f"\nmulticluster fault seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
+
+
+def test_a_members_revoked_credentials_one_line_not_ready_no_crash_lost_and_the_other_untouched(world: World) -> None:
+    """Member-a's hub ServiceAccount deleted (every token join issued for it dies): its agent logs the refusal once,
+    /readyz says 503 naming the hub, it keeps running (no crash loop) and deletes nothing of its own; its Cluster
+    goes Lost after --lost-after while member-b stays Ready with its heartbeat moving and its GPRs where they were.
+    Joining again issues a new token: the agent restarted with it is Ready."""
+    w = world
+    a, b = w.members["member-a"], w.members["member-b"]
+    started = time.monotonic()
+    assert a.agent is not None and a.agent.proc is not None
+    pid, agent_log = a.agent.proc.pid, a.agent.log.stat().st_size
+    b_dispatched, b_gprs = dispatches(w, "member-b"), sorted(
+        o["metadata"]["name"] for o in b.cp.api("GET", GPRS.format(ns="team-a"))["items"])
+    w.hub.delete("api/v1/namespaces/accelstack-member-member-a/serviceaccounts/member-agent")
+    revoked_at = time.monotonic()
+    body = wait_for("member-a's agent not ready", partial(not_ready, a), timeout=30)
+    assert body.startswith("not ready: ") and "hub: " in body and body.count("\n") == 1, body
+    wait_for("member-a Lost on the hub", lambda: condition(cluster(w.hub, "member-a"), "Lost").get("status")
+             == "True", timeout=60)
+    assert time.monotonic() - revoked_at >= LOST_AFTER - 0.6
+    beat = heartbeat(w, "member-b")
+    wait_for("member-b's heartbeat still moves", lambda: heartbeat(w, "member-b") != beat, timeout=30)
+    assert condition(cluster(w.hub, "member-b"), "Ready").get("status") == "True"
+    assert dispatches(w, "member-b") == b_dispatched
+    assert sorted(o["metadata"]["name"] for o in b.cp.api("GET", GPRS.format(ns="team-a"))["items"]) == b_gprs
+    time.sleep(1.0)  # a few more refused retries: still the same process, nothing of its own deleted
+    assert a.agent.proc.poll() is None and a.agent.proc.pid == pid
+    assert member_gpr(a, "team-a", "pinned")["status"]["phase"] == "Running"
+    assert member_gpr(a, "team-b", "pinned") != {}
+    problems = [r for r in log_lines(a.agent, agent_log) if r.get("level") in ("warning", "error")]
+    print("\nagent lines after the revocation:", json.dumps(problems)[:3000])
+    refused = [r for r in problems if r.get("msg", "").startswith("cannot write the Cluster status")]
+    assert len(refused) == 1 and "401" in refused[0].get("error", ""), problems
+    assert not [r for r in problems if r.get("level") == "error"], problems
+    SECONDS["revoked test body"] = time.monotonic() - started
+
+    # ---- join again: a new ServiceAccount and token; the agent restarted with it is Ready ------------------------
+    res = cli("cluster", "join", "member-a", "--hub-kubeconfig", str(w.hub.admin_kubeconfig),
+              "--kubeconfig", str(a.cp.admin_kubeconfig), "--token-expiry", "1h")
+    assert res.returncode == 0, res.stderr
+    assert "hub: ServiceAccount member-agent in accelstack-member-member-a: created" in res.stdout, res.stdout
+    a.agent.stop()
+    a.start_agent()
+    wait_for("member-a Ready again", lambda: condition(cluster(w.hub, "member-a"), "Ready").get("status") == "True",
+             timeout=60)
+    SECONDS["revoked test body, with the rejoin"] = time.monotonic() - started
+    print(f"\nmulticluster fault seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
