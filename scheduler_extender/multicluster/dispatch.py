@@ -133,15 +133,19 @@ class Dispatcher:
                         str(placed_cond.get("message") or ""))
         dispatch = self.dispatch_of(origin, cluster)
         lost = ""
-        if lost_of(clusters.get(cluster)) and str(status.get("phase") or "") not in FINAL:
+        # a member that left (its Cluster deleted: `cluster leave`) is as good as Lost for what ran there, at once:
+        # its agent is gone, so nothing it held can be mirrored, and a GPR that had not started is placed elsewhere
+        left = cluster not in clusters
+        gone = "has left the hub (its Cluster is gone)" if left else "is Lost (no heartbeat)"
+        if (left or lost_of(clusters.get(cluster))) and str(status.get("phase") or "") not in FINAL:
             action = on_lost(str(status.get("phase") or ""), bool(pinned))
             if action == "replace":
-                if await self._replace(origin, cluster, dispatch, placer, now_text):
+                if await self._replace(origin, cluster, dispatch, placer, now_text, left=left):
                     return
-                lost = f"{cluster} is Lost; the GPR had not started there, but no other member can take it now"
+                lost = f"{cluster} {gone}; the GPR had not started there, but no other member can take it now"
             elif action == "lost":
                 phase = status.get("phase") or "Queued"
-                lost = (f"{cluster} is Lost (no heartbeat); the GPR was {phase} there and may still run: not placed "
+                lost = (f"{cluster} {gone}; the GPR was {phase} there and may still run: not placed "
                         "again" + (" (pinned by spec.clusterName)" if pinned else ""))
         if dispatch is None and not lost:
             await self._create_dispatch(origin, cluster)
@@ -179,9 +183,9 @@ class Dispatcher:
         await self._create_dispatch(origin, placed.cluster)
 
     async def _replace(self, origin: dict[str, Any], old: str, dispatch: dict[str, Any] | None,
-                       placer: Placer, now_text: str) -> bool:
-        """Take a never-started GPR off Lost member ``old``: delete its dispatch there, record the new member,
-        create the new dispatch. False (nothing done) when no other member can take it now."""
+                       placer: Placer, now_text: str, left: bool = False) -> bool:
+        """Take a never-started GPR off Lost (or ``left``) member ``old``: delete its dispatch there, record the
+        new member, create the new dispatch. False (nothing done) when no other member can take it now."""
         choice = placer.pick(demand_of(origin.get("spec") or {}), exclude=[old])
         if not choice.cluster:
             return False
@@ -192,12 +196,13 @@ class Dispatcher:
                                          uid=str(meta.get("uid") or "") or None)
             self.dispatches.pop(_key(dispatch), None)
         phase = str((origin.get("status") or {}).get("phase") or "Queued")
-        why = f"taken off {old} (Lost) where it was {phase} and had not started; placed on {choice.cluster}"
+        why = (f"taken off {old} ({'left the hub' if left else 'Lost'}) where it was {phase} and had not started; "
+               f"placed on {choice.cluster}")
         placed = Placed(choice.cluster, "Replaced", choice.message)
         status = {**(origin.get("status") or {}), "conditions": [
             c for c in (origin.get("status") or {}).get("conditions") or () if c.get("type") != "Replaced"]}
         await self._write(origin, origin_status(None, status, placed, now_text, replaced=why), decide=True)
-        log.warning("hub GPR placed again: its member is Lost", extra={
+        log.warning("hub GPR placed again: its member " + ("left" if left else "is Lost"), extra={
             "gpr": "/".join(_key(origin)), "from": old, "cluster": choice.cluster, "phase": phase})
         await self._create_dispatch(origin, choice.cluster)
         return True

@@ -132,7 +132,8 @@ def test_the_dispatch_of_a_deleted_origin_is_deleted() -> None:
     assert hub.calls == [("delete", "accelstack-member-member-b", "team-a.train")]
 
 
-def run_on_a(phase: str, pinned: bool = False) -> tuple[FakeHub, dict[str, dict[str, Any]], Dispatcher]:
+def run_on_a(phase: str, pinned: bool = False, left: bool = False) -> tuple[FakeHub, dict[str, dict[str, Any]],
+                                                                          Dispatcher]:
     clusters = {"member-a": member(), "member-b": member()}
     hub, d = setup(clusters)
     origin(hub, d, **({"clusterName": "member-a"} if pinned else {}))
@@ -142,7 +143,11 @@ def run_on_a(phase: str, pinned: bool = False) -> tuple[FakeHub, dict[str, dict[
     watch_all(hub, d)
     asyncio.run(d.pass_once())
     assert hub.objects[("team-a", "train")]["status"]["phase"] == phase
-    clusters["member-a"] = member(ready=False)
+    if left:  # `cluster leave`: the Cluster and its hub namespace (the dispatch with it) are gone
+        del clusters["member-a"]
+        del hub.objects[("accelstack-member-member-a", "team-a.train")]
+    else:
+        clusters["member-a"] = member(ready=False)
     watch_all(hub, d)
     hub.calls.clear()
     asyncio.run(d.pass_once())
@@ -158,6 +163,27 @@ def test_a_never_started_gpr_leaves_a_lost_member_old_dispatch_first() -> None:
     assert status["cluster"] == "member-b"
     replaced = next(c for c in status["conditions"] if c["type"] == "Replaced")
     assert replaced["message"].startswith("taken off member-a (Lost) where it was Admitted")
+
+
+def test_a_member_that_left_is_lost_at_once_its_unstarted_gprs_move_the_others_are_reported() -> None:
+    """Before, a GPR whose member left (its Cluster deleted) was mirrored as 'Queued, Dispatched' while the hub
+    tried every pass to create a dispatch in the deleted namespace."""
+    hub, _, _ = run_on_a("Admitted", left=True)
+    assert hub.calls == [("patch-status", "team-a", "train"), ("create", "accelstack-member-member-b", "team-a.train")]
+    status = hub.objects[("team-a", "train")]["status"]
+    replaced = next(c for c in status["conditions"] if c["type"] == "Replaced")
+    assert replaced["message"].startswith("taken off member-a (left the hub) where it was Admitted"), replaced
+    for phase, pinned in (("Running", False), ("Admitted", True)):
+        hub, clusters, d = run_on_a(phase, pinned, left=True)
+        assert [c[0] for c in hub.calls] == ["patch-status"], (phase, hub.calls)
+        status = hub.objects[("team-a", "train")]["status"]
+        assert (status["cluster"], status["phase"], status["reason"]) == ("member-a", phase, "ClusterLost")
+        assert "member-a has left the hub (its Cluster is gone)" in status["message"], status
+        # it joins again: the dispatch is made again in its new namespace and the Lost goes once it mirrors
+        clusters["member-a"] = member()
+        hub.calls.clear()
+        asyncio.run(d.pass_once())
+        assert ("create", "accelstack-member-member-a", "team-a.train") in hub.calls, hub.calls
 
 
 def test_a_running_or_pinned_gpr_on_a_lost_member_is_reported_never_duplicated() -> None:
