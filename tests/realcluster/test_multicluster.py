@@ -1,147 +1,52 @@
-"""Many clusters, step 1 (issue 40.1): three real API servers on loopback, a hub and two members.
+"""Many clusters, step 1 (issue 40.1): registration, on three real API servers on loopback (the shared world of
+tests/realcluster/mc_world.py: a hub and two members, each with the product's stack).
 
-``kubectl accelstack cluster join`` (the real CLI, as a process) registers both members with the admin's two
+``kubectl accelstack cluster join`` (the real CLI, as a process) registered both members with the admin's two
 kubeconfigs; each member's agent runs as a real process with the hub kubeconfig join wrote into the member's
 Secret (its real, scoped token) and the member ServiceAccount join made; ``accelstack-hub`` runs under the
-shipped ``manifests/hub`` ServiceAccount. On the hub the Clusters go Ready with each member's GPUs; real
+shipped ``manifests/hub`` ServiceAccount. On the hub the Clusters are Ready with each member's GPUs; real
 ``kubectl auth can-i`` with member-a's token shows it can write its own Cluster and nothing of member-b's or the
 hub's secrets; member-b's agent stopped makes its Cluster Lost (a short ``--lost-after``) and started again
-Ready; ``cluster leave`` removes what join made. The two extra control planes are module-scoped: one start.
+Ready. Then member-b leaves (``cluster leave`` removes what join made) and joins again with new objects
+(issue 40.5): its Cluster is Ready with the new inventory, a GPR pinned there before is picked up again, an
+unstarted one moved off it while it was away is not run twice.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.realcluster.controlplane import ApiCallError, ControlPlane, assets_dir, free_port
-from tests.realcluster.objects import wait_for
-from tests.realcluster.shipped import ROOT, render
-from tests.realcluster.stack import Product
+from tests.realcluster.controlplane import ApiCallError
+from tests.realcluster.mc_world import (
+    CLUSTERS,
+    HUB_NS,
+    LOST_AFTER,
+    SYSTEM,
+    World,
+    cli,
+    cluster,
+    condition,
+    dispatches,
+    hub_status,
+    member_gpr,
+    namespace,
+    ready_with,
+)
+from tests.realcluster.objects import gpr, wait_for
 
-CLUSTERS = "apis/accelstack.io/v1alpha1/clusters"
-SYSTEM = "accelstack-system"
-LOST_AFTER = 4.0  # seconds: the agents beat every 0.5 s
 SETUP_SECONDS: dict[str, float] = {}
 
 
-class Member:
-    """A member control plane with accelstack's CRDs and namespace, and fake GPU nodes."""
-
-    def __init__(self, name: str, plane: ControlPlane) -> None:
-        self.name, self.cp = name, plane
-        self.agent: Product | None = None
-
-    def add_node(self, node: str, gpus: int, model: str = "H100") -> None:
-        self.cp.create("api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node, "labels": {"kubernetes.io/hostname": node, "nvidia.com/gpu.product": model}}})
-        alloc = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-        self.cp.patch(f"api/v1/nodes/{node}/status", {"status": {
-            "capacity": alloc, "allocatable": alloc,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
-
-    def hub_kubeconfig(self) -> Path:
-        """The hub kubeconfig exactly as join stored it in the member's Secret."""
-        secret = self.cp.get(f"api/v1/namespaces/{SYSTEM}/secrets/accelstack-hub-kubeconfig") or {}
-        path = self.cp.dir / "hub-from-secret.kubeconfig"
-        path.write_bytes(base64.b64decode(secret["data"]["kubeconfig"]))
-        return path
-
-    def start_agent(self) -> Product:
-        port = free_port()
-        secret = self.cp.get(f"api/v1/namespaces/{SYSTEM}/secrets/accelstack-hub-kubeconfig") or {}
-        cluster = base64.b64decode(secret["data"]["cluster"]).decode()
-        self.agent = Product(self.cp, f"member-agent-{self.name}", "scheduler_extender.cmd.member_agent", [
-            "--kubeconfig", str(self.cp.sa_kubeconfig(SYSTEM, "accelstack-member-agent")),
-            "--hub-kubeconfig", str(self.hub_kubeconfig()), "--cluster", cluster, "--heartbeat", "0.5",
-            "--min-write-gap", "0.2", "--listen", f"127.0.0.1:{port}", "--log-format", "json"],
-            env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start()
-        return self.agent
-
-
-def _plane(name: str) -> ControlPlane:
-    folder = assets_dir()
-    assert folder is not None
-    plane = ControlPlane(folder)
-    plane.dir.joinpath("role").write_text(name)
-    return plane.start()
-
-
-@pytest.fixture(scope="module")
-def members(cp: ControlPlane) -> Iterator[dict[str, Member]]:
-    """Two more real control planes (etcd + kube-apiserver each), accelstack's CRDs and namespace on each."""
-    started = time.monotonic()
-    planes = {n: Member(n, _plane(n)) for n in ("member-a", "member-b")}
-    SETUP_SECONDS["two extra control planes"] = time.monotonic() - started
-    crds = [o for o in render("manifests/crds")]
-    try:
-        for m in planes.values():
-            m.cp.apply(crds)
-            for crd in crds:
-                m.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
-            m.cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM}})
-        SETUP_SECONDS["with CRDs"] = time.monotonic() - started
-        yield planes
-    finally:
-        for m in planes.values():
-            if m.agent is not None:
-                m.agent.stop()
-            m.cp.cleanup()
-
-
-@pytest.fixture(scope="module")
-def hub(cp: ControlPlane, shipped: list[dict[str, Any]]) -> Iterator[Product]:
-    """The session's control plane as the hub: manifests/hub applied, accelstack-hub under its ServiceAccount."""
-    objects = [o for o in render("manifests/hub") if o["kind"] != "Deployment"]
-    cp.apply([o for o in objects if o["kind"] == "CustomResourceDefinition"])
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/clusters.accelstack.io")
-    cp.apply([o for o in objects if o["kind"] != "CustomResourceDefinition"])
-    port = free_port()
-    proc = Product(cp, "hub", "scheduler_extender.cmd.hub", [
-        "--kubeconfig", str(cp.sa_kubeconfig(SYSTEM, "accelstack-hub")), "--listen", f"127.0.0.1:{port}",
-        "--lost-after", f"{LOST_AFTER:g}s", "--lease-seconds", "3", "--identity", "hub-0", "--resync", "1",
-        "--log-format", "json"], env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start()
-    yield proc
-    proc.stop()
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real plugin as a user runs it: ``kubectl-accelstack ARGS`` (python -m, the same entry point)."""
-    return subprocess.run([sys.executable, "-m", "scheduler_extender.cli.kubectl_plugin", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-
-
-def cluster(cp: ControlPlane, name: str) -> dict[str, Any]:
-    return cp.get(f"{CLUSTERS}/{name}") or {}
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
-
-
-def ready_with(cp: ControlPlane, name: str, gpus: int) -> dict[str, Any] | None:
-    obj = cluster(cp, name)
-    status = obj.get("status") or {}
-    ok = condition(obj, "Ready").get("status") == "True" and \
-        (status.get("devices") or {}).get("gpuAllocatable") == gpus
-    return obj if ok else None
-
-
-def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
-                                                 members: dict[str, Member]) -> None:
-    a, b = members["member-a"], members["member-b"]
-    a.add_node("a-gpu-1", 8)
-    a.add_node("a-gpu-2", 8, model="A100")
-    b.add_node("b-gpu-1", 4)
+def test_join_agents_ready_scoped_and_lost(mc_world: World) -> None:
+    w = mc_world
+    cp = w.hub
+    a, b = w.members["member-a"], w.members["member-b"]
+    assert w.hub_proc is not None
+    hub = w.hub_proc
 
     # ---- the CRD's own checks (CEL), as the API server applies them ------------------------------------------
     for name, labels, says in (("x" * 46, {}, "a cluster's name is a DNS label of at most 45"),
@@ -151,15 +56,8 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
                                  "metadata": {"name": name}, "spec": {"labels": labels}})
         assert refused_crd.value.status == 422 and says in str(refused_crd.value), refused_crd.value
 
-    # ---- join, through the real CLI, printing one line per object -------------------------------------------
-    joined = {}
-    for m, region in ((a, "eu-west"), (b, "us-east")):
-        res = cli("cluster", "join", m.name, "--hub-kubeconfig", str(cp.admin_kubeconfig),
-                  "--kubeconfig", str(m.cp.admin_kubeconfig), "--label", f"region={region}", "--label",
-                  "provider=onprem", "--token-expiry", "1h")
-        assert res.returncode == 0, res.stderr
-        joined[m.name] = res.stdout.splitlines()
-    lines = joined["member-a"]
+    # ---- join (the world's), through the real CLI, printed one line per object --------------------------------
+    lines = w.joined["member-a"]
     assert lines[0] == "hub: Namespace accelstack-member-member-a: created"
     assert "hub: ClusterRole accelstack-member-member-a: created" in lines
     assert "hub: Cluster member-a: created" in lines
@@ -169,9 +67,7 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
     assert lines[-1] == "member: Deployment accelstack-member-agent in accelstack-system: created"
     assert len(lines) == 15
     # join again: idempotent (only the token and the Secret holding it change)
-    again = cli("cluster", "join", "member-a", "--hub-kubeconfig", str(cp.admin_kubeconfig),
-                "--kubeconfig", str(a.cp.admin_kubeconfig), "--label", "region=eu-west", "--label",
-                "provider=onprem", "--token-expiry", "1h")
+    again = w.join("member-a")
     assert again.returncode == 0, again.stderr
     changed = [ln for ln in again.stdout.splitlines() if not ln.endswith(": unchanged")]
     assert [ln.split(":")[0] + ":" + ln.split(":")[1] for ln in changed] == [
@@ -180,19 +76,16 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
     assert cluster(cp, "member-a")["spec"]["labels"] == {"region": "eu-west", "provider": "onprem"}
 
     # ---- the agents, as real processes with what join made: Ready with each member's GPUs ---------------------
-    started = time.monotonic()
-    a.start_agent()
-    b.start_agent()
     got_a = wait_for("member-a Ready with 16 GPUs", lambda: ready_with(cp, "member-a", 16), timeout=60)
-    wait_for("member-b Ready with 4 GPUs", lambda: ready_with(cp, "member-b", 4), timeout=60)
-    SETUP_SECONDS["agents start to both Ready"] = time.monotonic() - started
     rows = {(i["resource"], i["model"]): i for i in got_a["status"]["inventory"]}
     assert rows[("nvidia.com/gpu", "H100")]["allocatable"] == 8 and rows[("nvidia.com/gpu", "A100")]["capacity"] == 8
     assert got_a["status"]["versions"]["kubernetes"].startswith("v1.")
     assert condition(got_a, "Lost")["status"] == "False"
     # a change in the member reaches the hub without waiting for anything but the agent's write gap
     b.add_node("b-gpu-2", 8)
-    wait_for("member-b's new node on the hub", lambda: ready_with(cp, "member-b", 12), timeout=30)
+    wait_for("member-b's new node on the hub", lambda: ready_with(cp, "member-b", 24), timeout=30)
+    b.cp.delete("api/v1/nodes/b-gpu-2")
+    wait_for("member-b's node gone on the hub", lambda: ready_with(cp, "member-b", 16), timeout=30)
     out = cp.kubectl("get", "clusters.accelstack.io", "-o", "wide")
     assert "member-a" in out and "eu-west" in out and "16" in out, out
 
@@ -236,7 +129,7 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
     assert condition(lost, "Ready") == {**condition(lost, "Ready"), "status": "False", "reason": "HeartbeatMissed"}
     assert ready_with(cp, "member-a", 16), "member-a stays Ready"
     b.start_agent()
-    wait_for("member-b Ready again", lambda: ready_with(cp, "member-b", 12), timeout=30)
+    wait_for("member-b Ready again", lambda: ready_with(cp, "member-b", 16), timeout=30)
     def metrics_with_b_ready() -> str:
         text = urlopen_text(hub.health + "/metrics")
         return text if 'accelstack_hub_cluster_ready{cluster="member-b"} 1.0' in text else ""
@@ -245,7 +138,35 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
     assert 'accelstack_hub_cluster_devices{cluster="member-a",kind="allocatable",resource="nvidia.com/gpu"} 16.0' \
         in metrics
 
+
+def test_a_member_leaves_and_rejoins_with_new_objects_nothing_run_twice(mc_world: World) -> None:
+    """``cluster leave`` deletes what join made on both sides and says so; on the hub the member's GPRs are Lost at
+    once (an unstarted one is placed on the other member, a pinned one reported); joined again with a new node, the
+    Cluster is Ready with the new inventory, the pinned GPR is picked up where it stood, and the moved one's stale
+    copy is deleted by the returning agent: nothing runs twice. The hub runs kube-controller-manager here only so
+    that the left member's hub namespace finishes deleting (as on any real hub) before the member joins again."""
+    w = mc_world
+    cp = w.hub
+    a, b = w.members["member-a"], w.members["member-b"]
+    started = time.monotonic()
+    for plane in (cp, a.cp, b.cp):
+        namespace(plane, "rejoin")
+    # a pinned GPR and a free-to-move one, both Admitted on member-b (A100: the tie goes to member-a otherwise)
+    cp.create(HUB_NS.format(ns="rejoin"), gpr("pinned", devices=8, clusterName="member-b", models=["H100"]))
+    wait_for("rejoin/pinned Admitted on member-b", lambda: hub_status(w, "rejoin", "pinned", phase="Admitted",
+                                                                      cluster="member-b"), timeout=60)
+    a.cp.create("apis/accelstack.io/v1alpha1/namespaces/rejoin/gpuprovisioningrequests",
+                gpr("filler", devices=8, models=["A100"]))  # member-a's A100s taken: the next goes to member-b
+    wait_for("member-a's A100s reserved on the hub", lambda: any(
+        r.get("model") == "A100" and r.get("reserved") == 8
+        for r in (cluster(cp, "member-a").get("status") or {}).get("inventory") or []), timeout=30)
+    cp.create(HUB_NS.format(ns="rejoin"), gpr("moves", devices=8, models=["A100"]))
+    wait_for("rejoin/moves Admitted on member-b", lambda: hub_status(w, "rejoin", "moves", phase="Admitted",
+                                                                    cluster="member-b"), timeout=60)
+    a.cp.delete("apis/accelstack.io/v1alpha1/namespaces/rejoin/gpuprovisioningrequests/filler")
+
     # ---- leave: deletes what join made, on both sides, and says so --------------------------------------
+    assert b.agent is not None
     b.agent.stop()
     token_b = b.hub_kubeconfig()
     res = cli("cluster", "leave", "member-b", "--hub-kubeconfig", str(cp.admin_kubeconfig),
@@ -259,15 +180,57 @@ def test_join_agents_ready_scoped_lost_and_leave(cp: ControlPlane, hub: Product,
     assert cp.get("apis/rbac.authorization.k8s.io/v1/clusterroles/accelstack-member-member-b") is None
     assert b.cp.get(f"api/v1/namespaces/{SYSTEM}/secrets/accelstack-hub-kubeconfig") is None
     assert b.cp.get(f"api/v1/namespaces/{SYSTEM}") is not None  # never the member's namespace itself
-    ns = cp.get(f"api/v1/namespaces/{ns_b}")
-    assert ns is None or ns["metadata"].get("deletionTimestamp")  # no namespace controller on this plane
     # member-b's old token can no longer touch anything (its ServiceAccount is gone)
-    assert not cp.can_i(token_b, "patch", f"{g}/member-b", subresource="status")
+    assert not cp.can_i(token_b, "patch", "clusters.accelstack.io/member-b", subresource="status")
     again = cli("cluster", "leave", "member-b", "--hub-kubeconfig", str(cp.admin_kubeconfig),
                 "--kubeconfig", str(b.cp.admin_kubeconfig))
     assert again.returncode == 0 and all(ln.endswith((": absent", ": being deleted"))
                                          for ln in again.stdout.splitlines()), again.stdout
-    print(f"\nmulticluster set-up seconds: {json.dumps({k: round(v, 1) for k, v in SETUP_SECONDS.items()})}")
+
+    # ---- on the hub: lost at once; the unstarted, unpinned GPR moves to member-a, the pinned one is reported -----
+    moved = wait_for("rejoin/moves Admitted on member-a", lambda: hub_status(
+        w, "rejoin", "moves", phase="Admitted", cluster="member-a"), timeout=60)
+    assert "taken off member-b (left the hub) where it was Admitted" in condition(
+        {"status": moved}, "Replaced")["message"], moved
+    pinned = wait_for("rejoin/pinned reported, not moved", lambda: hub_status(w, "rejoin", "pinned",
+                                                                             reason="ClusterLost"), timeout=30)
+    assert pinned["phase"] == "Admitted" and "member-b has left the hub" in pinned["message"], pinned
+    assert member_gpr(b, "rejoin", "moves") != {}  # the member's stale copy: its agent is gone, nobody deletes it
+
+    # ---- join again with new objects -------------------------------------------------------------------------
+    kcm = cp.start_controller_manager("namespace")  # the hub namespace of the left member finishes deleting
+    try:
+        wait_for("the left member's hub namespace deleted",
+                 lambda: cp.get("api/v1/namespaces/accelstack-member-member-b") is None, timeout=90)
+    finally:
+        cp.stop_component("kube-controller-manager")
+    assert kcm is not None
+    b.add_node("b-l4", 4, model="L4")
+    res = w.join("member-b")
+    assert res.returncode == 0, res.stderr
+    assert all(ln.endswith(": created") or ": issued, expires " in ln for ln in res.stdout.splitlines()), \
+        res.stdout
+    b.start_agent()
+    back = wait_for("member-b Ready with its new node", lambda: ready_with(cp, "member-b", 20), timeout=60)
+    assert {r["model"] for r in back["status"]["inventory"]} == {"H100", "A100", "L4"}
+    # the pinned GPR is dispatched again into the new namespace and picked up where it stood: not Lost
+    def pinned_back() -> dict[str, Any] | None:
+        s = hub_status(w, "rejoin", "pinned", phase="Admitted", cluster="member-b")
+        return s if s is not None and not condition({"status": s}, "Lost") else None
+
+    wait_for("rejoin/pinned Admitted on member-b again, not Lost", pinned_back, timeout=60)
+    assert member_gpr(b, "rejoin", "pinned")["status"]["phase"] == "Admitted"
+    # the moved one: the returning agent deletes its stale copy (its dispatch is gone); it runs on member-a only
+    wait_for("member-b's stale copy of rejoin/moves deleted", lambda: member_gpr(b, "rejoin", "moves") == {},
+             timeout=60)
+    assert dispatches(w, "member-b") == ["rejoin.pinned"]
+    assert member_gpr(a, "rejoin", "moves")["status"]["phase"] == "Admitted"
+    assert member_gpr(a, "rejoin", "pinned") == {}
+    b.cp.delete("api/v1/nodes/b-l4")
+    w.clean(("rejoin", "pinned"), ("rejoin", "moves"))
+    wait_for("member-b Ready with 16 GPUs again", lambda: ready_with(cp, "member-b", 16), timeout=30)
+    SETUP_SECONDS["leave and rejoin test"] = time.monotonic() - started
+    print(f"\nmulticluster registration seconds: {json.dumps({k: round(v, 1) for k, v in SETUP_SECONDS.items()})}")
 
 
 def urlopen_text(url: str) -> str:

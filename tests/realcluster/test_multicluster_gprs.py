@@ -27,115 +27,44 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster.controlplane import ControlPlane, Process, assets_dir, free_port
+from tests.realcluster.controlplane import Process
+from tests.realcluster.mc_world import (
+    HUB_NS,
+    LOST_AFTER,
+    SYSTEM,
+    WORKSPACES,
+    Member,
+    World,
+    cluster,
+    condition,
+    dispatches,
+    hub_gpr,
+    hub_status,
+    member_gpr,
+    namespace,
+    ready_with,
+    reserved,
+)
 from tests.realcluster.objects import GPRS, gpr, wait_for
-from tests.realcluster.shipped import install, render
-from tests.realcluster.stack import Product, Stack
-from tests.realcluster.test_multicluster import SYSTEM, Member, cli, cluster, condition, ready_with
+from tests.realcluster.stack import Product
 
-LOST_AFTER = 4.0
 SECONDS: dict[str, float] = {}
-HUB_NS = "apis/accelstack.io/v1alpha1/namespaces/{ns}/gpuprovisioningrequests"
-
-
-def _plane(role: str) -> ControlPlane:
-    folder = assets_dir()
-    assert folder is not None
-    plane = ControlPlane(folder)
-    plane.dir.joinpath("role").write_text(role)
-    return plane.start()
-
-
-class World:
-    def __init__(self, hub: ControlPlane, members: dict[str, Member], stacks: list[Stack]) -> None:
-        self.hub, self.members, self.stacks = hub, members, stacks
-        self.hub_proc: Product | None = None
+MADE = (("team-a", "pinned"), ("team-b", "pinned"), ("team-a", "moves"), ("team-c", "nowhere"))
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    """A hub and two members (three real control planes), each member with the product's extender and controller,
-    both joined through the real CLI, their agents and the hub controller running."""
-    started = time.monotonic()
-    hub = _plane("hub")
-    members = {n: Member(n, _plane(n)) for n in ("member-a", "member-b")}
-    stacks: list[Stack] = []
-    w = World(hub, members, stacks)
-    try:
-        objects = [o for o in render("manifests/hub") if o["kind"] != "Deployment"]
-        hub.apply([o for o in objects if o["kind"] == "CustomResourceDefinition"])
-        for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
-            hub.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
-        hub.apply([o for o in objects if o["kind"] == "Namespace"])
-        hub.apply([o for o in objects if o["kind"] not in ("CustomResourceDefinition", "Namespace")])
-        for m in members.values():
-            shipped = install(m.cp, render())
-            stacks.append(Stack(m.cp, shipped).start())
-        SECONDS["three planes, members with their stack"] = time.monotonic() - started
-        for m in members.values():
-            res = cli("cluster", "join", m.name, "--hub-kubeconfig", str(hub.admin_kubeconfig),
-                      "--kubeconfig", str(m.cp.admin_kubeconfig), "--token-expiry", "1h")
-            assert res.returncode == 0, res.stderr
-        port = free_port()
-        w.hub_proc = Product(hub, "hub", "scheduler_extender.cmd.hub", [
-            "--kubeconfig", str(hub.sa_kubeconfig(SYSTEM, "accelstack-hub")), "--listen", f"127.0.0.1:{port}",
-            "--lost-after", f"{LOST_AFTER:g}s", "--lease-seconds", "3", "--identity", "hub-0", "--resync", "1",
-            "--log-format", "json"], env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start()
-        for m in members.values():
-            m.start_agent()
-        SECONDS["set-up"] = time.monotonic() - started
-        yield w
-    finally:
-        for m in members.values():
-            if m.agent is not None:
-                m.agent.stop()
-        if w.hub_proc is not None:
-            w.hub_proc.stop()
-        for s in stacks:
-            s.stop()
-        for m in members.values():
-            m.cp.cleanup()
-        hub.cleanup()
-
-
-def namespace(cp: ControlPlane, name: str) -> None:
-    """A namespace with its default ServiceAccount (no controller-manager here makes it; pods need it)."""
-    cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    cp.create(f"api/v1/namespaces/{name}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                             "metadata": {"name": "default"}})
-
-
-def hub_gpr(w: World, ns: str, name: str) -> dict[str, Any]:
-    return w.hub.get(f"{HUB_NS.format(ns=ns)}/{name}") or {}
-
-
-def member_gpr(m: Member, ns: str, name: str) -> dict[str, Any]:
-    return m.cp.get(f"{GPRS.format(ns=ns)}/{name}") or {}
-
-
-def dispatches(w: World, member: str) -> list[str]:
-    items = w.hub.api("GET", HUB_NS.format(ns=f"accelstack-member-{member}")).get("items") or []
-    return sorted(o["metadata"]["name"] for o in items)
-
-
-def hub_status(w: World, ns: str, name: str, **want: Any) -> dict[str, Any] | None:
-    status = hub_gpr(w, ns, name).get("status") or {}
-    return status if all(status.get(k) == v for k, v in want.items()) else None
-
-
-def reserved(cp: ControlPlane, cluster: str, model: str) -> int:
-    obj = cp.get(f"apis/accelstack.io/v1alpha1/clusters/{cluster}") or {}
-    return sum(int(r.get("reserved") or 0) for r in (obj.get("status") or {}).get("inventory") or []
-               if r.get("model") == model)
+def world(mc_world: World) -> Iterator[World]:
+    """The shared world; this module's GPRs (and its started pod) are deleted when it ends."""
+    yield mc_world
+    a = mc_world.members["member-a"]
+    a.cp.delete("api/v1/namespaces/team-a/pods/pinned-0", force=True)
+    mc_world.clean(*[k for k in MADE if hub_gpr(mc_world, *k)])
 
 
 def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_a_lost_member(world: World) -> None:
     w = world
     a, b = w.members["member-a"], w.members["member-b"]
     started = time.monotonic()
-    for m in (a, b):
-        m.add_node(f"{m.name[-1]}-h100", 8)
-        m.add_node(f"{m.name[-1]}-a100", 8, model="A100")
     wait_for("both members Ready with 16 GPUs", lambda: ready_with(w.hub, "member-a", 16)
              and ready_with(w.hub, "member-b", 16), timeout=60)
     # ---- the GPR rights, with the real tokens join issued -------------------------------------------------------
@@ -256,9 +185,6 @@ def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_
 
 
 # ---- Workspaces across clusters (issue 40.2): in the same world, no other plane started -------------------------
-WORKSPACES = "apis/accelstack.io/v1alpha1/workspaces"
-
-
 def member_workspace(m: Member, name: str) -> dict[str, Any]:
     return m.cp.get(f"{WORKSPACES}/{name}") or {}
 
@@ -317,6 +243,8 @@ def test_a_hub_workspace_is_made_by_each_listed_members_controller_and_leaves_a_
     assert member_workspace(a, "span")["metadata"]["uid"] == a_uid
     wait_for("the hub status shows member-a only", lambda: [r["name"] for r in clusters_status(w, "span")]
              == ["member-a"], timeout=60)
+    w.hub.delete(f"{WORKSPACES}/span")  # the shared world as it was: member-a's copy goes too
+    wait_for("member-a's Workspace deleted", lambda: member_workspace(a, "span") == {}, timeout=60)
     SECONDS["workspace test body"] = time.monotonic() - started
     print(f"\nmulticluster workspace seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}")
 
@@ -433,8 +361,7 @@ def test_a_members_revoked_credentials_one_line_not_ready_no_crash_lost_and_the_
     SECONDS["revoked test body"] = time.monotonic() - started
 
     # ---- join again: a new ServiceAccount and token; the agent restarted with it is Ready ------------------------
-    res = cli("cluster", "join", "member-a", "--hub-kubeconfig", str(w.hub.admin_kubeconfig),
-              "--kubeconfig", str(a.cp.admin_kubeconfig), "--token-expiry", "1h")
+    res = w.join("member-a")
     assert res.returncode == 0, res.stderr
     assert "hub: ServiceAccount member-agent in accelstack-member-member-a: created" in res.stdout, res.stdout
     a.agent.stop()
