@@ -140,7 +140,10 @@ def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], str]) -> N
 # ---- commands ----------------------------------------------------------------------------------------------
 def cmd_queue(client: Client, args: argparse.Namespace) -> None:
     data = client.get("/api/v1/queue", namespace=args.namespace, workspace=args.workspace, phase=args.phase,
-                      resource=args.resource, limit=args.limit)
+                      resource=args.resource, limit=args.limit, cluster=args.cluster)
+    if on_hub(data, args):
+        emit(args, data, render_hub_queue)
+        return
 
     def render(d: dict[str, Any]) -> str:
         rows = [[r["position"] if r["position"] is not None else "-", r["namespace"], r["name"], r["workspace"],
@@ -212,7 +215,10 @@ def cmd_inventory(client: Client, args: argparse.Namespace) -> None:
             [[n["node"], n["resource"], n["model"], n["capacity"], n["allocated"], n["reserved"], n["free"],
               "ok" if n["healthy"] else n["reason"]] for n in d["nodes"]]))
         return
-    data = client.get("/api/v1/inventory", summary="1")
+    data = client.get("/api/v1/inventory", summary="1", cluster=args.cluster)
+    if on_hub(data, args):
+        emit(args, data, lambda d: render_hub_inventory(d, args.resource, args.model))
+        return
 
     def render(d: dict[str, Any]) -> str:
         cells = [c for c in d["cells"] if (not args.resource or c["resource"] == args.resource)
@@ -329,8 +335,25 @@ def _render_gpr(d: dict[str, Any]) -> str:
 
 
 def cmd_workspace_usage(client: Client, args: argparse.Namespace) -> None:
-    items = [client.get(f"/api/v1/workspaces/{_seg(args.name)}")] if args.name \
-        else client.get("/api/v1/workspaces")["items"]
+    if args.cluster:
+        data = client.get("/api/v1/usage", cluster=args.cluster, workspace=args.name)
+        on_hub(data, args)
+        emit(args, data, render_hub_usage)
+        return
+    try:
+        items = [client.get(f"/api/v1/workspaces/{_seg(args.name)}")] if args.name \
+            else client.get("/api/v1/workspaces")["items"]
+    except Failure as exc:  # a hub has no /api/v1/workspaces: its usage is per member, at /api/v1/usage
+        if ": 404 " not in str(exc):
+            raise
+        try:
+            data = client.get("/api/v1/usage", workspace=args.name)
+        except Failure:
+            raise exc from None
+        if not on_hub(data, args):
+            raise exc from None
+        emit(args, data, render_hub_usage)
+        return
 
     def render(ws: list[dict[str, Any]]) -> str:
         rows = []
@@ -351,6 +374,48 @@ def cmd_workspace_usage(client: Client, args: argparse.Namespace) -> None:
                       "GPRS Q/A/R"], rows)
 
     emit(args, items, render)
+
+
+# ---- a hub (docs/multicluster.md "One view"): the same commands, every row naming its cluster -------------------
+def on_hub(data: Any, args: argparse.Namespace) -> bool:
+    """Whether the answer is a hub's (it says ``hub: true``); --cluster to a member's own API is an error, not a
+    filter it would silently ignore."""
+    hub = isinstance(data, dict) and data.get("hub") is True
+    if args.cluster and not hub:
+        raise Failure(f"--cluster {args.cluster}: the server is not a hub (only accelstack-hub's API has clusters)")
+    return hub
+
+
+def render_hub_inventory(d: dict[str, Any], resource: str = "", model: str = "") -> str:
+    cells = [c for c in d["cells"] if (not resource or c["resource"] == resource) and (not model or c["model"] == model)]
+    rows = [[c["cluster"], "Ready" if c["ready"] else "Lost" if c["lost"] else "NotReady", c["resource"], c["model"],
+             c["nodes"], c["capacity"], c["allocated"], c["reserved"], c["free"], c["unhealthy"], c["queued"]]
+            for c in cells]
+    t = d["totals"]
+    return table(["CLUSTER", "STATE", "RESOURCE", "MODEL", "NODES", "DEVICES", "ALLOCATED", "RESERVED", "FREE",
+                  "UNHEALTHY", "QUEUED"], rows) + \
+        f"\n\n{len(d['clusters'])} clusters, {t['capacity']} devices: {t['allocated']} allocated, {t['reserved']} " \
+        f"reserved, {t['free']} free; {d['groupLabel']}"
+
+
+def render_hub_queue(d: dict[str, Any]) -> str:
+    if not d["items"]:
+        return "No GPRs match."
+    rows = [[r["cluster"] or "(unplaced)", r["position"] if r["position"] is not None else "-", r["namespace"],
+             r["name"], r["phase"], f"{r['devicesPerNode']}x{r['nodeCount']} {r['resource']}",
+             until(r["estimatedStart"]) if r["phase"] == "Queued" else "-", age(r["ageSeconds"]), r["reason"]]
+            for r in d["items"]]
+    return table(["CLUSTER", "POS", "NAMESPACE", "NAME", "PHASE", "DEVICES", "START", "AGE", "REASON"], rows) + \
+        f"\n\n{textwrap.fill(d['order'], 110)}"
+
+
+def render_hub_usage(d: dict[str, Any]) -> str:
+    if not d["items"]:
+        return "No workspaces."
+    return table(["WORKSPACE", "CLUSTER", "READY", "RESOURCE", "MODEL", "IN-USE", "RESERVED", "QUEUED", "QUOTA"],
+                 [[u["workspace"], u["cluster"], "yes" if u["ready"] else "no", u["resource"] or "-",
+                   u["model"] or "any", *("-" if u[k] is None else u[k] for k in ("inUse", "reserved", "queued", "max"))]
+                  for u in d["items"]])
 
 
 def _seg(value: str) -> str:
@@ -410,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--phase", default="", help="phases, comma-separated, or all (default: unfinished)")
     q.add_argument("--resource", default="", help="nvidia.com/gpu or neureality.com/nr1")
     q.add_argument("--limit", type=positive, default=100, help="at most this many rows (default 100)")
+    q.add_argument("--cluster", default="", help="on a hub: only the GPRs placed on this member cluster")
     q.set_defaults(run=cmd_queue)
 
     i = sub.add_parser("inventory", parents=[common],
@@ -418,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--node", default="", help="one node: devices, health, holders, reservations")
     i.add_argument("--resource", default="", help="only this resource")
     i.add_argument("--model", default="", help="only this model")
+    i.add_argument("--cluster", default="", help="on a hub: only this member cluster's devices")
     i.set_defaults(run=cmd_inventory)
 
     w = sub.add_parser("wait-time", parents=[common], help="when a GPR submitted now would start")
@@ -444,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     ws.required = True
     u = ws.add_parser("usage", parents=[common], help="devices in use, reserved and queued against the quota")
     u.add_argument("name", nargs="?", default="", help="one workspace (default: all you may list)")
+    u.add_argument("--cluster", default="", help="on a hub: only this member cluster's usage")
     u.set_defaults(run=cmd_workspace_usage)
     nd = sub.add_parser("node", help="accelerator nodes (docs/nodes.md)").add_subparsers(
         dest="node_command", metavar="COMMAND", parser_class=Parser)
