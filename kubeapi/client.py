@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import copy
 import os
 import random
 import time
@@ -118,6 +119,7 @@ class KubeClient:
             rest.pool_manager = aiohttp.ClientSession(connector=old.connector, trust_env=False, read_bufsize=2**21)
             old.detach()
         self.proxy = rest.proxy = self.configuration.proxy or proxy_for(self.host)
+        self.impersonate = ""  # a user name sent as Impersonate-User (:meth:`impersonating`)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -127,8 +129,17 @@ class KubeClient:
     async def close(self) -> None:
         await self.api_client.close()
 
+    def impersonating(self, user: str) -> KubeClient:
+        """This client acting as ``user`` (``Impersonate-User``; the caller needs RBAC ``impersonate`` on it, and
+        the API server then authorises each call as that user): the same connections, so never closed itself."""
+        other = copy.copy(self)
+        other.impersonate = user
+        return other
+
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": JSON, "User-Agent": f"accelstack/{self.field_manager}"}
+        if self.impersonate:
+            headers["Impersonate-User"] = self.impersonate
         if content_type:
             headers["Content-Type"] = content_type
         settings = await self.configuration.auth_settings()

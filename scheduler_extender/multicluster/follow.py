@@ -12,6 +12,12 @@ mirrors that GPR's status back into the dispatch's.
 - **Delete**: a member GPR the agent made (label ``accelstack.io/from-hub``) whose dispatch is gone, or is now
   the dispatch of another origin, is deleted (with a UID precondition); only while the hub's list is fresh (its
   informer synced and healthy), so a hub that cannot be reached never makes a member drop its GPRs.
+- **Workload** (``spec.workload``, :mod:`.workload`): once the member GPR is Admitted or Running, its objects
+  are created in its namespace as the ServiceAccount ``accelstack-workload`` there (impersonated: the member's
+  RBAC decides), labelled and owned by the member GPR; the outcome is the dispatch's condition
+  ``WorkloadCreated``. Looked at again when the member GPR changes and every ``resync`` seconds (one GET per
+  object, as that account), so a deleted object is made again. Deleted with the member GPR (before it, as the
+  same account; the owner reference lets the member's garbage collector do it too).
 
 Level-triggered, as the hub: a pass on every change of either side and every ``resync`` seconds.
 """
@@ -24,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubeapi import AlreadyExists, ApiError, KubeClient, NotFound
+from kubeapi import AlreadyExists, ApiError, Forbidden, KubeClient, NotFound
 from kubeapi.informer import Informer
 from kubeapi.passes import run_passes
 from kubeapi.resources import GPRS
@@ -38,6 +44,19 @@ from scheduler_extender.multicluster.placement import (
     mirror_differs,
     origin_of,
 )
+from scheduler_extender.multicluster.workload import (
+    OBJECTS,
+    Ref,
+    ref_of,
+    refs_annotation,
+    refs_of,
+    resource_of,
+    runner,
+    step,
+    to_delete,
+    with_condition,
+)
+from scheduler_extender.multicluster.workload import refused as refused_condition
 
 log = logging.getLogger("accelstack.member_agent")
 
@@ -49,9 +68,12 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 class DispatchFollower:
     def __init__(self, member: KubeClient, hub: KubeClient, hub_namespace: str, *, resync: float = 30.0,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.member, self.hub, self.hub_namespace = member, hub, hub_namespace
-        self.resync, self.wall = resync, wall
+        self.resync, self.wall, self.monotonic = resync, wall, monotonic
+        # member GPR uid -> (its resourceVersion, when, the condition shown): a workload looked at again when the
+        # GPR changed or every resync seconds, not on every pass of any GPR
+        self.workloads: dict[str, tuple[str, float, tuple[str, str, str] | None]] = {}
         self.dispatches: dict[str, dict[str, Any]] = {}  # dispatch name -> dispatch (hub)
         self.mine: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> member GPR the agent made
         self.changed = asyncio.Event()
@@ -103,11 +125,15 @@ class DispatchFollower:
         want = member_object(dispatch)
         if want is None:
             return
+        workload = want["spec"].pop("workload", None)  # the hub's: the member's webhook refuses the field
+        if workload is not None:
+            want["metadata"]["annotations"][OBJECTS] = refs_annotation(workload)
         key = _key(want)
         mine = self.mine.get(key)
         problem: tuple[str, str, str] | None = None
         if mine is not None and made_for(mine, dispatch):
-            await self._mirror(dispatch, mine.get("status") or {}, now_text)
+            await self._mirror(dispatch, mine.get("status") or {}, now_text, workload=await self._workload(
+                dispatch, mine))
             return
         if mine is not None:
             return  # the copy of an earlier origin of that name: deleted first (below), then made again
@@ -120,7 +146,8 @@ class DispatchFollower:
                 return  # deleted meanwhile: the next pass creates it
             if made_for(there, dispatch):
                 self.mine[key] = there
-                await self._mirror(dispatch, there.get("status") or {}, now_text)
+                await self._mirror(dispatch, there.get("status") or {}, now_text,
+                                   workload=await self._workload(dispatch, there))
                 return
             problem = ("NameTaken", "NameTaken", f"this member already has a GPR {key[0]}/{key[1]} that the hub did "
                        "not send (or sent for another GPR of that name): not touched")
@@ -131,14 +158,18 @@ class DispatchFollower:
             self.mine[key] = created
             self.writes += 1
             log.info("GPR created from the hub", extra={"gpr": "/".join(key), "dispatch": key[1]})
-            await self._mirror(dispatch, created.get("status") or {}, now_text)
+            await self._mirror(dispatch, created.get("status") or {}, now_text,
+                               workload=await self._workload(dispatch, created))
             return
         await self._mirror(dispatch, {}, now_text, problem)
 
     async def _mirror(self, dispatch: dict[str, Any], member_status: Mapping[str, Any], now_text: str,
-                      problem: tuple[str, str, str] | None = None) -> None:
+                      problem: tuple[str, str, str] | None = None,
+                      workload: tuple[str, str, str] | None = None) -> None:
         current = dispatch.get("status") or {}
         patch = mirror(member_status, current, now_text, problem)
+        if (dispatch.get("spec") or {}).get("workload") is not None:
+            patch = with_condition(patch, current, workload, now_text)
         if not mirror_differs(current, patch):
             return
         name = _key(dispatch)[1]
@@ -154,6 +185,7 @@ class DispatchFollower:
             dispatch = self.dispatches.get(str((meta.get("annotations") or {}).get(DISPATCH) or ""))
             if dispatch is not None and made_for(mine, dispatch):
                 continue
+            await self._delete_workload(mine)
             try:
                 await self.member.delete(GPRS, key[1], key[0], uid=str(meta.get("uid") or "") or None)
             except NotFound:
@@ -163,7 +195,88 @@ class DispatchFollower:
                             extra={"gpr": "/".join(key), "error": str(exc)[:200]})
                 continue
             self.mine.pop(key, None)
+            self.workloads.pop(str(meta.get("uid") or ""), None)
             log.info("GPR deleted: its hub dispatch is gone", extra={"gpr": "/".join(key)})
+
+    # ---- the workload ----------------------------------------------------------------------------------------
+    async def _workload(self, dispatch: Mapping[str, Any], mine: Mapping[str, Any]) -> tuple[str, str, str] | None:
+        """Create what is missing of the dispatch's workload for the member GPR ``mine`` (:func:`.workload.step`),
+        as the namespace's workload account; the condition to show (None: keep what the dispatch shows)."""
+        workload = (dispatch.get("spec") or {}).get("workload")
+        if workload is None:
+            return None
+        meta = mine.get("metadata") or {}
+        uid, version, ns = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""), str(
+            meta.get("namespace") or "")
+        seen = self.workloads.get(uid)
+        if seen is not None and seen[0] == version and self.monotonic() - seen[1] < self.resync:
+            return seen[2]
+        first = step(mine, workload, {})
+        if not first.create:  # waiting, finished or invalid: nothing to look up
+            shown = (first.status, first.reason, first.message) if first.status else None
+            self.workloads[uid] = (version, self.monotonic(), shown)
+            return shown
+        shown = await self._create_workload(mine, workload, first.create, ns)
+        self.workloads[uid] = (version, self.monotonic(), shown)
+        return shown
+
+    async def _create_workload(self, mine: Mapping[str, Any], workload: Any, wanted: list[dict[str, Any]],
+                               ns: str) -> tuple[str, str, str] | None:
+        as_runner = self.member.impersonating(runner(ns))
+        name = f"{ns}/{(mine.get('metadata') or {}).get('name')}"
+        found: dict[Ref, Mapping[str, Any] | None] = {}
+        ref: Ref = ("", "", "")
+        done = 0
+        try:
+            for obj in wanted:
+                ref = ref_of(obj)
+                try:
+                    found[ref] = await as_runner.get(resource_of(ref), ref[2], ns)
+                except NotFound:
+                    found[ref] = None
+            plan = step(mine, workload, found)
+            done = len(wanted) - len(plan.create)
+            for obj in plan.create:
+                ref = ref_of(obj)
+                try:
+                    await as_runner.create(resource_of(ref), obj, ns)
+                except AlreadyExists:
+                    pass  # made meanwhile: looked at again at the next pass
+                done += 1
+                self.writes += 1
+                log.info("workload object created", extra={"gpr": name, "object": f"{ref[1]}/{ref[2]}",
+                                                             "as": runner(ns)})
+        except Forbidden as exc:
+            log.warning("workload refused by the member's API server", extra={
+                "gpr": name, "object": f"{ref[1]}/{ref[2]}", "as": runner(ns), "error": str(exc)[:300]})
+            return refused_condition(ref, exc.message or str(exc), done, len(wanted), ns)
+        return (plan.status, plan.reason, plan.message) if plan.status else None
+
+    async def _delete_workload(self, mine: Mapping[str, Any]) -> None:
+        """Delete the objects the member GPR's annotation names that are still its own (label and owner), as the
+        namespace's workload account, before the GPR itself; a failure is logged (the owner reference still lets
+        the member's garbage collector delete them)."""
+        meta = mine.get("metadata") or {}
+        ns = str(meta.get("namespace") or "")
+        as_runner = self.member.impersonating(runner(ns))
+        found: dict[Ref, Mapping[str, Any] | None] = {}
+        try:
+            for ref in refs_of(mine):
+                try:
+                    found[ref] = await as_runner.get(resource_of(ref), ref[2], ns)
+                except NotFound:
+                    found[ref] = None
+            for ref, uid in to_delete(mine, found):
+                try:
+                    await as_runner.delete(resource_of(ref), ref[2], ns, uid=uid or None)
+                except NotFound:
+                    continue
+                self.writes += 1
+                log.info("workload object deleted with its GPR", extra={
+                    "gpr": f"{ns}/{meta.get('name')}", "object": ref[1:]})
+        except ApiError as exc:
+            log.warning("cannot delete a workload with its GPR (the member's garbage collector may: owner "
+                        "reference)", extra={"gpr": f"{ns}/{meta.get('name')}", "error": str(exc)[:300]})
 
     async def run(self, stop: asyncio.Event) -> None:
         """A pass on every change of either side and every ``resync`` seconds, once both informers have synced

@@ -10,8 +10,9 @@ ClusterRoleBinding granting get/update/patch on ``clusters`` and ``clusters/stat
 ServiceAccount (TokenRequest, with an expiry). On the member it makes the Secret ``accelstack-hub-kubeconfig``
 (a kubeconfig for the hub with that token, and the cluster's name) and the agent: its ServiceAccount, a
 ClusterRole that reads nodes, acceleratornodes and gprs, may create and delete gprs (the hub's, in their
-namespaces) and read, create, update and delete workspaces (the hub's) and nothing else, a Role that may update that one
-Secret (where the agent stores a renewed token), and its Deployment — the same objects as ``manifests/member/``
+namespaces), read, create, update and delete workspaces (the hub's), impersonate the ServiceAccount
+``accelstack-workload`` of any namespace (a hub GPR's workload is created as that account) and nothing else, a
+Role that may update that one Secret (where the agent stores a renewed token), and its Deployment — the same objects as ``manifests/member/``
 (a test keeps the two equal).
 
 Every object carries ``app.kubernetes.io/managed-by: accelstack-cluster-join``: join refuses to take over an
@@ -46,6 +47,7 @@ from scheduler_extender.multicluster.clusters import (
     member_namespace,
     micro_time,
 )
+from scheduler_extender.multicluster.workload import RUNNER as WORKLOAD_RUNNER
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "accelstack-cluster-join"}
 MEMBER_LABEL = "accelstack.io/member-cluster"
@@ -169,7 +171,11 @@ def member_objects() -> list[dict[str, Any]]:
             {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests"], "verbs": ["create", "delete"]},
             # the hub's Workspaces: created, updated, deleted only when it made them (label and origin annotation)
             {"apiGroups": [CLUSTERS.group], "resources": ["workspaces"],
-             "verbs": ["get", "list", "watch", "create", "update", "delete"]}]),
+             "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+            # a hub GPR's workload: created as the workload account of the GPR's namespace, never as the agent
+            # (it may create none of those kinds itself: the member's RBAC for that account decides)
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"],
+             "resourceNames": [WORKLOAD_RUNNER]}]),
         _binding("ClusterRoleBinding", AGENT, None, "ClusterRole", AGENT, AGENT, ns),
         _rbac("Role", AGENT, ns, [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
                                    "resourceNames": [HUB_SECRET]}]),

@@ -96,8 +96,8 @@ def test_crd_names_and_structure(plural: str, kind: str, short: str) -> None:
     assert version["name"] == VERSION and version["served"] and version["storage"]
     assert structural_problems(version["schema"]["openAPIV3Schema"]) == []
     spec_props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    # clusterName: the GPR's on a hub only (docs/multicluster.md); a cluster's own codec refuses it
-    assert set(spec_props) - {"description", "clusterName"} == set(SPEC_FIELDS)
+    # clusterName, workload: the GPR's on a hub only (docs/multicluster.md); a cluster's own codec refuses them
+    assert set(spec_props) - {"description", "clusterName", "workload"} == set(SPEC_FIELDS)
     for rule_holder in ("exitDuration", "idleTimeout"):
         assert spec_props[rule_holder]["pattern"] == SPEC_DURATION_PATTERN
         rules = [r["rule"] for r in spec_props[rule_holder]["x-kubernetes-validations"]]

@@ -42,12 +42,15 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
 def test_the_member_agent_reads_and_writes_only_gprs_and_workspaces() -> None:
     rules = next(o for o in member_objects() if o["kind"] == "ClusterRole")["rules"]
     assert {res for r in rules for res in r["resources"]} == {"nodes", "acceleratornodes", "gpuprovisioningrequests",
-                                                              "workspaces"}
+                                                              "workspaces", "serviceaccounts"}
     writes = [r for r in rules if set(r["verbs"]) - {"get", "list", "watch"}]
     assert writes == [{"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"],
                        "verbs": ["create", "delete"]},  # the hub's GPRs: no status, no update, no nodes
                       {"apiGroups": ["accelstack.io"], "resources": ["workspaces"],  # no status, no namespaces
-                       "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
+                       "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+                      # a hub GPR's workload, made as one named account of its namespace: never as the agent
+                      {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"],
+                       "resourceNames": ["accelstack-workload"]}]
     role = next(o for o in member_objects() if o["kind"] == "Role")
     assert role["rules"][0]["resourceNames"] == ["accelstack-hub-kubeconfig"]
     assert member_items()[0].line() == "member: Secret accelstack-hub-kubeconfig in accelstack-system"
