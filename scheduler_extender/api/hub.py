@@ -36,7 +36,7 @@ WORKSPACE_ATTRS = {"group": WORKSPACES.group, "resource": WORKSPACES.plural}
 UNFINISHED = ("Queued", "Admitted", "Running", "Evicting")
 PHASES = tuple(p.value for p in gr.Phase)
 # whoami's abilities, named as the portal's navigation names them
-ABILITIES = {"inventory": CLUSTER_ATTRS, "queue": GPR_ATTRS, "workspaces": WORKSPACE_ATTRS}
+ABILITIES = {"inventory": CLUSTER_ATTRS, "queue": GPR_ATTRS, "usage": WORKSPACE_ATTRS}
 
 
 class HubSource(Protocol):

@@ -202,7 +202,7 @@ async def test_the_api_refuses_before_it_computes_and_asks_rbac_for_the_matching
         assert status == 400 and "phase: unknown 'Bogus'" in body["error"]
         status, body = await get(http, f"{base}/api/v1/whoami", "viewer-token")
         assert body == {"user": "viewer", "namespace": "", "hub": True,
-                        "allowed": {"inventory": True, "queue": False, "workspaces": False}}
+                        "allowed": {"inventory": True, "queue": False, "usage": False}}
 
 
 async def test_the_api_rate_limits_each_user() -> None:

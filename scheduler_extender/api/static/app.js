@@ -133,7 +133,9 @@ async function loadMe() {
   document.getElementById("who").textContent = me.user ? "signed in as " + me.user : "";
   document.getElementById("logout").hidden = false;
   for (const a of document.querySelectorAll("#nav a")) {
-    a.hidden = me.allowed[a.dataset.needs] === false;
+    // a hub (accelstack-hub --api-listen) serves the inventory and the queue over every member, nothing else
+    a.hidden = me.allowed[a.dataset.needs] === false
+      || (me.hub === true && !["#/inventory", "#/queue"].includes(a.getAttribute("href")));
   }
 }
 
@@ -142,6 +144,7 @@ async function inventoryPage(ctx) {
   const refused = notAllowed("inventory", "list nodes (the inventory)");
   if (refused) return ctx.show(h("h1", {}, "Inventory"), refused);
   const s = await api("/api/v1/inventory?summary=1");
+  if (s.hub) return hubInventory(ctx, s);
   const t = s.totals;
   const byKey = new Map(s.cells.map((c) => [c.resource + "\u0000" + c.model + "\u0000" + c.group, c]));
   const head = ["Model \\ " + s.groupLabel, ...s.groups];
@@ -164,6 +167,31 @@ async function inventoryPage(ctx) {
     h("p", {}, "Each cell: devices allocated or reserved / devices, for one model in one node group. "
       + "Colour: share in use. Select a cell for its nodes."),
     table(head, rows, "heatmap"), legend());
+}
+
+// A hub's inventory: cluster → model → node group, each member's state beside its rows (its last report when
+// Lost). The members report per model, not per node group: the group column says so.
+function hubInventory(ctx, s) {
+  const t = s.totals;
+  const state = new Map(s.clusters.map((m) => [m.cluster, m]));
+  let last = "";
+  const rows = s.cells.map((c) => {
+    const m = state.get(c.cluster) || {};
+    const first = c.cluster !== last;
+    last = c.cluster;
+    return [first ? h("strong", {}, c.cluster) : "",
+      first ? h("span", { class: "phase " + (m.ready ? "Running" : "Failed") }, m.ready ? "Ready" : m.lost ? "Lost" : "not Ready") : "",
+      h("span", {}, h("strong", {}, c.model), h("br"), h("small", {}, c.resource)), c.group,
+      h("span", { class: "cell " + heat(c.allocated + c.reserved, c.capacity) }, `${c.allocated + c.reserved}/${c.capacity}`),
+      c.free, c.unhealthy, c.queued];
+  });
+  ctx.show(h("h1", {}, "Inventory of every cluster"),
+    h("p", { class: "totals", id: "totals" },
+      `${s.clusters.length} clusters · ${t.capacity} devices · ${t.allocated} allocated · ${t.reserved} reserved · `
+      + `${t.free} free · ${t.queued} queued`),
+    h("p", { class: "hint" }, "Each member's devices as its agent last reported them: allocated or reserved / "
+      + "devices per model. " + s.groupLabel + "."),
+    table(["Cluster", "State", "Model", "Node group", "In use", "Free", "Unhealthy", "Queued"], rows, "hub-inventory"));
 }
 
 function legend() {
@@ -234,7 +262,7 @@ async function queuePage(ctx, q) {
     for (const el of ev.target.elements) if (el.name && el.value) next.set(el.name, el.value);
     location.hash = "#/queue?" + next.toString();
   } },
-  field("namespace", "Namespace"), field("workspace", "Workspace"),
+  field("namespace", "Namespace"), me && me.hub ? field("cluster", "Cluster") : field("workspace", "Workspace"),
   field("phase", "Phase", [["", "unfinished"], ["Queued", "Queued"], ["Admitted,Running", "holding"],
     ["all", "all"]]),
   field("resource", "Resource", [["", "any"], ["nvidia.com/gpu", "nvidia.com/gpu"],
@@ -246,6 +274,15 @@ async function queuePage(ctx, q) {
   const data = await api("/api/v1/queue?" + query.toString()).catch((err) => err);
   if (data instanceof Error) return ctx.show(h("h1", {}, "Queue"), form, refusal(data, "list these GPRs"));
   const counts = Object.entries(data.counts).sort().map(([k, v]) => `${v} ${k}`).join(" · ");
+  if (data.hub) {  // a hub: every member's GPRs, the cluster first (none yet: not placed)
+    return ctx.show(h("h1", {}, "Queue of every cluster"), form,
+      h("p", { id: "queue-counts" }, `${data.total} match the filter · by phase: ${counts || "no GPRs"}`),
+      h("p", { id: "queue-order", class: "hint" }, data.order),
+      table(["Cluster", "Pos", "GPR", "Phase", "Devices", "Estimated start", "Age", "Reason"], data.items.map((r) => [
+        r.cluster || "(not placed)", r.position ?? "—", r.namespace + "/" + r.name,
+        h("span", { class: "phase " + r.phase }, r.phase), `${r.devicesPerNode}×${r.nodeCount} ${r.resource.split("/")[1]}`,
+        r.phase === "Queued" ? when(r.estimatedStart) : "—", age(r.ageSeconds), r.reason || ""]), "queue"));
+  }
   const rows = data.items.map((r) => [
     r.position ?? "—", h("a", { href: "#/gpr/" + enc(r.namespace) + "/" + enc(r.name) }, r.namespace + "/" + r.name),
     r.workspace, h("span", { class: "phase " + r.phase }, r.phase), r.level ? `${r.priority} (${r.level})` : r.priority,
