@@ -3,7 +3,7 @@ queue and usage over every member, each row naming its cluster, ``?cluster=NAME`
 joined with: 404), and the portal.
 
 - ``GET /api/v1/inventory[?cluster=]``                     cells of (cluster, resource, model), each member's Ready/Lost
-- ``GET /api/v1/queue[?cluster=&namespace=&phase=]``       the hub's GPRs, placed or not, with their cluster
+- ``GET /api/v1/queue[?cluster=&namespace=&phase=&limit=]`` the hub's GPRs, placed or not, with their cluster
 - ``GET /api/v1/usage[?cluster=&workspace=]``              workspaces' usage per member
 - ``GET /api/v1/whoami``                                   the caller and which of these its RBAC allows
 
@@ -26,7 +26,7 @@ from aiohttp import web
 from kubeapi.resources import WORKSPACES
 from scheduler_extender.api.app import RateLimiter, _refusal
 from scheduler_extender.api.auth import Authorizer
-from scheduler_extender.api.http import error, json_response
+from scheduler_extender.api.http import error, json_response, query_int
 from scheduler_extender.api.portal import portal_routes
 from scheduler_extender.objects import gpr_codec as gr
 
@@ -37,6 +37,11 @@ UNFINISHED = ("Queued", "Admitted", "Running", "Evicting")
 PHASES = tuple(p.value for p in gr.Phase)
 # whoami's abilities, named as the portal's navigation names them
 ABILITIES = {"inventory": CLUSTER_ATTRS, "queue": GPR_ATTRS, "usage": WORKSPACE_ATTRS}
+
+
+def limited(answer: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The first ``limit`` rows; ``total`` and ``counts`` still count every row."""
+    return {**answer, "items": answer["items"][:limit]}
 
 
 class HubSource(Protocol):
@@ -91,12 +96,20 @@ class HubAPI:
         refused = await self._refused(request, GPR_ATTRS, namespace)
         if refused:
             return refused
+        unsupported = next((k for k in ("workspace", "resource", "continue") if request.query.get(k)), "")
+        if unsupported:  # said, not silently ignored: a hub's queue filters by cluster, namespace and phase
+            return error(400, f"{unsupported}: not a filter of the hub's queue (cluster, namespace, phase, limit)")
+        try:
+            limit = query_int(request.query, "limit", 1000, 1, 10_000)
+        except ValueError as exc:
+            return error(400, str(exc))
         raw = request.query.get("phase", "")
         phases = PHASES if raw == "all" else tuple(p for p in raw.split(",") if p) or UNFINISHED
         unknown = [p for p in phases if p not in PHASES]
         if unknown:
             return error(400, f"phase: unknown {unknown[0][:40]!r} (one of {', '.join(PHASES)}, or all)")
-        return self._answer(lambda: self.source.queue(request.query.get("cluster", ""), namespace, phases))
+        return self._answer(lambda: limited(self.source.queue(request.query.get("cluster", ""), namespace, phases),
+                                            limit))
 
     async def usage(self, request: web.Request) -> web.Response:
         refused = await self._refused(request, WORKSPACE_ATTRS)

@@ -200,6 +200,10 @@ async def test_the_api_refuses_before_it_computes_and_asks_rbac_for_the_matching
         assert status == 404 and body == {"error": "no member cluster 'nope' has joined the hub"}
         status, body = await get(http, f"{base}/api/v1/queue?phase=Bogus", "admin-token")
         assert status == 400 and "phase: unknown 'Bogus'" in body["error"]
+        status, body = await get(http, f"{base}/api/v1/queue?workspace=ml", "admin-token")
+        assert status == 400 and body["error"].startswith("workspace: not a filter of the hub's queue")
+        status, body = await get(http, f"{base}/api/v1/queue?limit=1", "admin-token")
+        assert status == 200 and len(body["items"]) == 1 and body["total"] == 3
         status, body = await get(http, f"{base}/api/v1/whoami", "viewer-token")
         assert body == {"user": "viewer", "namespace": "", "hub": True,
                         "allowed": {"inventory": True, "queue": False, "usage": False}}
