@@ -75,10 +75,10 @@ def gpr_refusal(g: GPR, ws: Workspace, unfinished: int | None) -> str:
                     f"allows (spec.policy.{key})")
     total = g.devices_per_node * g.node_count
     for d in p.devices:
-        if d.resource == g.resource and not d.model and total > d.max:
+        if d.resource == g.resource and not d.model and total > d.limit:
             return (f"spec: {total} {g.resource} ({g.devices_per_node} per node x {g.node_count} nodes) is more "
-                    f"than {where} may hold at once ({d.max}, spec.policy.devices); it could never be admitted")
-    caps = {d.model: d.max for d in p.devices if d.resource == g.resource and d.model}
+                    f"than {where} may hold at once ({d.limit}, spec.policy.devices); it could never be admitted")
+    caps = {d.model: d.limit for d in p.devices if d.resource == g.resource and d.model}
     if g.models and all(m in caps for m in g.models) and total > max(caps[m] for m in g.models):
         return (f"spec: {total} {g.resource} of models {', '.join(g.models)} is more than {where} may hold of "
                 f"them at once ({max(caps[m] for m in g.models)}, spec.policy.devices); it could never be admitted")

@@ -39,6 +39,7 @@ from kubeapi.passes import run_passes
 from kubeapi.resources import CONFIGMAPS, WORKSPACES
 from scheduler_extender.multicluster.clusters import MEMBER_NAMESPACE_PREFIX, member_namespace
 from scheduler_extender.multicluster.placement import FROM_HUB, ORIGIN
+from scheduler_extender.multicluster.shares import MemberShare, plan_shares
 
 log = logging.getLogger("accelstack.hub")
 agent_log = logging.getLogger("accelstack.member_agent")
@@ -63,31 +64,137 @@ def label_value(name: str) -> str:
     return f"{name[:52].rstrip('-.')}-{digest}"
 
 
-def clusters_of(workspace: Mapping[str, Any]) -> list[str]:
-    """The member names ``spec.clusters`` lists (in order, once each; anything not a non-empty string ignored)."""
-    raw = (workspace.get("spec") or {}).get("clusters")
-    return list(dict.fromkeys(c for c in raw if isinstance(c, str) and c)) if isinstance(raw, list) else []
+def selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
+    """A metav1.LabelSelector (``matchLabels``, ``matchExpressions`` In/NotIn/Exists/DoesNotExist) against
+    ``labels``; ``{}`` matches every label set, anything not an object none (the CRD refuses bad selectors; an
+    unknown operator here matches nothing rather than everything)."""
+    if not isinstance(selector, Mapping):
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or ():
+        if not isinstance(expr, Mapping):
+            return False
+        key, op, values = str(expr.get("key") or ""), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels.get(key) in values:
+            return False
+        if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels) or \
+                op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
 
 
-def carried_spec(workspace: Mapping[str, Any]) -> str:
-    """The spec a member gets, as stable JSON: ``clusters`` is the hub's."""
-    spec = {k: v for k, v in (workspace.get("spec") or {}).items() if k != "clusters"}
+def cluster_labels(cluster: Mapping[str, Any]) -> Mapping[str, Any]:
+    labels = (cluster.get("spec") or {}).get("labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def clusters_of(workspace: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+    """The members of a hub workspace: the names ``spec.clusters`` lists (in order, once each; anything not a
+    non-empty string ignored), then the joined Clusters (``clusters``: name -> Cluster) whose ``spec.labels``
+    match ``spec.clusterSelector``, by name."""
+    spec = workspace.get("spec") or {}
+    raw = spec.get("clusters")
+    names = list(dict.fromkeys(c for c in raw if isinstance(c, str) and c)) if isinstance(raw, list) else []
+    selector = spec.get("clusterSelector")
+    if selector is not None and clusters:
+        names += [c for c in sorted(clusters) if c not in names and selector_matches(selector, cluster_labels(
+            clusters[c]))]
+    return names
+
+
+Shares = Mapping[tuple[str, str], int]  # (resource, model) -> the share of that policy.devices entry's max
+
+
+def carried_spec(workspace: Mapping[str, Any], shares: Shares | None = None) -> str:
+    """The spec a member gets, as stable JSON: ``clusters`` and ``clusterSelector`` are the hub's. With ``shares``
+    (a workspace on more than one member) each ``policy.devices`` entry carries the member's share as ``max`` and
+    the whole limit as ``sharedMax`` (the member's admission refuses only what the whole limit never allows)."""
+    spec = {k: v for k, v in (workspace.get("spec") or {}).items() if k not in ("clusters", "clusterSelector")}
+    if shares is not None and isinstance(spec.get("policy"), Mapping) and \
+            isinstance(spec["policy"].get("devices"), list):
+        devices = []
+        for d in spec["policy"]["devices"]:
+            key = _entry_key(d)
+            if key is not None and key in shares:
+                d = {**d, "max": shares[key], "sharedMax": d["max"]}
+            devices.append(d)
+        spec["policy"] = {**spec["policy"], "devices": devices}
     return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
 
-def carrier_object(workspace: Mapping[str, Any], cluster: str) -> dict[str, Any]:
+def _entry_key(entry: Any) -> tuple[str, str] | None:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("resource"), str) or \
+            not isinstance(entry.get("max"), int) or isinstance(entry.get("max"), bool):
+        return None
+    return entry["resource"], str(entry.get("model") or "")
+
+
+def limits_of(workspace: Mapping[str, Any]) -> dict[tuple[str, str], int]:
+    """``spec.policy.devices`` as (resource, model) -> max."""
+    policy = (workspace.get("spec") or {}).get("policy")
+    devices = policy.get("devices") if isinstance(policy, Mapping) else None
+    return {k: int(d["max"]) for d in devices or () if (k := _entry_key(d)) is not None} \
+        if isinstance(devices, list) else {}
+
+
+def carried_shares(carrier: Mapping[str, Any] | None) -> dict[tuple[str, str], int]:
+    """The share of each entry the carrier holds now (the whole ``max`` where the carrier holds no share)."""
+    origin = carrier_origin(carrier) if carrier is not None else None
+    return limits_of({"spec": origin[2]}) if origin is not None else {}
+
+
+def reported_rows(carrier: Mapping[str, Any] | None) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """The member's usage rows from the carrier's status, by (resource, model)."""
+    verdict = carrier_status(carrier) if carrier is not None else None
+    rows = verdict.get("usage") if verdict is not None else None
+    return {(str(r.get("resource") or ""), str(r.get("model") or "")): r for r in rows or ()
+            if isinstance(r, Mapping)} if isinstance(rows, list) else {}
+
+
+def _count(row: Mapping[str, Any] | None, *keys: str) -> int:
+    return sum(v for k in keys if isinstance(v := (row or {}).get(k), int) and not isinstance(v, bool))
+
+
+def member_shares(workspace: Mapping[str, Any], members: Sequence[str],
+                  carriers: Mapping[str, Mapping[str, Any]], live: Callable[[str], bool]
+                  ) -> dict[str, dict[tuple[str, str], int]]:
+    """The share of each ``policy.devices`` entry to carry to each member now (:func:`.shares.plan_shares` per
+    entry, from what each carrier holds and what each member reports); ``{}`` for a workspace on at most one
+    member (it gets the whole limit, as on one cluster)."""
+    if len(members) < 2:
+        return {}
+    out: dict[str, dict[tuple[str, str], int]] = {m: {} for m in members}
+    have = {m: carried_shares(carriers.get(m)) for m in members}
+    rows = {m: reported_rows(carriers.get(m)) for m in members}
+    for key, limit in limits_of(workspace).items():
+        views = {}
+        for m in members:
+            row = rows[m].get(key)
+            reported = row.get("max") if row is not None and isinstance(row.get("max"), int) else None
+            views[m] = MemberShare(carried=have[m].get(key), reported=reported, held=_count(row, "inUse", "reserved"),
+                                   queued=_count(row, "queued"), live=live(m))
+        for m, share in plan_shares(limit, views).items():
+            out[m][key] = share
+    return out
+
+
+def carrier_object(workspace: Mapping[str, Any], cluster: str, shares: Shares | None = None) -> dict[str, Any]:
     name = _name(workspace)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": member_namespace(cluster),
                          "labels": {WORKSPACE_DISPATCH: label_value(name),
                                     "app.kubernetes.io/managed-by": "accelstack-hub"}},
-            "data": carrier_data(workspace)}
+            "data": carrier_data(workspace, shares)}
 
 
-def carrier_data(workspace: Mapping[str, Any]) -> dict[str, str]:
+def carrier_data(workspace: Mapping[str, Any], shares: Shares | None = None) -> dict[str, str]:
     """The hub's keys of a carrier (the agent's key, ``status``, is never among them)."""
     return {"workspace": _name(workspace), "uid": str(_meta(workspace).get("uid") or ""),
-            "spec": carried_spec(workspace)}
+            "spec": carried_spec(workspace, shares)}
 
 
 def carrier_origin(carrier: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
@@ -149,12 +256,15 @@ def problem_verdict(reason: str, message: str) -> dict[str, Any]:
 
 
 def hub_clusters_status(workspace: Mapping[str, Any], carriers: Mapping[str, Mapping[str, Any]],
-                        joined: Callable[[str], bool]) -> list[dict[str, Any]]:
-    """``status.clusters`` of a hub workspace: one row per listed member, from its carrier (member name -> the
-    carrier there)."""
+                        joined: Callable[[str], bool], members: Sequence[str] | None = None
+                        ) -> list[dict[str, Any]]:
+    """``status.clusters`` of a hub workspace: one row per member (``members``, by default those ``spec.clusters``
+    lists), from its carrier (member name -> the carrier there); on a workspace of several members each has
+    ``shares`` rows (resource, model, max: the share of that limit the hub carries it now)."""
     rows = []
     uid = str(_meta(workspace).get("uid") or "")
-    for cluster in clusters_of(workspace):
+    listed = clusters_of(workspace) if members is None else list(members)
+    for cluster in listed:
         carrier = carriers.get(cluster)
         verdict = carrier_status(carrier) if carrier is not None else None
         if not joined(cluster):
@@ -165,8 +275,28 @@ def hub_clusters_status(workspace: Mapping[str, Any], carriers: Mapping[str, Map
             row = {"ready": False, "namespaces": [], "usage": [], "message": "the member's agent has not answered yet"}
         else:
             row = {k: verdict.get(k) for k in ("ready", "namespaces", "usage", "message")}
+        shared = carried_shares(carrier) if carrier is not None and (carrier.get("data") or {}).get("uid") == uid \
+            else {}
+        if shared and len(listed) > 1:
+            row["shares"] = [{"resource": r, "model": m, "max": v} for (r, m), v in sorted(shared.items())]
         rows.append({"name": cluster, **row})
     return rows
+
+
+def hub_usage(workspace: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``status.usage`` of a hub workspace: per ``policy.devices`` entry, the whole limit and the sums of what
+    the members report (held and queued)."""
+    total: dict[tuple[str, str], dict[str, Any]] = {
+        k: {"resource": k[0], "model": k[1], "max": v, "inUse": 0, "reserved": 0, "queued": 0}
+             for k, v in sorted(limits_of(workspace).items())}
+    for row in rows:
+        for u in row.get("usage") or ():
+            t = total.get((str(u.get("resource") or ""), str(u.get("model") or ""))) if isinstance(u, Mapping) \
+                else None
+            if t is not None:
+                for col in ("inUse", "reserved", "queued"):
+                    t[col] += _count(u, col)
+    return list(total.values())
 
 
 # ---- the hub ----------------------------------------------------------------------------------------------------
@@ -215,35 +345,47 @@ class WorkspaceDispatcher:
         self.carriers = {k: o for o in items if (k := self._carrier_key(o)) is not None}
         self.changed.set()
 
-    def _wanted(self) -> set[tuple[str, str]]:
+    def _wanted(self, clusters: Mapping[str, Mapping[str, Any]]) -> set[tuple[str, str]]:
         return {(c, name) for name, ws in self.workspaces.items() if not _meta(ws).get("deletionTimestamp")
-                for c in clusters_of(ws)}
+                for c in clusters_of(ws, clusters)}
+
+    @staticmethod
+    def _live(cluster: Mapping[str, Any] | None) -> bool:
+        """Not Lost: a Lost member's share is not moved (it keeps what it committed until it answers again)."""
+        conditions = ((cluster or {}).get("status") or {}).get("conditions") or ()
+        return not any(isinstance(c, Mapping) and c.get("type") == "Lost" and c.get("status") == "True"
+                       for c in conditions)
 
     async def pass_once(self) -> None:
-        joined = set(self.clusters())
+        clusters = dict(self.clusters())
+        joined = set(clusters)
         for name, ws in list(self.workspaces.items()):
             if _meta(ws).get("deletionTimestamp"):
                 continue
-            for cluster in clusters_of(ws):
-                if cluster in joined:
-                    try:
-                        await self._carry(ws, cluster)
-                    except ApiError as exc:
-                        log.warning("cannot carry a workspace to a member; retrying at the next pass",
-                                    extra={"workspace": name, "cluster": cluster, "error": str(exc)[:300]})
+            members = clusters_of(ws, clusters)
+            here = [c for c in members if c in joined]
+            shares = member_shares(ws, here, {c: o for (c, n), o in self.carriers.items() if n == name},
+                                   lambda c: self._live(clusters.get(c)))
+            for cluster in here:
+                try:
+                    await self._carry(ws, cluster, shares.get(cluster))
+                except ApiError as exc:
+                    log.warning("cannot carry a workspace to a member; retrying at the next pass",
+                                extra={"workspace": name, "cluster": cluster, "error": str(exc)[:300]})
             try:
-                await self._status(ws, joined)
+                await self._status(ws, joined, members)
             except ApiError as exc:
                 log.warning("cannot write a workspace's clusters status", extra={"workspace": name,
                                                                                  "error": str(exc)[:300]})
-        await self._orphans()
+        await self._orphans(clusters)
 
-    async def _carry(self, ws: Mapping[str, Any], cluster: str) -> None:
+    async def _carry(self, ws: Mapping[str, Any], cluster: str, shares: Shares | None = None) -> None:
         key = (cluster, _name(ws))
         have = self.carriers.get(key)
         if have is None:
             try:
-                created = await self.client.create(CONFIGMAPS, carrier_object(ws, cluster), member_namespace(cluster))
+                created = await self.client.create(CONFIGMAPS, carrier_object(ws, cluster, shares),
+                                                   member_namespace(cluster))
             except AlreadyExists:
                 return  # the informer brings it
             except NotFound:
@@ -252,28 +394,39 @@ class WorkspaceDispatcher:
             self.writes += 1
             log.info("workspace carried to a member", extra={"workspace": key[1], "cluster": cluster})
             return
-        want = carrier_data(ws)
+        want = carrier_data(ws, shares)
         data = have.get("data") or {}
         if any(data.get(k) != v for k, v in want.items()):
+            before = carried_shares(have)
             self.carriers[key] = await self.client.patch(CONFIGMAPS, key[1], {"data": want}, member_namespace(cluster))
             self.writes += 1
+            if shares is not None and any(before.get(k) != v for k, v in shares.items()):
+                log.info("workspace share carried to a member", extra={
+                    "workspace": key[1], "cluster": cluster,
+                    "shares": {f"{r}/{m}" if m else r: v for (r, m), v in sorted(shares.items())}})
 
-    async def _status(self, ws: Mapping[str, Any], joined: set[str]) -> None:
+    async def _status(self, ws: Mapping[str, Any], joined: set[str], members: Sequence[str]) -> None:
         name = _name(ws)
-        have = (ws.get("status") or {}).get("clusters")
-        if not clusters_of(ws) and not have:
+        status = ws.get("status") or {}
+        have = status.get("clusters")
+        if not members and not have:
             return
         rows = hub_clusters_status(ws, {c: o for (c, n), o in self.carriers.items() if n == name},
-                                   joined.__contains__)
-        if rows == (have or []):
+                                   joined.__contains__, members)
+        body: dict[str, Any] = {"clusters": rows}
+        usage = hub_usage(ws, rows) if members else []
+        if usage or status.get("usage"):
+            body["usage"] = usage
+        if all(status.get(k) == v for k, v in body.items()):
             return
-        written = await self.client.patch(WORKSPACES, name, {"status": {"clusters": rows}}, subresource="status")
+        written = await self.client.patch(WORKSPACES, name, {"status": body}, subresource="status")
         self.workspaces[name] = written
         self.writes += 1
 
-    async def _orphans(self) -> None:
-        """Delete each carrier whose workspace is gone (or is being deleted) or no longer lists its member."""
-        wanted = self._wanted()
+    async def _orphans(self, clusters: Mapping[str, Mapping[str, Any]]) -> None:
+        """Delete each carrier whose workspace is gone (or is being deleted) or no longer has its member (not
+        listed, not selected)."""
+        wanted = self._wanted(clusters)
         for key, carrier in list(self.carriers.items()):
             if key in wanted:
                 continue

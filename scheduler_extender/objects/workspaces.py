@@ -100,6 +100,12 @@ class DeviceQuota:
     resource: str
     model: str  # "" = every model of the resource
     max: int
+    shared_max: int | None = None  # a hub workspace's copy: the limit across its clusters (``max`` is the share)
+
+    @property
+    def limit(self) -> int:
+        """The most the workspace may ever hold (what admission checks a GPR against)."""
+        return self.max if self.shared_max is None else max(self.max, self.shared_max)
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,10 @@ def parse_policy(raw: Any) -> Policy:
                 or (d.get("model") is not None and not isinstance(d["model"], str)):
             raise PolicyError(f"spec.policy.devices[{i}]: want {{resource, model (optional), max >= 0}}, got "
                               f"{repr(d)[:120]}")
-        devices.append(DeviceQuota(d["resource"], _str(d.get("model")), d["max"]))
+        shared = d.get("sharedMax")
+        if shared is not None and (not isinstance(shared, int) or isinstance(shared, bool) or shared < 0):
+            raise PolicyError(f"spec.policy.devices[{i}].sharedMax: want a whole number >= 0, got {shared!r}")
+        devices.append(DeviceQuota(d["resource"], _str(d.get("model")), d["max"], shared))
     if len({(d.resource, d.model) for d in devices}) != len(devices):
         raise PolicyError("spec.policy.devices: one entry per resource and model")
     return Policy(prange, max_gprs, tuple(devices), _duration(raw, "maxExitDuration"),

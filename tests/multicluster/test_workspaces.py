@@ -19,12 +19,16 @@ from scheduler_extender.multicluster.workspaces import (
     WorkspaceFollower,
     carrier_object,
     carrier_status,
+    clusters_of,
     hub_clusters_status,
     label_value,
     made_by_agent,
+    member_shares,
     member_verdict,
     member_workspace,
+    selector_matches,
 )
+from scheduler_extender.objects.workspaces import parse_policy
 
 SPEC = {"namespaces": ["team-a"], "access": [{"kind": "User", "name": "alice", "role": "admin"}]}
 
@@ -216,3 +220,138 @@ def test_a_workspace_the_agent_did_not_make_is_reported_not_touched() -> None:
     assert member.objects[("workspaces", "", "team")]["spec"] == {"namespaces": ["mine"]}
     answer = carrier_status(hub.objects[("configmaps", "accelstack-member-member-a", "team")])
     assert answer is not None and answer["message"].startswith("NameTaken: ")
+
+
+# ---- the label selector and shares of a limit (issue 40.2, the rest) --------------------------------------------
+def cluster(name: str, lost: bool = False, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"labels": labels},
+            "status": {"conditions": [{"type": "Lost", "status": "True" if lost else "False"}]}}
+
+
+def test_the_selector_matches_cluster_labels_and_adds_to_the_names() -> None:
+    labels = {"region": "eu", "provider": "gcp"}
+    assert selector_matches({}, labels) and not selector_matches(None, labels)
+    assert selector_matches({"matchLabels": {"region": "eu"}}, labels)
+    assert not selector_matches({"matchLabels": {"region": "us"}}, labels)
+    assert selector_matches({"matchExpressions": [{"key": "region", "operator": "In", "values": ["eu", "us"]}]},
+                            labels)
+    assert not selector_matches({"matchExpressions": [{"key": "provider", "operator": "NotIn", "values": ["gcp"]}]},
+                                labels)
+    assert selector_matches({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"},
+                                                  {"key": "region", "operator": "Exists"}]}, labels)
+    assert not selector_matches({"matchExpressions": [{"key": "region", "operator": "Bogus"}]}, labels)
+    ws = workspace(clusters=["member-c"])
+    ws["spec"]["clusterSelector"] = {"matchLabels": {"region": "eu"}}
+    members = {"member-b": cluster("member-b", region="eu"), "member-a": cluster("member-a", region="eu"),
+               "member-c": cluster("member-c", region="us"), "member-d": cluster("member-d")}
+    assert clusters_of(ws, members) == ["member-c", "member-a", "member-b"]
+    assert clusters_of(ws) == ["member-c"]
+
+
+def test_a_relabelled_cluster_gains_and_loses_the_workspace_never_a_namespace() -> None:
+    api = FakeApi()
+    ws = workspace(clusters=[])
+    ws["spec"]["clusterSelector"] = {"matchLabels": {"team": "x"}}
+    ws = api.put("workspaces", ws)
+    members = {"member-a": cluster("member-a", team="x"), "member-b": cluster("member-b")}
+    hub = WorkspaceDispatcher(api, lambda: members)  # type: ignore[arg-type]
+    hub._sync_workspaces([ws])
+    run(hub.pass_once())
+    assert [o["metadata"]["namespace"] for o in api.of("configmaps")] == ["accelstack-member-member-a"]
+    carried = member_workspace(api.of("configmaps")[0])
+    assert carried is not None and "clusterSelector" not in carried["spec"]
+    members["member-a"] = cluster("member-a")  # a loses the label, b gains it
+    members["member-b"] = cluster("member-b", team="x")
+    run(hub.pass_once())
+    assert [o["metadata"]["namespace"] for o in api.of("configmaps")] == ["accelstack-member-member-b"]
+    assert [r["name"] for r in api.objects[("workspaces", "", "team")]["status"]["clusters"]] == ["member-b"]
+    assert not [c for c in api.calls if c[1] == "namespaces"]
+
+
+def answer(api: FakeApi, member: str, enforced: int, held: int = 0, queued: int = 0) -> None:
+    """The member's agent reports its copy's usage row for nvidia.com/gpu."""
+    obj = api.objects[("configmaps", f"accelstack-member-{member}", "team")]
+    obj["data"]["status"] = json.dumps({"ready": True, "namespaces": ["team-a"], "message": "ok", "usage": [
+        {"resource": "nvidia.com/gpu", "model": "", "max": enforced, "inUse": held, "reserved": 0,
+         "queued": queued}]})
+
+
+def shares_now(api: FakeApi) -> dict[str, int]:
+    out = {}
+    for o in api.of("configmaps"):
+        spec = json.loads(o["data"]["spec"])
+        (entry,) = spec["policy"]["devices"]
+        assert entry["sharedMax"] == 8
+        out[o["metadata"]["namespace"][len("accelstack-member-"):]] = entry["max"]
+    return out
+
+
+def test_the_hub_splits_a_limit_and_moves_it_only_after_the_member_acknowledges() -> None:
+    api = FakeApi()
+    ws = workspace(clusters=["member-a", "member-b"])
+    ws["spec"]["policy"] = {"devices": [{"resource": "nvidia.com/gpu", "max": 8}]}
+    ws = api.put("workspaces", ws)
+    members = {"member-a": cluster("member-a"), "member-b": cluster("member-b")}
+    hub = WorkspaceDispatcher(api, lambda: members)  # type: ignore[arg-type]
+    hub._sync_workspaces([ws])
+    run(hub.pass_once())
+    assert shares_now(api) == {"member-a": 4, "member-b": 4}  # idle: even, never 8 each
+    answer(api, "member-a", 4, queued=8)
+    answer(api, "member-b", 4)
+    hub._sync_carriers(api.of("configmaps"))
+    run(hub.pass_once())
+    assert shares_now(api) == {"member-a": 4, "member-b": 0}  # b lowered; a waits for b's acknowledgement
+    run(hub.pass_once())
+    assert shares_now(api) == {"member-a": 4, "member-b": 0}
+    answer(api, "member-b", 0)
+    hub._sync_carriers(api.of("configmaps"))
+    run(hub.pass_once())
+    assert shares_now(api) == {"member-a": 8, "member-b": 0}
+    status = api.objects[("workspaces", "", "team")]["status"]
+    assert [r.get("shares") for r in status["clusters"]] == [
+        [{"resource": "nvidia.com/gpu", "model": "", "max": 8}], [{"resource": "nvidia.com/gpu", "model": "", "max": 0}]]
+    assert status["usage"] == [{"resource": "nvidia.com/gpu", "model": "", "max": 8, "inUse": 0, "reserved": 0,
+                                "queued": 8}]
+    # a Lost member keeps what it committed
+    answer(api, "member-a", 8, held=8)
+    members["member-a"] = cluster("member-a", lost=True)
+    answer(api, "member-b", 0, queued=8)
+    hub._sync_carriers(api.of("configmaps"))
+    run(hub.pass_once())
+    assert shares_now(api) == {"member-a": 8, "member-b": 0}
+
+
+def test_one_member_gets_the_limit_whole_as_before() -> None:
+    ws = workspace(clusters=["member-a"])
+    ws["spec"]["policy"] = {"devices": [{"resource": "nvidia.com/gpu", "max": 8}]}
+    assert member_shares(ws, ["member-a"], {}, lambda c: True) == {}
+    copy_ = member_workspace(carrier_object(ws, "member-a"))
+    assert copy_ is not None and copy_["spec"]["policy"]["devices"] == [{"resource": "nvidia.com/gpu", "max": 8}]
+
+
+def test_a_member_copy_refuses_only_what_the_whole_limit_never_allows() -> None:
+    policy = parse_policy({"devices": [{"resource": "nvidia.com/gpu", "max": 0, "sharedMax": 8}]})
+    assert policy.devices[0].max == 0 and policy.devices[0].limit == 8
+
+
+def test_the_crd_refuses_a_bad_selector_in_one_line() -> None:
+    from tests.extender.test_crds import admit
+
+    def errors(selector: dict[str, Any]) -> list[str]:
+        ws = workspace(clusters=["member-a"])
+        del ws["metadata"]["uid"]
+        ws["spec"]["clusterSelector"] = selector
+        return admit("workspaces", ws)[1]
+
+    assert errors({"matchLabels": {"region": "eu"},
+                   "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]},
+                                        {"key": "gpu", "operator": "Exists"}]}) == []
+    assert errors({}) == []
+    (bad,) = errors({"matchExpressions": [{"key": "tier", "operator": "In"}]})
+    assert "In and NotIn need values" in bad and "\n" not in bad
+    (bad,) = errors({"matchExpressions": [{"key": "tier", "operator": "Exists", "values": ["a"]}]})
+    assert "Exists and DoesNotExist take none" in bad
+    assert any("operator" in e for e in errors({"matchExpressions": [{"key": "tier", "operator": "Is"}]}))
+    (bad,) = errors({"matchLabels": {"bad key!": "x"}})
+    assert "every key is a label key" in bad
+    assert errors({"matchLabels": {"region": "not a value"}})
