@@ -216,7 +216,12 @@ class DispatchFollower:
             shown = (first.status, first.reason, first.message) if first.status else None
             self.workloads[uid] = (version, self.monotonic(), shown)
             return shown
-        shown = await self._create_workload(mine, workload, first.create, ns)
+        try:
+            shown = await self._create_workload(mine, workload, first.create, ns)
+        except ApiError as exc:  # not a verdict (the member's API server busy or away): the next pass tries again
+            log.warning("cannot create a GPR's workload now; trying again at the next pass", extra={
+                "gpr": f"{ns}/{meta.get('name')}", "error": str(exc)[:300]})
+            return None
         self.workloads[uid] = (version, self.monotonic(), shown)
         return shown
 
@@ -246,10 +251,13 @@ class DispatchFollower:
                 self.writes += 1
                 log.info("workload object created", extra={"gpr": name, "object": f"{ref[1]}/{ref[2]}",
                                                              "as": runner(ns)})
-        except Forbidden as exc:
+        except ApiError as exc:
+            if not isinstance(exc, Forbidden) and exc.status not in (400, 422):
+                raise
             log.warning("workload refused by the member's API server", extra={
                 "gpr": name, "object": f"{ref[1]}/{ref[2]}", "as": runner(ns), "error": str(exc)[:300]})
-            return refused_condition(ref, exc.message or str(exc), done, len(wanted), ns)
+            return refused_condition(ref, exc.message or str(exc), done, len(wanted), ns,
+                                     "WorkloadRefused" if isinstance(exc, Forbidden) else "WorkloadInvalid")
         return (plan.status, plan.reason, plan.message) if plan.status else None
 
     async def _delete_workload(self, mine: Mapping[str, Any]) -> None:

@@ -217,10 +217,12 @@ def step(member_gpr: Mapping[str, Any], workload: Any, found: Mapping[Ref, Mappi
                 message=f"{len(want)} of {len(want)} object(s) in {ns} as {runner(ns)}")
 
 
-def refused(ref: Ref, error: str, created: int, total: int, namespace: str) -> tuple[str, str, str]:
-    """The condition for a create the member's API server refused: its message in one line."""
+def refused(ref: Ref, error: str, created: int, total: int, namespace: str,
+            reason: str = "WorkloadRefused") -> tuple[str, str, str]:
+    """The condition for a call the member's API server refused (``WorkloadRefused``: 403, the account's rights;
+    ``WorkloadInvalid``: 400/422, the manifest): its message in one line."""
     one_line = " ".join(str(error).split())[:600]
-    return ("False", "WorkloadRefused", f"{ref_text(ref)} in {namespace} as {runner(namespace)}: {one_line} "
+    return ("False", reason, f"{ref_text(ref)} in {namespace} as {runner(namespace)}: {one_line} "
             f"({created} of {total} object(s) there)")
 
 

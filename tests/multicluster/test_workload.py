@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kubeapi import AlreadyExists, Forbidden, NotFound, Resource
+from kubeapi import AlreadyExists, ApiError, Forbidden, NotFound, Resource
 from kubeapi.metrics import api_metrics
 from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.follow import DispatchFollower
@@ -153,6 +153,7 @@ class Fake:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str, str, str, str]] = []  # verb, user, plural, namespace, name
         self.may_write = may_write
+        self.fail_creates: ApiError | None = None  # every create of a workload object answers this
         self.metrics = api_metrics()
         self.impersonate = ""
         self.rv = 1
@@ -178,6 +179,8 @@ class Fake:
     async def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> Any:
         key = (res.plural, str(namespace), body["metadata"]["name"])
         self._check("create", res, key[1], key[2])
+        if self.fail_creates is not None and res.plural != GPRS.plural:
+            raise self.fail_creates
         if key in self.objects:
             raise AlreadyExists(409, "AlreadyExists", "exists")
         obj = copy.deepcopy(body)
@@ -334,5 +337,32 @@ def test_a_gpr_without_a_workload_gets_no_condition() -> None:
         status = hub.objects[(GPRS.plural, "accelstack-member-a", f"{NS}.g")]["status"]
         assert not [c for c in status.get("conditions") or () if c["type"] == CONDITION]
         assert OBJECTS not in member.objects[(GPRS.plural, NS, "g")]["metadata"]["annotations"]
+
+    asyncio.run(go())
+
+
+def test_a_manifest_the_member_finds_invalid_is_a_condition_and_a_busy_member_is_tried_again() -> None:
+    async def go() -> None:
+        member, hub, f, _ = world()
+        await f.pass_once()
+        member.fail_creates = ApiError(503, "ServiceUnavailable", "etcd leader changed")
+        set_phase(member, f, "Admitted")
+        await f.pass_once()
+        # not a verdict: the status still flows, the condition stays what it was, and the next pass tries again
+        dispatch = hub.objects[(GPRS.plural, "accelstack-member-a", f"{NS}.g")]
+        assert dispatch["status"]["phase"] == "Admitted"
+        assert condition_of(hub)["reason"] == "WaitingForAdmission"
+        member.fail_creates = ApiError(422, "Invalid", 'Job.batch "train" is invalid: spec.template.spec.containers:\n'
+                                       "Required value")
+        await f.pass_once()
+        c = condition_of(hub)
+        assert (c["status"], c["reason"]) == ("False", "WorkloadInvalid")
+        assert c["message"] == (f"Job/train in {NS} as {runner(NS)}: Job.batch \"train\" is invalid: "
+                                "spec.template.spec.containers: Required value (0 of 2 object(s) there)")
+        member.fail_creates = None
+        set_phase(member, f, "Running")
+        await f.pass_once()
+        assert made(member) == [("configmaps", "cfg"), ("jobs", "train")]
+        assert condition_of(hub)["reason"] == "Created"
 
     asyncio.run(go())
