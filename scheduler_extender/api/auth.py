@@ -119,6 +119,11 @@ class Authorizer:
         status, reason, _ = await self._user(authorization, client)
         return status, reason
 
+    async def identify(self, authorization: str | None, client: str = "") -> tuple[int, str, dict[str, Any]]:
+        """As :meth:`authenticate`, with the TokenReview's user (username, uid, groups, extra) for callers whose
+        rule is not RBAC (a hub Workspace's ``spec.access`` names users and groups): ``{}`` when refused."""
+        return await self._user(authorization, client)
+
     async def check(self, authorization: str | None, attributes: dict[str, str],
                     client: str = "") -> tuple[int, str]:
         """(0, username) when allowed, else (HTTP status, reason): 401 without a valid token, 403 when RBAC says

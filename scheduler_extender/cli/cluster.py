@@ -32,6 +32,9 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser], common: ar
                            help="a label of the member on the hub (region=eu-west, provider=aws; repeatable)")
             c.add_argument("--hub-server", default="", help="the hub's API server as the member reaches it "
                                                            "(default: the server in --hub-kubeconfig)")
+            c.add_argument("--member-server", default="", help="the member's API server as its workspace "
+                           "kubeconfigs reach it, recorded with its CA in the hub's Cluster (default: the server "
+                           "in --kubeconfig)")
             c.add_argument("--token-expiry", default=DEFAULT_TOKEN_EXPIRY,
                            help="life of the agent's hub token (the agent renews it past two thirds; default 24h)")
             c.add_argument("--dry-run", action="store_true", help="print what join would create, create nothing")
@@ -76,7 +79,8 @@ def run_join(args: argparse.Namespace, say: Callable[[str], None]) -> None:
         return
     hub_path = _kubeconfig(args.hub_kubeconfig, "--hub-kubeconfig")
     member_path = _kubeconfig(args.member_kubeconfig, "--kubeconfig")
-    asyncio.run(_join(hub_path, member_path, name, labels, args.hub_server, seconds, say))
+    asyncio.run(_join(hub_path, member_path, name, labels, args.hub_server, seconds, say,
+                      getattr(args, "member_server", "")))
 
 
 def run_leave(args: argparse.Namespace, say: Callable[[str], None]) -> None:
@@ -105,13 +109,14 @@ def _ca(client: Any) -> bytes | None:
 
 
 async def _join(hub_path: str, member_path: str, name: str, labels: dict[str, str], hub_server: str,
-                seconds: int, say: Callable[[str], None]) -> None:
+                seconds: int, say: Callable[[str], None], member_server: str = "") -> None:
     from scheduler_extender.multicluster.join import join
 
     hub, member = await _clients(hub_path, member_path)
     try:
         await join(hub, member, name, labels, hub_server=hub_server or hub.host, ca_pem=_ca(hub),
-                   insecure=not hub.configuration.verify_ssl, token_seconds=seconds, say=say)
+                   insecure=not hub.configuration.verify_ssl, token_seconds=seconds, say=say,
+                   member_server=member_server or member.host, member_ca=_ca(member))
     finally:
         await hub.close()
         await member.close()

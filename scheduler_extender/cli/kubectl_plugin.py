@@ -334,6 +334,28 @@ def _render_gpr(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cmd_workspace_kubeconfig(client: Client, args: argparse.Namespace) -> None:
+    """POST /api/v1/workspaces/WS/kubeconfig on a hub: the member's kubeconfig, printed or written 0600."""
+    data = client.call("POST", f"/api/v1/workspaces/{_seg(args.name)}/kubeconfig",
+                       query={"cluster": args.cluster, "expiry": args.expiry})
+    text = str((data or {}).get("kubeconfig") or "")
+    if not text:
+        raise Failure("the server answered no kubeconfig (is --server the hub's API?)")
+    if not args.file:
+        print(text, end="")
+        return
+    try:
+        fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a file that was there keeps no wider mode
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise Failure(f"--output-file: cannot write {args.file!r}: {exc.strerror}") from None
+    print(f"kubeconfig for workspace {data.get('workspace')} on {data.get('cluster')} written to {args.file} "
+          f"(role {data.get('role')}, namespace {data.get('namespace')}, token for "
+          f"{relative(float(data.get('expirySeconds') or 0)).removeprefix('in ')})", file=sys.stderr)
+
+
 def cmd_workspace_usage(client: Client, args: argparse.Namespace) -> None:
     if args.cluster:
         data = client.get("/api/v1/usage", cluster=args.cluster, workspace=args.name)
@@ -454,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "  kubectl accelstack wait-time -n team-a --template small-gpu\n"
                       "  kubectl accelstack gpr describe team-a/finetune\n"
                       "  kubectl accelstack workspace usage team-a -o yaml\n"
+                      "  kubectl accelstack workspace kubeconfig team-a --cluster member-a -o team-a.kubeconfig\n"
                       "  kubectl accelstack node check nr1-01\n\n"
                       f"The server is --server or ${ENV_SERVER}; the token --token, ${ENV_TOKEN} or the current "
                       "kubeconfig user's token.")
@@ -513,6 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("name", nargs="?", default="", help="one workspace (default: all you may list)")
     u.add_argument("--cluster", default="", help="on a hub: only this member cluster's usage")
     u.set_defaults(run=cmd_workspace_usage)
+    k = ws.add_parser("kubeconfig", help="a kubeconfig for one member cluster of a hub workspace, with a short-lived "
+                      "token of your role there (--server: the hub's API; docs/multicluster.md)")
+    k.add_argument("name", help="the workspace (on the hub)")
+    k.add_argument("--cluster", required=True, help="the member cluster the kubeconfig is for")
+    k.add_argument("--expiry", default="1h", help="the token's life: 10m to 24h (default 1h)")
+    k.add_argument("-o", "--output-file", dest="file", default="",
+                   help="write it to this file (mode 0600) instead of printing it")
+    k.set_defaults(run=cmd_workspace_kubeconfig)
     nd = sub.add_parser("node", help="accelerator nodes (docs/nodes.md)").add_subparsers(
         dest="node_command", metavar="COMMAND", parser_class=Parser)
     nd.required = True

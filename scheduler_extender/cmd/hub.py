@@ -31,10 +31,12 @@ from prometheus_client import CollectorRegistry
 from scheduler_extender.api.app import RateLimiter
 from scheduler_extender.api.auth import Authorizer
 from scheduler_extender.api.hub import HubAPI
+from scheduler_extender.api.kubeconfig import KubeconfigAPI
 from scheduler_extender.cmd.controller import duration
 from scheduler_extender.multicluster import view
 from scheduler_extender.multicluster.dispatch import Dispatcher
 from scheduler_extender.multicluster.hub import HubController
+from scheduler_extender.multicluster.kubeconfig import KubeconfigError, KubeconfigIssuer, parse_expiry
 from scheduler_extender.multicluster.workspaces import WorkspaceDispatcher
 from scheduler_extender.objects.kube import Kube
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
@@ -125,6 +127,9 @@ class HubProcess:
                                                   lambda: list(self.dispatcher.origins.values()), time.time))
         self.api = HubAPI(HubViews(self), Authorizer(Kube(client)) if opts.get("api_auth", True) else None,
                           RateLimiter())
+        # workspace kubeconfigs for a member (issue 40.2): the same listener, authentication and rate limit
+        self.kubeconfigs = KubeconfigAPI(KubeconfigIssuer(client, lambda: self.controller.clusters),
+                                         self.api.authorizer, parse_expiry, KubeconfigError, self.api.limiter)
         self.tls: ssl.SSLContext | None = None
         if opts.get("cert"):
             self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -158,6 +163,7 @@ class HubProcess:
         if api_port >= 0:
             api_app = web.Application()
             api_app.add_routes(self.api.routes())
+            api_app.add_routes(self.kubeconfigs.routes())
             self._api_runner, self.api_port = await serve_app(api_app, api_host, api_port, limits=Limits(),
                                                               ssl_context=self.tls)
 

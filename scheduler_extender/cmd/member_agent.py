@@ -26,6 +26,7 @@ from scheduler_extender.cmd.extender import RESOURCE_NAMES, resource_names
 from scheduler_extender.multicluster.agent import HUB_SECRET, MemberAgent, token_times
 from scheduler_extender.multicluster.clusters import check_name, member_namespace
 from scheduler_extender.multicluster.follow import DispatchFollower
+from scheduler_extender.multicluster.kubeconfig import KubeconfigMinter
 from scheduler_extender.multicluster.workspaces import WorkspaceFollower
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import Limits, serve_app
@@ -93,8 +94,9 @@ class AgentProcess:
     """The agent, its informers and a small health/metrics server."""
 
     def __init__(self, agent: MemberAgent, follower: DispatchFollower | None = None,
-                 workspaces: WorkspaceFollower | None = None) -> None:
+                 workspaces: WorkspaceFollower | None = None, kubeconfigs: KubeconfigMinter | None = None) -> None:
         self.agent, self.follower, self.workspaces = agent, follower, workspaces
+        self.kubeconfigs = kubeconfigs
         self.registry = CollectorRegistry()
         self.hub_ok = Gauge("accelstack_member_agent_hub_ok", "1 while the last status write reached the hub",
                             registry=self.registry)
@@ -115,6 +117,8 @@ class AgentProcess:
             self._tasks.append(asyncio.create_task(supervise("dispatches", self.follower.run, self.stop_event)))
         if self.workspaces is not None:
             self._tasks.append(asyncio.create_task(supervise("workspaces", self.workspaces.run, self.stop_event)))
+        if self.kubeconfigs is not None:
+            self._tasks.append(asyncio.create_task(supervise("kubeconfigs", self.kubeconfigs.run, self.stop_event)))
         app = web.Application()
         app.add_routes(probe_routes(self._problems, [self.registry], self._scrape))
         self._runner, self.port = await serve_app(app, host, port, limits=limits or Limits())
@@ -129,7 +133,8 @@ class AgentProcess:
 
     def _followers_informers(self) -> list[Any]:
         return [*(self.follower.informers if self.follower else []),
-                *(self.workspaces.informers if self.workspaces else [])]
+                *(self.workspaces.informers if self.workspaces else []),
+                *(self.kubeconfigs.informers if self.kubeconfigs else [])]
 
     def _problems(self) -> list[str]:
         broken = informer_problems(self._followers_informers())
@@ -153,7 +158,8 @@ async def serve(opts: dict[str, Any]) -> None:
     await agent.load_versions(accelstack_version())
     follower = DispatchFollower(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
     workspaces = WorkspaceFollower(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
-    process = AgentProcess(agent, follower, workspaces)
+    kubeconfigs = KubeconfigMinter(member, hub, member_namespace(opts["cluster"]), resync=opts["resync"])
+    process = AgentProcess(agent, follower, workspaces, kubeconfigs)
 
     async def stop() -> None:
         await process.stop()

@@ -4,14 +4,19 @@ Join runs on an admin's machine that holds both kubeconfigs; the hub never gets 
 the hub it makes the member's namespace ``accelstack-member-NAME`` with a ServiceAccount ``member-agent`` there,
 a Role + RoleBinding there that lets that account ask for its own token (renewal), read the GPRs the hub
 dispatched into that namespace and patch their status, read the Workspace carriers (ConfigMaps) there and patch
-them (the member's verdict; nothing outside that namespace), a ClusterRole +
+them (the member's verdict; nothing outside that namespace), create Secrets there (the answers to workspace
+kubeconfig requests: it can read none back), a Role + RoleBinding there for the hub's own ServiceAccount to get
+and delete those Secrets (in the member namespaces only, never cluster-wide), a ClusterRole +
 ClusterRoleBinding granting get/update/patch on ``clusters`` and ``clusters/status`` with ``resourceNames:
-[NAME]`` only (OCM's klusterlet identity is scoped the same way), the ``Cluster`` itself, and a token for the
+[NAME]`` only (OCM's klusterlet identity is scoped the same way), the ``Cluster`` itself (with the member's API
+server URL and CA in ``spec.apiServer``, for workspace kubeconfigs: never a credential), and a token for the
 ServiceAccount (TokenRequest, with an expiry). On the member it makes the Secret ``accelstack-hub-kubeconfig``
 (a kubeconfig for the hub with that token, and the cluster's name) and the agent: its ServiceAccount, a
 ClusterRole that reads nodes, acceleratornodes and gprs, may create and delete gprs (the hub's, in their
 namespaces), read, create, update and delete workspaces (the hub's), impersonate the ServiceAccount
-``accelstack-workload`` of any namespace (a hub GPR's workload is created as that account) and nothing else, a
+``accelstack-workload`` of any namespace (a hub GPR's workload is created as that account), create tokens for
+the workspace kubeconfig ServiceAccounts (``accelstack-workspace-admin|member|viewer``, by ``resourceNames``)
+and nothing else, a
 Role that may update that one Secret (where the agent stores a renewed token), and its Deployment — the same objects as ``manifests/member/``
 (a test keeps the two equal).
 
@@ -47,6 +52,7 @@ from scheduler_extender.multicluster.clusters import (
     member_namespace,
     micro_time,
 )
+from scheduler_extender.multicluster.kubeconfig import ACCOUNT_NAMES
 from scheduler_extender.multicluster.workload import RUNNER as WORKLOAD_RUNNER
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "accelstack-cluster-join"}
@@ -58,6 +64,8 @@ CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "Clu
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
                                  namespaced=False)
 TOKEN_MIN_S = 600  # the API server's floor for TokenRequest.spec.expirationSeconds
+HUB_ACCOUNT = ("accelstack-system", "accelstack-hub")  # the hub controller's ServiceAccount (manifests/hub)
+HUB_KUBECONFIGS = "accelstack-hub-kubeconfigs"  # its Role in each member namespace: the kubeconfig answers
 
 
 class JoinError(RuntimeError):
@@ -96,8 +104,14 @@ def _binding(kind: str, name: str, namespace: str | None, role_kind: str, role: 
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_namespace}]}
 
 
-def hub_items(name: str, labels: Mapping[str, str]) -> list[Item]:
-    """The hub's objects for member ``name``, in creation order (the token last)."""
+def api_server_spec(url: str, ca_pem: bytes | None) -> dict[str, str]:
+    """``Cluster.spec.apiServer``: the member's API server as its workspace kubeconfigs reach it."""
+    return {"url": url, **({"caBundle": base64.b64encode(ca_pem).decode()} if ca_pem else {})}
+
+
+def hub_items(name: str, labels: Mapping[str, str], api_server: Mapping[str, str] | None = None) -> list[Item]:
+    """The hub's objects for member ``name``, in creation order (the token last); ``api_server``: the member's
+    URL and CA (:func:`api_server_spec`) recorded in the Cluster."""
     check_name(name)
     ns = member_namespace(name)
     role = f"accelstack-member-{name}"
@@ -115,18 +129,31 @@ def hub_items(name: str, labels: Mapping[str, str]) -> list[Item]:
             {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests/status"],
              "verbs": ["patch"]},
             # the Workspaces the hub carried to this member (ConfigMaps): read, and patch (the member's verdict)
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]}])),
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]},
+            # the answers to workspace kubeconfig requests (a token each): created, never read back
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}])),
         Item("hub", ROLE_BINDINGS, AGENT, ns, _binding("RoleBinding", AGENT, ns, "Role", AGENT,
                                                        AGENT_SERVICE_ACCOUNT, ns)),
+        # the hub reads those answers and deletes them (and nothing else of Secrets, here or anywhere)
+        Item("hub", ROLES, HUB_KUBECONFIGS, ns, _rbac("Role", HUB_KUBECONFIGS, ns, [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "delete"]}])),
+        Item("hub", ROLE_BINDINGS, HUB_KUBECONFIGS, ns, _binding("RoleBinding", HUB_KUBECONFIGS, ns, "Role",
+                                                                 HUB_KUBECONFIGS, HUB_ACCOUNT[1], HUB_ACCOUNT[0])),
         Item("hub", CLUSTER_ROLES, role, None, _rbac("ClusterRole", role, None, [
             {"apiGroups": [CLUSTERS.group], "resources": ["clusters", "clusters/status"],
              "verbs": ["get", "update", "patch"], "resourceNames": [name]}])),
         Item("hub", CLUSTER_ROLE_BINDINGS, role, None, _binding("ClusterRoleBinding", role, None, "ClusterRole",
                                                                 role, AGENT_SERVICE_ACCOUNT, ns)),
-        Item("hub", CLUSTERS, name, None, {**cluster_object(name, labels),
-                                           "metadata": _meta(name)}),
+        Item("hub", CLUSTERS, name, None, _cluster(name, labels, api_server)),
         Item("hub", SERVICE_ACCOUNTS, f"{AGENT_SERVICE_ACCOUNT}/token", ns, None),
     ]
+
+
+def _cluster(name: str, labels: Mapping[str, str], api_server: Mapping[str, str] | None) -> dict[str, Any]:
+    body = {**cluster_object(name, labels), "metadata": _meta(name)}
+    if api_server:
+        body["spec"] = {**body["spec"], "apiServer": dict(api_server)}
+    return body
 
 
 def member_objects() -> list[dict[str, Any]]:
@@ -175,7 +202,10 @@ def member_objects() -> list[dict[str, Any]]:
             # a hub GPR's workload: created as the workload account of the GPR's namespace, never as the agent
             # (it may create none of those kinds itself: the member's RBAC for that account decides)
             {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"],
-             "resourceNames": [WORKLOAD_RUNNER]}]),
+             "resourceNames": [WORKLOAD_RUNNER]},
+            # workspace kubeconfigs: a token for the role's ServiceAccount the workspace controller made, no other
+            {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
+             "resourceNames": list(ACCOUNT_NAMES)}]),
         _binding("ClusterRoleBinding", AGENT, None, "ClusterRole", AGENT, AGENT, ns),
         _rbac("Role", AGENT, ns, [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
                                    "resourceNames": [HUB_SECRET]}]),
@@ -284,8 +314,11 @@ async def issue_token(hub: KubeClient, name: str, seconds: int) -> tuple[str, fl
 
 
 async def join(hub: KubeClient, member: KubeClient, name: str, labels: Mapping[str, str], *, hub_server: str,
-               ca_pem: bytes | None, insecure: bool, token_seconds: int, say: Say) -> None:
-    """Create (or bring in line) every object of :func:`hub_items` and :func:`member_items`, saying each."""
+               ca_pem: bytes | None, insecure: bool, token_seconds: int, say: Say,
+               member_server: str = "", member_ca: bytes | None = None) -> None:
+    """Create (or bring in line) every object of :func:`hub_items` and :func:`member_items`, saying each.
+    ``member_server``/``member_ca``: the member's API server as workspace kubeconfigs reach it (default: the
+    server of the member client and no CA)."""
     await reach(hub, "hub")
     await reach(member, "member")
     try:
@@ -294,7 +327,7 @@ async def join(hub: KubeClient, member: KubeClient, name: str, labels: Mapping[s
         raise JoinError(f"member: no namespace {SYSTEM_NS}: install accelstack on the member first "
                         "(kubectl apply -k manifests/base)") from None
     token, expiry = "", 0.0
-    for item in hub_items(name, labels):
+    for item in hub_items(name, labels, api_server_spec(member_server or member.host, member_ca)):
         if item.body is None:
             token, expiry = await issue_token(hub, name, token_seconds)
             say(f"{item.line()}: issued, expires {micro_time(expiry).split('.')[0]}Z")

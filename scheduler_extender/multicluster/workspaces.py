@@ -38,6 +38,7 @@ from kubeapi.informer import Informer
 from kubeapi.passes import run_passes
 from kubeapi.resources import CONFIGMAPS, WORKSPACES
 from scheduler_extender.multicluster.clusters import MEMBER_NAMESPACE_PREFIX, member_namespace
+from scheduler_extender.multicluster.kubeconfig import with_accounts
 from scheduler_extender.multicluster.placement import FROM_HUB, ORIGIN
 from scheduler_extender.multicluster.shares import MemberShare, plan_shares
 
@@ -221,14 +222,15 @@ def carrier_status(carrier: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def member_workspace(carrier: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The Workspace the agent keeps in its member for ``carrier``: same name, the carried spec, the origin."""
+    """The Workspace the agent keeps in its member for ``carrier``: same name, the carried spec (plus a
+    ServiceAccount per role for workspace kubeconfigs: :func:`.kubeconfig.with_accounts`), the origin."""
     origin = carrier_origin(carrier)
     if origin is None:
         return None
     name, uid, spec = origin
     return {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace",
             "metadata": {"name": name, "labels": {FROM_HUB: "true"}, "annotations": {ORIGIN: f"hub/{name}/{uid}"}},
-            "spec": spec}
+            "spec": with_accounts(spec)}
 
 
 def made_by_agent(workspace: Mapping[str, Any]) -> bool:

@@ -10,7 +10,13 @@ import pytest
 import yaml
 
 from scheduler_extender.cli.kubectl_plugin import main
-from scheduler_extender.multicluster.join import hub_items, member_items, member_objects, plan_lines
+from scheduler_extender.multicluster.join import (
+    api_server_spec,
+    hub_items,
+    member_items,
+    member_objects,
+    plan_lines,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,9 +35,23 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
         {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests/status"], "verbs": ["patch"]},
         # the Workspace carriers in its own hub namespace: read them, patch the verdict in (never create or delete)
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]}]
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]},
+        # the answers to workspace kubeconfig requests: created, never read back
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    # the hub's own account reads and deletes those answers in this namespace only
+    hub_role = items[("Role", "accelstack-hub-kubeconfigs")]
+    assert hub_role.namespace == "accelstack-member-member-a" and hub_role.body is not None
+    assert hub_role.body["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "delete"]}]
+    binding = items[("RoleBinding", "accelstack-hub-kubeconfigs")].body
+    assert binding is not None and binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "accelstack-hub", "namespace": "accelstack-system"}]
     cluster = items[("Cluster", "member-a")].body
     assert cluster is not None and cluster["spec"] == {"labels": {"region": "eu-west"}}
+    # where the member is reached (for workspace kubeconfigs): its URL and CA, never a credential
+    located = {(i.resource.kind, i.name): i for i in hub_items("member-a", {}, api_server_spec(
+        "https://a.example:6443", b"PEM"))}[("Cluster", "member-a")].body
+    assert located is not None and located["spec"]["apiServer"] == {"url": "https://a.example:6443",
+                                                                    "caBundle": "UEVN"}
     # every object carries join's label (leave deletes only those), the token is issued, never stored on the hub
     assert all(i.body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "accelstack-cluster-join"
                for i in items.values() if i.body is not None)
@@ -42,7 +62,8 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
 def test_the_member_agent_reads_and_writes_only_gprs_and_workspaces() -> None:
     rules = next(o for o in member_objects() if o["kind"] == "ClusterRole")["rules"]
     assert {res for r in rules for res in r["resources"]} == {"nodes", "acceleratornodes", "gpuprovisioningrequests",
-                                                              "workspaces", "serviceaccounts"}
+                                                              "workspaces", "serviceaccounts",
+                                                              "serviceaccounts/token"}
     writes = [r for r in rules if set(r["verbs"]) - {"get", "list", "watch"}]
     assert writes == [{"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"],
                        "verbs": ["create", "delete"]},  # the hub's GPRs: no status, no update, no nodes
@@ -50,7 +71,11 @@ def test_the_member_agent_reads_and_writes_only_gprs_and_workspaces() -> None:
                        "verbs": ["get", "list", "watch", "create", "update", "delete"]},
                       # a hub GPR's workload, made as one named account of its namespace: never as the agent
                       {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"],
-                       "resourceNames": ["accelstack-workload"]}]
+                       "resourceNames": ["accelstack-workload"]},
+                      # workspace kubeconfigs: tokens for the three role accounts only (never default, kube-system)
+                      {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
+                       "resourceNames": ["accelstack-workspace-admin", "accelstack-workspace-member",
+                                         "accelstack-workspace-viewer"]}]
     role = next(o for o in member_objects() if o["kind"] == "Role")
     assert role["rules"][0]["resourceNames"] == ["accelstack-hub-kubeconfig"]
     assert member_items()[0].line() == "member: Secret accelstack-hub-kubeconfig in accelstack-system"
@@ -67,7 +92,7 @@ def test_dry_run_prints_every_object_and_creates_nothing(capsys: pytest.CaptureF
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out == [f"{line}: would be created" for line in plan_lines("member-a", {"region": "eu"})]
-    assert len(out) == 15
+    assert len(out) == 17
 
 
 @pytest.mark.parametrize(("argv", "message"), [

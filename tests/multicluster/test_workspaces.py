@@ -30,7 +30,10 @@ from scheduler_extender.multicluster.workspaces import (
 )
 from scheduler_extender.objects.workspaces import parse_policy
 
-SPEC = {"namespaces": ["team-a"], "access": [{"kind": "User", "name": "alice", "role": "admin"}]}
+SPEC: dict[str, Any] = {"namespaces": ["team-a"], "access": [{"kind": "User", "name": "alice", "role": "admin"}]}
+# the member's copy: the kubeconfig ServiceAccount of the role used added (multicluster/kubeconfig.py)
+MEMBER_SPEC = {**SPEC, "access": [*SPEC["access"], {"kind": "ServiceAccount", "name": "accelstack-workspace-admin",
+                                                    "namespace": "team-a", "role": "admin"}]}
 
 
 def workspace(name: str = "team", clusters: list[str] | None = None, uid: str = "ws-uid") -> dict[str, Any]:
@@ -106,7 +109,7 @@ def test_a_member_gets_the_spec_without_clusters_and_its_origin() -> None:
     assert carrier["metadata"]["namespace"] == "accelstack-member-member-a"
     assert carrier["metadata"]["labels"][WORKSPACE_DISPATCH] == "team"
     copy_ = member_workspace(carrier)
-    assert copy_ is not None and copy_["spec"] == SPEC  # clusters is the hub's
+    assert copy_ is not None and copy_["spec"] == MEMBER_SPEC  # clusters is the hub's
     assert copy_["metadata"]["annotations"]["accelstack.io/origin"] == "hub/team/ws-uid"
     assert made_by_agent(copy_) and not made_by_agent({"metadata": {"name": "team"}})
     assert member_workspace({"metadata": {"name": "x"}, "data": {"spec": "not json"}}) is None
@@ -180,7 +183,7 @@ def test_the_agent_creates_updates_answers_and_deletes_only_its_own_copy() -> No
     f._sync_mine([])
     run(f.pass_once())
     made = member.objects[("workspaces", "", "team")]
-    assert made["spec"] == SPEC and made_by_agent(made)
+    assert made["spec"] == MEMBER_SPEC and made_by_agent(made)
     answer = carrier_status(hub.objects[("configmaps", "accelstack-member-member-a", "team")])
     assert answer is not None and answer["ready"] is False
     # the member's controller made the namespace: the verdict goes back
@@ -196,7 +199,7 @@ def test_the_agent_creates_updates_answers_and_deletes_only_its_own_copy() -> No
     hub.objects[("configmaps", "accelstack-member-member-a", "team")]["data"]["spec"] = json.dumps(spec)
     f._sync_carriers(hub.of("configmaps"))
     run(f.pass_once())
-    assert member.objects[("workspaces", "", "team")]["spec"] == spec
+    assert member.objects[("workspaces", "", "team")]["spec"] == {**spec, "access": MEMBER_SPEC["access"]}
     # the hub's view is not fresh: nothing deleted; once it is, the copy goes (and a foreign Workspace stays)
     member.put("workspaces", {"metadata": {"name": "theirs"}, "spec": SPEC})
     f._sync_mine(member.of("workspaces"))

@@ -65,7 +65,7 @@ def test_join_agents_ready_scoped_and_lost(mc_world: World) -> None:
                              "expires ") for ln in lines)
     assert "member: Secret accelstack-hub-kubeconfig in accelstack-system: created" in lines
     assert lines[-1] == "member: Deployment accelstack-member-agent in accelstack-system: created"
-    assert len(lines) == 15
+    assert len(lines) == 17
     # join again: idempotent (only the token and the Secret holding it change)
     again = w.join("member-a")
     assert again.returncode == 0, again.stderr
