@@ -111,6 +111,34 @@ def test_the_choice_is_recorded_before_the_dispatch_and_an_unchanged_world_write
     assert hub.calls == []  # recorded once: no second pick, no second create
 
 
+def test_a_waiting_gpr_is_written_again_only_when_its_reason_changes() -> None:
+    """Too big for every member: Unschedulable, with each member's usable devices in the message. A member's
+    capacity change alone does not rewrite it (with 1,000 such GPRs that was 1,000 writes in the placing pass per
+    change); no member Ready is another reason and is written; a member that can take it gets it."""
+    clusters = {"member-a": member(), "member-b": member()}
+    hub, d = setup(clusters)
+    origin(hub, d, nodeCount=3)
+    asyncio.run(d.pass_once())
+    status = hub.objects[("team-a", "train")]["status"]
+    assert (status["phase"], status["reason"]) == ("Queued", "Unschedulable")
+    assert "member-a: 8 usable" in status["message"]
+    clusters["member-a"]["status"]["inventory"][0].update(capacity=16, allocatable=16, nodes=2)
+    watch_all(hub, d)
+    hub.calls.clear()
+    asyncio.run(d.pass_once())
+    assert hub.calls == []
+    clusters["member-a"], clusters["member-b"] = member(ready=False), member(ready=False)
+    asyncio.run(d.pass_once())
+    assert hub.calls == [("patch-status", "team-a", "train")]
+    assert hub.objects[("team-a", "train")]["status"]["reason"] == "NoClusterReady"
+    watch_all(hub, d)
+    big = member()
+    big["status"]["inventory"][0].update(nodes=3, capacity=24, allocatable=24)
+    clusters["member-a"] = big
+    asyncio.run(d.pass_once())
+    assert hub.objects[("team-a", "train")]["status"]["cluster"] == "member-a"
+
+
 def test_a_decision_on_a_stale_copy_is_refused_and_creates_nothing() -> None:
     hub, d = setup({"member-b": member()})
     stale = origin(hub, d)
