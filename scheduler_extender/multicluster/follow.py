@@ -276,7 +276,11 @@ class DispatchFollower:
                     found[ref] = None
             for ref, uid in to_delete(mine, found):
                 try:
-                    await as_runner.delete(resource_of(ref), ref[2], ns, uid=uid or None)
+                    # Background: a Job's default is to orphan its pods, which needs a garbage collector to finish
+                    res = resource_of(ref)
+                    await as_runner.request("DELETE", res.path(ns, ref[2]), body={
+                        "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
+                        **({"preconditions": {"uid": uid}} if uid else {})}, retry=True, resource=res.plural)
                 except NotFound:
                     continue
                 self.writes += 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kubeapi import AlreadyExists, ApiError, Forbidden, NotFound, Resource
+from kubeapi import AlreadyExists, ApiError, Conflict, Forbidden, NotFound, Resource
 from kubeapi.metrics import api_metrics
 from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.follow import DispatchFollower
@@ -153,6 +153,7 @@ class Fake:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str, str, str, str]] = []  # verb, user, plural, namespace, name
         self.may_write = may_write
+        self.delete_options: list[Any] = []
         self.fail_creates: ApiError | None = None  # every create of a workload object answers this
         self.metrics = api_metrics()
         self.impersonate = ""
@@ -196,6 +197,18 @@ class Fake:
             raise NotFound(404, "NotFound", name)
         del self.objects[key]
         return {}
+
+    async def request(self, method: str, path: str, *, body: Any = None, retry: bool | None = None,
+                      resource: str = "") -> Any:
+        """Only the DELETE with options the agent sends for a workload object: .../namespaces/NS/PLURAL/NAME."""
+        assert method == "DELETE"
+        *_, ns, plural, name = path.split("/")
+        assert plural == resource
+        self.delete_options.append(body)
+        uid = (body.get("preconditions") or {}).get("uid")
+        if uid and (self.objects.get((plural, ns, name)) or {}).get("metadata", {}).get("uid") not in (None, uid):
+            raise Conflict(409, "Conflict", "uid precondition")
+        return await self.delete(Resource("", "v1", plural, ""), name, ns)
 
     async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
                     subresource: str | None = None) -> Any:
@@ -289,6 +302,10 @@ def test_the_follower_creates_the_workload_once_admitted_as_the_workload_account
         assert [c[2] for c in deletes] == ["jobs", "configmaps", GPRS.plural]
         assert deletes[-1][1] == ""  # the GPR as the agent itself; its objects as the workload account
         assert {c[1] for c in deletes[:2]} == {runner(NS)}
+        # Background, with the object's UID: a Job's default (orphan) would leave it to a garbage collector
+        assert member.delete_options == [{"apiVersion": "v1", "kind": "DeleteOptions",
+                                          "propagationPolicy": "Background", "preconditions": {"uid": u}}
+                                         for u in ("uid-train", "uid-cfg")]
 
     asyncio.run(go())
 

@@ -38,6 +38,9 @@ def pod_manifest(name: str) -> dict[str, object]:
                 "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}
 
 
+JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "wl-job"}, "spec": {"template": {
+    "metadata": {"labels": {"app": "wl"}},
+    "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}}}
 CONFIG = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "wl-cfg"}, "data": {"epochs": "3"}}
 
 
@@ -84,7 +87,8 @@ def test_a_hub_gprs_workload_runs_in_its_member_as_the_namespaces_account_and_go
     # member-a's admin lets wl-ok's workload account create pods and configmaps there (and nothing in wl-deny)
     a.cp.create(RBAC.format(ns="wl-ok") + "/roles", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "wl-runner"},
-        "rules": [{"apiGroups": [""], "resources": ["pods", "configmaps"], "verbs": ["get", "create", "delete"]}]})
+        "rules": [{"apiGroups": [""], "resources": ["pods", "configmaps"], "verbs": ["get", "create", "delete"]},
+                  {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]}]})
     a.cp.create(RBAC.format(ns="wl-ok") + "/rolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "wl-runner"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wl-runner"},
@@ -92,17 +96,21 @@ def test_a_hub_gprs_workload_runs_in_its_member_as_the_namespaces_account_and_go
     try:
         # ---- created once member-a admits the GPR, as the account, labelled and owned ----------------------------
         w.hub.create(HUB_NS.format(ns="wl-ok"), gpr("wl-train", clusterName="member-a", models=["A100"], workload={
-            "objects": [pod_manifest("wl-pod"), CONFIG]}))
+            "objects": [pod_manifest("wl-pod"), CONFIG, JOB]}))
         created = wait_for("WorkloadCreated on the hub GPR", lambda: workload_condition(w, "wl-ok", "wl-train",
                                                                                           "Created"), timeout=60)
         assert created["status"] == "True"
-        assert created["message"] == ("2 of 2 object(s) in wl-ok as "
+        assert created["message"] == ("3 of 3 object(s) in wl-ok as "
                                       "system:serviceaccount:wl-ok:accelstack-workload"), created
         copy = member_gpr(a, "wl-ok", "wl-train")
         assert copy["status"]["phase"] in ("Admitted", "Running") and "workload" not in copy["spec"]
         pod = a.cp.get("api/v1/namespaces/wl-ok/pods/wl-pod") or {}
         cfg = a.cp.get("api/v1/namespaces/wl-ok/configmaps/wl-cfg") or {}
-        for obj in (pod, cfg):
+        job = a.cp.get("apis/batch/v1/namespaces/wl-ok/jobs/wl-job") or {}
+        # the Job's pods (a job controller would make them) carry the GPR's label too
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        assert (labels["accelstack.io/gpr"], labels["app"]) == ("wl-train", "wl"), labels
+        for obj in (pod, cfg, job):
             meta = obj["metadata"]
             assert meta["labels"]["accelstack.io/gpr"] == "wl-train"
             assert [(o["kind"], o["name"], o["uid"]) for o in meta["ownerReferences"]] == [
@@ -135,6 +143,8 @@ def test_a_hub_gprs_workload_runs_in_its_member_as_the_namespaces_account_and_go
         w.clean(("wl-ok", "wl-train"), ("wl-deny", "wl-denied"))
         wait_for("wl-cfg deleted with its GPR", lambda: a.cp.get("api/v1/namespaces/wl-ok/configmaps/wl-cfg") is None,
                  timeout=60)
+        wait_for("wl-job deleted with its GPR", lambda: a.cp.get("apis/batch/v1/namespaces/wl-ok/jobs/wl-job") is None,
+                 timeout=60)
         wait_for("wl-pod deleted with its GPR", lambda: gone_or_going(a.cp, "api/v1/namespaces/wl-ok/pods/wl-pod"),
                  timeout=60)
     finally:
@@ -142,5 +152,6 @@ def test_a_hub_gprs_workload_runs_in_its_member_as_the_namespaces_account_and_go
             if hub_gpr(w, ns, name):
                 w.clean((ns, name))
         a.cp.delete("api/v1/namespaces/wl-ok/pods/wl-pod", force=True)
+        a.cp.delete("apis/batch/v1/namespaces/wl-ok/jobs/wl-job")
         for kind in ("rolebindings", "roles"):
             a.cp.delete(RBAC.format(ns="wl-ok") + f"/{kind}/wl-runner")
