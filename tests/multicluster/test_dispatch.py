@@ -9,6 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
+import pytest
+
 from kubeapi import AlreadyExists, Conflict, NotFound, Resource
 from kubeapi.metrics import api_metrics
 from scheduler_extender.multicluster.dispatch import Dispatcher
@@ -137,6 +139,51 @@ def test_a_waiting_gpr_is_written_again_only_when_its_reason_changes() -> None:
     clusters["member-a"] = big
     asyncio.run(d.pass_once())
     assert hub.objects[("team-a", "train")]["status"]["cluster"] == "member-a"
+
+
+def test_a_pass_looks_again_only_at_origins_whose_objects_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passes come on every event (each member's heartbeat): a placed origin whose object, dispatch and member's
+    Lost state are as the last pass left them is skipped; its dispatch's new status is mirrored at once; a Lost
+    member's origin is looked at every pass; and every ``resync`` all of them are looked at again."""
+    clock = [NOW]
+    clusters = {"member-a": member(), "member-b": member()}
+    hub = FakeHub()
+    d = Dispatcher(hub, lambda: clusters, wall=lambda: clock[0])  # type: ignore[arg-type]
+    origin(hub, d, clusterName="member-a")  # pinned: it stays on member-a when that is Lost
+    asyncio.run(d.pass_once())
+    watch_all(hub, d)
+    looked: list[str] = []
+    real_one = Dispatcher._one
+
+    async def one(self: Dispatcher, o: dict[str, Any], *args: Any) -> None:
+        looked.append(o["metadata"]["name"])
+        await real_one(self, o, *args)
+
+    monkeypatch.setattr(Dispatcher, "_one", one)
+    asyncio.run(d.pass_once())  # the first pass that finds nothing to do for it
+    looked.clear()
+    asyncio.run(d.pass_once())
+    assert looked == []
+    key = ("accelstack-member-member-a", "team-a.train")
+    hub.objects[key]["status"] = {"phase": "Admitted", "reason": "Admitted", "message": "reserved"}
+    hub._bump(hub.objects[key])
+    watch_all(hub, d)
+    hub.calls.clear()
+    asyncio.run(d.pass_once())
+    assert looked == ["train"] and hub.calls == [("patch-status", "team-a", "train")]
+    assert hub.objects[("team-a", "train")]["status"]["phase"] == "Admitted"
+    watch_all(hub, d)
+    asyncio.run(d.pass_once())
+    looked.clear()
+    clock[0] += d.resync
+    asyncio.run(d.pass_once())
+    assert looked == ["train"]  # resync: looked at again
+    clusters["member-a"] = member(ready=False)
+    looked.clear()
+    asyncio.run(d.pass_once())
+    asyncio.run(d.pass_once())
+    assert looked == ["train", "train"]  # its member Lost: every pass
+    assert hub.objects[("team-a", "train")]["status"]["reason"] == "ClusterLost"
 
 
 def test_a_decision_on_a_stale_copy_is_refused_and_creates_nothing() -> None:
