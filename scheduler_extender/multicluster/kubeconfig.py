@@ -403,6 +403,9 @@ class KubeconfigMinter:
             await self._refuse(cm, why)
             return
         account = account_name(request.role)
+        if not await self._still_asked(request):  # the hub gave up (504) or swept it: mint nothing for it
+            self.done.add(request.uid)
+            return
         try:
             answer = await self.member.create(SERVICE_ACCOUNTS, {
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
@@ -431,6 +434,16 @@ class KubeconfigMinter:
         agent_log.info("workspace kubeconfig token made", extra={
             "request": request.name, "workspace": request.workspace, "namespace": request.namespace,
             "service_account": account, "requester": request.requester, "expiry_s": request.expiry})
+
+    async def _still_asked(self, request: Request) -> bool:
+        """The request is still on the hub (read now, not from the informer): a token is minted only for a request
+        the hub still waits for. A Secret made in the moment between is owned by the deleted request, so the
+        hub's garbage collector removes it; its token expires anyway."""
+        try:
+            cm = await self.hub.get(CONFIGMAPS, request.name, self.hub_namespace)
+        except NotFound:
+            return False
+        return str((cm.get("metadata") or {}).get("uid") or "") == request.uid
 
     async def _refuse(self, cm: Mapping[str, Any], why: str) -> None:
         meta = cm.get("metadata") or {}

@@ -289,6 +289,21 @@ async def test_stale_requests_and_their_secrets_are_swept_by_the_next_request() 
     assert sorted(k[2] for k in hub.objects if k[0] in ("configmaps", "secrets")) == ["kubeconfig-new"]
 
 
+async def test_the_agent_mints_nothing_for_a_request_the_hub_already_gave_up() -> None:
+    hub, member, _, minter, _ = world()
+    cm = hub.put("configmaps", request_object("member-a", "team", "member", "team-a", 3600, "dave", "kubeconfig-x"),
+                 HUB_NS)
+    minter._on_request("ADDED", cm)
+    del hub.objects[("configmaps", HUB_NS, "kubeconfig-x")]  # deleted; the agent's informer has not seen it yet
+    await minter.pass_once()
+    assert member.tokens == [] and not [k for k in hub.objects if k[0] == "secrets"]
+    again = hub.put("configmaps", {**cm, "metadata": {**cm["metadata"], "uid": "another"}}, HUB_NS)  # same name
+    assert again["metadata"]["uid"] != cm["metadata"]["uid"]
+    minter.done.clear()
+    await minter.pass_once()  # the informer's copy is the old one: its UID is not the one on the hub
+    assert member.tokens == []
+
+
 # ---- the REST route ---------------------------------------------------------------------------------------------
 class Kube:
     async def token_review(self, token: str) -> dict[str, Any]:
