@@ -108,3 +108,16 @@ def test_a_row_says_met_or_not_against_p99() -> None:
     assert met.startswith("| x | 200 ms | 300 ms | 3 | 150, 300 |") and met.endswith("p99 <= 2 s: met |")
     assert "NOT met" in bench.row("y", [[0.5, 1.5]], 1.0)
     assert bench.row("z", [[0.5]], None).endswith("|  |")
+
+
+def test_the_report_labels_the_world_and_says_both_verdicts() -> None:
+    args = bench.parse_args(["--gprs", "2000"])
+    s = bench.Samples(inventory_real=[[0.03]], inventory_sim=[[0.02, 2.5]], hub_part=[[0.3]], to_member=[[0.2]],
+                      member_pass=[[0.25]], mirrored=[[0.1]], load_rewritten=(0, 3), load_seconds=42.0)
+    text = "\n".join(bench.report(args, s, "accelstack_hub_status_writes 10.0"))
+    assert "real hub kube-apiserver v1.36.2, 1 real + 19 simulated members x 1,000 nodes x 8 GPUs" in text
+    assert "2,000 hub GPRs queued" in text and "CPUs, load average" in text
+    inventory, hub_part = (next(line for line in text.splitlines() if line.startswith(f"| {what}"))
+                           for what in ("member change -> hub inventory, all", "hub -> member Admitted"))
+    assert inventory.endswith("p99 <= 2 s: NOT met |") and hub_part.endswith("p99 <= 1 s: met |")
+    assert "load placed or judged 42 s" in text and "0 pinned, 3 too big" in text
