@@ -175,7 +175,7 @@ def test_a_member_leaves_and_rejoins_with_new_objects_nothing_run_twice(mc_world
     left = res.stdout.splitlines()
     assert left[0] == "member: Deployment accelstack-member-agent in accelstack-system: deleted"
     assert left[-1] == "hub: Namespace accelstack-member-member-b: deleted"
-    assert all(ln.endswith(": deleted") for ln in left) and len(left) == 14, left
+    assert all(ln.endswith(": deleted") for ln in left) and len(left) == 16, left
     assert cluster(cp, "member-b") == {}
     assert cp.get("apis/rbac.authorization.k8s.io/v1/clusterroles/accelstack-member-member-b") is None
     assert b.cp.get(f"api/v1/namespaces/{SYSTEM}/secrets/accelstack-hub-kubeconfig") is None

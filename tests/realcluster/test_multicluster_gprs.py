@@ -82,8 +82,10 @@ def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_
     assert not a.cp.can_i(agent_kc, "patch", g, namespace="team-a", subresource="status")
     assert not a.cp.can_i(agent_kc, "create", "namespaces")
     hub_kc = w.hub.sa_kubeconfig(SYSTEM, "accelstack-hub")
-    assert w.hub.can_i(hub_kc, "create", g, namespace=own) and not w.hub.can_i(hub_kc, "get", "secrets",
+    # Secrets: only get/delete in member namespaces (the workspace kubeconfig answers), never list, nowhere else
+    assert w.hub.can_i(hub_kc, "create", g, namespace=own) and not w.hub.can_i(hub_kc, "list", "secrets",
                                                                                 namespace=own)
+    assert not w.hub.can_i(hub_kc, "get", "secrets", namespace=SYSTEM)
     for ns in ("team-a", "team-b"):
         for cp in (w.hub, a.cp, b.cp):
             namespace(cp, ns)
