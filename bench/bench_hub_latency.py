@@ -57,6 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_hub import _positive_int  # noqa: E402
 from kubeapi import KubeClient  # noqa: E402
 from kubeapi.client import from_config  # noqa: E402
 from kubeapi.informer import Informer  # noqa: E402
@@ -82,16 +83,6 @@ MODELS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB")
 
 def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number above 0")
-    return value
 
 
 def _share(text: str) -> float:

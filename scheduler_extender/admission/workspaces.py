@@ -23,6 +23,7 @@ from typing import Any
 
 from scheduler_extender.core.gpr import GPR
 from scheduler_extender.objects.gpr_codec import format_duration
+from scheduler_extender.objects.selectors import selector_matches
 from scheduler_extender.objects.workspaces import (
     CREATED_ANNOTATION,
     WORKSPACE_LABEL,
@@ -99,31 +100,6 @@ class Choice:
     template: str
     binding: str  # "<namespace>/<name>" of the binding; "" for a fallback
     why: str  # for the pod's warning
-
-
-def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
-    """A metav1.LabelSelector (matchLabels, matchExpressions) against labels; a malformed selector matches
-    nothing."""
-    if not isinstance(selector, Mapping):
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or ():
-        if not isinstance(expr, Mapping):
-            return False
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if op == "In" and labels.get(str(key)) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[str(key)] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False
-    return True
 
 
 def _reach(binding: Mapping[str, Any]) -> tuple[str, str, list[str], str]:

@@ -41,6 +41,7 @@ from scheduler_extender.multicluster.clusters import MEMBER_NAMESPACE_PREFIX, me
 from scheduler_extender.multicluster.kubeconfig import with_accounts
 from scheduler_extender.multicluster.placement import FROM_HUB, ORIGIN
 from scheduler_extender.multicluster.shares import MemberShare, plan_shares
+from scheduler_extender.objects.selectors import selector_matches
 
 log = logging.getLogger("accelstack.hub")
 agent_log = logging.getLogger("accelstack.member_agent")
@@ -63,29 +64,6 @@ def label_value(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
     return f"{name[:52].rstrip('-.')}-{digest}"
-
-
-def selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
-    """A metav1.LabelSelector (``matchLabels``, ``matchExpressions`` In/NotIn/Exists/DoesNotExist) against
-    ``labels``; ``{}`` matches every label set, anything not an object none (the CRD refuses bad selectors; an
-    unknown operator here matches nothing rather than everything)."""
-    if not isinstance(selector, Mapping):
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or ():
-        if not isinstance(expr, Mapping):
-            return False
-        key, op, values = str(expr.get("key") or ""), expr.get("operator"), expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels.get(key) in values:
-            return False
-        if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels) or \
-                op not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False
-    return True
 
 
 def cluster_labels(cluster: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -26,8 +26,8 @@ from scheduler_extender.multicluster.workspaces import (
     member_shares,
     member_verdict,
     member_workspace,
-    selector_matches,
 )
+from scheduler_extender.objects.selectors import selector_matches
 from scheduler_extender.objects.workspaces import parse_policy
 
 SPEC: dict[str, Any] = {"namespaces": ["team-a"], "access": [{"kind": "User", "name": "alice", "role": "admin"}]}

@@ -15,9 +15,12 @@ of its own; ``World.clean`` deletes hub GPRs and waits for their member copies t
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -164,6 +167,33 @@ def reserved(cp: ControlPlane, cluster_name: str, model: str) -> int:
     obj = cp.get(f"{CLUSTERS}/{cluster_name}") or {}
     return sum(int(r.get("reserved") or 0) for r in (obj.get("status") or {}).get("inventory") or []
                if r.get("model") == model)
+
+
+def readyz(m: Member) -> tuple[int, str]:
+    """The agent's /readyz: (status, body)."""
+    assert m.agent is not None
+    try:
+        with urllib.request.urlopen(m.agent.health + "/readyz", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def not_ready(m: Member) -> str | None:
+    """The body of the agent's /readyz while it answers 503."""
+    code, body = readyz(m)
+    return body if code == 503 else None
+
+
+def call(base: str, path: str, token: str = "", method: str = "GET", timeout: float = 60) -> tuple[int, Any]:
+    """An HTTP call to a hub API (``base`` its URL) as a user would make it: (status, JSON body)."""
+    request = urllib.request.Request(base + path, method=method,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return int(r.status), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
 
 
 @pytest.fixture(scope="session")

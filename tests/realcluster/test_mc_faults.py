@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from functools import partial
 from typing import Any
 
@@ -23,7 +21,6 @@ from tests.realcluster.controlplane import Process
 from tests.realcluster.mc_world import (
     HUB_NS,
     LOST_AFTER,
-    Member,
     World,
     cluster,
     condition,
@@ -31,6 +28,7 @@ from tests.realcluster.mc_world import (
     hub_status,
     member_gpr,
     namespace,
+    not_ready,
     ready_with,
     reserved,
 )
@@ -38,20 +36,6 @@ from tests.realcluster.objects import GPRS, gpr, wait_for
 
 NS = "mcfaults"
 SECONDS: dict[str, float] = {}
-
-
-def readyz(m: Member) -> tuple[int, str]:
-    assert m.agent is not None
-    try:
-        with urllib.request.urlopen(m.agent.health + "/readyz", timeout=5) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
-
-
-def _not_ready(m: Member) -> str | None:
-    code, body = readyz(m)
-    return body if code == 503 else None
 
 
 def _lost(w: World, name: str) -> bool:
@@ -88,7 +72,7 @@ def test_a_members_api_server_down_lost_started_gprs_reported_unstarted_moved_no
     b.cp.procs["kube-apiserver"].stop()
     down_at = time.monotonic()
     try:
-        body = wait_for("member-b's agent not ready", partial(_not_ready, b), timeout=30)
+        body = wait_for("member-b's agent not ready", partial(not_ready, b), timeout=30)
         # its own informers named, the hub not (the hub answers)
         assert body.startswith("not ready: nodes: ") and body.count("\n") == 1 and ", hub: " not in body, body
         wait_for("member-b Lost on the hub", partial(_lost, w, "member-b"), timeout=60)

@@ -15,11 +15,8 @@ hub's or the agent's log.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +24,7 @@ import pytest
 import yaml
 
 from tests.realcluster.controlplane import free_port
-from tests.realcluster.mc_world import SYSTEM, WORKSPACES, World, cli, namespace
+from tests.realcluster.mc_world import SYSTEM, WORKSPACES, World, call, cli, namespace
 from tests.realcluster.objects import wait_for
 from tests.realcluster.stack import Product
 
@@ -39,13 +36,7 @@ ACCOUNT = "accelstack-workspace-member"
 
 
 def post(base: str, path: str, token: str = "") -> tuple[int, Any]:
-    request = urllib.request.Request(base + path, method="POST",
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return int(r.status), json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read())
+    return call(base, path, token, method="POST", timeout=60)
 
 
 @pytest.fixture

@@ -11,16 +11,13 @@ a hub GPR pinned to member-b in the queue with its cluster (the REST API and ``k
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.realcluster.controlplane import free_port
-from tests.realcluster.mc_world import HUB_NS, SYSTEM, World, cli, hub_status, namespace
+from tests.realcluster.mc_world import HUB_NS, SYSTEM, World, call, cli, hub_status, namespace
 from tests.realcluster.objects import gpr, wait_for
 from tests.realcluster.stack import Product
 
@@ -31,12 +28,7 @@ RBAC = "apis/rbac.authorization.k8s.io/v1"
 
 
 def get(base: str, path: str, token: str = "") -> tuple[int, Any]:
-    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return int(r.status), json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read())
+    return call(base, path, token, method="GET", timeout=30)
 
 
 @pytest.fixture

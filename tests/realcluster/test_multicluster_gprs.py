@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -42,7 +40,9 @@ from tests.realcluster.mc_world import (
     hub_status,
     member_gpr,
     namespace,
+    not_ready,
     ready_with,
+    readyz,
     reserved,
 )
 from tests.realcluster.objects import GPRS, gpr, wait_for
@@ -252,22 +252,6 @@ def test_a_hub_workspace_is_made_by_each_listed_members_controller_and_leaves_a_
 
 
 # ---- Faults (issue 40.5): in the same world, no other plane started ---------------------------------------------
-def readyz(m: Member) -> tuple[int, str]:
-    """The agent's /readyz: (status, body)."""
-    assert m.agent is not None
-    try:
-        with urllib.request.urlopen(m.agent.health + "/readyz", timeout=5) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
-
-
-def not_ready(m: Member) -> str | None:
-    """The body of the agent's /readyz while it answers 503."""
-    code, body = readyz(m)
-    return body if code == 503 else None
-
-
 def heartbeat(w: World, name: str) -> str:
     return str((cluster(w.hub, name).get("status") or {}).get("lastHeartbeatTime") or "")
 
