@@ -5,8 +5,10 @@ the hub it makes the member's namespace ``accelstack-member-NAME`` with a Servic
 a Role + RoleBinding there that lets that account ask for its own token (renewal), read the GPRs the hub
 dispatched into that namespace and patch their status, read the Workspace carriers (ConfigMaps) there and patch
 them (the member's verdict; nothing outside that namespace), create Secrets there (the answers to workspace
-kubeconfig requests: it can read none back), a Role + RoleBinding there for the hub's own ServiceAccount to get
-and delete those Secrets (in the member namespaces only, never cluster-wide), a ClusterRole +
+kubeconfig requests: it can read none back), a Role + RoleBinding ``accelstack-hub`` there for the hub's own
+ServiceAccount: every write the hub makes in a member's namespace (create and delete the dispatched GPRs; create,
+patch and delete the Workspace carriers and kubeconfig requests; get and delete those Secrets), so the hub's
+ClusterRole only reads and writes statuses, never objects outside the member namespaces, a ClusterRole +
 ClusterRoleBinding granting get/update/patch on ``clusters`` and ``clusters/status`` with ``resourceNames:
 [NAME]`` only (OCM's klusterlet identity is scoped the same way), the ``Cluster`` itself (with the member's API
 server URL and CA in ``spec.apiServer``, for workspace kubeconfigs: never a credential), and a token for the
@@ -65,7 +67,7 @@ CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrole
                                  namespaced=False)
 TOKEN_MIN_S = 600  # the API server's floor for TokenRequest.spec.expirationSeconds
 HUB_ACCOUNT = ("accelstack-system", "accelstack-hub")  # the hub controller's ServiceAccount (manifests/hub)
-HUB_KUBECONFIGS = "accelstack-hub-kubeconfigs"  # its Role in each member namespace: the kubeconfig answers
+HUB_ROLE = "accelstack-hub"  # its Role in each member namespace: every write the hub makes there
 
 
 class JoinError(RuntimeError):
@@ -134,11 +136,15 @@ def hub_items(name: str, labels: Mapping[str, str], api_server: Mapping[str, str
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}])),
         Item("hub", ROLE_BINDINGS, AGENT, ns, _binding("RoleBinding", AGENT, ns, "Role", AGENT,
                                                        AGENT_SERVICE_ACCOUNT, ns)),
-        # the hub reads those answers and deletes them (and nothing else of Secrets, here or anywhere)
-        Item("hub", ROLES, HUB_KUBECONFIGS, ns, _rbac("Role", HUB_KUBECONFIGS, ns, [
+        # the hub's writes, here only (its ClusterRole reads; it writes nothing outside the member namespaces):
+        # the dispatches (GPRs), the Workspace carriers and kubeconfig requests (ConfigMaps), and the answers to
+        # those requests, read once and deleted (and nothing else of Secrets, here or anywhere)
+        Item("hub", ROLES, HUB_ROLE, ns, _rbac("Role", HUB_ROLE, ns, [
+            {"apiGroups": [CLUSTERS.group], "resources": ["gpuprovisioningrequests"], "verbs": ["create", "delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch", "delete"]},
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "delete"]}])),
-        Item("hub", ROLE_BINDINGS, HUB_KUBECONFIGS, ns, _binding("RoleBinding", HUB_KUBECONFIGS, ns, "Role",
-                                                                 HUB_KUBECONFIGS, HUB_ACCOUNT[1], HUB_ACCOUNT[0])),
+        Item("hub", ROLE_BINDINGS, HUB_ROLE, ns, _binding("RoleBinding", HUB_ROLE, ns, "Role",
+                                                          HUB_ROLE, HUB_ACCOUNT[1], HUB_ACCOUNT[0])),
         Item("hub", CLUSTER_ROLES, role, None, _rbac("ClusterRole", role, None, [
             {"apiGroups": [CLUSTERS.group], "resources": ["clusters", "clusters/status"],
              "verbs": ["get", "update", "patch"], "resourceNames": [name]}])),

@@ -38,11 +38,14 @@ def test_the_hub_identity_may_touch_its_own_cluster_only() -> None:
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "patch"]},
         # the answers to workspace kubeconfig requests: created, never read back
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
-    # the hub's own account reads and deletes those answers in this namespace only
-    hub_role = items[("Role", "accelstack-hub-kubeconfigs")]
+    # the hub's own account writes in this namespace only: dispatches, carriers and requests, and the answers
+    hub_role = items[("Role", "accelstack-hub")]
     assert hub_role.namespace == "accelstack-member-member-a" and hub_role.body is not None
-    assert hub_role.body["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "delete"]}]
-    binding = items[("RoleBinding", "accelstack-hub-kubeconfigs")].body
+    assert hub_role.body["rules"] == [
+        {"apiGroups": ["accelstack.io"], "resources": ["gpuprovisioningrequests"], "verbs": ["create", "delete"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "delete"]}]
+    binding = items[("RoleBinding", "accelstack-hub")].body
     assert binding is not None and binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "accelstack-hub", "namespace": "accelstack-system"}]
     cluster = items[("Cluster", "member-a")].body

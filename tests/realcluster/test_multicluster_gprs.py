@@ -86,6 +86,12 @@ def test_hub_gprs_are_placed_admitted_by_members_mirrored_deleted_and_moved_off_
     assert w.hub.can_i(hub_kc, "create", g, namespace=own) and not w.hub.can_i(hub_kc, "list", "secrets",
                                                                                 namespace=own)
     assert not w.hub.can_i(hub_kc, "get", "secrets", namespace=SYSTEM)
+    # its writes are the per-member Role's: nothing created, patched or deleted outside the member namespaces
+    for verb, what in (("create", g), ("delete", g), ("create", "configmaps"), ("patch", "configmaps"),
+                       ("delete", "configmaps")):
+        assert w.hub.can_i(hub_kc, verb, what, namespace=own), (verb, what)
+        for ns in ("team-a", SYSTEM, "kube-system"):
+            assert not w.hub.can_i(hub_kc, verb, what, namespace=ns), (verb, what, ns)
     for ns in ("team-a", "team-b"):
         for cp in (w.hub, a.cp, b.cp):
             namespace(cp, ns)
