@@ -57,7 +57,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_hub import _positive_int  # noqa: E402
 from kubeapi import KubeClient  # noqa: E402
 from kubeapi.client import from_config  # noqa: E402
 from kubeapi.informer import Informer  # noqa: E402
@@ -79,6 +78,16 @@ LOAD_NAMESPACES = 10
 BENCH_NS = "bench-latency"
 GPRS_PATH = "apis/accelstack.io/v1alpha1/namespaces/{ns}/gpuprovisioningrequests"
 MODELS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number above 0")
+    return value
 
 
 def progress(msg: str) -> None:
