@@ -24,4 +24,5 @@ fi
 echo "== ruff"; ruff check .
 targets=(); for d in kubeapi service device_plugin scheduler_extender npd cni inference protos tests bench scripts; do [ -d "$d" ] && targets+=("$d"); done
 echo "== mypy"; mypy "${targets[@]}"
-echo "== pytest"; python -m pytest -q "$@"
+# the slowest tests are listed at the end, so a CI log shows where the suite's time goes (its 15-minute aim)
+echo "== pytest"; python -m pytest -q --durations=15 "$@"
