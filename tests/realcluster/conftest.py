@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.realcluster.controlplane import ApiCallError, ControlPlane, assets_dir, missing_assets
-from tests.realcluster.mc_world import mc_world  # noqa: F401  (the multi-cluster world, shared by its test files)
 from tests.realcluster.shipped import install, render
 from tests.realcluster.stack import Stack
 

@@ -6,8 +6,8 @@ GPR controller (``Stack``) and two 8-GPU nodes (``X-h100``: H100, ``X-a100``: A1
 ``kubectl accelstack cluster join`` (labels region and provider), each agent running as a real process with the hub
 kubeconfig join stored in its member (the real, scoped token). ``LOST_AFTER`` is 4 s; the agents beat every 0.5 s.
 
-One world per test run (session scope, started by the first test that asks for ``mc_world``): starting three
-planes and the members' stacks costs 35-60 s on a 2-core machine, so every multi-cluster test file shares it. A test
+One world per test run (the fixture ``mc_world`` of the package tests/realcluster/multicluster/, whose files all
+share it): starting three planes and the members' stacks costs 30-60 s on a 2-core machine. A test
 leaves it as it found it: it deletes what it made (GPRs, workspaces, nodes), restarts what it stopped, and uses names
 of its own; ``World.clean`` deletes hub GPRs and waits for their member copies to go.
 """
@@ -25,8 +25,6 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.realcluster.controlplane import ControlPlane, assets_dir, free_port
 from tests.realcluster.objects import GPRS, wait_for
@@ -196,8 +194,7 @@ def call(base: str, path: str, token: str = "", method: str = "GET", timeout: fl
         return int(exc.code), json.loads(exc.read())
 
 
-@pytest.fixture(scope="session")
-def mc_world() -> Iterator[World]:
+def start_world() -> Iterator[World]:
     """A hub and two members (three real control planes), each member with the product's extender and controller
     and two 8-GPU nodes, both joined through the real CLI, their agents and the hub controller running."""
     started = time.monotonic()
