@@ -287,12 +287,13 @@ class _Connection(asyncio.Protocol):
         self.remaining = 0  # bytes of the Content-Length body, or of the current chunk, still to come
         self.cbuf = b""  # an incomplete chunk-size or trailer line
         self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the head's clock: armed only while a head is incomplete
+        self.idle_timer: asyncio.TimerHandle | None = None  # lazy: see _idle
+        self.idle_since = 0.0  # when the last answer ended (loop time)
         self.closing = False  # no further request on this connection
         self.started = False  # the answer in progress began (its head was written)
         self.paused = False
         self.drain: asyncio.Future[None] | None = None
-        self.timer_kind = ""  # "head" or "idle": which clock runs
         self.checked = 0  # how much of buf was found free of bare CR and LF (never ends inside a CRLF)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------------------------
@@ -304,13 +305,16 @@ class _Connection(asyncio.Protocol):
         if self.listener.shutting_down:
             self.close()
             return
-        self._arm(self.listener.header_timeout, self._head_overdue)
+        self._arm(self.listener.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = _CLOSED
         self.closing = True
         self.listener.connections.discard(self)
         self._disarm()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
         if self.body is not None and not self.body.complete:
             self.body.fail(BrokenBody("the client closed the connection before its body ended"))
         if self.drain is not None and not self.drain.done():
@@ -350,8 +354,6 @@ class _Connection(asyncio.Protocol):
     # ---- reading ---------------------------------------------------------------------------------------------
     def _read_head(self) -> None:
         buf = self.buf
-        if self.timer_kind != "head":  # the first bytes of a request start its head's clock
-            self._arm(self.listener.header_timeout, self._head_overdue)
         checked = self.checked
         end = buf.find(b"\r\n\r\n", max(0, checked - 3))
         stop = len(buf) if end < 0 else end + 4
@@ -368,6 +370,8 @@ class _Connection(asyncio.Protocol):
                 self._refuse(Malformed("invalid request line"))
             elif len(buf) > MAX_HEAD:
                 self._refuse(Malformed("request head too large", 431))
+            elif self.timer is None:  # the first bytes of an incomplete head start its clock (a head that came
+                self._arm(self.listener.header_timeout)  # whole, the usual case, costs no timer at all)
             return
         if end > MAX_HEAD:
             self._refuse(Malformed("request head too large", 431))
@@ -542,7 +546,7 @@ class _Connection(asyncio.Protocol):
             rest, self.buf = self.buf, b""
             self.data_received(rest)
         else:
-            self._arm(self.listener.idle_timeout, self._idle_overdue)
+            self._idle()
 
     def write(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -567,17 +571,26 @@ class _Connection(asyncio.Protocol):
         self.write(_head(exc.status, headers, len(body), False, True) + body)
         self.close()
 
-    def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
+    def _arm(self, seconds: float) -> None:
+        """Start the head's clock."""
         self._disarm()
         if seconds > 0:
-            self.timer = self.loop.call_later(seconds, callback)
-            self.timer_kind = "head" if callback == self._head_overdue else "idle"
+            self.timer = self.loop.call_later(seconds, self._head_overdue)
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-            self.timer_kind = ""
+
+    def _idle(self) -> None:
+        """An answer ended: the idle clock restarts. One timer per connection, not one per request: it stays
+        scheduled while requests come and go, and when it fires it closes the connection only if it has been idle
+        for ``idle_timeout`` since the last answer, else it sleeps again for what is left (a kept-alive connection
+        serving a request every few milliseconds costs a timer every ``idle_timeout`` seconds, not two per
+        request)."""
+        self.idle_since = self.loop.time()
+        if self.idle_timer is None and self.listener.idle_timeout > 0:
+            self.idle_timer = self.loop.call_at(self.idle_since + self.listener.idle_timeout, self._idle_overdue)
 
     def _head_overdue(self) -> None:
         self.timer = None
@@ -588,8 +601,13 @@ class _Connection(asyncio.Protocol):
         self.close()
 
     def _idle_overdue(self) -> None:
-        self.timer = None
-        if self.state == _HEAD and not self.buf:
+        self.idle_timer = None
+        if self.state != _HEAD or self.buf:
+            return  # a request in progress (its end restarts the clock) or a head arriving (the head's clock)
+        left = self.idle_since + self.listener.idle_timeout - self.loop.time()
+        if left > 0:
+            self.idle_timer = self.loop.call_later(left, self._idle_overdue)
+        else:
             self.close()
 
     def _pause(self) -> None:

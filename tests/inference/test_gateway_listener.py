@@ -116,6 +116,26 @@ async def test_idle_keepalive_connection_is_closed(make_peers: Any, make_gateway
         writer.close()
 
 
+async def test_idle_clock_counts_from_the_last_answer(make_peers: Any, make_gateway: Any) -> None:
+    """A connection used every 0.6 s with a 1 s idle timeout is never closed under a request (the one idle timer
+    per connection, scheduled after the first answer, sleeps again when it fires 0.4 s after the second), and once
+    left alone it is closed, not before the idle timeout counted from the last answer."""
+    host, port = await start(make_peers, make_gateway, keepalive_timeout=1.0, header_timeout=60)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        for _ in range(4):
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            (head, _), = await _answers(reader, 1)
+            assert head.startswith(b"HTTP/1.1 200")
+            last = time.monotonic()
+            await asyncio.sleep(0.6)
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # then silence: closed by the idle timeout
+        assert time.monotonic() - last >= 1.0
+    finally:
+        writer.close()
+
+
 async def test_body_that_never_completes_gets_408_and_the_connection_closed(make_peers: Any,
                                                                             make_gateway: Any) -> None:
     host, port = await start(make_peers, make_gateway)
