@@ -674,23 +674,26 @@ class Gateway:
         sent_at = self.clock()  # the replica's own time, without the queue: what balancing compares
         try:
             try:
-                async with asyncio.timeout(self.settings.request_timeout):
-                    upstream = await self._pool.request(host, port, head, body)
-                    if upstream.status >= 500 or upstream.status == 429:
-                        await upstream.read()
-                        if upstream.status >= 500:
-                            self._failed(live, replica)
-                        return Rejected(502 if upstream.status != 429 else 429,
-                                        f"answered HTTP {upstream.status}", "server_error",
-                                        "upstream_error", "upstream_error", retry_after=1)
-                    content_type = upstream.headers.get("content-type", "")
-                    is_sse = content_type.startswith("text/event-stream")
-                    if not (stream and is_sse):
-                        payload = await upstream.read()
-                        first = self.clock()
-                    else:
-                        first_chunk = await upstream.readany()
-                        first = self.clock()
+                # request_timeout bounds the whole answer (JSON) or its first chunk (a stream): a deadline the
+                # upstream connection keeps (one lazy timer per connection, not an asyncio.timeout per request);
+                # past it the wait raises UpstreamTimeout, a TimeoutError
+                upstream = await self._pool.request(host, port, head, body, self.settings.request_timeout)
+                if upstream.status >= 500 or upstream.status == 429:
+                    await upstream.read()
+                    if upstream.status >= 500:
+                        self._failed(live, replica)
+                    return Rejected(502 if upstream.status != 429 else 429,
+                                    f"answered HTTP {upstream.status}", "server_error",
+                                    "upstream_error", "upstream_error", retry_after=1)
+                content_type = upstream.headers.get("content-type", "")
+                is_sse = content_type.startswith("text/event-stream")
+                if not (stream and is_sse):
+                    payload = await upstream.read()
+                    first = self.clock()
+                else:
+                    first_chunk = await upstream.readany()
+                    upstream.end_deadline()  # from here each chunk has idle_timeout (_pump)
+                    first = self.clock()
             except (TimeoutError, UpstreamError) as exc:
                 self._failed(live, replica)
                 timeout = isinstance(exc, TimeoutError)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from inference.gateway.server import gauge_total
-from inference.gateway.upstream import MAX_HEAD, Pool, UpstreamError, request_head, split_url
+from inference.gateway.upstream import MAX_HEAD, Pool, UpstreamError, UpstreamTimeout, request_head, split_url
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[None]]
 
@@ -262,3 +262,71 @@ def test_gauge_total_reads_only_its_metric() -> None:
     assert gauge_total(text, b"vllm:num_requests_waiting") == 5.0
     assert gauge_total(b"x 1\n", b"vllm:num_requests_waiting") == 0.0
     assert gauge_total(b"vllm:num_requests_waiting{a=\"b\"} nope\n", b"vllm:num_requests_waiting") is None
+
+
+async def test_request_deadline_covers_the_head_and_the_body(
+        replica_of: Callable[[Script], Awaitable[RawReplica]]) -> None:
+    """``timeout`` bounds the whole answer: a replica silent before its head, and one whose body stops halfway, both
+    end in UpstreamTimeout (a TimeoutError, so the gateway answers 504), and neither connection is reused."""
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, req: bytes) -> None:
+        if b"half" in req:
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345")
+            await w.drain()
+        await asyncio.sleep(30)
+
+    replica = await replica_of(script)
+    pool = Pool()
+    with pytest.raises(UpstreamTimeout) as silent:
+        await pool.request(replica.host, replica.port, replica.head(), b"{}", timeout=0.3)
+    assert isinstance(silent.value, TimeoutError)
+    answer = await pool.request(replica.host, replica.port, replica.head(b'"half"'), b'"half"', timeout=0.3)
+    with pytest.raises(TimeoutError):
+        await answer.read()
+    answer.close()
+    assert pool.opened == 2 and pool.idle(replica.host, replica.port) == 0
+    pool.close()
+
+
+async def test_an_earlier_requests_deadline_spares_the_next_on_the_same_connection(
+        replica_of: Callable[[Script], Awaitable[RawReplica]]) -> None:
+    """The deadline's timer outlives a quick answer on a kept-alive connection; when it fires during the next
+    request, whose own deadline is later, that request goes on (the timer sleeps again until its deadline)."""
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, req: bytes) -> None:
+        if b"slow" in req:
+            await asyncio.sleep(1.2)
+        w.write(ok())
+        await w.drain()
+
+    replica = await replica_of(script)
+    pool = Pool()
+    answer = await pool.request(replica.host, replica.port, replica.head(), b"{}", timeout=2.0)
+    assert await answer.read() == b'{"ok":1}'
+    answer.close()
+    await asyncio.sleep(1.2)  # the second request's answer comes 2.4 s after the first one's deadline was set
+    answer = await pool.request(replica.host, replica.port, replica.head(b'"slow"'), b'"slow"', timeout=2.0)
+    assert await answer.read() == b'{"ok":1}'
+    answer.close()
+    assert pool.opened == 1
+    pool.close()
+
+
+async def test_a_stream_past_its_first_chunk_is_no_longer_bounded_by_the_deadline(
+        replica_of: Callable[[Script], Awaitable[RawReplica]]) -> None:
+    """After ``end_deadline`` (the gateway calls it once a stream's first chunk came) a pause longer than the
+    request's timeout does not end the answer: each chunk has the stream's idle timeout instead."""
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _req: bytes) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst \r\n")
+        await w.drain()
+        await asyncio.sleep(0.8)
+        w.write(b"4\r\nlast\r\n0\r\n\r\n")
+        await w.drain()
+
+    replica = await replica_of(script)
+    pool = Pool()
+    answer = await pool.request(replica.host, replica.port, replica.head(), b"{}", timeout=0.3)
+    assert await answer.readany() == b"first "
+    answer.end_deadline()
+    assert await answer.read() == b"last"
+    answer.close()
+    assert pool.idle(replica.host, replica.port) == 1
+    pool.close()
