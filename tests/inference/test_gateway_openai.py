@@ -132,6 +132,23 @@ async def test_bad_key_is_401_and_never_echoed_or_logged(make_peers: Any, make_g
     assert peers[0].received == 0
 
 
+async def test_a_removed_key_stops_working_though_it_was_used(make_peers: Any, make_gateway: Any) -> None:
+    """Keys that matched are remembered by their Authorization header (no SHA-256 per request); a key table without
+    the key (its Secret deleted) must refuse it at once, and a new key table that maps it elsewhere must be used."""
+    gw, peers = await serve(make_peers, make_gateway)
+    await client(gw.url, KEY_A).embeddings.create(model="m", input="x")
+    with pytest.raises(openai.PermissionDeniedError):  # team-b's key: known, and refused by the access map
+        await client(gw.url, KEY_B).embeddings.create(model="m", input="x")
+    gw.load([endpoint("llm", models=["m"])], slices("llm", [p.url for p in peers]),
+            [key_secret("app", "team-b", KEY_B)])
+    with pytest.raises(openai.AuthenticationError):
+        await client(gw.url, KEY_A).embeddings.create(model="m", input="x")
+    gw.load([endpoint("llm", models=["m"])], slices("llm", [p.url for p in peers]),
+            [key_secret("app", "team-a", KEY_B)])  # the same key, now a team-a Secret's: its caller follows
+    await client(gw.url, KEY_B).embeddings.create(model="m", input="x")
+    assert peers[0].received == 2
+
+
 async def test_access_map_refuses_other_namespaces(make_peers: Any, make_gateway: Any) -> None:
     gw, peers = await serve(make_peers, make_gateway)
     with pytest.raises(openai.PermissionDeniedError) as err:
