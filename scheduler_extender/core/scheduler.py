@@ -261,6 +261,12 @@ class Scheduler:
             raise ValueError("ageing_s: must be positive")
         self.eviction_rule = EvictionRule(self.cfg.eviction_cost_ratio, self.cfg.eviction_max_wait_s)
         self.evictions_declined = 0  # plans the eviction rule found not worth their cost
+        # the eviction rule's projections (_wait_left): how many were worked out, and the last ones kept while
+        # nothing they depend on changed (_held_epoch: holders come or go; the inventory's stamps; see _wait_left)
+        self.wait_projections = 0
+        self._held_epoch = 0
+        self._wait_cache: dict[tuple[object, ...], tuple[float, float, float]] = {}
+        self._wait_cache_at: tuple[int, int, int] = (-1, -1, -1)
         self.predictor = predictor if predictor is not None else DurationPredictor()  # an empty one is falsy
         self.calibrator = calibrator if calibrator is not None else Calibrator()
         self.gprs: dict[str, GPR] = {}
@@ -434,6 +440,7 @@ class Scheduler:
             raise ValueError("a holder of the state is known already")
         self.gprs.update(gprs)
         self.holders = {name: gprs[name] for name in state.holders}
+        self._held_epoch += 1
         self.usage, self._held_models = dict(state.usage), dict(state.held_models)
         self.model_usage = dict(state.model_usage)
         self._ws_ends = {ws: list(lst) for ws, lst in state.ws_ends.items()}
@@ -1002,6 +1009,7 @@ class Scheduler:
         """``g`` holds devices: index when it releases them at the latest under its workspace (for quota
         shadows): its end bound, or ``leaving_at`` for a GPR being evicted."""
         self._unhold(g)
+        self._held_epoch += 1
         entry = (g.end_bound() if leaving_at is None else leaving_at, g.name, g.milli_total())
         lst = self._ws_ends.setdefault(g.workspace, [])
         if lst and entry < lst[-1]:
@@ -1018,6 +1026,7 @@ class Scheduler:
 
     def _unhold(self, g: GPR) -> None:
         """``g`` no longer holds anything: drop it from the indexes and predictions of holders."""
+        self._held_epoch += 1
         self._releases.pop(g.name, None)
         entry = self._ws_entry.pop(g.name, None)
         if entry is not None:
@@ -1195,10 +1204,16 @@ class Scheduler:
         """Eviction plan for ``g`` (as ``req``, narrowed by model caps: the evictions make room only on models
         it may take): for capacity (any workspace), or with ``quota`` set, within ``g``'s own workspace so that
         it also fits under that quota."""
+        # only those plan_eviction may choose (preemptible, lower priority): the others' work is not worked out;
+        # for a quota, only the workspace's own holders, read from its index (_ws_ends: holders and evicting)
+        # rather than by going through every holder of the cluster (the plan orders its candidates itself)
+        prio, holders, admitted = g.priority, self.holders, self._tick_admitted
+        pool: Iterable[GPR] = (holders.values() if quota is None else
+                               [holders[n] for _, n, _ in self._ws_ends.get(g.workspace, ()) if n in holders])
         cands = [
-            Candidate(h.name, h.priority, h.preemptible, self._work_done(h, now), h.milli_total())
-            for h in self.holders.values()
-            if (quota is None or h.workspace == g.workspace) and h.name not in self._tick_admitted
+            Candidate(h.name, h.priority, True, self._work_done(h, now), h.milli_total())
+            for h in pool
+            if h.preemptible and h.priority < prio and h.name not in admitted
         ]
         need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
         return plan_eviction(self.inv, req, g.priority, cands, need_milli=need)
@@ -1236,18 +1251,38 @@ class Scheduler:
     def _wait_left(self, g: GPR, req: Request, now: float, quota: int | None) -> float:
         """How long ``g`` would still wait without evicting, holders leaving at their *predicted* ends (the
         expected wait, not the bound): for room in the cluster, and with ``quota`` for room in its workspace
-        too. inf when nothing predicted to end makes room."""
+        too. inf when nothing predicted to end makes room.
+
+        The projection is kept (per request and, with ``quota``, workspace need) and given again while nothing it
+        depends on changed: the same holders and GPRs being evicted (:attr:`_held_epoch`), the same inventory
+        (its stamps: allocations, health), and ``now`` before every holder's predicted end (none is predicted
+        anew). The evicting GPRs leave at ``now`` and a request that fits starts ``now``, so the start kept
+        is read as ``max(start, now)``: what the projection would give at the later ``now``. A head request the
+        rule declines is weighed again at every pass until something changes; most passes (arrivals) change
+        none of this."""
+        inv = self.inv
+        at = (self._held_epoch, inv.uid, int(inv.stamp.sum()))
+        if at != self._wait_cache_at:
+            self._wait_cache.clear()
+            self._wait_cache_at = at
+        need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
+        key: tuple[object, ...] = (req,) if quota is None else (req, g.workspace, need)
+        kept = self._wait_cache.get(key)
+        if kept is not None and kept[0] <= now < kept[1]:
+            return max(kept[2], now) - now
+        self.wait_projections += 1
         releases = self._releases
+        soonest = math.inf
         holders: list[Holder] = []
         for h in self.holders.values():
             r = releases.get(h.name)
             if r is None or r.end <= now:
                 r = releases[h.name] = self._predicted_end(h, now)
+            soonest = min(soonest, r.end)
             holders.append(Holder(h.name, r.end, h.workspace, h.milli_total()))
         holders += [Holder(e.name, now, e.workspace, e.milli_total()) for e in self.evicting.values()]
-        start, _ = earliest_fit(self.inv, req, holders, now)
+        start, _ = earliest_fit(inv, req, holders, now)
         if quota is not None:
-            need = self.usage.get(g.workspace, 0) + g.milli_total() - quota
             acc = 0
             for w in sorted((w for w in holders if w.workspace == g.workspace), key=holder_order):
                 if acc >= need:
@@ -1255,7 +1290,8 @@ class Scheduler:
                 acc += w.milli
                 start = max(start, w.end)
             if acc < need:
-                return math.inf
+                start = math.inf
+        self._wait_cache[key] = (now, soonest, start)
         return start - now
 
     def _quota_shadow(self, g: GPR, quota: int, now: float, st: _Pass) -> float:
