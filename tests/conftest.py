@@ -9,11 +9,19 @@ tests always skip without a GPU: neither a developer machine nor CI has one.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
+from kubernetes_validate import utils as _kubernetes_validate_utils
 
 STRICT = os.environ.get("ACCELSTACK_STRICT") == "1"
+
+# kubernetes_validate reads and parses a kind's JSON schema and the whole _definitions.json again for every object
+# it validates (24 ms an object: 4.3 s for one overlay at two versions, ~40 s of the suite). The files never change
+# within a run and the validator only reads what it is given, so each (file, version) is read once.
+_kubernetes_validate_utils.schema_contents = functools.cache(  # type: ignore[method-assign]
+    _kubernetes_validate_utils.schema_contents)
 
 
 def require_root(reason: str) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.realcluster.shipped import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -225,11 +226,8 @@ def rendered_monitoring(overlay: str) -> Counter[str]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is missing (scripts/system-deps.sh installs Debian's kubernetes-client as root)")
-    result = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests" / overlay)], capture_output=True,
-                            text=True, check=False, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return Counter(o["kind"] for o in yaml.safe_load_all(result.stdout)
-                   if o and o["apiVersion"].startswith("monitoring.coreos.com/"))
+    return Counter(o["kind"] for o in render(f"manifests/{overlay}")
+                   if o["apiVersion"].startswith("monitoring.coreos.com/"))
 
 
 def counted(text: str, pattern: str, where: str) -> int:

@@ -11,7 +11,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
+
+from tests.realcluster.shipped import render
 
 ROOT = Path(__file__).resolve().parent.parent / "manifests"
 OVERLAYS = ["base", "overlays/gpu", "overlays/nr1", "overlays/full"]
@@ -33,9 +34,9 @@ def kubectl() -> str:
 
 
 def build(overlay: str) -> list[dict[str, Any]]:
-    result = subprocess.run([kubectl(), "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    """The overlay's objects, built once per run by ``kubectl kustomize`` (a copy: each test may change them)."""
+    kubectl()
+    return render(f"manifests/{overlay}")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ WEBHOOK_KINDS = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration
 
 
 def render(overlay: str = "manifests/base") -> list[dict[str, Any]]:
-    """The objects ``kubectl apply -k OVERLAY`` would create."""
+    """The objects ``kubectl apply -k OVERLAY`` would create (a copy: callers change them)."""
+    return copy.deepcopy(_rendered(overlay))
+
+
+@functools.cache
+def _rendered(overlay: str) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` once per overlay and run (about a second each; many tests and fixtures render)."""
     out = subprocess.run(["kubectl", "kustomize", str(ROOT / overlay)], check=True, capture_output=True,
                          text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
