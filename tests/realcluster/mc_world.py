@@ -167,6 +167,19 @@ def reserved(cp: ControlPlane, cluster_name: str, model: str) -> int:
                if r.get("model") == model)
 
 
+def api_replica(hub: ControlPlane, identity: str) -> tuple[Product, str]:
+    """Another ``accelstack-hub`` replica (the world's hub leads; this one does not, and serves from its own
+    informers as every replica does) with its REST API on ``--api-listen``, under the shipped ServiceAccount:
+    (the started process, the API's base URL). The caller stops it."""
+    port, api_port = free_port(), free_port()
+    replica = Product(hub, identity, "scheduler_extender.cmd.hub", [
+        "--kubeconfig", str(hub.sa_kubeconfig(SYSTEM, "accelstack-hub")), "--listen", f"127.0.0.1:{port}",
+        "--api-listen", f"127.0.0.1:{api_port}", "--lost-after", f"{LOST_AFTER:g}s", "--lease-seconds", "3",
+        "--identity", identity, "--resync", "1", "--log-format", "json"],
+        env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start(ready_timeout=90)
+    return replica, f"http://127.0.0.1:{api_port}"
+
+
 def readyz(m: Member) -> tuple[int, str]:
     """The agent's /readyz: (status, body)."""
     assert m.agent is not None

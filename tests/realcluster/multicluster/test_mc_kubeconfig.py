@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.realcluster.controlplane import free_port
-from tests.realcluster.mc_world import SYSTEM, WORKSPACES, World, call, cli, namespace
+from tests.realcluster.mc_world import SYSTEM, WORKSPACES, World, api_replica, call, cli, namespace
 from tests.realcluster.objects import wait_for
 from tests.realcluster.stack import Product
 
@@ -53,14 +52,9 @@ def issuing(mc_world: World) -> Iterator[tuple[str, dict[str, str], Product]]:
                                      "access": [{"kind": "ServiceAccount", "name": "kc-alice", "namespace": USERS,
                                                  "role": "member"}]}})
     tokens = {"alice": hub.token(USERS, "kc-alice"), "bob": hub.token(USERS, "kc-bob")}
-    port, api_port = free_port(), free_port()
-    replica = Product(hub, "hub-kubeconfig", "scheduler_extender.cmd.hub", [
-        "--kubeconfig", str(hub.sa_kubeconfig(SYSTEM, "accelstack-hub")), "--listen", f"127.0.0.1:{port}",
-        "--api-listen", f"127.0.0.1:{api_port}", "--lost-after", "4s", "--lease-seconds", "3",
-        "--identity", "hub-kubeconfig", "--resync", "1", "--log-format", "json"],
-        env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start(ready_timeout=90)
+    replica, base = api_replica(hub, "hub-kubeconfig")
     try:
-        yield f"http://127.0.0.1:{api_port}", tokens, replica
+        yield base, tokens, replica
     finally:
         replica.stop()
         hub.delete(f"{WORKSPACES}/{WS}")

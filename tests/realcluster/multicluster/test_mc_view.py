@@ -16,10 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.realcluster.controlplane import free_port
-from tests.realcluster.mc_world import HUB_NS, SYSTEM, World, call, cli, hub_status, namespace
+from tests.realcluster.mc_world import HUB_NS, SYSTEM, World, api_replica, call, cli, hub_status, namespace
 from tests.realcluster.objects import gpr, wait_for
-from tests.realcluster.stack import Product
 
 pytestmark = pytest.mark.realcluster
 NS = "view-team"
@@ -50,14 +48,9 @@ def view(mc_world: World) -> Iterator[tuple[str, dict[str, str]]]:
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": READER},
                 "subjects": [{"kind": "ServiceAccount", "name": READER, "namespace": NS}]}])
     tokens = {sa: hub.token(NS, sa) for sa in (READER, NOBODY)}
-    port, api_port = free_port(), free_port()
-    replica = Product(hub, "hub-view", "scheduler_extender.cmd.hub", [
-        "--kubeconfig", str(hub.sa_kubeconfig(SYSTEM, "accelstack-hub")), "--listen", f"127.0.0.1:{port}",
-        "--api-listen", f"127.0.0.1:{api_port}", "--lost-after", "4s", "--lease-seconds", "3",
-        "--identity", "hub-view", "--resync", "1", "--log-format", "json"],
-        env={"POD_NAMESPACE": SYSTEM}, health=f"http://127.0.0.1:{port}").start(ready_timeout=90)
+    replica, base = api_replica(hub, "hub-view")
     try:
-        yield f"http://127.0.0.1:{api_port}", tokens
+        yield base, tokens
     finally:
         replica.stop()
         mc_world.clean((NS, "view-pinned"))
