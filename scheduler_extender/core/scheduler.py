@@ -1210,11 +1210,12 @@ class Scheduler:
         prio, holders, admitted = g.priority, self.holders, self._tick_admitted
         pool: Iterable[GPR] = (holders.values() if quota is None else
                                [holders[n] for _, n, _ in self._ws_ends.get(g.workspace, ()) if n in holders])
-        cands = [
-            Candidate(h.name, h.priority, True, self._work_done(h, now), h.milli_total())
-            for h in pool
-            if h.preemptible and h.priority < prio and h.name not in admitted
-        ]
+        cands = []
+        for h in pool:
+            if h.preemptible and h.priority < prio and h.name not in admitted:
+                milli = h.milli_total()  # what _work_done gives, its milli_total worked out once
+                work = (now - h.admitted_at) * milli if h.admitted_at is not None else 0.0
+                cands.append(Candidate(h.name, h.priority, True, work, milli))
         need = 0 if quota is None else self.usage.get(g.workspace, 0) + g.milli_total() - quota
         return plan_eviction(self.inv, req, g.priority, cands, need_milli=need)
 
