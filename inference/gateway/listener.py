@@ -93,10 +93,19 @@ class BrokenBody(Exception):
 
 
 class Headers(dict[str, str]):
-    """A request's headers by lower-case name (repeats joined with ``", "``); lookups in any case."""
+    """A request's headers by lower-case name (repeats joined with ``", "``); lookups in any case. The gateway's
+    own lookups, by names it knows in lower case, skip the ``lower()`` (:func:`lookup`)."""
 
     def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
         return dict.get(self, name.lower(), default)
+
+
+def lookup(headers: Headers, lower_name: str) -> str | None:
+    """``headers``' value of a header named in lower case (no Python-level ``get`` per lookup)."""
+    return _lookup(headers, lower_name)
+
+
+_lookup = dict.get
 
 
 class Body:
@@ -262,7 +271,7 @@ def _parse_head(head: bytes) -> tuple[str, str, int, Headers]:
             name, _, value = line.partition(b":")
             key = name.decode("ascii").lower()
             text = value.strip(b" \t").decode("latin-1")
-            seen = headers.get(key)
+            seen = _lookup(headers, key)
             if seen is not None:
                 if key in ("content-length", "transfer-encoding", "host"):
                     raise Malformed(f"repeated {key} header")
@@ -385,12 +394,12 @@ class _Connection(asyncio.Protocol):
         self._disarm()
         rest = buf[end + 4:]
         self.buf, self.checked = b"", 0
-        connection = (headers.get("connection") or "").lower()
+        connection = (_lookup(headers, "connection") or "").lower()
         keep_alive = "close" not in connection if version == 1 else "keep-alive" in connection
         if self.listener.shutting_down:
             keep_alive = False
         complete = not chunked and not length
-        expect = (headers.get("expect") or "").lower() == "100-continue" and version == 1
+        expect = (_lookup(headers, "expect") or "").lower() == "100-continue" and version == 1
         body = self.body = Body(self, complete, expect and not complete)
         request = Request(self, method, path, version, headers, None if chunked else length, body, keep_alive)
         self.closing = not keep_alive
@@ -406,8 +415,8 @@ class _Connection(asyncio.Protocol):
 
     @staticmethod
     def _framing(headers: Headers, version: int) -> tuple[int, bool]:
-        encoding = headers.get("transfer-encoding")
-        length = headers.get("content-length")
+        encoding = _lookup(headers, "transfer-encoding")
+        length = _lookup(headers, "content-length")
         if encoding is not None:
             if encoding.lower() != "chunked" or version == 0:
                 raise Malformed("unsupported transfer-encoding")

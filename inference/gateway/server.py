@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.access import Access, Caller, TokenBucket, admits, bearer_token, digest
 from inference.discovery import RouteSpec
-from inference.gateway.listener import BrokenBody, Request, Response, Stream
+from inference.gateway.listener import BrokenBody, Request, Response, Stream, lookup
 from inference.gateway.metrics import GatewayMetrics, replica_label
 from inference.gateway.upstream import Answer, Pool, UpstreamError, request_head, split_url
 from inference.names import POOL_BURST, POOLS
@@ -50,6 +50,7 @@ access_log = logging.getLogger("accelstack.gateway.access")
 API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 POLICIES = ("least-request", "round-robin")
 _FORWARDED_HEADERS = ("Accept", "User-Agent", "OpenAI-Organization", "OpenAI-Project")
+_FORWARDED = tuple((name, name.lower()) for name in _FORWARDED_HEADERS)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ class Gateway:
     async def _caller(self, request: Request) -> Caller | None:
         if not self.settings.auth:
             return None
-        authorization = request.headers.get("Authorization")
+        authorization = lookup(request.headers, "authorization")
         if authorization is not None and (known := self._known_auth.get(authorization)) is not None:
             return known
         token = bearer_token(authorization)
@@ -530,7 +531,7 @@ class Gateway:
                 "duration_ms": round((self.clock() - start) * 1000, 1)})
 
     async def _proxy(self, request: Request, seen: dict[str, str]) -> Response | Stream:
-        request_id = seen["request_id"] = request.headers.get("x-request-id") or self._next_id()
+        request_id = seen["request_id"] = lookup(request.headers, "x-request-id") or self._next_id()
         model = "-"
         self.inflight += 1
         try:
@@ -680,7 +681,7 @@ class Gateway:
         model = live.core.model
         label = replica_label(replica)
         host, port, host_header = self._target(replica.url)
-        headers = [(k, v) for k in _FORWARDED_HEADERS if (v := request.headers.get(k))]
+        headers = [(k, v) for k, low in _FORWARDED if (v := lookup(request.headers, low))]
         headers.append(("Content-Type", "application/json"))
         headers.append(("x-request-id", request_id))
         head = request_head("POST", request.path, host_header, headers, len(body))

@@ -149,6 +149,21 @@ async def test_a_removed_key_stops_working_though_it_was_used(make_peers: Any, m
     assert peers[0].received == 2
 
 
+async def test_headers_are_read_in_any_case_and_forwarded(make_peers: Any, make_gateway: Any) -> None:
+    """Header names are case-insensitive: a key, a request id and the forwarded OpenAI headers sent in odd cases
+    all count; the request id goes to the replica and back."""
+    gw, peers = await serve(make_peers, make_gateway)
+    async with aiohttp.ClientSession() as s, s.post(gw.url + "/v1/embeddings", data=b'{"model": "m", "input": "x"}',
+                                                    headers={"AUTHORIZATION": f"Bearer {KEY_A}",
+                                                             "X-Request-ID": "req-odd-case",
+                                                             "openai-organization": "org-1",
+                                                             "OPENAI-PROJECT": "proj-1"}) as r:
+        assert r.status == 200 and r.headers["x-request-id"] == "req-odd-case"
+    sent = {k.lower(): v for k, v in peers[0].last_headers.items()}
+    assert (sent["x-request-id"], sent["openai-organization"], sent["openai-project"]) == (
+        "req-odd-case", "org-1", "proj-1")
+
+
 async def test_access_map_refuses_other_namespaces(make_peers: Any, make_gateway: Any) -> None:
     gw, peers = await serve(make_peers, make_gateway)
     with pytest.raises(openai.PermissionDeniedError) as err:
