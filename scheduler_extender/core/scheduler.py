@@ -1428,7 +1428,11 @@ class Scheduler:
                             for v in victims:
                                 events += self._evict(self.gprs[v], now, st, g.name)
                             st.failed.clear()
-                            p = self.policy.place(self.inv, req)
+                            # under the quota only once the victims' devices no longer count: at once when an
+                            # eviction is instant, else when their pods are gone (evicted()): the cluster may
+                            # have room elsewhere meanwhile, which must not admit it over its quota
+                            room = self.usage.get(g.workspace, 0) + g.milli_total() <= q
+                            p = self.policy.place(self.inv, req) if room else None
                             if p is not None:
                                 events.append(self._admit(g, p, now, "admitted", st))
                                 continue
