@@ -835,13 +835,20 @@ class Gateway:
         name = self.settings.queue_metric.encode()
         timeout = max(0.2, self.settings.load_poll_interval)
 
+        heads: dict[str, tuple[str, int, bytes]] = {}
+
         async def one(replica: Replica) -> None:
-            host, port, host_header = self._target(replica.url)
+            target = heads.get(replica.url)
+            if target is None:
+                if len(heads) > 4096:  # replicas come and go: keep the cache bounded
+                    heads.clear()
+                host, port, host_header = self._target(replica.url)
+                target = heads[replica.url] = host, port, request_head("GET", "/metrics", host_header, (), 0)
             answer: Answer | None = None
             try:
-                async with asyncio.timeout(timeout):
-                    answer = await pool.request(host, port, request_head("GET", "/metrics", host_header, (), 0))
-                    text = await answer.read()
+                # the pool's deadline bounds connecting and the whole answer: no asyncio.timeout per poll
+                answer = await pool.request(target[0], target[1], target[2], b"", timeout)
+                text = await answer.read()
             except (TimeoutError, UpstreamError):
                 return
             finally:

@@ -37,6 +37,7 @@ class RuntimePeer:
         self.break_after: int | None = None  # stream: send this many chunks, then drop the connection
         self.hold_after_done = False  # stream: keep the connection open after [DONE] (the client closes first)
         self.reported_queue = 0.0  # vllm:num_requests_waiting
+        self.metrics_hang = False  # /metrics: accept and never answer
         self.received = 0
         self.completed = 0
         self.cancelled = 0
@@ -69,6 +70,8 @@ class RuntimePeer:
             await self._runner.cleanup()
 
     async def metrics(self, _request: web.Request) -> web.Response:
+        if self.metrics_hang:
+            await asyncio.Event().wait()
         text = ("# HELP vllm:num_requests_waiting Requests waiting.\n# TYPE vllm:num_requests_waiting gauge\n"
                 f'vllm:num_requests_waiting{{model_name="m"}} {self.reported_queue + self.waiting}\n')
         return web.Response(text=text, content_type="text/plain")

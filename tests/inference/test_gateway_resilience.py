@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -289,6 +290,25 @@ async def test_runtime_reported_queue_steers_requests_away(make_peers: Any, make
     queued.reported_queue = 0
     await eventually(lambda: gw.gateway.routes["m"].core.replicas[queued.url].reported_queue == 0,
                      what="the queue drained")
+
+
+async def test_a_replica_whose_metrics_hang_holds_no_poll_up(make_peers: Any, make_gateway: Any) -> None:
+    """The poll's deadline (the pool's, no asyncio.timeout per poll) ends a hung /metrics read and aborts its
+    connection: the other replica's queue is still read every round, and connections do not pile up."""
+    settings = Settings(load_poll_interval=0.05)
+    gw, (hung, fine) = await serve(make_peers, make_gateway, count=2, settings=settings)
+    hung.metrics_hang = True
+    assert gw.gateway._pool is not None
+    def read(value: float) -> bool:
+        return gw.gateway.routes["m"].core.replicas[fine.url].reported_queue == value
+
+    for value in (7, 3, 9):
+        fine.reported_queue = value
+        await eventually(functools.partial(read, value),
+                         what=f"the other replica's queue ({value}) read while one replica's /metrics hangs")
+    await asyncio.sleep(1.0)  # several polls time out (the deadline is 0.2 s) in the meantime
+    assert len(gw.gateway._pool._all) <= 3  # the hung poll's connection aborted each time, not left open
+    assert gw.gateway.routes["m"].core.replicas[hung.url].reported_queue == 0
 
 
 async def test_no_retry_onto_an_ejected_replica(make_peers: Any, make_gateway: Any) -> None:
