@@ -782,8 +782,9 @@ class Scheduler:
         predictor's expected remaining time given how long they have held, never past their end bound),
         queued GPRs start in queue order as soon as their resource's pool and their workspace's quota have
         room and hold for their predicted duration. The :class:`.waittime.Calibrator` then scales the
-        projected wait by what past projections got wrong (median) and gives the range (10th-90th
-        percentile). Cost: O(n log n) in holders and queued GPRs, no placement calls."""
+        projected wait by what past first projections got wrong (median ratio, pooled over every start) and
+        gives the range (5th-95th percentile of the ratio). Cost: O(n log n) in holders and queued GPRs, no
+        placement calls."""
         order: list[GPR] = []
         if upto is None:  # read, none handed out: a prototype's working copy would wait from _restored_at
             order = self.peek_queued()

@@ -503,12 +503,12 @@ def test_estimates_use_predicted_ends_and_learn_their_error() -> None:
                 max_size=60),
        st.lists(st.tuples(st.sampled_from(["low", "medium", "high"]),
                           st.one_of(st.just(math.inf), st.floats(-100, 3e6))), max_size=40))
-def test_calibrated_estimates_scale_each_wait_by_what_its_class_and_decade_got_wrong(observed: list,
-                                                                                    asked: list) -> None:
+def test_calibrated_estimates_scale_every_wait_by_what_all_first_projections_got_wrong(observed: list,
+                                                                                      asked: list) -> None:
     """estimate_all (a refresh calibrates every queued GPR at once) answers, for each projected start, the wait
-    scaled by the median, 10th and 90th percentile ratio that its class and decade of wait have shown
-    (ratios()), with the slack; the projection as it is, with a range of half to twice the wait, where nothing
-    is known; no estimate for a start that cannot be projected."""
+    scaled by the median and range ratios that every start has shown (ratios(): pooled over classes and waits,
+    docs/estimates.md round 3), with the slack; the projection as it is, with a range of half to twice the wait,
+    where nothing is known; no estimate for a start that cannot be projected."""
     from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Interval
 
     cal = Calibrator(min_samples=3)
@@ -531,14 +531,18 @@ def test_calibrated_estimates_scale_each_wait_by_what_its_class_and_decade_got_w
 
     assert cal.estimate_all(now, asked) == [expected(cls, start) for cls, start in asked]
     assert [cal.estimate(cls, now, start) for cls, start in asked] == [expected(cls, start) for cls, start in asked]
-    # one class, two decades that went wrong in opposite ways: each wait is scaled by its own decade's error
+    # waits of hundreds of seconds ("low") came twice as late, more often than waits of days ("high") came twice
+    # as early: every class and wait is scaled by the pooled median, twice as late
     cal = Calibrator(min_samples=3)
-    for _ in range(20):
-        cal.observe("low", 300.0, 600.0)  # waits of hundreds of seconds came twice as late
-        cal.observe("low", 300_000.0, 150_000.0)  # waits of days came twice as early
-    short, long = cal.estimate_all(now, [("low", now + 300.0), ("low", now + 300_000.0)])
-    assert short.start - now == pytest.approx(600, rel=0.2) and long.start - now == pytest.approx(150_000, rel=0.2)
-    assert (short, long) == (expected("low", now + 300.0), expected("low", now + 300_000.0))
+    for k in range(30):
+        cal.observe("low", 300.0, 660.0)
+        if k % 2:
+            cal.observe("high", 300_000.0, 150_000.0)
+    asked = [("low", now + 300.0), ("high", now + 300_000.0), ("medium", now + 3_000.0)]
+    short, long, other = cal.estimate_all(now, asked)
+    assert short.start - now == pytest.approx(660, rel=0.1)
+    assert long.start - now == pytest.approx(600_060, rel=0.1) and other.start - now == pytest.approx(6_060, rel=0.1)
+    assert [short, long, other] == [expected(cls, start) for cls, start in asked]
 
 
 @settings(max_examples=60, deadline=None)

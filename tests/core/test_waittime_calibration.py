@@ -1,5 +1,6 @@
 """The calibrated P10-P90 range (issue 35.8): bounded by the 5th and 95th percentile of the learned ratio, so
-that about 80% of the GPRs that wait over a minute start inside it (docs/estimates.md)."""
+that about 80% of the GPRs that wait over a minute start inside it; the ratio learned from every start pooled,
+not per priority class and decade of the projected wait (docs/estimates.md, round 3)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,34 @@ def test_a_bad_range_is_refused_in_one_line(range_q: tuple[float, float]) -> Non
     with pytest.raises(ValueError, match=r"^calibrator: range quantiles must be 0 < low < 0.5 < high < 1, got") as e:
         Calibrator(range_q=range_q)
     assert "\n" not in str(e.value)
+
+
+def test_every_class_and_wait_is_calibrated_by_the_pooled_history() -> None:
+    """A class with history of its own is still scaled by what all starts showed: 40 low-priority starts on
+    time, 200 high-priority ones three times as late (ratio of wait + slack), the low-priority estimate is three
+    times as late too; per class (as before round 3) it stayed on time."""
+    cal = Calibrator()
+    for _ in range(40):
+        cal.observe("low", PROJECTED, PROJECTED)
+    for _ in range(200):
+        cal.observe("high", 10 * PROJECTED, 3 * (10 * PROJECTED + CAL_SLACK_S) - CAL_SLACK_S)
+    for cls, wait in (("low", PROJECTED), ("medium", 5.0), ("high", 100 * PROJECTED)):
+        iv = cal.estimate(cls, NOW, NOW + wait)
+        assert math.log((iv.start - NOW + CAL_SLACK_S) / (wait + CAL_SLACK_S)) == pytest.approx(math.log(3), abs=0.06)
+        assert iv.low <= iv.start <= iv.high
+
+
+def test_a_state_stored_per_class_and_decade_loads_as_its_pooled_history() -> None:
+    """A controller upgraded over a stored calibration (buckets per class x decade, and the pooled one) goes on
+    from the pooled bucket, and stores only that one from then on."""
+    lr_bin = lambda lr: round(lr / 0.1) + 80  # noqa: E731  (CAL_STEP 0.1, CAL_BINS 161)
+    state = {"step": 0.1, "bins": 161, "buckets": [
+        {"k": [], "c": [[lr_bin(0.0), 10.0], [lr_bin(1.0), 50.0]]},  # pooled: mostly e times as late
+        {"k": ["low"], "c": [[lr_bin(0.0), 40.0]]},
+        {"k": ["low", "3"], "c": [[lr_bin(0.0), 40.0]]},
+    ]}
+    cal = Calibrator()
+    cal.load_state(state)
+    iv = cal.estimate("low", NOW, NOW + PROJECTED)
+    assert _log_ratio(cal, iv.start) == pytest.approx(1.0, abs=0.06)
+    assert [b["k"] for b in cal.to_state()["buckets"]] == [[]]
