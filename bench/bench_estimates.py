@@ -14,6 +14,15 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py                    # both parts, loads 1, 2, 4 (~1.5 min wall, 2 cores)
     .venv/bin/python bench/bench_estimates.py --quick            # load 4, the first 7 days of each part
     .venv/bin/python bench/bench_estimates.py --parts tuning --loads 4   # while tuning: never the held-out part
+    .venv/bin/python bench/bench_estimates.py --parts tuning --variants  # round 3's candidates, scored offline
+
+``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
+projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
+calibrated as the estimate is: holders and queued GPRs at their conditional *median* remaining / hold time
+instead of the mean, and ``--draws`` Monte-Carlo draws of every holder's remaining and every queued GPR's hold
+time (stratified, seeded by the GPR's name) projected once per draw (the median over draws; the weighted median,
+weights 1/wait; the P10-P90 over draws as the range). The replay's decisions are untouched (the candidates are
+worked out beside the estimate), so one replay scores them all.
 """
 
 from __future__ import annotations
@@ -24,11 +33,18 @@ import json
 import math
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
+
+from scheduler_extender.core import scheduler as core_scheduler
+from scheduler_extender.core.gpr import priority_class
+from scheduler_extender.core.predictor import PER_OCTAVE, DurationPredictor, JobKey
+from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Job, Release, project
 from scheduler_extender.simulator.cli import BUNDLED
 from scheduler_extender.simulator.replay import replay_run, window
 from scheduler_extender.simulator.traces import read_philly_jobs, read_philly_nodes, read_quotas
@@ -70,6 +86,218 @@ def run_one(part: str, load: float, days: float | None, every: int) -> dict[str,
                 "all_coverage_pct")}}
 
 
+# ------------------------------------------------------------------ round 3's candidates (--variants)
+_M32 = 0xFFFFFFFF
+
+
+def _mix(x: int) -> int:
+    """murmur3's 32-bit finaliser: neighbouring inputs give unrelated outputs."""
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _M32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
+def draw_probabilities(name: str, k: int, salt: int = 0) -> list[float]:
+    """``k`` probabilities in (0, 1), a function of ``name``, ``k`` and ``salt`` alone (crc32, not the
+    process-seeded ``hash``: a replay draws the same every run); one in each of ``k`` equal slices, the slices
+    dealt in an order of the name's own, so draw i of two GPRs is not the same slice."""
+    h = _mix(zlib.crc32(name.encode()) ^ _mix(salt * 0x9E3779B1 + 0x7F4A7C15))
+    keys = [_mix(h + i * 0x9E3779B1) for i in range(k)]
+    out = [0.0] * k
+    for slot, i in enumerate(sorted(range(k), key=keys.__getitem__)):
+        out[i] = (slot + (_mix(keys[i] ^ 0x5BD1E995) + 0.5) / 4294967296.0) / k
+    return out
+
+
+def remaining_at(pred: DurationPredictor, key: JobKey, elapsed: float, exit_s: float | None,
+                 us: list[float]) -> list[float]:
+    """The remaining hold time at each probability of ``us``: the predictor's distribution conditioned on
+    ``elapsed`` as :meth:`DurationPredictor.remaining` takes it, read continuously (log-uniform within a bin)."""
+    if exit_s is not None and (not math.isfinite(exit_s) or exit_s <= 0):
+        exit_s = None
+    cap = math.inf if exit_s is None else max(0.0, exit_s - elapsed)
+    parts: list[tuple[float, float, float]] = []
+    total = 0.0
+    for lo, hi, w in pred.distribution(key, exit_s)[0]:
+        if hi <= elapsed:
+            continue
+        if math.isinf(hi):
+            hi = max(lo, elapsed) * 2 ** (1 / PER_OCTAVE)
+        if lo < elapsed:
+            w *= math.log(hi / elapsed) / math.log(hi / lo) if lo > 0 else (hi - elapsed) / hi
+            lo = elapsed
+        if w > 0 and hi > lo:
+            parts.append((lo, hi, w))
+            total += w
+    if total <= 0:
+        return [pred.remaining(key, elapsed, exit_s).p50] * len(us)
+    out = []
+    for u in us:
+        target, run, x = u * total, 0.0, parts[-1][1]
+        for lo, hi, w in parts:
+            if run + w >= target:
+                f = (target - run) / w
+                x = lo + f * (hi - lo) if lo <= 0 else lo * (hi / lo) ** f
+                break
+            run += w
+        out.append(max(0.0, min(x - elapsed, cap)))
+    return out
+
+
+class _Recorder:
+    """Works out the candidates' projections beside each sampled estimate (wrapping the engine's
+    ``estimate_ranges`` and ``_admit`` in this worker process only) and logs them with the actual starts."""
+
+    def __init__(self, draws: int) -> None:
+        self.k = draws
+        self.log: list[tuple[Any, ...]] = []
+        self.first: dict[str, tuple[Any, ...]] = {}
+        self.held: dict[str, list[Any]] = {}  # holder -> [admitted_at, draw ends, redraws, median end]
+        self.queued: dict[str, tuple[list[float], float]] = {}  # GPR -> (draw holds, median hold)
+
+    def holder(self, eng: Any, h: Any, now: float) -> list[Any]:
+        adm = h.admitted_at if h.admitted_at is not None else now
+        key, bound, c = eng.job_key(h), h.end_bound(), self.held.get(h.name)
+        at = lambda us: remaining_at(eng.predictor, key, now - adm, h.exit_duration_s, us)  # noqa: E731
+        if c is None or c[0] != adm:
+            ends = [min(now + v, bound) for v in at(draw_probabilities(h.name, self.k))]
+            c = self.held[h.name] = [adm, ends, 0, min(now + at([0.5])[0], bound)]
+        stale = [i for i, e in enumerate(c[1]) if e <= now]
+        if stale:  # a draw passed while it still holds: drawn again given how long it has held now
+            c[2] += 1
+            us = draw_probabilities(h.name, self.k, c[2])
+            for i, v in zip(stale, at([us[i] for i in stale]), strict=True):
+                c[1][i] = min(now + v, bound)
+        if c[3] <= now:
+            c[3] = min(now + at([0.5])[0], bound)
+        return c
+
+    def job(self, eng: Any, g: Any) -> tuple[list[float], float]:
+        c = self.queued.get(g.name)
+        if c is None:
+            key = eng.job_key(g)
+            c = self.queued[g.name] = (
+                remaining_at(eng.predictor, key, 0.0, g.exit_duration_s, draw_probabilities(g.name, self.k, 1000)),
+                remaining_at(eng.predictor, key, 0.0, g.exit_duration_s, [0.5])[0])
+        return c
+
+    def estimated(self, eng: Any, now: float, upto: str) -> None:
+        raw = eng.projection
+        order = sorted((eng.gprs[n] for n in raw), key=eng._key)
+        shared, restored_at = eng.queue.is_shared, eng._restored_at
+        jd = [self.job(eng, g) for g in order]
+        hs = list(eng.holders.values())
+        hd = [self.holder(eng, h, now) for h in hs]
+        extra = [Release(now, g.milli_total(), g.resource, g.workspace) for g in eng.evicting.values()]
+        for p in eng.external.values():
+            res = eng.inv.resources[int(eng.inv.resource[p.assignments[0].node])] if p.assignments else ""
+            extra.append(Release(math.inf, p.milli_total(), res, ""))
+        capacity = {r: eng.inv.capacity_milli(r, healthy_only=True) for r in {g.resource for g in order}}
+
+        def run(ends: list[float], holds: list[float]) -> dict[str, float]:
+            jobs = [Job(g.name, g.milli_total(), d, restored_at if shared(g.name) else g.not_before, i, g.resource,
+                        g.workspace) for i, (g, d) in enumerate(zip(order, holds, strict=True))]
+            rel = [Release(e, h.milli_total(), h.resource, h.workspace) for h, e in zip(hs, ends, strict=True)]
+            saved = eng._releases
+            eng._releases = {h.name: r for h, r in zip(hs, rel, strict=True)}
+            try:
+                kept = eng._kept_jobs(order, jobs, now)
+            finally:
+                eng._releases = saved
+            return project(capacity, eng.cfg.quotas or {}, rel + extra, jobs, now, kept)
+
+        med = run([c[3] for c in hd], [c[1] for c in jd])
+        mc = [run([c[1][k] for c in hd], [c[0][k] for c in jd]) for k in range(self.k)]
+        for g in order:
+            if g.name not in self.first and raw[g.name] < math.inf:
+                self.first[g.name] = (now, priority_class(g.priority), raw[g.name], med[g.name],
+                                      [m[g.name] for m in mc])
+        self.log.append(("est", upto, now, priority_class(eng.gprs[upto].priority), raw[upto], med[upto],
+                         [m[upto] for m in mc]))
+
+    def admitted(self, name: str, now: float) -> None:
+        f = self.first.pop(name, None)
+        if f is not None:
+            self.log.append(("obs", name, now, *f))
+        self.log.append(("adm", name, now))
+
+
+def _quantile(xs: list[float], now: float, q: float, weighted: bool = False) -> float:
+    xs = sorted(xs)
+    w = np.array([1.0 / (max(x - now, 0.0) + CAL_SLACK_S) if weighted else 1.0 for x in xs])
+    return xs[min(len(xs) - 1, int(np.searchsorted(np.cumsum(w) / w.sum(), q)))]
+
+
+def score_variants(log: list[tuple[Any, ...]]) -> dict[str, dict[str, float]]:
+    """Each candidate's figures for the sampled GPRs that waited over 60 s (as ``estimate_accuracy``): its
+    projection calibrated by a :class:`Calibrator` that learned from the candidate's own first projections."""
+    starts: dict[str, float] = {}
+    for e in log:
+        if e[0] == "adm":
+            starts.setdefault(e[1], e[2])
+    points = {  # (now, mean, median, draws) -> projected start
+        "mean hold (as kept)": lambda n, m, p, d: m,
+        "median hold": lambda n, m, p, d: p,
+        "draws, median": lambda n, m, p, d: _quantile(d, n, 0.5),
+        "draws, weighted median": lambda n, m, p, d: _quantile(d, n, 0.5, True),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, point in points.items():
+        for ranged in (False, True) if name.startswith("draws") else (False,):
+            cal, rel, cover = Calibrator(), [], []
+            for e in log:
+                if e[0] == "obs":
+                    t, t0, cls, m, p, d = e[2:8]
+                    s = point(t0, m, p, d)
+                    if math.isfinite(s):
+                        cal.observe(cls, s - t0, t - t0)
+                elif e[0] == "est" and e[1] in starts and starts[e[1]] - e[2] > 60:
+                    now, cls, m, p, d = e[2:7]
+                    s = point(now, m, p, d)
+                    if not math.isfinite(s):
+                        continue
+                    est, lo, hi = cal.estimate(cls, now, s)
+                    if ranged:  # uncalibrated: the point and range over the draws
+                        est, lo, hi = s, _quantile(d, now, 0.1), _quantile(d, now, 0.9)
+                    actual = starts[e[1]]
+                    rel.append(abs(est - actual) / (actual - now))
+                    cover.append(lo - 1e-6 <= actual <= hi + 1e-6)
+            out[name + (", uncalibrated, P10-P90 of draws" if ranged else "")] = {
+                "waited_n": len(rel), "waited_median_rel_err": float(np.median(rel)) if rel else math.nan,
+                "waited_within_50_pct": 100 * float(np.mean([r <= 0.5 for r in rel])) if rel else math.nan,
+                "waited_coverage_pct": 100 * float(np.mean(cover)) if cover else math.nan}
+    return out
+
+
+def run_variants(part: str, load: float, days: float | None, every: int, draws: int) -> dict[str, Any]:
+    """:func:`run_one` with round 3's candidates recorded beside the estimates and scored (see the module
+    docstring); the replay itself, and so the mean wait, is the same."""
+    rec = _Recorder(draws)
+    cls_ = core_scheduler.Scheduler
+    estimate_ranges, admit = cls_.estimate_ranges, cls_._admit
+
+    def estimate_ranges_(self: Any, now: float, upto: str | None = None) -> Any:
+        out = estimate_ranges(self, now, upto)
+        if upto is not None:
+            rec.estimated(self, now, upto)
+        return out
+
+    def admit_(self: Any, g: Any, *args: Any) -> Any:
+        rec.admitted(g.name, args[1])
+        return admit(self, g, *args)
+
+    cls_.estimate_ranges, cls_._admit = estimate_ranges_, admit_  # type: ignore[method-assign,assignment]
+    try:
+        row = run_one(part, load, days, every)
+    finally:
+        cls_.estimate_ranges, cls_._admit = estimate_ranges, admit  # type: ignore[method-assign,assignment]
+    row["variants"] = score_variants(rec.log)
+    return row
+
+
 def meets(row: dict[str, Any]) -> bool:
     lo, hi = TARGET_COVERAGE
     return row["waited_median_rel_err"] <= TARGET_REL_ERR and lo <= row["waited_coverage_pct"] <= hi
@@ -84,6 +312,8 @@ def main() -> int:
     ap.add_argument("--estimate-every", type=_positive(int), default=10, help="score every N-th arrival (10)")
     ap.add_argument("--workers", type=_positive(int), default=2, help="replays at once (2)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--variants", action="store_true", help="score round 3's candidates too (tuning part only)")
+    ap.add_argument("--draws", type=_positive(int), default=16, help="Monte-Carlo draws for --variants (16)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     for p in parts:
@@ -93,11 +323,14 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
+    if args.variants and parts != ["tuning"]:
+        ap.error("--variants chooses between estimators: run it on --parts tuning only, never the held-out part")
     days = args.days if args.days is not None else 7.0 if args.quick else None
     t0 = time.perf_counter()
     runs = [(p, load) for p in parts for load in loads]
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(args.workers, len(runs))) as pool:
-        futs = [pool.submit(run_one, p, load, days, args.estimate_every) for p, load in runs]
+        futs = [pool.submit(run_variants, p, load, days, args.estimate_every, args.draws) if args.variants
+                else pool.submit(run_one, p, load, days, args.estimate_every) for p, load in runs]
         rows = [f.result() for f in futs]
     print(f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"
           + (f", first {days:g} days of each part" if days is not None else ""))
@@ -110,6 +343,13 @@ def main() -> int:
               f"| {r['wait_mean_s']:,.0f} | {'yes' if meets(r) else 'no'} | {r['cpu_s']:.1f} |")
     print(f"targets: median relative error <= {TARGET_REL_ERR}, coverage {TARGET_COVERAGE[0]:.0f}-"
           f"{TARGET_COVERAGE[1]:.0f}% (jobs that waited over 60 s); wall {time.perf_counter() - t0:.0f} s")
+    if args.variants:
+        print("\n| load | candidate | waited > 60 s | median rel. error | within +-50% | P10-P90 coverage |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            for name, v in r["variants"].items():
+                print(f"| {r['load']:g} | {name} | {v['waited_n']:,} | {v['waited_median_rel_err']:.2f} "
+                      f"| {v['waited_within_50_pct']:.0f}% | {v['waited_coverage_pct']:.0f}% |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
