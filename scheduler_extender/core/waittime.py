@@ -315,9 +315,9 @@ CAL_BINS = 161  # ln ratio -8 .. +8
 CAL_SLACK_S = 60.0  # waits are compared as (wait + slack): a projected 0 s against an actual 30 s is no big miss
 # the quantiles of the learned ratio that bound the P10-P90 range. Not 0.1/0.9: the histogram holds every
 # projected GPR, most of which start within a minute of their projection, while the range is judged (and read)
-# for those that waited longer, whose ratios spread wider; 0.05/0.95 put 80% of those in the range (coverage
-# 80-83% at load 4, 76% at load 2 and 85% at load 1 on the October part of the Philly cut, docs/estimates.md;
-# 0.1/0.9 gave 75%, 68% and 68%)
+# for those that waited longer, whose ratios spread wider; 0.05/0.95 put about 80% of those in the range
+# (pooled calibration, round 3: coverage 85% at load 4, 84% at load 2 and 68% at load 1 on the October part of
+# the Philly cut, docs/estimates.md; 0.1/0.9 gave 75%, 71% and 57%)
 CAL_RANGE = (0.05, 0.95)
 
 
