@@ -40,7 +40,7 @@ from kubeapi.client import backoff_delay
 from kubeapi.errors import log_failure
 from kubeapi.resources import GPRS
 from scheduler_extender.controller.gpr_pass import run_pass
-from scheduler_extender.controller.pass_cache import PassCache
+from scheduler_extender.controller.pass_cache import AUTO_LABEL, PassCache
 from scheduler_extender.controller.pass_types import PassConfig, Plan, Snapshot, StatusWrite
 from scheduler_extender.controller.predictor_store import PredictorStore
 from scheduler_extender.core.scheduler import Event, SchedulerConfig
@@ -348,6 +348,9 @@ class GPRController:
             for pod in self._gated(uid, nodes, by_gpr):
                 await self._ungate(pod, nodes, hostnames)
 
+        # GPRs no pass had written a status for yet (for the Events below: read before the writes replace them)
+        unstated = {uid for uid, e in plan.events if e.kind == "admitted" and self._auto(uid)
+                    and not ((self.objects.get(uid) or {}).get("status") or {}).get("phase")}
         written = await self._write_all(self.paced(plan.writes), ungate_now)
         ungates = [(pod, nodes) for uid, nodes in plan.ungate.items() if uid not in lifted
                    for pod in self._gated(uid, nodes, by_gpr)]
@@ -369,8 +372,15 @@ class GPRController:
         for _, event in landed:
             self.metrics.gpr_events.labels(event.kind).inc()
         if self.emit_events:
-            await self._bounded(functools.partial(self._event, uid, e) for uid, e in landed)
+            # an auto-GPR admitted by the pass that first saw it never waited: its pod's own Scheduled Event
+            # says all there is (an Admitted Event for each would be one more API write per pod at scale)
+            await self._bounded(functools.partial(self._event, uid, e) for uid, e in landed
+                                if not (e.kind == "admitted" and uid in unstated))
         await self._bounded(functools.partial(self._delete_orphan, *o) for o in plan.orphans)
+
+    def _auto(self, uid: str) -> bool:
+        labels = ((self.objects.get(uid) or {}).get("metadata") or {}).get("labels") or {}
+        return labels.get(AUTO_LABEL) == "true"
 
     async def _write(self, uid: str, status: dict[str, Any]) -> bool:
         obj = self.objects.get(uid)

@@ -82,6 +82,40 @@ async def test_admission_gate_status_and_life_cycle() -> None:
     await peer.stop()
 
 
+async def test_an_auto_gpr_admitted_at_once_gets_no_admitted_event() -> None:
+    """One API write less per pod of an auto-GPR: admitted by the pass that first saw it, its pod's Scheduled
+    Event is the record. A GPR made by hand, and an auto-GPR that waited first, still get ``Admitted``."""
+    peer = APIServerPeer()
+    await peer.start()
+    await seed_nodes(peer, 1)
+    # three priority levels (1-100, 101-200, 201-300), so the order of admission is known
+    auto = gpr("auto-now", phase=None, devices=4, priority=250, exitDuration="1h")
+    auto["metadata"]["labels"] = {"accelstack.io/auto-gpr": "true"}
+    await peer.put_object(GPRS, auto)
+    await peer.put_object(GPRS, gpr("by-hand", phase=None, devices=4, priority=150, exitDuration="1h"))
+    waits = gpr("auto-later", phase=None, devices=4, priority=50, exitDuration="1h")
+    waits["metadata"]["labels"] = {"accelstack.io/auto-gpr": "true"}
+    await peer.put_object(GPRS, waits)
+    for name in ("auto-now", "auto-later"):  # an auto-GPR without its pod is an orphan, deleted
+        await peer.put_object("api/v1/pods", pod(f"{name}-0", 4, gpr=name, gated=True))
+
+    def reasons(name: str) -> list[str]:
+        return [e["reason"] for (r, _, _), e in peer.objects.items()
+                if r == "api/v1/events" and e["involvedObject"]["name"] == name]
+
+    async with stack(peer, **FAST):
+        await wait_until(lambda: status(peer, "auto-now").get("phase") == "Admitted")
+        await wait_until(lambda: status(peer, "auto-later").get("phase") == "Queued")
+        assert "Admitted" not in reasons("auto-now")
+        await peer.delete_object(GPRS, "default", "auto-now")
+        await wait_until(lambda: status(peer, "by-hand").get("phase") == "Admitted")
+        await wait_until(lambda: "Admitted" in reasons("by-hand"))
+        await peer.delete_object(GPRS, "default", "by-hand")
+        await wait_until(lambda: status(peer, "auto-later").get("phase") == "Admitted")
+        await wait_until(lambda: "Admitted" in reasons("auto-later"))
+    await peer.stop()
+
+
 async def test_eviction_respects_pod_disruption_budgets() -> None:
     peer = APIServerPeer()
     await peer.start()
