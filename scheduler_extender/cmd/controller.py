@@ -67,6 +67,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "onboarded with kubectl accelstack node onboard (or labelled by hand) and those its plugin serves already")
     add("onboard-timeout", "15m", "how long onboarding may take before the AcceleratorNode says Failed (it still "
         "turns Managed once done): a duration like 15m")
+    add("node-usage-qps", "5", "AcceleratorNode status writes per second that change only the pods holding a node's "
+        "devices (the rest follow in later passes; phases, conditions and deboard steps are never held back); 0: no "
+        "limit")
+    add("node-usage-burst", "50", "such writes at once after a quiet spell")
     add_logging_flags(add)
     return p
 
@@ -123,6 +127,8 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
             "nr1_vendors": nr1_vendor_ids(args.nr1_vendor_ids),
             "onboard_selector": onboard_selector(args.onboard_selector),
             "onboard_timeout": duration("onboard-timeout", args.onboard_timeout),
+            "node_usage_qps": flags.number("node-usage-qps", float, 0),
+            "node_usage_burst": flags.number("node-usage-burst", int, 1),
             "api_timeout": flags.number("api-timeout", float, 0.1),
             "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
                              idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
@@ -148,6 +154,8 @@ class ControllerProcess:
                                          min_gap=opts["min_gap"], nr1_vendors=opts.get("nr1_vendors", ()),
                                          onboard_selector=opts.get("onboard_selector", ""),
                                          onboard_timeout=opts.get("onboard_timeout", 900.0),
+                                         node_usage_qps=opts.get("node_usage_qps", 5.0),
+                                         node_usage_burst=opts.get("node_usage_burst", 50),
                                          config=SchedulerConfig(
                                              eviction_cost_ratio=opts.get("eviction_cost_ratio", EVICTION_COST_RATIO),
                                              eviction_max_wait_s=opts.get("eviction_max_wait_s", EVICTION_MAX_WAIT_S)))

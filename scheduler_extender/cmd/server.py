@@ -136,8 +136,8 @@ class ControllerService:
                  lease_name: str = "accelstack-gpr-controller", identity: str = "", policy: str = "bestfit",
                  resync: float = 5.0, lease_seconds: float = 15.0, sweep_every: float = 60.0,
                  registry: CollectorRegistry | None = None, nr1_vendors: Iterable[str] = (),
-                 onboard_selector: str = "", onboard_timeout: float = 900.0,
-                 **controller: Any) -> None:
+                 onboard_selector: str = "", onboard_timeout: float = 900.0, node_usage_qps: float = 5.0,
+                 node_usage_burst: int = 50, **controller: Any) -> None:
         self.kube = kube
         self.view = view
         controller.setdefault("history_namespace", lease_namespace)
@@ -157,7 +157,8 @@ class ControllerService:
         self.accelerator_nodes = AcceleratorNodeController(kube, view, nr1_vendors=nr1_vendors,
                                                            resync=max(resync, 30.0), registry=registry,
                                                            onboard_selector=onboard_selector,
-                                                           onboard_timeout=onboard_timeout)
+                                                           onboard_timeout=onboard_timeout,
+                                                           usage_qps=node_usage_qps, usage_burst=node_usage_burst)
         # the owner of the view runs them with its own
         self.informers = self.workspaces.informers + self.accelerator_nodes.informers
         self.released: int = 0  # ledger entries given back by sweeps

@@ -47,7 +47,8 @@ class AcceleratorNodeController:
     def __init__(self, kube: Kube, view: ClusterView, *, nr1_vendors: Iterable[str] = (), resync: float = 30.0,
                  min_interval: float = 1.0, registry: CollectorRegistry | None = None,
                  watch_timeout: tuple[int, int] = (300, 600), clock: Callable[[], float] = time.time,
-                 onboard_selector: str = "", onboard_timeout: float = an.ONBOARD_TIMEOUT_S) -> None:
+                 onboard_selector: str = "", onboard_timeout: float = an.ONBOARD_TIMEOUT_S,
+                 usage_qps: float = 5.0, usage_burst: int = 50) -> None:
         self.kube = kube
         self.view = view
         self.nr1_vendors = tuple(an.vendor_id(v) for v in nr1_vendors)
@@ -56,6 +57,12 @@ class AcceleratorNodeController:
         self.resync = resync
         self.min_interval = min(min_interval, resync)
         self.clock = clock
+        # status writes that change only what pods hold on a node: a token bucket (0: no limit), so a burst of
+        # binds over thousands of nodes does not add one AcceleratorNode write per node to the API server's load
+        # while it binds; the rest are written by later passes (level-triggered: still differing, planned again)
+        self.usage_qps, self.usage_burst = usage_qps, max(1, usage_burst)
+        self._usage_tokens, self._usage_at = float(self.usage_burst), clock()
+        self._usage_wake: asyncio.TimerHandle | None = None
         self.detected: dict[str, an.Detection] = {}  # accelerator nodes only
         self.objects: dict[str, dict[str, Any]] = {}  # AcceleratorNodes by name
         # every Node, reduced to what deboarding reads and patches (UID, resourceVersion, the deboarding taint and
@@ -176,7 +183,7 @@ class AcceleratorNodeController:
             await self._delete(name, uid)
         for body in plan.create:
             await self._create(body)
-        for name, status in plan.statuses.items():
+        for name, status in self._paced(plan.statuses).items():
             await self._write_status(name, status)
         self.passes += 1
         self.passes_total.inc()
@@ -190,6 +197,32 @@ class AcceleratorNodeController:
         for (phase, by), n in counts.items():
             self.phases.labels(phase, by).set(n)
         return plan
+
+    def _paced(self, statuses: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The status writes to make now: every one that changes a phase, a condition or a deboard step, and as
+        many that change only the holders as the ``usage_qps`` bucket holds (in name order); the others wait for
+        a pass the controller asks for once the bucket has refilled."""
+        if self.usage_qps <= 0:
+            return dict(statuses)
+        usage = [n for n, st in statuses.items()
+                 if an.usage_only((self.objects.get(n) or {}).get("status") or {}, st)]
+        if not usage:
+            return dict(statuses)
+        now = self.clock()
+        tokens = min(float(self.usage_burst), self._usage_tokens + max(0.0, now - self._usage_at) * self.usage_qps)
+        take = min(len(usage), int(tokens + 1e-9))
+        self._usage_tokens, self._usage_at = tokens - take, now
+        later = set(usage[take:])
+        if later:
+            self.writes.labels("status", "deferred").inc(len(later))
+            if self._usage_wake is None:
+                wait = max(self.min_interval, min(len(later), self.usage_burst) / self.usage_qps)
+                self._usage_wake = asyncio.get_running_loop().call_later(wait, self._usage_due)
+        return {n: st for n, st in statuses.items() if n not in later}
+
+    def _usage_due(self) -> None:
+        self._usage_wake = None
+        self.poke.set()
 
     async def _deboard(self, holders: Mapping[str, list[an.Holder]], bits: Mapping[str, an.NodeBits]) -> None:
         """Make each Node carry what its AcceleratorNode's deboard request asks: the taint while it stands, the

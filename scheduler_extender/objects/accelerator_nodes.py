@@ -541,6 +541,21 @@ def node_bits(node: Mapping[str, Any]) -> NodeBits:
     return NodeBits(str(meta.get("uid") or ""), value, tuple(k for k in LANDING_LABELS if k in labels))
 
 
+USAGE_FIELDS = ("allocated", "holderCount", "holders")
+
+
+def usage_only(previous: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Whether ``status`` changes nothing of ``previous`` but what pods hold there (``allocated``,
+    ``holderCount``, ``holders``): a write the controller may pace (a phase, condition or deboard step never is)."""
+    if not previous:
+        return False
+
+    def rest(st: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in st.items() if k not in USAGE_FIELDS}
+
+    return not status_differs(rest(previous), rest(status))
+
+
 def plan(nodes: Mapping[str, Detection], holders: Mapping[str, list[Holder]],
          existing: Mapping[str, Mapping[str, Any]], now: str,
          bits: Mapping[str, NodeBits] | None = None, timeout_s: float = ONBOARD_TIMEOUT_S) -> Plan:

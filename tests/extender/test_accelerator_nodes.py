@@ -286,3 +286,50 @@ def test_pods_are_adopted_only_when_asked_and_once_managed() -> None:
     assert gpr["metadata"]["labels"] == {"accelstack.io/auto-gpr": "true", an.ADOPTED_LABEL: "g"}
     long = "p" * 80
     assert len(an.adopted_name(long)) == 63 and an.adopted_name(long) != an.adopted_name(long[:-1] + "q")
+
+
+def test_a_status_that_moves_only_its_holders_is_usage_only() -> None:
+    d = an.detect(node(labels=GFD))
+    assert d is not None
+    before = an.desired_status(d, (), 1, {}, NOW)
+    held = an.desired_status(d, [an.Holder("team-a", "p0", "", "nvidia.com/gpu", 2)], 1, before, NOW)
+    assert held["allocated"] == 2 and an.usage_only(before, held)
+    assert not an.usage_only({}, held)  # the first status is no mere usage change
+    moved = {**held, "phase": "Managed"}
+    assert not an.usage_only(before, moved)
+    later = an.desired_status(d, [an.Holder("team-a", "p0", "", "nvidia.com/gpu", 2)], 1, before,
+                              "2026-03-01T11:00:00Z")
+    assert an.usage_only(before, later)  # a condition's lastTransitionTime alone changes nothing
+
+
+async def test_holder_only_writes_are_paced_and_the_rest_follow() -> None:
+    """A burst of binds over many nodes: status writes that change only the holders go at --node-usage-qps (the
+    burst first), a phase change is never held back, and the controller asks for the pass that writes the rest."""
+    import asyncio
+    import types
+
+    from kubeapi.client import api_metrics
+    from scheduler_extender.controller.accelerator_nodes import AcceleratorNodeController
+    from scheduler_extender.objects.cluster import ClusterView
+
+    d = an.detect(node(labels=GFD))
+    assert d is not None
+    now = [1000.0]
+    kube: Any = types.SimpleNamespace(client=types.SimpleNamespace(metrics=api_metrics(None)))  # never called here
+    ctl = AcceleratorNodeController(kube, ClusterView(("nvidia.com/gpu",)),
+                                    min_interval=0.05, usage_qps=20, usage_burst=3, clock=lambda: now[0])
+    idle = an.desired_status(d, (), 1, {}, NOW)
+    for i in range(8):
+        ctl.objects[f"n{i}"] = {"metadata": {"name": f"n{i}"}, "status": idle}
+    holder = [an.Holder("team-a", "p", "", "nvidia.com/gpu", 1)]
+    statuses = {f"n{i}": an.desired_status(d, holder, 1, idle, NOW) for i in range(7)}
+    statuses["n7"] = {**idle, "phase": "Failed"}
+    first = ctl._paced(statuses)
+    assert sorted(first) == ["n0", "n1", "n2", "n7"]  # the burst (3) in name order, and the phase change
+    assert ctl._paced(statuses).keys() == {"n7"}  # no token left at the same instant
+    now[0] += 0.1  # two tokens at 20/s
+    assert sorted(ctl._paced({n: s for n, s in statuses.items() if n not in first})) == ["n3", "n4"]
+    await asyncio.wait_for(ctl.poke.wait(), 5)  # the pass for the rest is asked for
+    unlimited = AcceleratorNodeController(kube, ClusterView(("nvidia.com/gpu",)), usage_qps=0)
+    unlimited.objects = dict(ctl.objects)
+    assert unlimited._paced(statuses).keys() == statuses.keys()
