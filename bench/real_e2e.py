@@ -145,13 +145,20 @@ async def make_nodes(api: Admin, count: int) -> list[str]:
     return names
 
 
-async def write_counts(api: Admin) -> dict[str, float]:
+async def write_counts(api: Admin) -> tuple[dict[str, float], dict[str, float]]:
     """The API server's writes so far by verb and resource (``PATCH nodes``, ``UPDATE pods/status``), Leases left
-    out (``apiserver_request_total``)."""
+    out (``apiserver_request_total``), and the watch events it sent by kind (``apiserver_watch_events_total``:
+    one write fans out to every watcher of its kind)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     kinds: dict[str, float] = {}
+    sent: dict[str, float] = {}
     for fam in text_string_to_metric_families(await api.text("metrics")):
+        if fam.name == "apiserver_watch_events":
+            for s in fam.samples:
+                if s.name == "apiserver_watch_events_total":
+                    kind = s.labels.get("kind") or s.labels.get("resource") or "?"
+                    sent[kind] = sent.get(kind, 0.0) + s.value
         if fam.name != "apiserver_request":
             continue
         for s in fam.samples:
@@ -160,7 +167,7 @@ async def write_counts(api: Admin) -> dict[str, float]:
                 sub = s.labels.get("subresource")
                 kind = f"{s.labels['verb']} {s.labels.get('resource')}{'/' + sub if sub else ''}"
                 kinds[kind] = kinds.get(kind, 0.0) + s.value
-    return kinds
+    return kinds, sent
 
 
 def histogram_p99(text: str, name: str, match: dict[str, str]) -> tuple[dict[float, float], float]:
@@ -200,6 +207,7 @@ class Result:
     orphans: int = 0
     writes_per_pod: float = 0.0
     writes_by_kind: dict[str, float] = field(default_factory=dict)  # per pod
+    watch_events: dict[str, float] = field(default_factory=dict)  # sent per pod, by kind
     cpu: dict[str, float] = field(default_factory=dict)
     bind_p99: float = float("nan")
     timeouts: int = 0
@@ -400,7 +408,7 @@ class Bench:
             watcher = asyncio.create_task(self._watch(ns, bound, stop))
             await asyncio.sleep(0.5)  # the watch is open before the first create
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-            writes0 = await write_counts(self.api)
+            writes0, sent0 = await write_counts(self.api)
             created: dict[str, float] = {}
 
             async def create(i: int) -> None:
@@ -423,7 +431,7 @@ class Bench:
                 elif time.monotonic() - last_progress > 60:
                     break  # no bind for a minute: what is left will not be bound
             stop.set()
-            writes1 = await write_counts(self.api)
+            writes1, sent1 = await write_counts(self.api)
             res.cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
             watcher.cancel()
             res.bound = sum(1 for n in created if n in bound)
@@ -433,6 +441,8 @@ class Bench:
             per_pod = {k: (v - writes0.get(k, 0.0)) / max(1, len(created)) for k, v in writes1.items()}
             res.writes_by_kind = {k: v for k, v in sorted(per_pod.items(), key=lambda kv: -kv[1]) if v > 0}
             res.writes_per_pod = sum(res.writes_by_kind.values())
+            sent = {k: (v - sent0.get(k, 0.0)) / max(1, len(created)) for k, v in sent1.items()}
+            res.watch_events = {k: v for k, v in sorted(sent.items(), key=lambda kv: -kv[1]) if v >= 0.01}
             res.over = await self._overallocated()
             if arm.extender == "accelstack":
                 res.orphans = await self._orphans(ns)
@@ -561,6 +571,7 @@ async def part_e2e_real(pods: int, nodes: int, rounds: int, clients: int, arms: 
                 log(f"round {rnd + 1}/{rounds} {arm.key}: {r.bound}/{pods} bound, {r.pods_per_s:.1f} pods/s, "
                     f"p50 {statistics.median(r.lat or [float('nan')]):.2f} s, refused {r.refused}, over {r.over}, "
                     f"writes/pod {r.writes_per_pod:.1f} ({', '.join(f'{k} {v:.2f}' for k, v in r.writes_by_kind.items())}), "
+                    f"watch events sent/pod ({', '.join(f'{k} {v:.1f}' for k, v in r.watch_events.items())}), "
                     f"cpu {', '.join(f'{k} {v:.1f}' for k, v in r.cpu.items())}")
         await bench.api.close()
     finally:
