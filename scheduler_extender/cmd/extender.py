@@ -12,14 +12,13 @@ import importlib
 import logging
 import os
 import signal
-import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler_extender.api.views import DEFAULT_GROUP_LABEL
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_body import DEFAULT_BODY_TIMEOUT
-from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits
+from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, server_tls
 
 log = logging.getLogger("accelstack.extender")
 ENV = "ACCELSTACK_EXT_"
@@ -156,17 +155,10 @@ async def serve(opts: dict[str, Any]) -> None:
         add_webhook = webhook_routes(kube, opts, server.view)
         if add_webhook is not None:
             add_webhook(server.app)
-    context = None
-    if opts["cert"]:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(opts["cert"], opts["key"])
+    context = server_tls(opts["cert"], opts["key"]) if opts["cert"] else None
     verbs_context = None
-    if opts.get("verbs_host"):
-        verbs_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=opts["client_ca"])
-        verbs_context.minimum_version = ssl.TLSVersion.TLSv1_2
-        verbs_context.verify_mode = ssl.CERT_REQUIRED  # no certificate from that CA: no TLS session at all
-        verbs_context.load_cert_chain(opts["cert"], opts["key"])
+    if opts.get("verbs_host"):  # a client certificate from that CA or no TLS session at all
+        verbs_context = server_tls(opts["cert"], opts["key"], client_ca=opts["client_ca"])
     else:
         log.warning("--insecure-verbs: the extender verbs (bind included) are served on --listen without client "
                     "authentication: anyone who reaches it can call them")

@@ -40,7 +40,7 @@ from scheduler_extender.multicluster.kubeconfig import KubeconfigError, Kubeconf
 from scheduler_extender.multicluster.workspaces import WorkspaceDispatcher
 from scheduler_extender.objects.kube import Kube
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
-from service.http_listener import Limits, serve_app
+from service.http_listener import Limits, serve_app, server_tls
 from service.probes import informer_problems, probe_routes, serve_until_signal
 
 log = logging.getLogger("accelstack.hub")
@@ -132,9 +132,7 @@ class HubProcess:
                                          self.api.authorizer, parse_expiry, KubeconfigError, self.api.limiter)
         self.tls: ssl.SSLContext | None = None
         if opts.get("cert"):
-            self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            self.tls.minimum_version = ssl.TLSVersion.TLSv1_2
-            self.tls.load_cert_chain(opts["cert"], opts["key"])
+            self.tls = server_tls(opts["cert"], opts["key"])
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None

@@ -18,6 +18,7 @@ import logging
 import os
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
@@ -197,3 +198,57 @@ async def test_fuzzed_request_heads_never_get_a_5xx_or_a_traceback(caplog: pytes
     no_secret_in_logs(caplog.records)
     tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
     assert not tracebacks, [(r.name, r.getMessage()) for r in tracebacks[:3]]
+
+
+async def test_tls_listeners_issue_no_session_tickets_and_the_verbs_require_a_client_certificate(
+        tmp_path: Path) -> None:
+    """``server_tls``: no TLS 1.3 session tickets (their clients never resume; each ticket cost CPU on every
+    handshake), and with a client CA no session without a certificate from it."""
+    import socket
+    import ssl
+    import subprocess
+
+    from aiohttp import web
+
+    from service.http_listener import serve_app, server_tls
+
+    folder = tmp_path
+
+    def pair(name: str, cn: str) -> tuple[str, str]:
+        key, crt = folder / f"{name}.key", folder / f"{name}.crt"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", f"/CN={cn}",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+        return str(crt), str(key)
+
+    server_crt, server_key = pair("server", "server")
+    client_crt, client_key = pair("client", "accelstack-scheduler")
+    app = web.Application()
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.router.add_get("/", hello)
+    runner, port = await serve_app(app, "127.0.0.1", 0, ssl_context=server_tls(server_crt, server_key,
+                                                                               client_ca=client_crt))
+
+    def call(with_cert: bool) -> bool:
+        ctx = ssl.create_default_context(cafile=server_crt)
+        if with_cert:
+            ctx.load_cert_chain(client_crt, client_key)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+            assert tls.version() == "TLSv1.3"
+            return bool(tls.session is not None and tls.session.has_ticket)
+
+    try:
+        assert await asyncio.to_thread(call, True) is False  # no ticket to resume with
+        with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError, AssertionError)):
+            await asyncio.to_thread(call, False)  # no client certificate: no session
+    finally:
+        await runner.cleanup()
