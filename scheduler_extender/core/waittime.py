@@ -356,7 +356,7 @@ class Calibrator:
         self.min_samples = min_samples
         self.max_count = max_count
         self.range_q = range_q
-        self._hist: dict[tuple[str, ...], list[float]] = {}  # () -> counts (CAL_BINS) + [total]
+        self._hist: list[float] | None = None  # counts (CAL_BINS) + [total]; None before the first start
         # what ratios() answers (None: nothing known yet), until the next observation (10,000 estimates a refresh)
         self._answer: tuple[float, float, float] | None = None
         self._stale = True
@@ -366,9 +366,9 @@ class Calibrator:
             return
         lr = math.log((max(actual_wait, 0.0) + CAL_SLACK_S) / (max(projected_wait, 0.0) + CAL_SLACK_S))
         b = min(CAL_BINS - 1, max(0, round(lr / CAL_STEP) + CAL_BINS // 2))
-        h = self._hist.get(())
+        h = self._hist
         if h is None:
-            h = self._hist[()] = [0.0] * (CAL_BINS + 1)
+            h = self._hist = [0.0] * (CAL_BINS + 1)
         h[b] += 1.0
         h[-1] += 1.0
         if h[-1] > self.max_count:
@@ -385,7 +385,7 @@ class Calibrator:
         return self._answer
 
     def _ratios(self) -> tuple[float, float, float] | None:
-        h = self._hist.get(())
+        h = self._hist
         if h is None or h[-1] < self.min_samples:
             return None
         total, acc, out = h[-1], 0.0, []
@@ -400,16 +400,17 @@ class Calibrator:
         return (out[0], out[1], out[2])
 
     def to_state(self) -> dict[str, Any]:
-        """JSON-able: the non-empty bins of each bucket."""
-        return {"step": CAL_STEP, "bins": CAL_BINS, "buckets": [
-            {"k": list(key), "c": [[i, round(c, 4)] for i, c in enumerate(h[:-1]) if c > 0]}
-            for key, h in sorted(self._hist.items())]}
+        """JSON-able: the non-empty bins, as the one bucket (key ``[]``) of the per-bucket form states had before
+        the calibration was pooled (so either reads the other's)."""
+        h = self._hist
+        return {"step": CAL_STEP, "bins": CAL_BINS, "buckets": [] if h is None else [
+            {"k": [], "c": [[i, round(c, 4)] for i, c in enumerate(h[:-1]) if c > 0]}]}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Replace what is known with ``state`` (from :meth:`to_state`); ValueError naming what is wrong."""
         if not isinstance(state, dict) or state.get("step") != CAL_STEP or state.get("bins") != CAL_BINS:
             raise ValueError("calibrator state: written with different bins")
-        hist: dict[tuple[str, ...], list[float]] = {}
+        hist: list[float] | None = None
         try:
             for item in state["buckets"]:
                 h = [0.0] * (CAL_BINS + 1)
@@ -420,7 +421,7 @@ class Calibrator:
                 h[-1] = sum(h[:-1])
                 key = tuple(str(x) for x in item["k"])
                 if key == ():  # a state written per class x decade also holds the pooled bucket: only it is used
-                    hist[key] = h
+                    hist = h
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"calibrator state: {exc}") from exc
         self._hist, self._answer, self._stale = hist, None, True
