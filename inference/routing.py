@@ -114,16 +114,29 @@ def has_room(replica: Replica, max_inflight: int, now: float) -> bool:
 
 
 def pick(route: ModelRoute, rng: random.Random, now: float, exclude: Sequence[str] = ()) -> Replica | None:
-    """The replica for the next request, or None when no replica has room (the caller queues the request).
+    """The replica for the next request, or None when no replica has room (the caller queues the request): the
+    least loaded primary replica with room (:func:`least_loaded`'s order), else the least loaded burst one.
 
-    ``exclude``: URLs already tried for this request (a retry goes elsewhere).
+    ``exclude``: URLs already tried for this request (a retry goes elsewhere). One pass over the replicas, every
+    test inline: this runs for every proxied request.
     """
-    for pool in (POOL_PRIMARY, POOL_BURST):
-        candidates = [r for r in route.replicas.values()
-                      if r.pool == pool and r.url not in exclude and has_room(r, route.max_inflight, now)]
-        if candidates:
-            return least_loaded(candidates, rng)
-    return None
+    limit = route.max_inflight
+    primary: list[Replica] = []
+    burst: list[Replica] = []
+    for replica in route.replicas.values():
+        if replica.outstanding >= limit or now < replica.ejected_until:
+            continue
+        spec = replica.spec
+        if exclude and spec.url in exclude:
+            continue
+        if spec.pool == POOL_PRIMARY:
+            primary.append(replica)
+        elif spec.pool == POOL_BURST:
+            burst.append(replica)
+    candidates = primary or burst
+    if not candidates:
+        return None
+    return candidates[0] if len(candidates) == 1 else least_loaded(candidates, rng)
 
 
 def least_loaded(candidates: Sequence[Replica], rng: random.Random) -> Replica:

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
@@ -148,8 +148,8 @@ class GatewayMetrics:
                                           "HPA's per-pod metric)", ["model", "replica_namespace", "replica_pod"])
         self.queue_depth = Gauge(P + "queue_depth", "Requests waiting for a replica with room", ["model"],
                                  registry=r)
-        self.queue_seconds = Histogram(P + "queue_seconds", "Time requests waited for a replica", ["model"],
-                                       buckets=_QUEUE, registry=r)
+        self.queue_seconds = HotMetric("histogram", P + "queue_seconds", "Time requests waited for a replica",
+                                       ["model"], buckets=_QUEUE)
         self.queue_stalled = Gauge(P + "queue_stalled", "Queued requests that a replica with room could serve "
                                    "but nobody woke (a watchdog: always 0 unless the queue's accounting leaked)",
                                    ["model"], registry=r)
@@ -164,7 +164,7 @@ class GatewayMetrics:
         self.config_errors = Gauge(P + "config_errors", "Malformed API-key Secrets and model conflicts in the "
                                    "last discovery pass", registry=r)
         r.register(_HotCollector([self.requests, self.latency, self.ttfb, self.inflight, self.replica_inflight,  # type: ignore[arg-type]
-                                  self.tokens]))
+                                  self.tokens, self.queue_seconds]))
         self._children: dict[tuple[str, ...], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:

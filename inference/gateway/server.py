@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -513,9 +513,12 @@ class Gateway:
         return min(60.0, max(1.0, (len(live.waiters) + 1) * live.mean_latency / capacity))
 
     # ---- proxying ---------------------------------------------------------------------------------------------
-    async def proxy(self, request: Request) -> Response | Stream:
-        if not self.settings.access_log:
-            return await self._proxy(request, {})
+    def proxy(self, request: Request) -> Coroutine[Any, Any, Response | Stream]:
+        """The proxied request, with its access-log line when ``access_log`` is on (no extra coroutine when it
+        is off: every resumption of a request's task goes through each coroutine it awaits)."""
+        return self._proxy(request, {}) if not self.settings.access_log else self._logged(request)
+
+    async def _logged(self, request: Request) -> Response | Stream:
         start = self.clock()
         seen: dict[str, str] = {}
         status = 499  # the client left before an answer (nginx's code for it)
