@@ -775,8 +775,7 @@ class Gateway:
             if b'"usage"' in chunk:
                 self._count_stream_usage(model, chunk)
             try:
-                async with asyncio.timeout(self.settings.idle_timeout):
-                    chunk = await upstream.readany()
+                chunk = await upstream.readany_within(self.settings.idle_timeout)  # UpstreamTimeout past it
             except (TimeoutError, UpstreamError) as exc:
                 self._failed(live, replica)
                 timeout = isinstance(exc, TimeoutError)

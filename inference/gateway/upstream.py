@@ -79,9 +79,23 @@ class Answer:
 
     def end_deadline(self) -> None:
         """The deadline given to :meth:`Pool.request` no longer applies (a stream's first chunk came: from here on
-        the caller bounds each chunk itself)."""
+        the caller bounds each chunk itself, with :meth:`readany_within`)."""
         if self._conn is not None:
             self._conn.deadline = _NEVER
+
+    async def readany_within(self, seconds: float) -> bytes:
+        """:meth:`readany`, which must return within ``seconds`` or raise :class:`UpstreamTimeout` (the connection
+        aborted): a stream's idle bound between two chunks, kept by the connection's one lazy timer instead of an
+        ``asyncio.timeout`` (a timer and a context) per chunk. Only the wait is bounded: the time the caller then
+        takes to pass the chunk on (a slow client) is not."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        conn.set_deadline(conn._loop.time() + seconds)
+        try:
+            return await conn.readany()
+        finally:
+            conn.deadline = _NEVER
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -119,11 +133,7 @@ class _Connection(asyncio.Protocol):
     # ---- the exchange ----------------------------------------------------------------------------------------
     async def exchange(self, head: bytes, body: bytes, deadline: float = _NEVER) -> Answer:
         assert self.transport is not None
-        self.deadline = deadline
-        if deadline < self._timer_at:  # no timer, or one set for later than this deadline
-            if self._deadline_timer is not None:
-                self._deadline_timer.cancel()
-            self._deadline_timer, self._timer_at = self._loop.call_at(deadline, self._deadline_due), deadline
+        self.set_deadline(deadline)
         self._state, self._buf, self._searched = _HEAD, bytearray(), 0
         self._chunks, self._buffered, self._error, self._reusable = [], 0, None, False
         self._head = self._loop.create_future()
@@ -151,6 +161,15 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def set_deadline(self, deadline: float) -> None:
+        """The exchange in progress must end (or its next read return) by ``deadline`` (loop time): a timer is
+        armed only when none is set for that time or earlier (see :meth:`_deadline_due`)."""
+        self.deadline = deadline
+        if deadline < self._timer_at:  # no timer, or one set for later than this deadline
+            if self._deadline_timer is not None:
+                self._deadline_timer.cancel()
+            self._deadline_timer, self._timer_at = self._loop.call_at(deadline, self._deadline_due), deadline
 
     def _deadline_due(self) -> None:
         """The deadline timer fired: fail the exchange if its deadline passed; else (the connection went on to a

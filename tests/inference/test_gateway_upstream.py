@@ -330,3 +330,55 @@ async def test_a_stream_past_its_first_chunk_is_no_longer_bounded_by_the_deadlin
     answer.close()
     assert pool.idle(replica.host, replica.port) == 1
     pool.close()
+
+
+async def test_a_read_within_a_bound_ends_a_stalled_stream(
+        replica_of: Callable[[Script], Awaitable[RawReplica]]) -> None:
+    """``readany_within`` (a stream's idle timeout between chunks): a replica that stops sending mid-stream is an
+    UpstreamTimeout, a TimeoutError, and the connection is not reused."""
+    stop = asyncio.Event()
+
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _req: bytes) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst \r\n")
+        await w.drain()
+        await stop.wait()  # never another chunk
+
+    replica = await replica_of(script)
+    pool = Pool()
+    answer = await pool.request(replica.host, replica.port, replica.head(), b"{}", timeout=30)
+    answer.end_deadline()
+    assert await answer.readany_within(5) == b"first "
+    with pytest.raises(UpstreamTimeout) as caught:
+        await answer.readany_within(0.2)
+    assert isinstance(caught.value, TimeoutError)
+    answer.close()
+    assert pool.idle(replica.host, replica.port) == 0
+    stop.set()
+    pool.close()
+
+
+async def test_a_read_within_a_bound_does_not_bound_the_time_between_reads(
+        replica_of: Callable[[Script], Awaitable[RawReplica]]) -> None:
+    """The bound covers the wait for the next chunk only: a caller that takes longer than it to pass a chunk on
+    (a slow client) does not end the stream."""
+    more = asyncio.Event()
+
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _req: bytes) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst \r\n")
+        await w.drain()
+        await more.wait()
+        w.write(b"4\r\nlast\r\n0\r\n\r\n")
+        await w.drain()
+
+    replica = await replica_of(script)
+    pool = Pool()
+    answer = await pool.request(replica.host, replica.port, replica.head(), b"{}", timeout=30)
+    answer.end_deadline()
+    assert await answer.readany_within(0.5) == b"first "
+    await asyncio.sleep(0.8)  # past the first read's bound, between reads, the stream still open
+    more.set()
+    assert await answer.readany_within(5.0) == b"last"
+    assert await answer.readany_within(5.0) == b""
+    answer.close()
+    assert pool.idle(replica.host, replica.port) == 1
+    pool.close()
