@@ -147,7 +147,8 @@ def least_loaded(candidates: Sequence[Replica], rng: random.Random) -> Replica:
     best: list[Replica] = []
     best_key = (math.inf, math.inf)
     for replica in candidates:
-        key = (replica.load(), replica.latency)
+        weight = replica.spec.weight  # Replica.load(), inline: this runs for every candidate of every request
+        key = (max(replica.outstanding, replica.reported_queue) / (weight if weight > 0 else 1.0), replica.latency)
         if key < best_key:
             best, best_key = [replica], key
         elif key == best_key:
