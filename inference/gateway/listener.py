@@ -69,6 +69,11 @@ _HEADER_LINES = re.compile(rb"(?:" + _TOKEN + rb":[^\x00-\x08\x0a-\x1f\x7f]*\r\n
 # a checked header block's lines as (name, value without the blanks around it)
 # (no lazy quantifier: a value of many blanks costs linear time, not quadratic)
 _HEADER_PAIRS = re.compile(r"([^:]*):[ \t]*((?:[^\r]*[^\r \t])?)[ \t]*\r\n")
+# a Content-Length line of a header block (each line after its CRLF), its value digits only
+_CONTENT_LENGTH_LINE = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?=\r\n|\Z)", re.IGNORECASE)
+_BLOCKS_SEEN: dict[bytes, Headers] = {}  # header blocks parsed before, less their Content-Length line
+_BLOCK_CACHE_SIZE = 512  # blocks kept (all forgotten when full: a client's next request parses its block again)
+_BLOCK_CACHE_BYTES = 4096  # larger blocks are parsed every time (the cache holds at most 2 MiB of keys)
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEAD, _BODY, _BUSY, _CLOSED = range(4)  # reading a head / a body / the answer in progress / done
@@ -253,9 +258,9 @@ def _head(status: int, headers: Iterable[tuple[str, str]], length: int | None, c
 def _parse_head(head: bytes) -> tuple[str, str, int, Headers]:
     """The request line and headers of ``head`` (without its blank line); :class:`Malformed` when anything is off.
 
-    The header block is checked whole by one regular expression, decoded once (Latin-1: names are checked tokens,
-    values any octets but controls) and split into names and values by another, so a request's headers cost a
-    handful of calls, not a handful each."""
+    A client sends the same header block on request after request but for its ``Content-Length`` (an SDK's
+    headers are fixed per client), so a block seen before, less that line, is not parsed again
+    (:func:`_header_block`); ``Content-Length``'s own line is checked by the expression that finds it."""
     line_end = head.find(b"\r\n")
     first = head if line_end < 0 else head[:line_end]
     if len(first) > MAX_LINE:
@@ -264,29 +269,52 @@ def _parse_head(head: bytes) -> tuple[str, str, int, Headers]:
     if match is None:
         raise Malformed("invalid request line")
     method, target, minor = match.groups()
-    headers = Headers()
-    if line_end >= 0:
-        block = head[line_end + 2:] + b"\r\n"
-        if _HEADER_LINES.fullmatch(block) is None:
-            raise Malformed("invalid header line")
-        if len(block) > MAX_LINE and max(map(len, block.split(b"\r\n"))) > MAX_LINE:  # (no line of a shorter
-            raise Malformed("header line too long", 431)                                # block can be too long)
-        pairs = _HEADER_PAIRS.findall(block.decode("latin-1"))
-        if len(pairs) > MAX_HEADERS:
-            raise Malformed("too many headers", 431)
-        headers = Headers({name.lower(): text for name, text in pairs})
-        if len(headers) < len(pairs):  # a name came more than once: join the values, in order
-            headers = Headers()
-            for name, text in pairs:
-                key = name.lower()
-                seen = _lookup(headers, key)
-                if seen is not None:
-                    if key in ("content-length", "transfer-encoding", "host"):
-                        raise Malformed(f"repeated {key} header")
-                    text = f"{seen}, {text}"
-                dict.__setitem__(headers, key, text)
+    if line_end < 0:
+        headers = Headers()
+    else:
+        tail = head[line_end:]  # every header line, each after its CRLF
+        length = _CONTENT_LENGTH_LINE.search(tail)
+        key = tail if length is None else tail[:length.start()] + tail[length.end():]
+        known = _BLOCKS_SEEN.get(key)
+        if known is None:
+            headers = _header_block(head[line_end + 2:] + b"\r\n")
+            if len(key) <= _BLOCK_CACHE_BYTES and len(headers) < MAX_HEADERS:  # room for the length's line
+                if len(_BLOCKS_SEEN) >= _BLOCK_CACHE_SIZE:
+                    _BLOCKS_SEEN.clear()
+                _BLOCKS_SEEN[key] = Headers(headers)
+                if length is not None:
+                    dict.pop(_BLOCKS_SEEN[key], "content-length", None)
+        else:
+            headers = Headers(known)
+            if length is not None:
+                dict.__setitem__(headers, "content-length", length.group(1).decode("ascii"))
     path = target.split(b"?", 1)[0].decode("ascii")
     return method.decode("ascii"), path, int(minor), headers
+
+
+def _header_block(block: bytes) -> Headers:
+    """A header block's headers (``block`` ends with its last line's CRLF), checked whole by one regular
+    expression, decoded once (Latin-1: names are checked tokens, values any octets but controls) and split into
+    names and values by another; a repeated name's values joined in order."""
+    if _HEADER_LINES.fullmatch(block) is None:
+        raise Malformed("invalid header line")
+    if len(block) > MAX_LINE and max(map(len, block.split(b"\r\n"))) > MAX_LINE:  # (no line of a shorter block
+        raise Malformed("header line too long", 431)                                # can be too long)
+    pairs = _HEADER_PAIRS.findall(block.decode("latin-1"))
+    if len(pairs) > MAX_HEADERS:
+        raise Malformed("too many headers", 431)
+    headers = Headers({name.lower(): text for name, text in pairs})
+    if len(headers) < len(pairs):  # a name came more than once: join the values, in order
+        headers = Headers()
+        for name, text in pairs:
+            key = name.lower()
+            seen = _lookup(headers, key)
+            if seen is not None:
+                if key in ("content-length", "transfer-encoding", "host"):
+                    raise Malformed(f"repeated {key} header")
+                text = f"{seen}, {text}"
+            dict.__setitem__(headers, key, text)
+    return headers
 
 
 class _Connection(asyncio.Protocol):

@@ -427,3 +427,26 @@ async def test_refusals_are_4xx_in_the_openai_shape(make_peers: Any, make_gatewa
     assert b'"error"' in body and b'"type"' in body
     if status in (b"404", b"405"):  # a well-framed refusal: the connection serves the next request
         assert answer.rstrip().endswith(b"ok")
+
+
+async def test_the_same_headers_with_other_lengths_are_read_by_their_own_length(make_peers: Any,
+                                                                                 make_gateway: Any) -> None:
+    """A client's header block is parsed once and then found again, less its Content-Length: each request is still
+    read by its own length (a stale one would cut a longer body short, a 400, or wait for bytes never sent), and a
+    block seen before with a second Content-Length is still refused."""
+    host, port = await start(make_peers, make_gateway)
+    bodies = [b'{"model": "m", "input": "a"}', b'{"model": "m", "input": "' + b"b" * 40 + b'"}',
+              b'{"model": "m", "input": "c"}', b'{"model": "m", "input": "' + b"d" * 200 + b'"}']
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"".join(_post(body) for body in bodies))
+        await writer.drain()
+        answers = await _answers(reader, len(bodies))
+        twice = _post(bodies[0]).replace(b"Content-Length:", b"Content-Length: 28\r\nContent-Length:", 1)
+        writer.write(twice)
+        await writer.drain()
+        refused = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    assert [head.split(b"\r\n", 1)[0] for head, _ in answers] == [b"HTTP/1.1 200 OK"] * len(bodies)
+    assert refused.startswith(b"HTTP/1.1 400") and refused.endswith(MALFORMED_BODY)
