@@ -389,8 +389,39 @@ _HEADER_LINES = re.compile(r"(?:[^:\r\n \t]+:[^\r\n]*\r\n)*")
 _HEADER_PAIRS = re.compile(r"([^:]+):[ \t]*((?:[^\r]*[^\r \t])?)[ \t]*\r\n")
 
 
+_CONTENT_LENGTH_LINE = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?=\r\n|\Z)", re.IGNORECASE)
+_HEADS_SEEN: dict[bytes, tuple[bytes, int, dict[str, str]]] = {}  # heads parsed before, less Content-Length
+_HEAD_CACHE_SIZE = 512  # heads kept (all forgotten when full; a replica's Date changes them once a second)
+_HEAD_CACHE_BYTES = 2048  # larger heads are parsed every time
+
+
 def _parse_head(head: bytes) -> tuple[bytes, int, dict[str, str]] | None:
-    """(version, status, headers with lower-case names; repeated ones joined by ", "), or None if malformed."""
+    """(version, status, headers with lower-case names; repeated ones joined by ", "), or None if malformed.
+
+    A replica answers with the same head but for its ``Content-Length`` (and its ``Date``, once a second), so a
+    head seen before, less that line, is not parsed again."""
+    length = _CONTENT_LENGTH_LINE.search(head)
+    key = head if length is None else head[:length.start()] + head[length.end():]
+    known = _HEADS_SEEN.get(key)
+    if known is not None:
+        version, status, headers = known
+        headers = dict(headers)
+        if length is not None:
+            headers["content-length"] = length.group(1).decode("ascii")
+        return version, status, headers
+    parsed = _parse_whole_head(head)
+    if (parsed is not None and len(key) <= _HEAD_CACHE_BYTES  # and not two lengths (joined, the caller refuses)
+            and parsed[2].get("content-length") == (None if length is None else length.group(1).decode("ascii"))):
+        if len(_HEADS_SEEN) >= _HEAD_CACHE_SIZE:
+            _HEADS_SEEN.clear()
+        base = dict(parsed[2])
+        if length is not None:
+            base.pop("content-length", None)
+        _HEADS_SEEN[key] = (parsed[0], parsed[1], base)
+    return parsed
+
+
+def _parse_whole_head(head: bytes) -> tuple[bytes, int, dict[str, str]] | None:
     line, _, rest = head.partition(b"\r\n")
     parts = line.split(b" ", 2)
     if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or len(parts[1]) != 3 or not parts[1].isdigit():

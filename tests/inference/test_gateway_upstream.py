@@ -382,3 +382,35 @@ async def test_a_read_within_a_bound_does_not_bound_the_time_between_reads(
     answer.close()
     assert pool.idle(replica.host, replica.port) == 1
     pool.close()
+
+
+async def test_the_same_head_with_other_lengths_is_read_by_its_own_length(
+        replica_of: Callable[[Script], Awaitable[RawReplica]]) -> None:
+    """A replica's answer head is parsed once and then found again, less its Content-Length: each answer is still
+    read by its own length, and a head with two lengths is an error every time it comes."""
+    bodies = [b'{"a":1}', b'{"a":1,"b":"' + b"x" * 50 + b'"}', b'{"c":2}']
+
+    async def script(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _req: bytes) -> None:
+        body = bodies[(len(replica.requests) - 1) % len(bodies)]
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                + body)
+        await w.drain()
+
+    replica = await replica_of(script)
+    pool = Pool()
+    for expected in bodies * 2:
+        answer = await pool.request(replica.host, replica.port, replica.head(), b"{}", timeout=30)
+        assert await answer.read() == expected
+        answer.close()
+    assert replica.connections == 1
+
+    async def two_lengths(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _req: bytes) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: 1\r\ncontent-length: 9\r\n\r\nab")
+        await w.drain()
+
+    doubled = await replica_of(two_lengths)
+    for _ in range(2):
+        with pytest.raises(UpstreamError):
+            answer = await pool.request(doubled.host, doubled.port, doubled.head(), b"{}", timeout=30)
+            await answer.read()
+    pool.close()
