@@ -15,6 +15,7 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --quick            # load 4, the first 7 days of each part
     .venv/bin/python bench/bench_estimates.py --parts tuning --loads 4   # while tuning: never the held-out part
     .venv/bin/python bench/bench_estimates.py --parts tuning --variants  # round 3's candidates, scored offline
+    .venv/bin/python bench/bench_estimates.py --parts tuning --lateness  # round 4's candidates, scored offline
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -23,11 +24,19 @@ instead of the mean, and ``--draws`` Monte-Carlo draws of every holder's remaini
 time (stratified, seeded by the GPR's name) projected once per draw (the median over draws; the weighted median,
 weights 1/wait; the P10-P90 over draws as the range). The replay's decisions are untouched (the candidates are
 worked out beside the estimate), so one replay scores them all.
+
+``--lateness`` (tuning part only) does the same for round 4's candidates, factors applied to the projected wait
+before calibration and calibrated from their own corrected first projections: a workspace's lateness (how late
+its queued GPRs run against their first projections, :class:`Lateness`) and its burst rate (its arrivals since
+its oldest queued GPR, extrapolated over the queue's projected wait, :class:`Burst`). Each candidate's row also
+gives how often it scaled an estimate and how its factor correlates with the remaining lateness of today's
+estimate.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import concurrent.futures
 import json
 import math
@@ -35,7 +44,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -298,6 +307,207 @@ def run_variants(part: str, load: float, days: float | None, every: int, draws: 
     return row
 
 
+# ------------------------------------------------------------------ round 4's candidates (--lateness)
+class Lateness(NamedTuple):
+    """One candidate lateness factor: the median over a workspace's queued GPRs (with a first projection) of
+    (elapsed since it + slack) / (first projected wait + slack), each at least 1 (censored: they have not
+    started, so only lateness shows). ``frac``: only those whose elapsed time exceeds ``frac`` of their first
+    projected wait; ``waited``: only those that have waited over 60 s; ``level``: only the estimated GPR's own
+    priority level; ``shrink``: the log factor times n / (n + shrink) for n samples; ``cap``: at most this;
+    ``slacked``: applied to (projected wait + slack) rather than the wait."""
+
+    frac: float = 0.0
+    waited: bool = False
+    level: bool = False
+    shrink: float = 0.0
+    cap: float = math.inf
+    slacked: bool = True
+
+    def label(self) -> str:
+        return (f"frac {self.frac:g}" + (", waited > 60 s" if self.waited else "") + (", same level" if self.level
+                else "") + (f", shrink {self.shrink:g}" if self.shrink else "")
+                + (f", cap {self.cap:g}" if math.isfinite(self.cap) else "") + ("" if self.slacked else ", wait only"))
+
+    def factor(self, samples: list[tuple[float, float, str]], cls: str) -> float:
+        """``samples``: (elapsed, first projected wait, class) of the workspace's queued GPRs."""
+        rs = sorted(max(1.0, (e + CAL_SLACK_S) / (w + CAL_SLACK_S)) for e, w, c in samples
+                    if e >= self.frac * w and (not self.waited or e > 60.0) and (not self.level or c == cls))
+        if not rs:
+            return 1.0
+        n = len(rs)
+        med = rs[n // 2] if n % 2 else math.sqrt(rs[n // 2 - 1] * rs[n // 2])
+        return min(self.cap, math.exp(math.log(med) * n / (n + self.shrink)))
+
+
+LATENESS = [Lateness(frac, waited, level, shrink, cap, slacked)
+            for frac in (0.0, 0.5, 1.0) for waited in (False, True) for level in (False, True)
+            for shrink in (0.0, 3.0) for cap in (math.inf, 4.0) for slacked in (True, False)]
+_RANK = {"low": 0, "medium": 1, "high": 2}
+
+
+class Burst(NamedTuple):
+    """One candidate burst factor: the workspace's arrivals since its oldest still-queued GPR was submitted, as a
+    rate, extrapolated over the median projected remaining wait of its queued GPRs (E further arrivals), against
+    the n queued GPRs that rank ahead: (n + 1 + E) / (n + 1). ``levels``: which arrivals and queued GPRs count
+    (``all``; ``ahead``: the estimated GPR's level or higher; ``higher``: only higher levels); ``shrink`` and
+    ``cap`` as for :class:`Lateness`; applied to (projected wait + slack)."""
+
+    levels: str = "all"
+    shrink: float = 0.0
+    cap: float = math.inf
+    slacked: bool = True
+
+    def label(self) -> str:
+        return (f"burst rate, {self.levels}" + (f", shrink {self.shrink:g}" if self.shrink else "")
+                + (f", cap {self.cap:g}" if math.isfinite(self.cap) else ""))
+
+    def counts(self, rank: int, other: int) -> bool:
+        return self.levels == "all" or (other >= rank if self.levels == "ahead" else other > rank)
+
+    def factor(self, queued: list[tuple[float, int, float]], arrivals: list[tuple[float, int]], rank: int,
+               now: float) -> float:
+        """``queued``: (submitted at, level rank, projected remaining wait) of the workspace's queued GPRs;
+        ``arrivals``: (submitted at, level rank) of all its GPRs, in submission order."""
+        if not queued:
+            return 1.0
+        oldest = min(q[0] for q in queued)
+        lo = bisect.bisect_left(arrivals, (oldest, -1))
+        came = sum(1 for t, r in arrivals[lo:] if t <= now and self.counts(rank, r))
+        rem = sorted(q[2] for q in queued if math.isfinite(q[2]))
+        wait = max(0.0, rem[len(rem) // 2]) if rem else 0.0
+        extra = came / max(now - oldest, 60.0) * wait
+        n = sum(1 for q in queued if self.counts(rank, q[1]))
+        f = (n + 1 + extra) / (n + 1)
+        return min(self.cap, math.exp(math.log(f) * len(queued) / (len(queued) + self.shrink)))
+
+
+BURST = [Burst(levels, shrink, cap) for levels in ("all", "ahead", "higher") for shrink in (0.0, 3.0)
+         for cap in (math.inf, 2.0)]
+CANDIDATES: list[Lateness | Burst] = [*LATENESS, *BURST]
+
+
+class _LatenessRecorder:
+    """Works out each candidate's factor for the sampled GPR and for every GPR first projected, from the engine's
+    first projections of the GPRs queued *before* the estimate (as a live pass would see them), and logs them
+    with the raw projection and the actual starts."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.arrivals: dict[str, list[tuple[float, int]]] = {}  # workspace -> (submitted at, level rank)
+
+    def submitted(self, g: Any, now: float) -> None:
+        self.arrivals.setdefault(g.workspace, []).append((now, _RANK[priority_class(g.priority)]))
+
+    def estimated(self, eng: Any, now: float, upto: str, before: dict[str, tuple[float, float, str]]) -> None:
+        raw = eng.projection
+        by_ws: dict[str, list[tuple[float, float, str]]] = {}
+        queued: dict[str, list[tuple[float, int, float]]] = {}
+        for name, (t0, w0, cls) in before.items():
+            g = eng.gprs.get(name)
+            if g is not None and name in raw:
+                by_ws.setdefault(g.workspace, []).append((now - t0, w0, cls))
+                queued.setdefault(g.workspace, []).append((g.submitted_at, _RANK[cls], raw[name] - now))
+        memo: dict[tuple[str, str], list[float]] = {}
+
+        def factors(name: str) -> list[float]:
+            g = eng.gprs[name]
+            cls = priority_class(g.priority)
+            got = memo.get((g.workspace, cls))
+            if got is None:
+                smp, qd = by_ws.get(g.workspace, []), queued.get(g.workspace, [])
+                arr = self.arrivals.get(g.workspace, [])
+                got = memo[g.workspace, cls] = [v.factor(smp, cls) if isinstance(v, Lateness)
+                                                else v.factor(qd, arr, _RANK[cls], now) for v in CANDIDATES]
+            return got
+
+        for name, (_t0, w0, cls) in eng._first_est.items():
+            if name not in before:
+                self.log.append(("first", name, now, cls, w0, factors(name)))
+        if upto in raw and raw[upto] < math.inf:
+            self.log.append(("est", upto, now, priority_class(eng.gprs[upto].priority), raw[upto] - now,
+                             factors(upto)))
+
+    def admitted(self, name: str, now: float) -> None:
+        self.log.append(("adm", name, now))
+
+
+def _corrected(v: Lateness | Burst, wait: float, f: float) -> float:
+    return max(0.0, (wait + CAL_SLACK_S) * f - CAL_SLACK_S) if v.slacked else wait * f
+
+
+def score_lateness(log: list[tuple[Any, ...]]) -> dict[str, dict[str, float]]:
+    """Today's estimator (factor 1) and each candidate, scored as ``estimate_accuracy`` scores the sampled GPRs
+    that waited over 60 s, each calibrated from its own corrected first projections. ``r_residual``: over those
+    GPRs, the correlation of the candidate's log factor with today's remaining log lateness, log((actual wait +
+    slack) / (today's estimated wait + slack)): what a factor could correct at best (nan where it is constant)."""
+    starts: dict[str, float] = {}
+    for e in log:
+        if e[0] == "adm":
+            starts.setdefault(e[1], e[2])
+    out: dict[str, dict[str, float]] = {}
+    residual: list[float] = []  # today's, in the order of the scored estimates
+    for k, v in [(-1, Lateness()), *enumerate(CANDIDATES)]:
+        cal, first, rel, cover, logf = Calibrator(), {}, [], [], []
+        for e in log:
+            if e[0] == "first":
+                f = 1.0 if k < 0 else e[5][k]
+                first[e[1]] = (e[2], e[3], _corrected(v, e[4], f))
+            elif e[0] == "adm":
+                fe = first.pop(e[1], None)
+                if fe is not None:
+                    cal.observe(fe[1], fe[2], e[2] - fe[0])
+            elif e[1] in starts and starts[e[1]] - e[2] > 60:
+                now, cls, w = e[2], e[3], e[4]
+                f = 1.0 if k < 0 else e[5][k]
+                est, lo, hi = cal.estimate(cls, now, now + _corrected(v, w, f))
+                actual = starts[e[1]]
+                rel.append(abs(est - actual) / (actual - now))
+                cover.append(lo - 1e-6 <= actual <= hi + 1e-6)
+                logf.append(math.log(f))
+                if k < 0:
+                    residual.append(math.log((actual - now + CAL_SLACK_S) / (est - now + CAL_SLACK_S)))
+        spread = len(logf) > 2 and float(np.std(logf)) > 0
+        out["today (factor 1)" if k < 0 else v.label()] = {
+            "waited_n": len(rel), "waited_median_rel_err": float(np.median(rel)) if rel else math.nan,
+            "waited_within_50_pct": 100 * float(np.mean([r <= 0.5 for r in rel])) if rel else math.nan,
+            "waited_coverage_pct": 100 * float(np.mean(cover)) if cover else math.nan,
+            "share_factor_above_1_pct": 100 * float(np.mean([x > 0 for x in logf])) if logf else math.nan,
+            "r_residual": float(np.corrcoef(logf, residual)[0, 1]) if spread else math.nan}
+    return out
+
+
+def run_lateness(part: str, load: float, days: float | None, every: int) -> dict[str, Any]:
+    """:func:`run_one` with round 4's lateness factors recorded beside the estimates and scored offline."""
+    rec = _LatenessRecorder()
+    cls_ = core_scheduler.Scheduler
+    estimate_ranges, admit, submit = cls_.estimate_ranges, cls_._admit, cls_.submit
+
+    def submit_(self: Any, g: Any, now: float, *args: Any, **kw: Any) -> Any:
+        rec.submitted(g, now)
+        return submit(self, g, now, *args, **kw)
+
+    def estimate_ranges_(self: Any, now: float, upto: str | None = None) -> Any:
+        before = dict(self._first_est) if upto is not None else {}
+        out = estimate_ranges(self, now, upto)
+        if upto is not None:
+            rec.estimated(self, now, upto, before)
+        return out
+
+    def admit_(self: Any, g: Any, *args: Any) -> Any:
+        rec.admitted(g.name, args[1])
+        return admit(self, g, *args)
+
+    cls_.estimate_ranges, cls_._admit = estimate_ranges_, admit_  # type: ignore[method-assign,assignment]
+    cls_.submit = submit_  # type: ignore[method-assign]
+    try:
+        row = run_one(part, load, days, every)
+    finally:
+        cls_.estimate_ranges, cls_._admit = estimate_ranges, admit  # type: ignore[method-assign,assignment]
+        cls_.submit = submit  # type: ignore[method-assign]
+    row["variants"] = score_lateness(rec.log)
+    return row
+
+
 def meets(row: dict[str, Any]) -> bool:
     lo, hi = TARGET_COVERAGE
     return row["waited_median_rel_err"] <= TARGET_REL_ERR and lo <= row["waited_coverage_pct"] <= hi
@@ -313,6 +523,8 @@ def main() -> int:
     ap.add_argument("--workers", type=_positive(int), default=2, help="replays at once (2)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--variants", action="store_true", help="score round 3's candidates too (tuning part only)")
+    ap.add_argument("--lateness", action="store_true",
+                    help="score round 4's lateness factors too (tuning part only)")
     ap.add_argument("--draws", type=_positive(int), default=16, help="Monte-Carlo draws for --variants (16)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -323,6 +535,10 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
+    if args.lateness and args.variants:
+        ap.error("--lateness and --variants: one at a time")
+    if args.lateness and parts != ["tuning"]:
+        ap.error("--lateness chooses between estimators: run it on --parts tuning only, never the held-out part")
     if args.variants and parts != ["tuning"]:
         ap.error("--variants chooses between estimators: run it on --parts tuning only, never the held-out part")
     days = args.days if args.days is not None else 7.0 if args.quick else None
@@ -330,6 +546,7 @@ def main() -> int:
     runs = [(p, load) for p in parts for load in loads]
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(args.workers, len(runs))) as pool:
         futs = [pool.submit(run_variants, p, load, days, args.estimate_every, args.draws) if args.variants
+                else pool.submit(run_lateness, p, load, days, args.estimate_every) if args.lateness
                 else pool.submit(run_one, p, load, days, args.estimate_every) for p, load in runs]
         rows = [f.result() for f in futs]
     print(f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"
@@ -343,7 +560,16 @@ def main() -> int:
               f"| {r['wait_mean_s']:,.0f} | {'yes' if meets(r) else 'no'} | {r['cpu_s']:.1f} |")
     print(f"targets: median relative error <= {TARGET_REL_ERR}, coverage {TARGET_COVERAGE[0]:.0f}-"
           f"{TARGET_COVERAGE[1]:.0f}% (jobs that waited over 60 s); wall {time.perf_counter() - t0:.0f} s")
-    if args.variants:
+    if args.lateness:  # 109 candidates: one row each, the loads side by side
+        print("\n| candidate | " + " | ".join(f"load {r['load']:g}: error / coverage (share of estimates scaled, r with "
+                                             "today's residual)" for r in rows) + " |")
+        print("|---|" + "---|" * len(rows))
+        for name in rows[0]["variants"]:
+            print(f"| {name} | " + " | ".join(
+                f"{r['variants'][name]['waited_median_rel_err']:.2f} / {r['variants'][name]['waited_coverage_pct']:.0f}%"
+                f" (>1: {r['variants'][name]['share_factor_above_1_pct']:.0f}%, r {r['variants'][name]['r_residual']:+.2f})"
+                for r in rows) + " |")
+    elif args.variants:
         print("\n| load | candidate | waited > 60 s | median rel. error | within +-50% | P10-P90 coverage |")
         print("|---|---|---|---|---|---|")
         for r in rows:

@@ -1,0 +1,97 @@
+"""Round 4's estimate candidates in ``bench/bench_estimates.py --lateness`` (docs/estimates.md): the factors are
+worked out as documented and scored as the estimate is, so the figures the docs cite measure what they say."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from scheduler_extender.core.waittime import Calibrator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_estimates", ROOT / "bench" / "bench_estimates.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_estimates", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+
+
+def test_lateness_is_the_censored_median_and_only_shows_lateness() -> None:
+    lat = bench.Lateness()
+    # (elapsed since the first projection, first projected wait, class); slack 60 s
+    early = [(0.0, 600.0, "low"), (100.0, 600.0, "low")]
+    assert lat.factor(early, "low") == 1.0  # not started yet and not late: a lower bound of 1, never below
+    late = [(540.0, 0.0, "low"), (1140.0, 0.0, "low"), (0.0, 600.0, "low")]  # ratios 10, 20, floored 1
+    assert lat.factor(late, "low") == pytest.approx(10.0)
+    assert lat.factor([], "low") == 1.0
+
+
+def test_lateness_variants_filter_shrink_and_cap() -> None:
+    smp = [(540.0, 0.0, "high"), (1140.0, 0.0, "high"), (30.0, 600.0, "low"), (90.0, 600.0, "low")]
+    # past their projection only: the two late ones (ratios 10 and 20: their geometric middle)
+    assert bench.Lateness(frac=1.0).factor(smp, "low") == pytest.approx(math.sqrt(200.0))
+    # own level only: the two low ones, neither late
+    assert bench.Lateness(level=True).factor(smp, "low") == 1.0
+    # waited over 60 s only: 540, 1140, 90 -> ratios 10, 20, 1 -> median 10
+    assert bench.Lateness(waited=True).factor(smp, "low") == pytest.approx(10.0)
+    # shrunk: log factor x n / (n + 3) with n = 2
+    assert bench.Lateness(frac=1.0, shrink=3.0).factor(smp, "low") == pytest.approx(200.0 ** (0.5 * 2 / 5))
+    assert bench.Lateness(frac=1.0, cap=4.0).factor(smp, "low") == 4.0
+
+
+def test_burst_extrapolates_the_arrival_rate_over_the_queues_projected_wait() -> None:
+    now = 1000.0
+    # queued: (submitted at, level rank, projected remaining wait); arrivals: (submitted at, level rank)
+    queued = [(400.0, 0, 300.0), (700.0, 0, 600.0), (900.0, 2, 900.0)]
+    arrivals = [(100.0, 0), (400.0, 0), (500.0, 2), (700.0, 0), (900.0, 2)]
+    # since 400: 4 arrivals in 600 s, over the median remaining 600 s: 4 more, against 3 queued: (3 + 1 + 4) / 4
+    assert bench.Burst().factor(queued, arrivals, 0, now) == pytest.approx(2.0)
+    # higher levels than low only: 2 arrivals -> 2 more, 1 queued ranks ahead: (1 + 1 + 2) / 2
+    assert bench.Burst(levels="higher").factor(queued, arrivals, 0, now) == pytest.approx(2.0)
+    # own level and above for a high GPR: the high ones only, as "higher" is for low
+    assert bench.Burst(levels="ahead").factor(queued, arrivals, 2, now) == pytest.approx(2.0)
+    assert bench.Burst(cap=1.5).factor(queued, arrivals, 0, now) == 1.5
+    assert bench.Burst().factor([], arrivals, 0, now) == 1.0
+
+
+def test_scoring_calibrates_each_candidate_from_its_own_corrected_first_projections() -> None:
+    k = len(bench.CANDIDATES)
+    doubled = [2.0] * k  # every candidate doubles every (wait + slack)
+    log: list[tuple[object, ...]] = []
+    for i in range(40):  # first projections of 0 s, each GPR then waits 60 s: (60 + 60) / (0 + 60) = 2
+        log += [("first", f"g{i}", 100.0 * i, "low", 0.0, doubled), ("adm", f"g{i}", 100.0 * i + 60.0)]
+    # the sampled GPR: projected 240 s, starts after 540 s
+    log += [("est", "s", 10_000.0, "low", 240.0, doubled), ("adm", "s", 10_540.0)]
+    out = bench.score_lateness(log)
+    cal = Calibrator()
+    for _ in range(40):
+        cal.observe("low", 0.0, 60.0)
+    today = cal.estimate("low", 10_000.0, 10_240.0).start - 10_000.0  # (240 + 60) x 2 - 60 = 540: exact
+    assert today == pytest.approx(540.0, abs=31.0)  # the histogram's bins are 0.1 wide in the log
+    assert out["today (factor 1)"]["waited_median_rel_err"] == pytest.approx(abs(today - 540.0) / 540.0)
+    # a candidate that doubles them: its calibration sees (0 + 60) x 2 - 60 = 60 s projected against 60 s actual
+    # (ratio 1), and its estimate is the sampled GPR's (240 + 60) x 2 - 60 = 540 s unscaled: exact
+    cand = out[bench.CANDIDATES[0].label()]
+    assert cand["waited_n"] == 1 and cand["waited_median_rel_err"] == pytest.approx(0.0, abs=0.06)
+    assert cand["share_factor_above_1_pct"] == 100.0
+
+
+def test_lateness_refuses_the_held_out_part(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--lateness"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--parts tuning only" in capsys.readouterr().err
