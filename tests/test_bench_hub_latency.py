@@ -3,31 +3,16 @@ simulated agents, and the arithmetic of its figures (the run itself needs KUBEBU
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from scheduler_extender.multicluster.clusters import summarize_node
 from scheduler_extender.multicluster.placement import demand_of
 from scheduler_extender.objects.cluster import GPU
+from tests.bench_module import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_hub_latency", ROOT / "bench" / "bench_hub_latency.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_hub_latency", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_bench("bench_hub_latency")
 
 
 def test_defaults_are_the_issues_world() -> None:

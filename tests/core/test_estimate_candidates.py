@@ -3,29 +3,15 @@ worked out as documented and scored as the estimate is, so the figures the docs 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from scheduler_extender.core.waittime import Calibrator
+from tests.bench_module import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_estimates", ROOT / "bench" / "bench_estimates.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_estimates", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_bench("bench_estimates")
 
 
 def test_lateness_is_the_censored_median_and_only_shows_lateness() -> None:
