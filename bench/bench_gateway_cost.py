@@ -36,8 +36,10 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # its sibling, as a script's neighbour (bench/ is no package)
 
-from bench.bench_gateway import Procs, free_port, load, wait_ready  # noqa: E402
+from bench_gateway import Procs, free_port, load, wait_ready  # noqa: E402
+
 from inference.gateway import listener as lst  # noqa: E402
 from inference.gateway import upstream as up  # noqa: E402
 from inference.gateway.server import Gateway, Settings  # noqa: E402
