@@ -278,7 +278,8 @@ def _parse_head(head: bytes) -> tuple[str, str, int, Headers]:
         known = _BLOCKS_SEEN.get(key)
         if known is None:
             headers = _header_block(head[line_end + 2:] + b"\r\n")
-            if len(key) <= _BLOCK_CACHE_BYTES and len(headers) < MAX_HEADERS:  # room for the length's line
+            # kept only with room for a length's line: a block found again may bring one more line
+            if len(key) <= _BLOCK_CACHE_BYTES and key.count(b"\r\n") < MAX_HEADERS:
                 if len(_BLOCKS_SEEN) >= _BLOCK_CACHE_SIZE:
                     _BLOCKS_SEEN.clear()
                 _BLOCKS_SEEN[key] = Headers(headers)

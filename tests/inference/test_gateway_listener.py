@@ -450,3 +450,16 @@ async def test_the_same_headers_with_other_lengths_are_read_by_their_own_length(
         writer.close()
     assert [head.split(b"\r\n", 1)[0] for head, _ in answers] == [b"HTTP/1.1 200 OK"] * len(bodies)
     assert refused.startswith(b"HTTP/1.1 400") and refused.endswith(MALFORMED_BODY)
+
+
+def test_a_header_block_found_again_still_counts_its_lines() -> None:
+    """A block of exactly the header limit, repeated names joined (so fewer distinct headers than lines), found
+    again with a Content-Length line added: one line over the limit, 431, as if it had never been seen."""
+    from inference.gateway.listener import MAX_HEADERS, Malformed, _parse_head
+
+    lines = b"".join(b"\r\nX-Repeat: %d" % (i % 2) for i in range(MAX_HEADERS - 1))
+    at_limit = b"POST /v1/embeddings HTTP/1.1\r\nHost: x" + lines
+    assert _parse_head(at_limit)[3]["x-repeat"].startswith("0, 1, 0")
+    with pytest.raises(Malformed) as caught:
+        _parse_head(at_limit + b"\r\nContent-Length: 5")
+    assert caught.value.status == 431
