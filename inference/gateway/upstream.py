@@ -387,8 +387,6 @@ class _Connection(asyncio.Protocol):
 # dropped); a head that is not all such lines is malformed
 _HEADER_LINES = re.compile(r"(?:[^:\r\n \t]+:[^\r\n]*\r\n)*")
 _HEADER_PAIRS = re.compile(r"([^:]+):[ \t]*((?:[^\r]*[^\r \t])?)[ \t]*\r\n")
-
-
 _CONTENT_LENGTH_LINE = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?=\r\n|\Z)", re.IGNORECASE)
 _HEADS_SEEN: dict[bytes, tuple[bytes, int, dict[str, str]]] = {}  # heads parsed before, less Content-Length
 _HEAD_CACHE_SIZE = 512  # heads kept (all forgotten when full; a replica's Date changes them once a second)
@@ -467,8 +465,8 @@ class Pool:
         self._all: set[_Connection] = set()
         self._swept = time.monotonic()
         self.opened = 0  # connections opened so far (tests: reuse)
-        # the loop the pool serves, kept at first use: asyncio.get_running_loop() makes a getpid() system call
-        # every time (CPython checks for a fork), 9% of the gateway's in-process cost of a request
+        # the loop the pool serves, kept at first use (asyncio.get_running_loop() checks for a fork with a
+        # getpid() system call every time)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def request(self, host: str, port: int, head: bytes, body: bytes = b"", timeout: float | None = None
