@@ -47,6 +47,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 
+from inference.gateway.heads import SeenHeads, without_length
+
 log = logging.getLogger("accelstack.gateway")
 
 SERVER = "accelstack-gateway"
@@ -69,11 +71,7 @@ _HEADER_LINES = re.compile(rb"(?:" + _TOKEN + rb":[^\x00-\x08\x0a-\x1f\x7f]*\r\n
 # a checked header block's lines as (name, value without the blanks around it)
 # (no lazy quantifier: a value of many blanks costs linear time, not quadratic)
 _HEADER_PAIRS = re.compile(r"([^:]*):[ \t]*((?:[^\r]*[^\r \t])?)[ \t]*\r\n")
-# a Content-Length line of a header block (each line after its CRLF), its value digits only
-_CONTENT_LENGTH_LINE = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?=\r\n|\Z)", re.IGNORECASE)
-_BLOCKS_SEEN: dict[bytes, Headers] = {}  # header blocks parsed before, less their Content-Length line
-_BLOCK_CACHE_SIZE = 512  # blocks kept (all forgotten when full: a client's next request parses its block again)
-_BLOCK_CACHE_BYTES = 4096  # larger blocks are parsed every time (the cache holds at most 2 MiB of keys)
+_BLOCKS_SEEN: SeenHeads[Headers] = SeenHeads(512, 4096)  # header blocks parsed before, less their length's line
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEAD, _BODY, _BUSY, _CLOSED = range(4)  # reading a head / a body / the answer in progress / done
@@ -260,7 +258,7 @@ def _parse_head(head: bytes) -> tuple[str, str, int, Headers]:
 
     A client sends the same header block on request after request but for its ``Content-Length`` (an SDK's
     headers are fixed per client), so a block seen before, less that line, is not parsed again
-    (:func:`_header_block`); ``Content-Length``'s own line is checked by the expression that finds it."""
+    (:mod:`inference.gateway.heads`); ``Content-Length``'s own line is checked by the expression that finds it."""
     line_end = head.find(b"\r\n")
     first = head if line_end < 0 else head[:line_end]
     if len(first) > MAX_LINE:
@@ -272,23 +270,19 @@ def _parse_head(head: bytes) -> tuple[str, str, int, Headers]:
     if line_end < 0:
         headers = Headers()
     else:
-        tail = head[line_end:]  # every header line, each after its CRLF
-        length = _CONTENT_LENGTH_LINE.search(tail)
-        key = tail if length is None else tail[:length.start()] + tail[length.end():]
+        key, length = without_length(head[line_end:])  # every header line, each after its CRLF
         known = _BLOCKS_SEEN.get(key)
         if known is None:
             headers = _header_block(head[line_end + 2:] + b"\r\n")
-            # kept only with room for a length's line: a block found again may bring one more line
-            if len(key) <= _BLOCK_CACHE_BYTES and key.count(b"\r\n") < MAX_HEADERS:
-                if len(_BLOCKS_SEEN) >= _BLOCK_CACHE_SIZE:
-                    _BLOCKS_SEEN.clear()
-                _BLOCKS_SEEN[key] = Headers(headers)
+            if key.count(b"\r\n") < MAX_HEADERS:  # room for a length's line: found again, it may bring one
+                kept = Headers(headers)
                 if length is not None:
-                    dict.pop(_BLOCKS_SEEN[key], "content-length", None)
+                    dict.pop(kept, "content-length", None)
+                _BLOCKS_SEEN.keep(key, kept)
         else:
             headers = Headers(known)
             if length is not None:
-                dict.__setitem__(headers, "content-length", length.group(1).decode("ascii"))
+                dict.__setitem__(headers, "content-length", length)
     path = target.split(b"?", 1)[0].decode("ascii")
     return method.decode("ascii"), path, int(minor), headers
 

@@ -32,6 +32,8 @@ import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from inference.gateway.heads import SeenHeads, without_length
+
 MAX_HEAD = 64 * 1024  # bytes of status line and headers
 MAX_CHUNK_LINE = 4096  # bytes of one chunk-size line (extensions included)
 HIGH_WATER = 256 * 1024  # bytes of body waiting for the reader before the socket is paused
@@ -387,10 +389,8 @@ class _Connection(asyncio.Protocol):
 # dropped); a head that is not all such lines is malformed
 _HEADER_LINES = re.compile(r"(?:[^:\r\n \t]+:[^\r\n]*\r\n)*")
 _HEADER_PAIRS = re.compile(r"([^:]+):[ \t]*((?:[^\r]*[^\r \t])?)[ \t]*\r\n")
-_CONTENT_LENGTH_LINE = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?=\r\n|\Z)", re.IGNORECASE)
-_HEADS_SEEN: dict[bytes, tuple[bytes, int, dict[str, str]]] = {}  # heads parsed before, less Content-Length
-_HEAD_CACHE_SIZE = 512  # heads kept (all forgotten when full; a replica's Date changes them once a second)
-_HEAD_CACHE_BYTES = 2048  # larger heads are parsed every time
+# answer heads parsed before, less their length's line (a replica's Date changes its head once a second)
+_HEADS_SEEN: SeenHeads[tuple[bytes, int, dict[str, str]]] = SeenHeads(512, 2048)
 
 
 def _parse_head(head: bytes) -> tuple[bytes, int, dict[str, str]] | None:
@@ -398,24 +398,20 @@ def _parse_head(head: bytes) -> tuple[bytes, int, dict[str, str]] | None:
 
     A replica answers with the same head but for its ``Content-Length`` (and its ``Date``, once a second), so a
     head seen before, less that line, is not parsed again."""
-    length = _CONTENT_LENGTH_LINE.search(head)
-    key = head if length is None else head[:length.start()] + head[length.end():]
+    key, length = without_length(head)
     known = _HEADS_SEEN.get(key)
     if known is not None:
         version, status, headers = known
         headers = dict(headers)
         if length is not None:
-            headers["content-length"] = length.group(1).decode("ascii")
+            headers["content-length"] = length
         return version, status, headers
     parsed = _parse_whole_head(head)
-    if (parsed is not None and len(key) <= _HEAD_CACHE_BYTES  # and not two lengths (joined, the caller refuses)
-            and parsed[2].get("content-length") == (None if length is None else length.group(1).decode("ascii"))):
-        if len(_HEADS_SEEN) >= _HEAD_CACHE_SIZE:
-            _HEADS_SEEN.clear()
+    # not kept with two lengths (joined here, refused by the caller): found again, it would read as one
+    if parsed is not None and parsed[2].get("content-length") == length:
         base = dict(parsed[2])
-        if length is not None:
-            base.pop("content-length", None)
-        _HEADS_SEEN[key] = (parsed[0], parsed[1], base)
+        base.pop("content-length", None)
+        _HEADS_SEEN.keep(key, (parsed[0], parsed[1], base))
     return parsed
 
 
