@@ -62,6 +62,26 @@ def bound_node(cp: ControlPlane, ns: str, name: str) -> str:
     return str((pod_obj(cp, ns, name).get("spec") or {}).get("nodeName") or "")
 
 
+def wait_bound(cp: ControlPlane, ns: str, name: str, timeout: float = 60.0) -> str:
+    """The node pod ``name`` gets bound to. On a timeout the failure says why the pod was not bound, as far as the
+    cluster tells: its gates, its PodScheduled condition, its last Events and the scheduler's last lines about it
+    (a wait that a loaded machine overran is then told apart from a pod the scheduler gave up on)."""
+    try:
+        return wait_for(f"{name} bound", lambda: bound_node(cp, ns, name), timeout=timeout)
+    except AssertionError as exc:
+        pod = pod_obj(cp, ns, name)
+        gates = [g.get("name") for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+        scheduled = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
+        events = [f"{e.get('reason')}: {str(e.get('message'))[:300]}" for e in events_for(cp, ns, name)[-5:]]
+        said = []
+        for proc_name, proc in cp.procs.items():
+            if "scheduler" in proc_name and proc.log.exists():
+                said += [f"{proc_name}: {line[:300]}" for line in proc.log.read_text(errors="replace").splitlines()
+                         if f"{ns}/{name}" in line or f'"{name}"' in line][-5:]
+        raise AssertionError(f"{exc}; gates {gates}, PodScheduled {scheduled}, events {events}, "
+                             f"scheduler lines {said}") from None
+
+
 def events_for(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
     items = cp.api("GET", f"api/v1/namespaces/{ns}/events").get("items") or []
     return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]

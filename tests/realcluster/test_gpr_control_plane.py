@@ -21,6 +21,7 @@ from tests.realcluster.objects import (
     gpr,
     gpr_status,
     pod,
+    wait_bound,
     wait_for,
 )
 from tests.realcluster.stack import SYSTEM_NS, Stack
@@ -84,7 +85,7 @@ def test_eviction_for_a_higher_priority_gpr_waits_for_the_pdb(cp: ControlPlane, 
     node = nodes.add("one", gpus=8)
     cp.create(pods_path(ns), pod("low-0", gpus=8, gpr_name="low", labels={"app": "low"}))
     cp.create(GPRS.format(ns=ns), gpr("low", devices=8, priority=10, preemptible=True))
-    assert wait_for("low bound", lambda: bound_node(cp, ns, "low-0")) == node
+    assert wait_bound(cp, ns, "low-0") == node
     set_running(cp, ns, "low-0")
     cp.create(f"apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "low"},
@@ -108,7 +109,7 @@ def test_eviction_for_a_higher_priority_gpr_waits_for_the_pdb(cp: ControlPlane, 
     # (maxUnavailable would not do: the disruption controller needs a controller owning the pod to count it)
     cp.patch(pdb, {"spec": {"minAvailable": 0}})
     wait_for("the victim's pod gone", lambda: cp.get(f"{pods_path(ns)}/low-0") is None, timeout=60)
-    assert wait_for("high bound", lambda: bound_node(cp, ns, "high-0"), timeout=60) == node
+    assert wait_bound(cp, ns, "high-0") == node
     assert gpr_status(cp, ns, "low").get("phase") in ("Queued", "Evicted"), gpr_status(cp, ns, "low")
     assert bound_gpus(cp, node) == 8
 
@@ -180,7 +181,7 @@ def test_api_server_restart_under_running_processes(cp: ControlPlane, stack: Sta
     cp.create(pods_path(ns), pod("after-0", gpr_name="after"))
     cp.create(GPRS.format(ns=ns), gpr("after"))
     wait_for("admitted after the restart", lambda: admitted(cp, ns, "after"), timeout=60)
-    wait_for("bound after the restart", lambda: bound_node(cp, ns, "after-0"), timeout=60)
+    wait_bound(cp, ns, "after-0")
     # ready again soon: every informer retries its watch at most 4 s apart while not healthy (a 30 s backoff once
     # left /readyz at 503 for up to 30 s after the server was back)
     wait_for("extender ready after the restart", lambda: stack.extender.status() == 200, timeout=20)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
-from tests.realcluster.objects import GPRS, admitted, bound_node, gpr, pod, pod_obj, wait_for
+from tests.realcluster.objects import GPRS, admitted, gpr, pod, pod_obj, wait_bound, wait_for
 from tests.realcluster.stack import Stack
 
 
@@ -30,7 +30,7 @@ def test_gated_pod_is_admitted_narrowed_and_bound_by_the_real_scheduler(cp: Cont
                                                             "values": sorted(reserved)}]}]
     for i in range(2):
         name = f"train-{i}"
-        node = wait_for(f"{name} bound", lambda: bound_node(cp, ns, name))  # noqa: B023 - called at once
+        node = wait_bound(cp, ns, name)
         assert node in reserved
         assert not pod_obj(cp, ns, f"train-{i}")["spec"].get("schedulingGates")
 
@@ -48,7 +48,7 @@ def test_a_25_node_reservation_is_narrowed_by_name_and_the_real_api_server_takes
     assert {r["node"] for r in status["reservation"]} == names
     cp.create(f"api/v1/namespaces/{ns}/pods", pod("wide-1", gpus=1, gpr_name="wide"))
     for name in ("wide-0", "wide-1"):
-        node = wait_for(f"{name} bound", lambda: bound_node(cp, ns, name))  # noqa: B023 - called at once
+        node = wait_bound(cp, ns, name)
         assert node in names
         terms = pod_obj(cp, ns, name)["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]

@@ -21,6 +21,7 @@ from tests.realcluster.objects import (
     gpr,
     gpr_status,
     pod,
+    wait_bound,
     wait_for,
 )
 from tests.realcluster.stack import Stack
@@ -67,7 +68,7 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     # a running GPR, and an admitted one whose pods have not come yet, on two of the three nodes
     cp.create(pods_path(ns), pod("run-0", gpus=8, gpr_name="run"))
     cp.create(GPRS.format(ns=ns), gpr("run", devices=8))
-    running_on = wait_for("run-0 bound", lambda: bound_node(cp, ns, "run-0"))
+    running_on = wait_bound(cp, ns, "run-0")
     set_running(cp, ns, "run-0")
     wait_for("run Running", lambda: gpr_status(cp, ns, "run").get("phase") == "Running")
     cp.create(GPRS.format(ns=ns), gpr("adm", devices=8))
@@ -137,7 +138,7 @@ def test_deboarding_waits_for_a_pdb_that_blocks_and_goes_on_once_it_allows(cp: C
     node = managed_gpu_node(cp, nodes, "pdb")
     cp.create(pods_path(ns), pod("guarded-0", gpus=8, gpr_name="guarded", labels={"app": "guarded"}))
     cp.create(GPRS.format(ns=ns), gpr("guarded", devices=8))
-    assert wait_for("guarded-0 bound", lambda: bound_node(cp, ns, "guarded-0")) == node
+    assert wait_bound(cp, ns, "guarded-0") == node
     set_running(cp, ns, "guarded-0")
     wait_for("guarded Running", lambda: gpr_status(cp, ns, "guarded").get("phase") == "Running")
     cp.create(f"apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", {
@@ -175,7 +176,7 @@ def test_a_node_deleted_mid_deboard_drops_out_and_its_gprs_requeue_as_for_a_lost
     node = managed_gpu_node(cp, nodes, "lost")
     cp.create(pods_path(ns), pod("held-0", gpus=8, gpr_name="held"))
     cp.create(GPRS.format(ns=ns), gpr("held", devices=8))
-    assert wait_for("held-0 bound", lambda: bound_node(cp, ns, "held-0")) == node
+    assert wait_bound(cp, ns, "held-0") == node
     set_running(cp, ns, "held-0")
     wait_for("held Running", lambda: gpr_status(cp, ns, "held").get("phase") == "Running")
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

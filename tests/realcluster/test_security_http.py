@@ -17,7 +17,7 @@ import pytest
 
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
-from tests.realcluster.objects import GPRS, admitted, bound_node, gpr, pod, pod_obj, wait_for
+from tests.realcluster.objects import GPRS, admitted, gpr, pod, pod_obj, wait_bound, wait_for
 from tests.realcluster.stack import Stack
 
 
@@ -69,5 +69,5 @@ def test_anonymous_bind_is_refused_and_the_real_scheduler_binds_through_mtls(cp:
     cp.create(GPRS.format(ns=ns), gpr("sec", devices=1, nodes=1))
     wait_for("the GPR admitted", lambda: admitted(cp, ns, "sec"))
     cp.create(f"api/v1/namespaces/{ns}/pods", pod("sec-0", gpus=1, gpr_name="sec"))
-    assert wait_for("sec-0 bound", lambda: bound_node(cp, ns, "sec-0")) == node
+    assert wait_bound(cp, ns, "sec-0") == node
     assert not pod_obj(cp, ns, "plain")["spec"].get("nodeName")
