@@ -16,7 +16,8 @@ in the same run and interleaved round by round:
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
 over-allocated nodes (GPUs requested by the pods bound to a node above its 8), orphan GPRs (auto-GPRs no pod
-names), API writes per pod (the API server's own request counter: every POST/PUT/PATCH/DELETE/APPLY but Leases),
+names), API writes per pod (the API server's own request counter: every POST/PUT/PATCH/DELETE/APPLY but Leases;
+its reads, GET and LIST, are printed a pod too),
 CPU seconds of each process, the extender's bind p99 (its histogram) and the scheduler's extender timeouts (its
 log). Between arms the pods and GPRs are deleted and the nodes left empty.
 """
@@ -48,6 +49,7 @@ GPU = "nvidia.com/gpu"
 GPUS = 8
 RAISED = {"qps": 500, "burst": 1000}
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE"}
+READ_VERBS = {"GET", "LIST"}  # a WATCH is counted once when opened: its events are in apiserver_watch_events_total
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -145,14 +147,15 @@ async def make_nodes(api: Admin, count: int) -> list[str]:
     return names
 
 
-async def write_counts(api: Admin) -> tuple[dict[str, float], dict[str, float]]:
+async def write_counts(api: Admin) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """The API server's writes so far by verb and resource (``PATCH nodes``, ``UPDATE pods/status``), Leases left
-    out (``apiserver_request_total``), and the watch events it sent by kind (``apiserver_watch_events_total``:
-    one write fans out to every watcher of its kind)."""
+    out (``apiserver_request_total``), the watch events it sent by kind (``apiserver_watch_events_total``: one
+    write fans out to every watcher of its kind), and its reads (GET and LIST) by resource the same way."""
     from prometheus_client.parser import text_string_to_metric_families
 
     kinds: dict[str, float] = {}
     sent: dict[str, float] = {}
+    reads: dict[str, float] = {}
     for fam in text_string_to_metric_families(await api.text("metrics")):
         if fam.name == "apiserver_watch_events":
             for s in fam.samples:
@@ -162,12 +165,15 @@ async def write_counts(api: Admin) -> tuple[dict[str, float], dict[str, float]]:
         if fam.name != "apiserver_request":
             continue
         for s in fam.samples:
-            if s.name == "apiserver_request_total" and s.labels.get("verb") in WRITE_VERBS \
-                    and s.labels.get("resource") != "leases":
-                sub = s.labels.get("subresource")
-                kind = f"{s.labels['verb']} {s.labels.get('resource')}{'/' + sub if sub else ''}"
-                kinds[kind] = kinds.get(kind, 0.0) + s.value
-    return kinds, sent
+            verb = s.labels.get("verb")
+            if s.name != "apiserver_request_total" or s.labels.get("resource") == "leases" \
+                    or verb not in WRITE_VERBS | READ_VERBS:
+                continue
+            sub = s.labels.get("subresource")
+            kind = f"{verb} {s.labels.get('resource')}{'/' + sub if sub else ''}"
+            into = kinds if verb in WRITE_VERBS else reads
+            into[kind] = into.get(kind, 0.0) + s.value
+    return kinds, sent, reads
 
 
 def histogram_p99(text: str, name: str, match: dict[str, str]) -> tuple[dict[float, float], float]:
@@ -208,6 +214,7 @@ class Result:
     writes_per_pod: float = 0.0
     writes_by_kind: dict[str, float] = field(default_factory=dict)  # per pod
     watch_events: dict[str, float] = field(default_factory=dict)  # sent per pod, by kind
+    reads_by_kind: dict[str, float] = field(default_factory=dict)  # GET and LIST per pod, by verb and resource
     cpu: dict[str, float] = field(default_factory=dict)
     bind_p99: float = float("nan")
     timeouts: int = 0
@@ -411,7 +418,7 @@ class Bench:
             watcher = asyncio.create_task(self._watch(ns, bound, stop))
             await asyncio.sleep(0.5)  # the watch is open before the first create
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-            writes0, sent0 = await write_counts(self.api)
+            writes0, sent0, reads0 = await write_counts(self.api)
             created: dict[str, float] = {}
 
             async def create(i: int) -> None:
@@ -434,7 +441,7 @@ class Bench:
                 elif time.monotonic() - last_progress > 60:
                     break  # no bind for a minute: what is left will not be bound
             stop.set()
-            writes1, sent1 = await write_counts(self.api)
+            writes1, sent1, reads1 = await write_counts(self.api)
             res.cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
             watcher.cancel()
             res.bound = sum(1 for n in created if n in bound)
@@ -446,6 +453,8 @@ class Bench:
             res.writes_per_pod = sum(res.writes_by_kind.values())
             sent = {k: (v - sent0.get(k, 0.0)) / max(1, len(created)) for k, v in sent1.items()}
             res.watch_events = {k: v for k, v in sorted(sent.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+            read = {k: (v - reads0.get(k, 0.0)) / max(1, len(created)) for k, v in reads1.items()}
+            res.reads_by_kind = {k: v for k, v in sorted(read.items(), key=lambda kv: -kv[1]) if v >= 0.01}
             res.over = await self._overallocated()
             if arm.extender == "accelstack":
                 res.orphans = await self._orphans(ns)
@@ -575,6 +584,7 @@ async def part_e2e_real(pods: int, nodes: int, rounds: int, clients: int, arms: 
                     f"p50 {statistics.median(r.lat or [float('nan')]):.2f} s, refused {r.refused}, over {r.over}, "
                     f"writes/pod {r.writes_per_pod:.1f} ({', '.join(f'{k} {v:.2f}' for k, v in r.writes_by_kind.items())}), "
                     f"watch events sent/pod ({', '.join(f'{k} {v:.1f}' for k, v in r.watch_events.items())}), "
+                    f"reads/pod ({', '.join(f'{k} {v:.2f}' for k, v in r.reads_by_kind.items()) or 'under 0.01'}), "
                     f"cpu {', '.join(f'{k} {v:.1f}' for k, v in r.cpu.items())}")
         await bench.api.close()
     finally:
