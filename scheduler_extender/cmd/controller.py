@@ -160,7 +160,7 @@ class ControllerProcess:
                                              eviction_cost_ratio=opts.get("eviction_cost_ratio", EVICTION_COST_RATIO),
                                              eviction_max_wait_s=opts.get("eviction_max_wait_s", EVICTION_MAX_WAIT_S)))
         self.informers = make_informers(kube, self.view, self.service.node_event, self.service.pod_event, self._on_gpr,
-                                        self._sync_gprs) + self.service.informers
+                                        self._sync_gprs, sync_nodes=self.service.sync_nodes) + self.service.informers
         self.limits: Limits = opts.get("limits") or Limits()
         self.stop_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -42,7 +43,7 @@ from scheduler_extender.controller.workspaces import WorkspaceController
 from scheduler_extender.extender.binder import Binder
 from scheduler_extender.extender.routes import VERBS, Extender, ExtenderMetrics
 from scheduler_extender.objects import ledger
-from scheduler_extender.objects.cluster import TERMINAL_POD_PHASES, ClusterView, PodView
+from scheduler_extender.objects.cluster import HOLDING, TERMINAL_POD_PHASES, ClusterView, NodeView, PodView
 from scheduler_extender.objects.kube import ApiError, Kube
 from service.http_body import DEFAULT_BODY_TIMEOUT
 from service.http_listener import Limits, client_names, serve_app
@@ -51,24 +52,59 @@ log = logging.getLogger("accelstack.extender.server")
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
 
 
+def _pod_facts(p: PodView) -> tuple[Any, ...]:
+    """What a pass reads of a pod, but its node."""
+    return p.phase, p.gates, p.terminating, p.gpr, p.ended_at, p.node_selector, p.affinity, p.tolerations
+
+
 def _pod_matters(old: PodView | None, new: PodView | None) -> bool:
     """Whether a pod change of the view can change a controller decision (what pods that ask for no managed resource
     request of a node's CPU and memory counts through :meth:`ControllerService.host_freed`)."""
     if old is None or new is None:
         return old is not new
-    return (old.phase, old.node, old.gates, old.terminating, old.gpr, old.ended_at, old.node_selector, old.affinity,
-            old.tolerations) != (new.phase, new.node, new.gates, new.terminating, new.gpr, new.ended_at,
-                                 new.node_selector, new.affinity, new.tolerations)
+    return old.node != new.node or _pod_facts(old) != _pod_facts(new)
+
+
+def _held_here(view: ClusterView, gpr: str, node: str) -> bool:
+    """Whether GPR ``gpr`` holds devices (Admitted or Running, as the view has it) with ``node`` in its
+    reservation: a pod of it that lands there takes what its reservation already took."""
+    g = view.gprs.get(gpr) if gpr else None
+    return g is not None and g.phase in HOLDING and node in g.reservation
+
+
+def bound_as_reserved(view: ClusterView, old: PodView | None, new: PodView | None) -> bool:
+    """A pod bound (nothing else about it changed) to a node its GPR's reservation holds: no pass decides anything
+    new from that. Its devices were counted as its GPR's since the admission; the GPR turns Running when its pods
+    run, not when they are bound; a pod outside any GPR, or of a GPR the view does not see holding that node
+    (Queued, Evicting, another node, a view behind the status write), still asks for a pass."""
+    return (old is not None and new is not None and not old.node and bool(new.node) and new.live
+            and _pod_facts(old) == _pod_facts(new) and _held_here(view, new.gpr, new.node))
+
+
+def ledger_grew_as_reserved(view: ClusterView, old: NodeView, new: NodeView, labels: Iterable[str]) -> bool:
+    """A node whose only change is ledger entries added for pods of GPRs that hold it in their reservations (the
+    binder's record of :func:`bound_as_reserved` pods): no pass decides anything new from that either. An entry
+    taken back (devices given back) or changed, or anything else about the node, still asks for one."""
+    if len(new.ledger) <= len(old.ledger) or old.ledger_error or new.ledger_error:
+        return False
+    for uid, entry in old.ledger.items():
+        if new.ledger.get(uid) != entry:
+            return False
+    if not all(_held_here(view, e.gpr, new.name) for uid, e in new.ledger.items() if uid not in old.ledger):
+        return False
+    return old.same_capacity(dataclasses.replace(new, ledger=old.ledger, used={}, used_by={}), labels)
 
 
 def make_informers(kube: Kube, view: ClusterView, on_node: Callable[[str, dict[str, Any]], None],
                    on_pod: Callable[[str, dict[str, Any]], None], on_gpr: Callable[[str, dict[str, Any]], None],
-                   sync_gprs: Sync, watch_timeout: tuple[int, int] = (300, 600)) -> list[Informer]:
+                   sync_gprs: Sync, watch_timeout: tuple[int, int] = (300, 600),
+                   sync_nodes: Sync | None = None) -> list[Informer]:
     """The informers that keep ``view``: a relist's items are decoded as they are read (``Listed``) and nodes and
     pods are taken in slices (a relist of 5,000 nodes or 20,000 pods is a few hundred milliseconds of parsing);
     GPRs go through ``sync_gprs`` (each read of a ``Listed`` decodes afresh: one that reads twice decodes once)."""
     return [
-        Informer(kube.client, NODES, on_node, view.resync_nodes, name="nodes", watch_timeout=watch_timeout, lazy=True),
+        Informer(kube.client, NODES, on_node, sync_nodes or view.resync_nodes, name="nodes",
+                 watch_timeout=watch_timeout, lazy=True),
         Informer(kube.client, PODS, on_pod, view.resync_pods, name="pods", watch_timeout=watch_timeout, lazy=True),
         Informer(kube.client, GPRS, on_gpr, sync_gprs, name="gprs", watch_timeout=watch_timeout, lazy=True),
     ]
@@ -165,8 +201,10 @@ class ControllerService:
         self._tasks: list[asyncio.Task[None]] = []
 
     # events from the informers (the owner of the view calls these after updating it)
-    def node_changed(self, old: Any, new: Any) -> None:
-        if old is None or new is None or not old.same_capacity(new, self.view.selector_keys):
+    def node_changed(self, old: NodeView | None, new: NodeView | None) -> None:
+        keys = self.view.selector_keys
+        if old is None or new is None or not (old.same_capacity(new, keys)
+                                              or ledger_grew_as_reserved(self.view, old, new, keys)):
             self.controller.changed()
 
     def on_gpr(self, kind: str, obj: dict[str, Any]) -> None:
@@ -178,16 +216,24 @@ class ControllerService:
         self.workspaces.changed()
 
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
-        if _pod_matters(old, new):
+        if _pod_matters(old, new) and not bound_as_reserved(self.view, old, new):
             self.controller.changed()
         self.accelerator_nodes.pod_changed(old, new)
 
     def node_event(self, kind: str, obj: dict[str, Any]) -> None:
-        """An informer's node event: the view takes it, then a pass is triggered if it changed what passes read."""
+        """An informer's node event: the view takes it, then a pass is triggered if it changed what passes read;
+        the accelerator-node controller takes it too (the process's one node watch)."""
         name = (obj.get("metadata") or {}).get("name", "")
         old = self.view.nodes.get(name)
         self.view.on_node(kind, obj)
         self.node_changed(old, self.view.nodes.get(name))
+        self.accelerator_nodes.on_node(kind, obj)
+
+    async def sync_nodes(self, items: Sequence[dict[str, Any]]) -> None:
+        """A relist of the node informer: the view's, then the accelerator-node controller's (each reads the
+        items as they are decoded)."""
+        await self.view.resync_nodes(items)
+        await self.accelerator_nodes.sync_nodes(items)
 
     def pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         """An informer's pod event: the view takes it, then a pass is triggered if the pod is one passes read, or
@@ -265,7 +311,8 @@ class ExtenderServer:
                                              lease_seconds=lease_seconds, sweep_every=sweep_every,
                                              registry=self.metrics.registry, **controller)
         self.informers = make_informers(kube, self.view, self._on_node, self._on_pod, self._on_gpr, self._sync_gprs,
-                                        watch_timeout) + (self.service.informers if self.service is not None else [])
+                                        watch_timeout, self.service.sync_nodes if self.service is not None else None
+                                        ) + (self.service.informers if self.service is not None else [])
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
                                  registries=(REGISTRY,), body_timeout=body_timeout, fetch_gpr=kube.get_gpr)
         self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,

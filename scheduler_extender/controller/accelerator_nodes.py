@@ -78,9 +78,11 @@ class AcceleratorNodeController:
                               registry=registry)
         self.phases = Gauge(p + "nodes", "Accelerator nodes by phase and managed-by", ["phase", "managed_by"],
                             registry=registry)
+        # Nodes come from the process's one node informer, the cluster view's (its owner calls on_node and
+        # sync_nodes): a second watch of every Node would double what the API server sends for each node change
+        # (a bind's ledger patch, a kubelet's status) and what this process decodes
+        self.nodes_synced = False
         self.informers = [
-            Informer(kube.client, NODES, self._on_node, self._sync_nodes, name="accelerator-nodes-nodes",
-                     watch_timeout=watch_timeout, lazy=True),
             Informer(kube.client, ACCELERATOR_NODES, self._on_object, self._sync_objects, name=an.PLURAL,
                      watch_timeout=watch_timeout),
         ]
@@ -100,7 +102,8 @@ class AcceleratorNodeController:
         self.nodes[name] = small
         return old is None or an.node_bits(old) != an.node_bits(small)
 
-    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+    def on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        """A node event of the view's informer."""
         name = _name(obj)
         if self._keep_node(kind, obj):
             self.poke.set()
@@ -113,7 +116,8 @@ class AcceleratorNodeController:
         if found != old:
             self.poke.set()
 
-    async def _sync_nodes(self, items: Sequence[dict[str, Any]]) -> None:
+    async def sync_nodes(self, items: Sequence[dict[str, Any]]) -> None:
+        """A relist of the view's node informer."""
         detected = {}
         self.nodes = {}
         for i, obj in enumerate(items):  # a Listed: each node decoded as read, reduced, let go
@@ -124,6 +128,7 @@ class AcceleratorNodeController:
             if i % 64 == 63:
                 await asyncio.sleep(0)
         self.detected = detected
+        self.nodes_synced = True
         self.poke.set()
 
     def _on_object(self, kind: str, obj: dict[str, Any]) -> None:
@@ -152,7 +157,7 @@ class AcceleratorNodeController:
 
     @property
     def synced(self) -> bool:
-        return all(i.synced.is_set() for i in self.informers)
+        return self.nodes_synced and all(i.synced.is_set() for i in self.informers)
 
     # ---- a pass ------------------------------------------------------------------------------------------------
     def holders(self) -> dict[str, list[an.Holder]]:
@@ -266,7 +271,7 @@ class AcceleratorNodeController:
             return
         self.writes.labels("node", "ok").inc()
         log.info("accelerator node onboarding: landing label put on", extra={"node": name, "label": label})
-        self._on_node("MODIFIED", written)
+        self.on_node("MODIFIED", written)
 
     async def _adopt(self, node: str, h: an.Holder) -> None:
         """An automatic GPR for a pod that ran on ``node`` before it was onboarded: the GPR first (an automatic GPR

@@ -175,6 +175,52 @@ async def test_only_changes_that_matter_trigger_a_pass() -> None:
     assert poke.is_set()
 
 
+async def test_a_bind_onto_its_gprs_reserved_node_triggers_no_pass() -> None:
+    """A pod of a holding GPR bound to a node of its reservation, and the binder's ledger entry for it, decide
+    nothing new (the reservation took those devices at admission): no pass for either. A bind anywhere else, of a
+    GPR not holding, a ledger entry taken back or one for another GPR's pod still trigger one."""
+    view = ClusterView()
+    async with connected("http://127.0.0.1:9", field_manager="test") as client:  # never called here
+        service = ControllerService(Kube(client), view)
+    poke = service.controller.poke
+    view.on_gpr("ADDED", gpr("g", reservation={"n0": 2}, devices=2))
+    view.on_gpr("ADDED", gpr("q", phase="Queued"))
+    unbound = pod_view(pod("g-0", 1, gpr="g", uid="u0"), view.resources)
+    service.pod_changed(unbound, pod_view(pod("g-0", 1, gpr="g", uid="u0", node_name="n0"), view.resources))
+    assert not poke.is_set()
+    for what, new in [("off its reservation", pod("g-0", 1, gpr="g", uid="u0", node_name="n1")),
+                      ("of a queued GPR", pod("g-0", 1, gpr="q", uid="u0", node_name="n0")),
+                      ("outside any GPR", pod("g-0", 1, uid="u0", node_name="n0")),
+                      ("bound and running at once", pod("g-0", 1, gpr="g", uid="u0", node_name="n0",
+                                                        phase="Running"))]:
+        old = pod_view({**new, "spec": {k: v for k, v in new["spec"].items() if k != "nodeName"},
+                        "status": {"phase": "Pending"}}, view.resources)
+        service.pod_changed(old, pod_view(new, view.resources))
+        assert poke.is_set(), what
+        poke.clear()
+
+    def with_ledger(*entries: tuple[str, str]) -> Any:
+        obj = node("n0", gpus=4)
+        obj["metadata"].setdefault("annotations", {})[ledger.LEDGER_ANNOTATION] = ledger.render(
+            {uid: ledger.Entry(uid, f"default/{uid}", {"nvidia.com/gpu": 1}, f"default/{g}", 1.0)
+             for uid, g in entries})
+        return node_view(obj, view.resources)
+
+    service.node_changed(with_ledger(("u0", "g")), with_ledger(("u0", "g"), ("u1", "g")))
+    assert not poke.is_set()  # the binder recorded g's pod where g holds devices
+    for what, old, new in [("an entry taken back", with_ledger(("u0", "g"), ("u1", "g")), with_ledger(("u0", "g"))),
+                           ("a queued GPR's pod", with_ledger(("u0", "g")), with_ledger(("u0", "g"), ("u1", "q"))),
+                           ("a pod outside any GPR", with_ledger(("u0", "g")), with_ledger(("u0", "g"), ("u1", "")))]:
+        service.node_changed(old, new)
+        assert poke.is_set(), what
+        poke.clear()
+    grown = with_ledger(("u0", "g"), ("u1", "g"))
+    service.node_changed(with_ledger(("u0", "g")), node_view(
+        {**node("n0", gpus=2), "metadata": {**node("n0", gpus=2)["metadata"], "annotations": {
+            ledger.LEDGER_ANNOTATION: ledger.render(grown.ledger)}}}, view.resources))
+    assert poke.is_set()  # the entry and a capacity change at once
+
+
 async def test_the_informers_events_trigger_a_pass_when_cpu_is_given_back() -> None:
     """The informers' callbacks (``ControllerService.node_event``/``pod_event``, what both processes hand the
     informers): a pod that asks for no device but ends, leaves or shrinks on a node with devices triggers a pass; on
