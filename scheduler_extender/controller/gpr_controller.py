@@ -1,7 +1,8 @@
 """The GPR controller: runs :func:`reconcile.plan_pass` over the informers' state and carries out the plan.
 
 While this replica leads, a pass is triggered by an event that matters (a GPR, a pod that asks for a managed
-resource or names a GPR, a node whose capacity, health or ledger changed), coalesced (events arriving while a
+resource or names a GPR, a node whose capacity, health or ledger changed; not a pod bound where its GPR's
+reservation holds devices, nor the binder's ledger entry for it), coalesced (events arriving while a
 pass runs make one more pass, not one each), or by a timer (backoff ends, exitDuration, idle timeouts, resync).
 The pass itself is pure and CPU-bound, so it runs in a worker thread on a snapshot: the event loop keeps
 serving informers, the Lease and HTTP meanwhile. Then, concurrently and bounded:
