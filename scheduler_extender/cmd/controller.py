@@ -24,6 +24,7 @@ from scheduler_extender.cmd.extender import POLICIES, RESOURCE_NAMES, resource_n
 from scheduler_extender.core.eviction import EVICTION_COST_RATIO, EVICTION_MAX_WAIT_S
 from scheduler_extender.core.scheduler import SchedulerConfig
 from scheduler_extender.objects.accelerator_nodes import parse_grace, parse_selector, vendor_id
+from scheduler_extender.objects.cluster import LEDGER_SOURCES
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, serve_app
 from service.probes import informer_problems, probe_routes, serve_until_signal
@@ -46,6 +47,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("idle-timeout", f"{DEFAULT_IDLE_TIMEOUT:g}", "seconds a kept-alive connection may wait for its next request")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
+    add("ledger", "node", "where each node's device ledger is read: node (the Node's accelstack.io/ledger "
+        "annotation, which this controller's leader also sweeps) or memory (the pods bound there: the extender binds "
+        "with --ledger=memory); the same as the extender's --ledger")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between passes when nothing changes")
     add("estimate-every", "30", "seconds between refreshes of queue positions and wait estimates")
@@ -110,12 +114,13 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     flags.existing_file("kubeconfig")
     resources = resource_names(args.resources)
     flags.one_of("policy", POLICIES)
+    flags.one_of("ledger", LEDGER_SOURCES)
     log_level, log_format = flags.logging()
     cost_ratio = None if flags.raw("eviction-cost-ratio").strip().lower() == "off" else flags.number(
         "eviction-cost-ratio", float, 0)
     return {"host": host, "port": port, "kubeconfig": args.kubeconfig, "resources": resources,
             "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "identity": args.identity,
-            "lease_seconds": flags.number("lease-seconds", float, 2), "policy": args.policy,
+            "lease_seconds": flags.number("lease-seconds", float, 2), "policy": args.policy, "ledger": args.ledger,
             "resync": flags.number("resync", float, 0.05),
             "estimate_every": flags.number("estimate-every", float, 1),
             "concurrency": flags.number("concurrency", int, 1),
@@ -143,7 +148,7 @@ class ControllerProcess:
         from scheduler_extender.objects.cluster import ClusterView
 
         self.kube = kube
-        self.view = ClusterView(opts["resources"])
+        self.view = ClusterView(opts["resources"], ledger=opts.get("ledger", "node"))
         self.registry = CollectorRegistry()
         self.service = ControllerService(kube, self.view, lease_namespace=opts["lease_namespace"],
                                          lease_name=opts["lease_name"], identity=opts["identity"],

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler_extender.api.views import DEFAULT_GROUP_LABEL
+from scheduler_extender.objects.cluster import LEDGER_SOURCES
 from service.flags import Checked, Parser, UsageError, add_api_flags, add_logging_flags, adder, run_service
 from service.http_body import DEFAULT_BODY_TIMEOUT
 from service.http_listener import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, Limits, server_tls
@@ -74,6 +75,17 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "head (from accept, or from the first byte of a later request; the TLS handshake too); closed after")
     add("idle-timeout", f"{DEFAULT_IDLE_TIMEOUT:g}", "seconds a kept-alive connection may wait for its next request")
     add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
+    add("ledger", "node", "where each node's device ledger is kept: node (the Node's accelstack.io/ledger "
+        "annotation, written with a conditional patch before each Binding: any number of replicas bind at once) or "
+        "memory (one replica binds at a time, the holder of the Lease --binder-lease: the ledger is its memory and "
+        "the pods' allocations, and a bind is one API call, the Binding; the others answer the verbs 503 and the "
+        "verbs Service routes to the pod it labels accelstack.io/binder=true; the controller must run with the "
+        "same --ledger)")
+    add("binder-lease", "accelstack-binder", "with --ledger=memory: the Lease (in --lease-namespace) whose holder "
+        "binds")
+    add("pod-name", environ.get("POD_NAME", ""), "with --ledger=memory: this replica's pod, which the binder "
+        "labels accelstack.io/binder=true while it binds (the downward API's metadata.name; default $POD_NAME); "
+        "empty: no label")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between controller passes when nothing changes")
     add("controller", "true", "run the leader-elected GPR controller inside this process (its passes run in a worker "
@@ -106,6 +118,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         raise UsageError("--scheduler-listen: must differ from --listen")
     resources = resource_names(args.resources)
     flags.one_of("policy", POLICIES)
+    flags.one_of("ledger", LEDGER_SOURCES)
     log_level, log_format = flags.logging()
     if not args.url_prefix.startswith("/"):
         raise UsageError(f"--url-prefix: must start with '/', got {args.url_prefix!r}")
@@ -124,6 +137,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "node_group_label": node_group_label(args.node_group_label),
         "verbs_host": verbs_host, "verbs_port": verbs_port, "client_ca": args.scheduler_client_ca_file,
         "client_names": tuple(n.strip() for n in args.scheduler_client_names.split(",") if n.strip()),
+        "ledger": args.ledger, "binder_lease": args.binder_lease, "pod_name": args.pod_name,
         "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
                          idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
     }
@@ -150,7 +164,9 @@ async def serve(opts: dict[str, Any]) -> None:
                             resync=opts["resync"], lease_seconds=opts["lease_seconds"],
                             waittime_qps=opts["waittime_qps"], body_timeout=opts["body_timeout"],
                             node_group_label=opts["node_group_label"], verbs_apart=bool(opts.get("verbs_host")),
-                            verbs_clients=opts.get("client_names", ()), limits=opts.get("limits", Limits()))
+                            verbs_clients=opts.get("client_names", ()), limits=opts.get("limits", Limits()),
+                            ledger=opts.get("ledger", "node"), binder_lease=opts.get("binder_lease", "accelstack-binder"),
+                            pod_name=opts.get("pod_name", ""), pod_namespace=os.environ.get("POD_NAMESPACE", ""))
     if opts["webhook"]:
         add_webhook = webhook_routes(kube, opts, server.view)
         if add_webhook is not None:

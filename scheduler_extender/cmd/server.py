@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from kubeapi.client import backoff_delay
 from kubeapi.informer import Informer, Sync
 from kubeapi.leader import LeaderElector
 from kubeapi.resources import GPRS, NODES, PODS
@@ -49,6 +50,7 @@ from service.http_body import DEFAULT_BODY_TIMEOUT
 from service.http_listener import Limits, client_names, serve_app
 
 log = logging.getLogger("accelstack.extender.server")
+BINDER_LABEL = "accelstack.io/binder"  # on the extender pod that binds (ledger "memory"): the verbs Service selects it
 DEFAULT_MAX_BODY = 4 * 1024 * 1024  # 5,000 node names and a pod fit in well under 1 MiB
 
 
@@ -255,12 +257,12 @@ class ControllerService:
     def start(self, stop: asyncio.Event) -> None:
         self._tasks = [
             asyncio.create_task(supervise("leader-election", self.elector.run, stop), name="leader-election"),
-            asyncio.create_task(while_leading(self.elector, stop, {"gpr-controller": self.controller.run,
-                                                                   "ledger-sweep": self._sweeper,
-                                                                   "workspace-controller": self.workspaces.run,
-                                                                   "accelerator-node-controller":
-                                                                       self.accelerator_nodes.run}),
-                                name="leader-work"),
+            asyncio.create_task(while_leading(self.elector, stop, {
+                "gpr-controller": self.controller.run,
+                # ledger "memory": the ledger is the pods' (and the active binder's, which sweeps its own)
+                **({"ledger-sweep": self._sweeper} if self.view.ledger_source == "node" else {}),
+                "workspace-controller": self.workspaces.run,
+                "accelerator-node-controller": self.accelerator_nodes.run}), name="leader-work"),
         ]
 
     async def stop(self) -> None:
@@ -298,12 +300,27 @@ class ExtenderServer:
                  sweep_every: float = 60.0, rest_auth: bool = True, watch_timeout: tuple[int, int] = (300, 600),
                  waittime_qps: float = 10.0, body_timeout: float = DEFAULT_BODY_TIMEOUT,
                  node_group_label: str = DEFAULT_GROUP_LABEL, verbs_apart: bool = False,
-                 verbs_clients: Iterable[str] = (), limits: Limits | None = None, **controller: Any) -> None:
+                 verbs_clients: Iterable[str] = (), limits: Limits | None = None, ledger: str = "node",
+                 binder_lease: str = "accelstack-binder", pod_name: str = "", pod_namespace: str = "",
+                 **controller: Any) -> None:
         self.kube = kube
         self.limits = limits or Limits()
-        self.view = ClusterView(resources)
+        self.view = ClusterView(resources, ledger=ledger)
         self.binder = Binder(kube, self.view)
         self.metrics = ExtenderMetrics()
+        self.sweep_every = sweep_every
+        # ledger "memory": one replica binds at a time, the holder of the Lease ``binder_lease``; the others answer
+        # the verbs 503 and close the connection (kube-scheduler retries, and its next connection reaches the
+        # holder: the verbs Service selects the pod labelled BINDER_LABEL). Ledger "node": every replica binds.
+        self.binder_elector: LeaderElector | None = None
+        self.binding = ledger == "node"
+        self.pod_name, self.pod_namespace = pod_name, pod_namespace or lease_namespace
+        if ledger == "memory":
+            self.binder_elector = LeaderElector(kube.client, lease_namespace, binder_lease,
+                                                identity or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}",
+                                                lease_duration=lease_seconds, renew_deadline=lease_seconds * 2 / 3,
+                                                retry_period=lease_seconds * 2 / 15)
+        self.metrics.binder_active.set(1 if self.binding else 0)
         self.service: ControllerService | None = None
         if run_controller:
             self.service = ControllerService(kube, self.view, lease_namespace=lease_namespace, lease_name=lease_name,
@@ -314,7 +331,8 @@ class ExtenderServer:
                                         watch_timeout, self.service.sync_nodes if self.service is not None else None
                                         ) + (self.service.informers if self.service is not None else [])
         self.extender = Extender(self.view, self.binder, self.metrics, require_gpr, ready=self.ready,
-                                 registries=(REGISTRY,), body_timeout=body_timeout, fetch_gpr=kube.get_gpr)
+                                 registries=(REGISTRY,), body_timeout=body_timeout, fetch_gpr=kube.get_gpr,
+                                 binding=lambda: self.binding)
         self.rest = RestAPI(kube, self.view, authorizer=Authorizer(kube) if rest_auth else None,
                             limiter=RateLimiter(waittime_qps, max(1, int(2 * waittime_qps))), body_timeout=body_timeout,
                             node_group_label=node_group_label)
@@ -414,6 +432,12 @@ class ExtenderServer:
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag, self.stop_event), name="loop-lag"))
         if self.service is not None:
             self.service.start(self.stop_event)
+        if self.binder_elector is not None:
+            elector = self.binder_elector
+            self._tasks += [
+                asyncio.create_task(supervise("binder-election", elector.run, self.stop_event), name="binder-election"),
+                asyncio.create_task(while_leading(elector, self.stop_event, {"binder": self._binder_term}),
+                                    name="binder-term")]
         runner, self.port = await serve_app(self.app, host, port, limits=self.limits, ssl_context=ssl_context,
                                         backlog=1024)
         self._runners.append(runner)
@@ -424,6 +448,56 @@ class ExtenderServer:
         log.info("extender serving", extra={
             "port": self.port, "tls": ssl_context is not None, "verbs_port": self.verbs_port or self.port,
             "verbs_client_auth": verbs_ssl is not None and verbs_ssl.verify_mode == ssl.CERT_REQUIRED})
+
+    async def _binder_term(self, term: asyncio.Event) -> None:
+        """While this replica holds the binder Lease (ledger "memory"): read every pod afresh first (a list is a
+        consistent read: the last binder's Bindings landed by its renew deadline, and this replica's watch may lag
+        behind them), then bind, label this pod for the verbs Service, and sweep the ledger; at the end of the
+        term (or a failure) stop binding at once."""
+        failures = 0
+        while not term.is_set():
+            try:
+                items, _ = await self.kube.client.list(PODS)
+                break
+            except ApiError as exc:
+                failures += 1
+                log.warning("binder: cannot read the pods at the start of the term; retrying",
+                            extra={"error": str(exc)[:300]})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(term.wait(), backoff_delay(failures, 0.5, 10.0, self.kube.client.rng))
+        else:
+            return
+        await self.view.resync_pods(items)
+        self.binding = True
+        self.metrics.binder_active.set(1)
+        log.info("binder: this replica binds", extra={"pods": len(items), "pod": self.pod_name})
+        try:
+            await self._label(True)
+            while not term.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(term.wait(), self.sweep_every)
+                released, adopted = await self.sweep()
+                if released or adopted:
+                    log.info("ledger sweep", extra={"released": released, "adopted": adopted})
+        finally:
+            self.binding = False
+            self.metrics.binder_active.set(0)
+            log.info("binder: this replica no longer binds", extra={"pod": self.pod_name})
+            task = asyncio.create_task(self._label(False))  # not awaited here: the term ends now
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _label(self, on: bool) -> None:
+        """Label (or unlabel) this replica's pod ``accelstack.io/binder=true``: the verbs Service selects it."""
+        if not self.pod_name:
+            return
+        try:
+            await self.kube.client.patch(PODS, self.pod_name, {"metadata": {"labels": {BINDER_LABEL: "true" if on
+                                                                                       else None}}},
+                                         namespace=self.pod_namespace)
+        except ApiError as exc:
+            log.warning("binder: cannot label this pod for the verbs Service", extra={
+                "pod": self.pod_name, "label": on, "error": str(exc)[:300]})
 
     async def stop(self) -> None:
         self.stop_event.set()
@@ -437,3 +511,11 @@ class ExtenderServer:
         for runner in self._runners:
             await runner.cleanup()
         self._runners = []
+        elector = self.binder_elector
+        if elector is not None and elector.leading.is_set():  # hand the binder Lease over now, not at its expiry
+            elector.leading.clear()
+            elector.following.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(elector.release(), 5)
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)

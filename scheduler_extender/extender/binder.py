@@ -5,7 +5,9 @@ the Binding), and binds to a node that arrive while its patch is in flight are d
 next one (group commit: kube-scheduler binds several pods at once and best-fit sends a node's pods in a row, so
 one round trip records them all instead of each waiting for the one before); across replicas, the node's ledger
 annotation is changed only with the Node's ``resourceVersion`` as a precondition, so a concurrent change by another
-replica makes the API server answer 409 and the bind re-reads and re-decides. The order is: decide (health, GPR
+replica makes the API server answer 409 and the bind re-reads and re-decides. With the view's ledger "memory"
+(one active binder: :class:`.ClusterView`), the ledger is this replica's memory and the pods' allocations: a bind
+records the pod there with no API call, and the Binding is the one round trip. The order is: decide (health, GPR
 reservation, free devices) -> record the pod in the ledger (conditional patch) -> create the Binding -> record
 the allocation on the pod (annotation ``accelstack.io/allocation``). A Binding the API server refuses takes
 the ledger entry back; one that may yet land (no answer, a 5xx) keeps it while the pod is unbound. When the
@@ -257,6 +259,15 @@ class Binder:
         conflict re-read the node and ask ``change`` again. ``change`` returns None when there is nothing to write.
         :data:`WRITTEN`, :data:`UNCHANGED` (nothing to write), :data:`GONE` (no such node) or :data:`CHANGING`
         (a conflict at every attempt)."""
+        if self.view.ledger_source == "memory":  # the one active binder: its memory is the ledger
+            view = self.view.nodes.get(node)
+            if view is None:
+                return GONE
+            entries = change(view)
+            if entries is None:
+                return UNCHANGED
+            self.view.set_ledger(node, entries)
+            return WRITTEN
         for _ in range(self.max_attempts):
             view = self.view.nodes.get(node)
             if view is None:

@@ -10,6 +10,10 @@ managed resource to the extender, so any other bind request is not the scheduler
 decide). Names in a bind longer than Kubernetes allows are refused as malformed, and every field a verb logs is
 cut to :data:`LOG_FIELD_MAX` characters (a 3 MB node name is not a 3 MB log line).
 
+With the view's ledger "memory" only the replica holding the binder Lease answers the verbs; another answers 503
+with ``Error`` set and closes the connection, so kube-scheduler retries the pod on a new connection, which the
+verbs Service routes to the replica labelled ``accelstack.io/binder``.
+
 The view follows the API server through separate watches, so a pod can reach filter before the status that
 admitted its GPR reaches the view (the controller writes the status, then lifts the gate; the scheduler sees the
 pod on its own watch). A refusal then would leave the pod in kube-scheduler's unschedulable queue until some
@@ -29,7 +33,14 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from scheduler_extender.extender import wire
 from scheduler_extender.extender.binder import Binder
@@ -72,6 +83,9 @@ class ExtenderMetrics:
         self.catch_up = Counter(p + "catch_up_reads_total", "GPRs read afresh by filter because the view said a "
                                 "scheduled pod's GPR was missing or not admitted, by outcome (newer: the view lagged; "
                                 "same: it did not; failed: not read - not found, an API error or no answer in time)", ["outcome"], registry=self.registry)
+        self.binder_active = Gauge(p + "binder_active", "1 while this replica binds (ledger \"node\": every "
+                                   "replica; \"memory\": the holder of the binder Lease, after its first read of the "
+                                   "pods)", registry=self.registry)
         self.loop_lag = Histogram(p + "loop_lag_seconds", "How late the event loop that serves the verbs and "
                                   "webhooks ran a timer due now (time a request waits behind other work)",
                                   # from 1 ms: an idle loop already runs a timer up to ~0.5 ms late
@@ -100,8 +114,9 @@ class Extender:
                  registries: tuple[CollectorRegistry, ...] = (),
                  body_timeout: float = DEFAULT_BODY_TIMEOUT, fetch_gpr: FetchGPR | None = None,
                  catch_up_every: float = CATCH_UP_EVERY, catch_up_timeout: float = CATCH_UP_TIMEOUT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, binding: Callable[[], bool] = lambda: True) -> None:
         self.view = view
+        self.binding = binding  # False: another replica binds (the view's ledger "memory"): verbs answer 503
         self.fetch_gpr = fetch_gpr
         self.catch_up_every, self.catch_up_timeout, self.clock = catch_up_every, catch_up_timeout, clock
         self._read_at: dict[str, float] = {}  # GPR key -> when filter last read it afresh
@@ -123,6 +138,12 @@ class Extender:
     def _wrap(self, verb: str, handler: Callable[[bytes], Awaitable[web.Response]]) -> Any:
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
+            if not self.binding():  # one replica decides: its filter claims and its binds share one memory
+                self.metrics.decisions.labels(verb, "not-binder").inc()
+                answer = _error(503, f"{verb}: this accelstack extender replica is not the active binder now; "
+                                     "retry (a new connection reaches the one that is)")
+                answer.force_close()  # kube-scheduler's kept connection may lead here: its next one is routed anew
+                return answer
             try:
                 body = await read_body(request, self.body_timeout)
                 response = await handler(body)

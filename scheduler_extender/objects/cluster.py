@@ -9,6 +9,7 @@ write it. Node health comes from what node health sets: the conditions ``GPUUnhe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import math
 import time
@@ -30,6 +31,8 @@ GPR_LABEL = "accelstack.io/gpr"
 UNHEALTHY_TAINT = "accelstack.io/unhealthy"
 CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
 HOLDING = ("Admitted", "Running")
+LEDGER_SOURCES = ("node", "memory")  # where a node's ledger is kept (ClusterView)
+Held = dict[str, dict[str, ledger.Entry]]  # node -> pod UID -> ledger entry
 ALLOCATED = (*HOLDING, "Evicting")  # phases whose reservation still takes devices
 MODEL_LABEL = {GPU: "nvidia.com/gpu.product", NR1: "accelstack.io/nr1.product"}  # the device plugins' node labels
 CAPACITY_LABELS = (MODEL_LABEL[GPU], "nvidia.com/gpu.memory", MODEL_LABEL[NR1], "kubernetes.io/hostname")
@@ -282,6 +285,11 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    host=host_requests(spec))
 
 
+def entry_of(pod: PodView) -> ledger.Entry:
+    """The ledger entry of a pod that holds devices (ledger "memory"): since its bind, else now."""
+    return ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, pod.bound_at or time.time())
+
+
 def _bound_at(annotations: dict[str, Any]) -> float:
     text = annotations.get(ALLOCATION_ANNOTATION)
     if not isinstance(text, str):
@@ -326,8 +334,24 @@ class Claim:
 
 
 class ClusterView:
-    def __init__(self, resources: Iterable[str] = (GPU, NR1)) -> None:
+    """The informers' state of nodes, pods and GPRs, and the device ledger of each node.
+
+    Where the ledger comes from (``ledger``): ``"node"``, each Node's ``accelstack.io/ledger`` annotation (the
+    binders write it with conditional patches: any number of binders); ``"memory"``, the pods themselves: every
+    live pod bound to a node that asks for devices is recorded there (its Binding carries the allocation), and the
+    one active binder adds the pods it is binding (:meth:`set_ledger`) until their Binding shows in the pods. Node
+    events then never touch the ledger; a relist of the pods rebuilds it, keeping the entries of pods still being
+    bound."""
+
+    def __init__(self, resources: Iterable[str] = (GPU, NR1), ledger: str = "node") -> None:
+        if ledger not in LEDGER_SOURCES:
+            raise ValueError(f"ledger must be one of {', '.join(LEDGER_SOURCES)}, not {ledger!r}")
         self.resources = tuple(resources)
+        self.ledger_source = ledger
+        # ledger "memory": node -> pod UID -> entry, what each node's NodeView.ledger holds (shared with the
+        # fresh views a relist builds, which read it; only this view changes it)
+        self.held: Held = {}
+        self._holding = True  # False in a relist's fresh view: the live view rebuilds ``held`` when it swaps in
         self.nodes: dict[str, NodeView] = {}
         self.gprs: dict[str, GPRView] = {}
         self.pods: dict[str, PodView] = {}  # by UID
@@ -393,7 +417,9 @@ class ClusterView:
         self.on_pod("ADDED", obj)
 
     def _fresh(self) -> ClusterView:
-        return ClusterView(self.resources)
+        fresh = ClusterView(self.resources, self.ledger_source)
+        fresh.held, fresh._holding = self.held, False
+        return fresh
 
     def _take_nodes(self, fresh: ClusterView) -> dict[str, NodeView]:
         """Swap in ``fresh``'s nodes; the replaced ones are returned (to be let go of)."""
@@ -413,7 +439,64 @@ class ClusterView:
             if gone is not None:
                 self._record(gone, None)
             return
-        self.update_node(node_view(obj, self.resources))
+        view = node_view(obj, self.resources)
+        if self.ledger_source == "memory":  # the ledger is the pods', whatever the annotation says
+            view = dataclasses.replace(view, ledger=dict(self.held.get(view.name) or {}), ledger_error="",
+                                       used={}, used_by={})
+        self.update_node(view)
+
+    # ---- ledger "memory" -------------------------------------------------------------------------------------
+    def set_ledger(self, node: str, entries: dict[str, ledger.Entry]) -> None:
+        """The one active binder's change of a node's ledger (ledger "memory": what a binder patches onto the Node
+        with ledger "node")."""
+        if entries:
+            self.held[node] = dict(entries)
+        else:
+            self.held.pop(node, None)
+        self._show(node)
+
+    def _show(self, node: str) -> None:
+        """Put ``held``'s entries for ``node`` into its NodeView."""
+        view = self.nodes.get(node)
+        entries = self.held.get(node) or {}
+        if view is not None and view.ledger != entries:
+            self.update_node(dataclasses.replace(view, ledger=dict(entries), ledger_error="", used={}, used_by={}))
+
+    def _hold(self, uid: str, pod: PodView | None) -> None:
+        """Ledger "memory": record pod ``uid`` where it is bound and live, take it out where it ended, went or was
+        deleted; a live pod not bound yet keeps an entry the binder made for it (its Binding is on the way)."""
+        was = self.recorded.get(uid, "")
+        if pod is not None and pod.live and not pod.node:
+            return
+        where = pod.node if pod is not None and pod.live else ""
+        if was and was != where:
+            entries = self.held.get(was)
+            if entries is not None and entries.pop(uid, None) is not None:
+                if not entries:
+                    del self.held[was]
+                self._show(was)
+        if where and pod is not None and uid not in self.held.get(where, {}):
+            self.held.setdefault(where, {})[uid] = entry_of(pod)
+            self._show(where)
+
+    def _rehold(self, pods: dict[str, PodView]) -> None:
+        """Ledger "memory", after a relist of the pods: every live bound pod recorded where it runs, and the
+        binder's entries for pods still live and not bound yet kept."""
+        held: Held = {}
+        for node, entries in self.held.items():
+            for uid, entry in entries.items():
+                pod = pods.get(uid)
+                if pod is not None and pod.live and not pod.node:
+                    held.setdefault(node, {})[uid] = entry
+        for pod in pods.values():
+            if pod.node and pod.live:
+                have = self.held.get(pod.node, {}).get(pod.uid)
+                held.setdefault(pod.node, {})[pod.uid] = have if have is not None else entry_of(pod)
+        touched = set(self.held) | set(held)
+        self.held.clear()
+        self.held.update(held)  # the same dict: fresh views of a relist in progress read it
+        for node in touched:
+            self._show(node)
 
     def update_node(self, view: NodeView) -> None:
         """Take a node's newer state (the binder's own patch responses arrive here too)."""
@@ -554,6 +637,8 @@ class ClusterView:
         self.pods = fresh.pods
         self.host_of, self.host_used = fresh.host_of, fresh.host_used
         self.selector_keys |= fresh.selector_keys
+        if self.ledger_source == "memory":
+            self._rehold(self.pods)
         return replaced
 
     def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
@@ -563,6 +648,8 @@ class ClusterView:
             self.pods.pop(uid, None)
             self._host(uid, None)
             self.unclaim(uid)
+            if self.ledger_source == "memory" and self._holding:
+                self._hold(uid, None)
             return
         view = pod_view(obj, self.resources)
         if view is None:  # no managed resource: only what it requests of its node counts
@@ -578,6 +665,8 @@ class ClusterView:
                 self.unclaim(uid)
             if view.node_selector or view.affinity:
                 self.selector_keys |= label_keys(view.node_selector, view.affinity)
+        if self.ledger_source == "memory" and self._holding:
+            self._hold(uid, view)
 
     def _host(self, uid: str, entry: tuple[str, int, int] | None) -> None:
         """Keep :attr:`host_used` in step with pod ``uid`` now requesting ``entry`` (None: nothing anywhere)."""

@@ -83,7 +83,9 @@ def test_the_extender() -> None:
     cfg = config()
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["accelstack-scheduler"]
     (ext,) = cfg["extenders"]
-    assert ext["urlPrefix"] == "https://accelstack-extender.accelstack-system.svc:8444/scheduler"
+    # the verbs go to the replica that binds (--ledger=memory); the certificate is the extender's Service name
+    assert ext["urlPrefix"] == "https://accelstack-binder.accelstack-system.svc:8444/scheduler"
+    assert ext["tlsConfig"]["serverName"] == "accelstack-extender.accelstack-system.svc"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]) == \
         ("filter", "prioritize", "preempt", "bind")
     assert ext["weight"] == 1 and isinstance(ext["weight"], int)
@@ -97,13 +99,21 @@ def test_the_extender() -> None:
     assert tuple(r["name"] for r in ext["managedResources"]) == inspect.signature(Webhook).parameters["resources"].default
 
 
-def test_the_extender_url_is_the_extender_service() -> None:
+def test_the_extender_url_is_the_binder_service() -> None:
+    """The verbs go to the Service that selects the replica labelled as the binder (the extender's pods, that label
+    added), on its verbs port; TLS is checked against the extender Service's name, which its certificate carries."""
     (ext,) = config()["extenders"]
-    (service,) = [d for d in yaml.safe_load_all((ROOT / "extender" / "service.yaml").read_text()) if d]
-    host = f"{service['metadata']['name']}.accelstack-system.svc"
-    ports = {p["port"] for p in service["spec"]["ports"]}
-    assert ext["urlPrefix"] in {f"https://{host}:{port}/scheduler" for port in ports}
-    assert ext["tlsConfig"]["serverName"] == host
+    services = {d["metadata"]["name"]: d for d in yaml.safe_load_all((ROOT / "extender" / "service.yaml").read_text())
+                if d}
+    binder, extender = services["accelstack-binder"], services["accelstack-extender"]
+    host = f"{binder['metadata']['name']}.accelstack-system.svc"
+    (port,) = [p for p in binder["spec"]["ports"]]
+    assert ext["urlPrefix"] == f"https://{host}:{port['port']}/scheduler" and port["targetPort"] == "scheduler"
+    assert binder["spec"]["selector"] == {**extender["spec"]["selector"], "accelstack.io/binder": "true"}
+    assert ext["tlsConfig"]["serverName"] == f"{extender['metadata']['name']}.accelstack-system.svc"
+    (certificate,) = [d for d in yaml.safe_load_all((ROOT / "extender" / "certificate.yaml").read_text())
+                      if d and d["metadata"]["name"] == "accelstack-extender"]
+    assert ext["tlsConfig"]["serverName"] in certificate["spec"]["dnsNames"]
 
 
 def test_deployment_mounts_the_config_and_the_ca() -> None:

@@ -123,7 +123,7 @@ class Stack:
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{self.port}",
             "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key), "--url-prefix", "/scheduler",
             "--scheduler-listen", f"127.0.0.1:{self.verbs_port}", "--scheduler-client-ca-file", str(self.cp.pki.ca_crt),
-            "--controller=false", "--log-format", "json", *self.extender_args], health=self.url,
+            "--controller=false", "--ledger=memory", "--log-format", "json", *self.extender_args], health=self.url,
             ssl_ctx=self.cp.ssl_context())
 
     def controller(self, identity: str = "controller-0", lease_seconds: float = 4.0, *args: str) -> Product:
@@ -131,11 +131,25 @@ class Stack:
         port = free_port()
         return Product(self.cp, identity, "scheduler_extender.cmd.controller", [
             "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{port}", "--identity", identity,
-            "--lease-seconds", str(lease_seconds), "--resync", "2", "--estimate-every", "5",
+            "--lease-seconds", str(lease_seconds), "--resync", "2", "--estimate-every", "5", "--ledger=memory",
             "--log-format", "json", *args], env={"POD_NAMESPACE": SYSTEM_NS}, health=f"http://127.0.0.1:{port}")
+
+    def wait_binding(self, timeout: float = 60.0) -> None:
+        """Until the extender binds (``--ledger=memory``: it holds the binder Lease and has read the pods)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/metrics", context=self.cp.ssl_context(), timeout=5) as r:
+                    if "accelstack_extender_binder_active 1.0" in r.read().decode():
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise ControlPlaneError(f"the extender did not start binding in {timeout:.0f} s:\n{self.extender.tail()}")
 
     def start(self) -> Stack:
         self.extender.start()
+        self.wait_binding()
         self.cp.apply(webhooks_to(self.objects, self.url, self.cp.pki.ca_crt.read_bytes()))
         ctl = self.controller().start()
         self.controllers.append(ctl)
@@ -144,6 +158,7 @@ class Stack:
     def restart_extender(self) -> None:
         self.extender.stop()
         self.extender = self._extender().start()
+        self.wait_binding()
 
     def scheduler_config(self) -> dict[str, Any]:
         """The shipped profile with only the extender's URL and the CA, certificate and key files changed."""

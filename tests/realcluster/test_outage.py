@@ -41,6 +41,9 @@ def test_readyz_is_503_while_the_api_server_is_down_and_refusals_are_one_line(cp
         cp.procs["kube-apiserver"] = Process("kube-apiserver", cp.apiserver_args, cp.dir / "kube-apiserver.log")
         cp.wait_ready()
     _until("ready again after the API server came back", lambda: all(p.status() == 200 for p in products))
+    # the binder Lease could not be renewed during the outage: the extender stopped binding, and binds again once
+    # it holds the Lease and has read the pods afresh (the tests after this one bind)
+    stack.wait_binding()
     for p in products:
         text = _log_since(p, offsets[p.name])
         # a refused connection is an expected outage, not a bug: one line each, never a traceback
