@@ -351,6 +351,7 @@ class ClusterView:
         # ledger "memory": node -> pod UID -> entry, what each node's NodeView.ledger holds (shared with the
         # fresh views a relist builds, which read it; only this view changes it)
         self.held: Held = {}
+        self.held_at: dict[str, str] = {}  # ledger "memory": pod UID -> the node ``held`` records it on
         self._holding = True  # False in a relist's fresh view: the live view rebuilds ``held`` when it swaps in
         self.nodes: dict[str, NodeView] = {}
         self.gprs: dict[str, GPRView] = {}
@@ -449,10 +450,15 @@ class ClusterView:
     def set_ledger(self, node: str, entries: dict[str, ledger.Entry]) -> None:
         """The one active binder's change of a node's ledger (ledger "memory": what a binder patches onto the Node
         with ledger "node")."""
+        for uid in self.held.get(node) or {}:
+            if uid not in entries and self.held_at.get(uid) == node:
+                del self.held_at[uid]
         if entries:
             self.held[node] = dict(entries)
         else:
             self.held.pop(node, None)
+        for uid in entries:
+            self.held_at[uid] = node
         self._show(node)
 
     def _show(self, node: str) -> None:
@@ -465,18 +471,20 @@ class ClusterView:
     def _hold(self, uid: str, pod: PodView | None) -> None:
         """Ledger "memory": record pod ``uid`` where it is bound and live, take it out where it ended, went or was
         deleted; a live pod not bound yet keeps an entry the binder made for it (its Binding is on the way)."""
-        was = self.recorded.get(uid, "")
         if pod is not None and pod.live and not pod.node:
             return
+        was = self.held_at.get(uid, "")
         where = pod.node if pod is not None and pod.live else ""
         if was and was != where:
+            del self.held_at[uid]
             entries = self.held.get(was)
             if entries is not None and entries.pop(uid, None) is not None:
                 if not entries:
                     del self.held[was]
-                self._show(was)
+                self._show(was)  # a node the view does not know yet: its ledger is read from ``held`` when it comes
         if where and pod is not None and uid not in self.held.get(where, {}):
             self.held.setdefault(where, {})[uid] = entry_of(pod)
+            self.held_at[uid] = where
             self._show(where)
 
     def _rehold(self, pods: dict[str, PodView]) -> None:
@@ -495,6 +503,7 @@ class ClusterView:
         touched = set(self.held) | set(held)
         self.held.clear()
         self.held.update(held)  # the same dict: fresh views of a relist in progress read it
+        self.held_at = {uid: node for node, entries in held.items() for uid in entries}
         for node in touched:
             self._show(node)
 

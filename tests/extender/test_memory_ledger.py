@@ -63,6 +63,13 @@ def test_the_view_records_the_pods_bound_and_keeps_the_binders_entries() -> None
     # a relist of the nodes keeps what the pods hold
     view.sync_nodes([_with_stale_ledger("n0"), node("n1", gpus=8)])
     assert set(view.nodes["n0"].ledger) == {"d", "e"} and view.recorded["e"] == "n0"
+    # a pod bound to a node the view has not seen yet (the pod informer ran ahead), which ends before the node
+    # shows: nothing of it is left for the node when it comes
+    view.on_pod("ADDED", pod("f", 1, uid="f", node_name="n2", phase="Running"))
+    view.on_pod("MODIFIED", pod("f", 1, uid="f", node_name="n2", phase="Failed"))
+    view.on_pod("ADDED", pod("g", 2, uid="g", node_name="n2", phase="Running"))
+    view.on_node("ADDED", node("n2", gpus=8))
+    assert set(view.nodes["n2"].ledger) == {"g"} and view.recorded["g"] == "n2" and "f" not in view.held_at
     with pytest.raises(ValueError, match="ledger must be one of node, memory"):
         ClusterView(ledger="etcd")
 
