@@ -210,6 +210,22 @@ class KubeClient:
                   timeout: float | None = None) -> dict[str, Any]:
         return await self.request("GET", res.path(namespace, name, subresource), timeout=timeout, resource=res.plural)
 
+    async def list_until(self, res: Resource, stop: asyncio.Event, on_failure: Callable[[ApiError], None]
+                         ) -> tuple[list[dict[str, Any]], str] | None:
+        """:meth:`list` of every ``res``, retried with backoff (0.5 s up to 10 s) until it succeeds; None when
+        ``stop`` is set first. ``on_failure`` hears of each failed try (a log line). What a leader reads at the start
+        of its term: a consistent read, taken before it acts."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                return await self.list(res)
+            except ApiError as exc:
+                failures += 1
+                on_failure(exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff_delay(failures, 0.5, 10.0, self.rng))
+        return None
+
     async def list(self, res: Resource, namespace: str | None = None, *, label_selector: str = "",
                    field_selector: str = "", page_size: int = 500,
                    timeout: float | None = None) -> tuple[list[dict[str, Any]], str]:

@@ -30,7 +30,6 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from kubeapi.client import backoff_delay
 from kubeapi.informer import Informer, Sync
 from kubeapi.leader import LeaderElector
 from kubeapi.resources import GPRS, NODES, PODS
@@ -454,19 +453,11 @@ class ExtenderServer:
         consistent read: the last binder's Bindings landed by its renew deadline, and this replica's watch may lag
         behind them), then bind, label this pod for the verbs Service, and sweep the ledger; at the end of the
         term (or a failure) stop binding at once."""
-        failures = 0
-        while not term.is_set():
-            try:
-                items, _ = await self.kube.client.list(PODS)
-                break
-            except ApiError as exc:
-                failures += 1
-                log.warning("binder: cannot read the pods at the start of the term; retrying",
-                            extra={"error": str(exc)[:300]})
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(term.wait(), backoff_delay(failures, 0.5, 10.0, self.kube.client.rng))
-        else:
+        listed = await self.kube.client.list_until(PODS, term, lambda exc: log.warning(
+            "binder: cannot read the pods at the start of the term; retrying", extra={"error": str(exc)[:300]}))
+        if listed is None:
             return
+        items = listed[0]
         await self.view.resync_pods(items)
         self.binding = True
         self.metrics.binder_active.set(1)

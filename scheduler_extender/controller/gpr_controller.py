@@ -37,7 +37,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kubeapi import ApiError, Conflict, NotFound, TooManyRequests
-from kubeapi.client import backoff_delay
 from kubeapi.errors import log_failure
 from kubeapi.resources import GPRS
 from scheduler_extender.controller.gpr_pass import run_pass
@@ -168,19 +167,11 @@ class GPRController:
         backoff while the API server is in trouble); a pass on that view would see GPRs the last leader admitted
         as queued and give their nodes to others. Retried with backoff until it succeeds; False when the term
         ended first."""
-        failures = 0
-        while not stop.is_set():
-            try:
-                items, version = await self.kube.client.list(GPRS)
-                break
-            except ApiError as exc:
-                failures += 1
-                log.warning("cannot read the GPRs at the start of the term; retrying",
-                            extra={"error": str(exc)[:300]})
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff_delay(failures, 0.5, 10.0, self.kube.client.rng))
-        else:
+        listed_now = await self.kube.client.list_until(GPRS, stop, lambda exc: log.warning(
+            "cannot read the GPRs at the start of the term; retrying", extra={"error": str(exc)[:300]}))
+        if listed_now is None:
             return False
+        items, version = listed_now
         before = dict(self.objects)
         listed = set()
         for obj in items:

@@ -258,16 +258,7 @@ class Binder:
         """Write ``change(view)``'s entries as the node's ledger, conditional on the Node's resourceVersion; on a
         conflict re-read the node and ask ``change`` again. ``change`` returns None when there is nothing to write.
         :data:`WRITTEN`, :data:`UNCHANGED` (nothing to write), :data:`GONE` (no such node) or :data:`CHANGING`
-        (a conflict at every attempt)."""
-        if self.view.ledger_source == "memory":  # the one active binder: its memory is the ledger
-            view = self.view.nodes.get(node)
-            if view is None:
-                return GONE
-            entries = change(view)
-            if entries is None:
-                return UNCHANGED
-            self.view.set_ledger(node, entries)
-            return WRITTEN
+        (a conflict at every attempt). With the view's ledger "memory" the entries are set in the view, no API call."""
         for _ in range(self.max_attempts):
             view = self.view.nodes.get(node)
             if view is None:
@@ -275,6 +266,9 @@ class Binder:
             entries = change(view)
             if entries is None:
                 return UNCHANGED
+            if self.view.ledger_source == "memory":  # the one active binder: its memory is the ledger
+                self.view.set_ledger(node, entries)
+                return WRITTEN
             body = {"metadata": {"resourceVersion": view.resource_version,
                                  "annotations": {ledger.LEDGER_ANNOTATION: ledger.render(entries)}}}
             try:
