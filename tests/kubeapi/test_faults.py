@@ -411,3 +411,25 @@ async def test_a_list_answer_that_is_not_a_list_of_objects_is_an_error(peer: API
         await wait_until(lambda: informer.healthy and set(store.items) == {"a"}, timeout=5)
     finally:
         await finish(stop, task)
+
+
+async def test_list_until_retries_a_failing_list_and_gives_up_when_told(peer: APIServerPeer,
+                                                                        kube: KubeClient) -> None:
+    """What a new leader reads before it acts (the controller's GPRs, the binder's pods): a failing list is tried
+    again after a backoff, each failure reported once, until it succeeds; a stop ends the tries with None."""
+    await peer.put_object("api/v1/nodes", node("n0"))
+    broken = peer.inject("GET", "nodes", watch=False, status=500)  # every try fails (the client's own retries too)
+    failures: list[ApiError] = []
+    task = asyncio.create_task(kube.list_until(NODES, asyncio.Event(), failures.append))
+    await wait_until(lambda: len(failures) >= 2, timeout=15)
+    assert not task.done() and {exc.status for exc in failures} == {500}
+    broken.remove()
+    listed = await asyncio.wait_for(task, 15)
+    assert listed is not None and [o["metadata"]["name"] for o in listed[0]] == ["n0"]
+    peer.inject("GET", "nodes", watch=False, status=503)
+    stop = asyncio.Event()
+    task = asyncio.create_task(kube.list_until(NODES, stop, failures.append))
+    seen = len(failures)
+    await wait_until(lambda: len(failures) > seen, timeout=15)
+    stop.set()
+    assert await asyncio.wait_for(task, 15) is None
