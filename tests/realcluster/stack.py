@@ -118,13 +118,20 @@ class Stack:
         self.controllers: list[Product] = []
         self.scheduler_name = ""
 
-    def _extender(self) -> Product:
-        return Product(self.cp, "extender", "scheduler_extender.cmd.extender", [
-            "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{self.port}",
+    def _extender(self, name: str = "extender", port: int = 0, verbs_port: int = 0) -> Product:
+        port, verbs_port = port or self.port, verbs_port or self.verbs_port
+        return Product(self.cp, name, "scheduler_extender.cmd.extender", [
+            "--kubeconfig", str(self.kubeconfig), "--listen", f"127.0.0.1:{port}",
             "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key), "--url-prefix", "/scheduler",
-            "--scheduler-listen", f"127.0.0.1:{self.verbs_port}", "--scheduler-client-ca-file", str(self.cp.pki.ca_crt),
-            "--controller=false", "--ledger=memory", "--log-format", "json", *self.extender_args], health=self.url,
-            ssl_ctx=self.cp.ssl_context())
+            "--scheduler-listen", f"127.0.0.1:{verbs_port}", "--scheduler-client-ca-file", str(self.cp.pki.ca_crt),
+            "--controller=false", "--ledger=memory", "--log-format", "json", *self.extender_args],
+            health=f"https://127.0.0.1:{port}", ssl_ctx=self.cp.ssl_context())
+
+    def second_extender(self, name: str = "extender-1") -> tuple[Product, str]:
+        """Another replica of the extender container, on ports of its own (started, not binding while the first
+        holds the binder Lease); (it, its verbs URL)."""
+        verbs_port = free_port()
+        return self._extender(name, free_port(), verbs_port).start(), f"https://127.0.0.1:{verbs_port}"
 
     def controller(self, identity: str = "controller-0", lease_seconds: float = 4.0, *args: str) -> Product:
         """A replica of the controller container (its own /readyz port); ``args`` after the test's defaults."""
@@ -134,18 +141,21 @@ class Stack:
             "--lease-seconds", str(lease_seconds), "--resync", "2", "--estimate-every", "5", "--ledger=memory",
             "--log-format", "json", *args], env={"POD_NAMESPACE": SYSTEM_NS}, health=f"http://127.0.0.1:{port}")
 
-    def wait_binding(self, timeout: float = 60.0) -> None:
-        """Until the extender binds (``--ledger=memory``: it holds the binder Lease and has read the pods)."""
+    def wait_binding(self, timeout: float = 60.0, extender: Product | None = None) -> None:
+        """Until the extender (``extender``, else the stack's) binds (``--ledger=memory``: it holds the binder Lease
+        and has read the pods)."""
+        product = extender or self.extender
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/metrics", context=self.cp.ssl_context(), timeout=5) as r:
+                with urllib.request.urlopen(product.health + "/metrics", context=self.cp.ssl_context(),
+                                            timeout=5) as r:
                     if "accelstack_extender_binder_active 1.0" in r.read().decode():
                         return
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
-        raise ControlPlaneError(f"the extender did not start binding in {timeout:.0f} s:\n{self.extender.tail()}")
+        raise ControlPlaneError(f"{product.name} did not start binding in {timeout:.0f} s:\n{product.tail()}")
 
     def start(self) -> Stack:
         self.extender.start()
@@ -169,6 +179,11 @@ class Stack:
             ext["tlsConfig"] = {**ext.get("tlsConfig", {}), "caFile": str(self.cp.pki.ca_crt),
                                 "certFile": str(self.client_cert), "keyFile": str(self.client_key)}
         return copy.deepcopy(cfg)
+
+    def stop_scheduler(self) -> None:
+        if self.scheduler_name:
+            self.cp.stop_component(self.scheduler_name)
+            self.scheduler_name = ""
 
     def start_scheduler(self, config: dict[str, Any] | None = None) -> None:
         if self.scheduler_name:

@@ -21,6 +21,7 @@ from tests.realcluster.objects import (
     gpr,
     gpr_status,
     pod,
+    pod_obj,
     wait_bound,
     wait_for,
 )
@@ -186,3 +187,56 @@ def test_api_server_restart_under_running_processes(cp: ControlPlane, stack: Sta
     # left /readyz at 503 for up to 30 s after the server was back)
     wait_for("extender ready after the restart", lambda: stack.extender.status() == 200, timeout=20)
     assert any(e.get("reason") for e in events_for(cp, ns, "after")), "the controller's Events after the restart"
+
+
+def test_the_binder_hands_over_on_kill_and_the_next_binds_from_what_the_pods_hold(cp: ControlPlane, stack: Stack,
+                                                                                 ns: str, nodes: Nodes) -> None:
+    """As shipped (--ledger=memory) one extender replica binds. kill -9 of it: nothing is released; the other
+    replica takes the binder Lease once it expires, reads the pods, and binds from what they hold: a pod of a GPR
+    whose share the killed binder's bind used up is refused, and the real scheduler binds the next pod through it;
+    no node holds more devices than it has."""
+    node = nodes.add("k", gpus=8)
+    stack.start_scheduler()
+    cp.create(GPRS.format(ns=ns), gpr("ga", devices=4))
+    cp.create(GPRS.format(ns=ns), gpr("gb", devices=4))
+    wait_for("both admitted", lambda: admitted(cp, ns, "ga") and admitted(cp, ns, "gb"))
+    cp.create(pods_path(ns), pod("a-0", gpus=4, gpr_name="ga"))
+    assert wait_bound(cp, ns, "a-0") == node
+    stack.stop_scheduler()  # the next pods wait for the next binder
+    a1 = cp.create(pods_path(ns), pod("a-1", gpus=4, gpr_name="ga"))
+    cp.create(pods_path(ns), pod("b-0", gpus=4, gpr_name="gb"))
+    second, second_verbs = stack.second_extender()
+    try:
+        time.sleep(1)  # a few of its retry periods: it does not take the Lease while the first holds it
+        ctx = cp.ssl_context()
+        ctx.load_cert_chain(str(stack.client_cert), str(stack.client_key))
+        body = {"PodName": "a-1", "PodNamespace": ns, "PodUID": a1["metadata"]["uid"], "Node": node}
+        status, answer = _post(f"{second_verbs}/scheduler/bind", body, ctx)
+        assert status == 503 and "not the active binder" in answer["Error"]
+        stack.extender.signal(signal.SIGKILL)
+        stack.wait_binding(timeout=60, extender=second)  # the Lease expired (15 s), the pods read afresh
+        status, answer = _post(f"{second_verbs}/scheduler/bind", body, ctx)
+        assert status == 200 and "reservation here is used up" in answer["Error"], answer
+        config = stack.scheduler_config()
+        config["extenders"][0]["urlPrefix"] = f"{second_verbs}/scheduler"
+        stack.start_scheduler(config)
+        assert wait_bound(cp, ns, "b-0") == node
+        assert bound_gpus(cp, node) == 8 and not pod_obj(cp, ns, "a-1")["spec"].get("nodeName")
+    finally:
+        stack.stop_scheduler()
+        second.stop()  # SIGTERM: the Lease is given up, and the stack's own extender takes it again
+        stack.restart_extender()
+
+
+def _post(url: str, body: dict[str, Any], ctx: Any) -> tuple[int, dict[str, Any]]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, context=ctx, timeout=10) as r:
+            return int(r.status), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
