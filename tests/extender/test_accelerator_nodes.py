@@ -333,3 +333,45 @@ async def test_holder_only_writes_are_paced_and_the_rest_follow() -> None:
     unlimited = AcceleratorNodeController(kube, ClusterView(("nvidia.com/gpu",)), usage_qps=0)
     unlimited.objects = dict(ctl.objects)
     assert unlimited._paced(statuses).keys() == statuses.keys()
+
+
+async def test_a_holder_change_waits_for_the_pass_the_usage_bucket_asks_for() -> None:
+    """While holder-only writes wait for the usage bucket (a pass is due when it refills), a pod bound or gone on
+    an accelerator node asks for no pass of its own; without such a wait it does, and on a node being deboarded
+    it always does (deboarding waits for the holders to leave)."""
+    import asyncio
+    import types
+
+    from kubeapi.client import api_metrics
+    from scheduler_extender.controller.accelerator_nodes import AcceleratorNodeController
+    from scheduler_extender.objects.cluster import ClusterView, pod_view
+
+    kube: Any = types.SimpleNamespace(client=types.SimpleNamespace(metrics=api_metrics(None)))  # never called here
+    view = ClusterView(("nvidia.com/gpu",))
+    ctl = AcceleratorNodeController(kube, view, usage_qps=1, usage_burst=1)
+    for name in ("n0", "n1"):
+        ctl.on_node("ADDED", node(name=name, labels=GFD))
+    assert set(ctl.detected) == {"n0", "n1"}
+    ctl.objects["n1"] = {"metadata": {"name": "n1"},
+                         "spec": {"deboard": {"grace": "0s", "requestedAt": "2026-12-04T10:00:00Z"}}}
+    assert ctl._deboarding("n1") and not ctl._deboarding("n0")
+
+    def bound(name: str, where: str) -> Any:
+        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a", "uid": name},
+               "spec": {"nodeName": where, "containers": [{"name": "c", "resources": {
+                   "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]},
+               "status": {"phase": "Running"}}
+        return pod_view(obj, view.resources)
+
+    ctl.poke.clear()
+    ctl.pod_changed(None, bound("p0", "n0"))
+    assert ctl.poke.is_set()  # nothing pending: a pass
+    ctl.poke.clear()
+    ctl._usage_wake = asyncio.get_running_loop().call_later(3600, ctl._usage_due)  # holder writes are waiting
+    try:
+        ctl.pod_changed(None, bound("p1", "n0"))
+        assert not ctl.poke.is_set()  # the pass that is due sees it
+        ctl.pod_changed(bound("p2", "n1"), None)
+        assert ctl.poke.is_set()  # a deboarding node's holder left: at once
+    finally:
+        ctl._usage_wake.cancel()
