@@ -74,7 +74,7 @@ class Binder:
         return pod_view(obj, self.view.resources), obj
 
     async def _fresh_node(self, node: str) -> None:
-        self.view.update_node(node_view(await self.kube.get_node(node), self.view.resources))
+        self.view.on_node("MODIFIED", await self.kube.get_node(node))  # the view's own path (ledger "memory")
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind or say why not (the extender's ``Error``). An API server that fails a read or a write on the way

@@ -141,3 +141,20 @@ async def test_one_replica_binds_and_the_next_takes_over_with_what_the_pods_hold
         assert sorted(bound) == ["a", "b"]
     finally:
         await peer.stop()
+
+
+async def test_a_node_the_binder_reads_itself_takes_the_pods_ledger_not_the_annotation() -> None:
+    """A bind for a node the informer has not delivered yet reads the Node; an old accelstack.io/ledger annotation
+    on it (left by --ledger=node) must not become the ledger."""
+    import types
+
+    from scheduler_extender.extender.binder import Binder
+
+    async def get_node(name: str) -> dict[str, Any]:
+        return _with_stale_ledger(name)
+
+    view = ClusterView(ledger="memory")
+    view.on_pod("ADDED", pod("a", 1, uid="a", node_name="n9", phase="Running"))
+    binder = Binder(types.SimpleNamespace(get_node=get_node), view)  # type: ignore[arg-type]
+    await binder._fresh_node("n9")
+    assert set(view.nodes["n9"].ledger) == {"a"} and view.nodes["n9"].used == {GPU: 1}
