@@ -30,7 +30,7 @@ def test_promtool_checks_the_rules(tmp_path: Path) -> None:
     rules = write_rules(tmp_path / "rules.yml")
     result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 19 rules found" in result.stdout
+    assert "SUCCESS: 20 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_prometheus_scrapes_the_exporter_and_loads_the_rules(tmp_path: Path) -> 
         assert idle["annotations"]["summary"] == "GPU 0 on gpu-1 is allocated to ml/train-0 but idle"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5) as response:
             groups = json.loads(response.read())["data"]["groups"]
-        assert sum(len(g["rules"]) for g in groups) == 19
+        assert sum(len(g["rules"]) for g in groups) == 20
         assert all(r["health"] == "ok" for g in groups for r in g["rules"])
     finally:
         server.terminate()
