@@ -138,13 +138,8 @@ class AcceleratorNodeController:
             uid = (obj.get("metadata") or {}).get("uid")
             if kept is not None and (kept.get("metadata") or {}).get("uid") == uid:
                 del self.objects[name]
-        else:
-            kept = self.objects.get(name)
-            version = resource_version(obj)
-            if kept is not None and version and version == resource_version(kept):
-                return  # the version this controller holds already: its own write, come back through the watch
-            if version >= resource_version(kept):
-                self.objects[name] = obj
+        elif resource_version(obj) >= resource_version(self.objects.get(name)):
+            self.objects[name] = obj
         self.poke.set()
 
     def _sync_objects(self, items: list[dict[str, Any]]) -> None:

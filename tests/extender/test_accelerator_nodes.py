@@ -375,24 +375,3 @@ async def test_a_holder_change_waits_for_the_pass_the_usage_bucket_asks_for() ->
         assert ctl.poke.is_set()  # a deboarding node's holder left: at once
     finally:
         ctl._usage_wake.cancel()
-
-
-def test_its_own_status_write_coming_back_through_the_watch_asks_for_no_pass() -> None:
-    """The AcceleratorNode version the controller holds already (its own status write, kept from the answer)
-    triggers no pass when the watch brings it; a newer version (a spec change, a deboard request) does."""
-    import types
-
-    from kubeapi.client import api_metrics
-    from scheduler_extender.controller.accelerator_nodes import AcceleratorNodeController
-    from scheduler_extender.objects.cluster import ClusterView
-
-    kube: Any = types.SimpleNamespace(client=types.SimpleNamespace(metrics=api_metrics(None)))  # never called here
-    ctl = AcceleratorNodeController(kube, ClusterView(("nvidia.com/gpu",)))
-    written = {"metadata": {"name": "n0", "resourceVersion": "41"}, "status": {"phase": "Managed"}}
-    ctl._keep(written)
-    ctl.poke.clear()
-    ctl._on_object("MODIFIED", dict(written))
-    assert not ctl.poke.is_set()
-    ctl._on_object("MODIFIED", {**written, "metadata": {"name": "n0", "resourceVersion": "42"},
-                                "spec": {"deboard": {"grace": "0s", "requestedAt": "2026-12-04T10:00:00Z"}}})
-    assert ctl.poke.is_set() and ctl.objects["n0"]["metadata"]["resourceVersion"] == "42"
