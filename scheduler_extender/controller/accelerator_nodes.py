@@ -152,20 +152,8 @@ class AcceleratorNodeController:
             if p is None or not p.node or p.node not in self.detected:
                 return None
             return p.node, p.live, tuple(sorted(p.requests.items())), p.gpr  # the GPR: a holder's row shows it
-        if holds(old) == holds(new):
-            return
-        # while holder-only writes wait for the usage bucket, a pass is due when it refills (``_usage_wake``) and
-        # sees this change too: a pass now would only plan every node again to defer its write (a burst of binds
-        # made one such pass a second, 40% of this process's CPU in the benchmark); a node being deboarded waits
-        # for its holders to leave, so its change is acted on at once
-        if self._usage_wake is not None and not any(
-                p is not None and p.node and self._deboarding(p.node) for p in (old, new)):
-            return
-        self.poke.set()
-
-    def _deboarding(self, node: str) -> bool:
-        obj = self.objects.get(node)
-        return obj is not None and an.deboard_request(obj) is not None
+        if holds(old) != holds(new):
+            self.poke.set()
 
     @property
     def synced(self) -> bool:
