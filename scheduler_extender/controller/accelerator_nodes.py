@@ -7,7 +7,11 @@ Nodes come from an informer of its own and are reduced at once to what :func:`ac
 (the owner reference needs it) nor its ``managedFields`` (who wrote the labels). Holders are read from the view's
 pods (those asking for a managed resource) at each pass. A pass runs on a change that matters (a node's detection,
 an AcceleratorNode, a holder's pod), at most once per ``min_interval``, and every ``resync`` seconds; it writes only
-what differs, so a restarted or new leader writes nothing while the cluster is as it was. It writes a Node only
+what differs, so a restarted or new leader writes nothing while the cluster is as it was. A pass on a change plans
+only the nodes the change touched (each change marks its node), the nodes whose status waits on the clock
+(onboarding, deboarding) and the writes the usage bucket held back; a pass at ``resync`` (and after a relist of
+nodes, AcceleratorNodes or pods) plans every node. Per node the plan is the same either way (:func:`plan` decides
+each node from that node's inputs alone): a bind on one of 5,000 nodes does not re-plan the other 4,999. It writes a Node only
 to onboard it (the landing label, :meth:`AcceleratorNodeController._label`) or to carry out a deboard request
 (:meth:`AcceleratorNodeController._deboard`).
 
@@ -19,9 +23,10 @@ repeat it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -69,7 +74,17 @@ class AcceleratorNodeController:
         # the others it must keep, the DaemonSets' labels)
         self.nodes: dict[str, dict[str, Any]] = {}
         self.poke = asyncio.Event()
+        # what the next pass plans: every node (``_full``), else the nodes a change touched (``_dirty``), those
+        # whose status waits on the clock (``_timed``) and those the usage bucket held back (``_deferred``)
+        self._full = True
+        self._full_at = 0.0
+        self._dirty: set[str] = set()
+        self._timed: set[str] = set()
+        self._deferred: set[str] = set()
+        self._pods_seen: object = None  # the view's pod table at the last full pass (a relist replaces it)
+        self._phase_of: dict[str, tuple[str, str]] = {}  # node -> (phase, managed-by), for the gauge
         self.passes = 0
+        self.planned = 0  # nodes planned by the passes so far (a full pass plans every one)
         self.last_plan: an.Plan | None = None
         registry = registry or CollectorRegistry()
         p = "accelstack_accelerator_node_"
@@ -106,7 +121,7 @@ class AcceleratorNodeController:
         """A node event of the view's informer."""
         name = _name(obj)
         if self._keep_node(kind, obj):
-            self.poke.set()
+            self._touch(name)
         found = None if kind == "DELETED" else an.detect(obj, self.nr1_vendors, self.selector)
         old = self.detected.get(name)
         if found is None:
@@ -114,7 +129,7 @@ class AcceleratorNodeController:
         else:
             self.detected[name] = found
         if found != old:
-            self.poke.set()
+            self._touch(name)
 
     async def sync_nodes(self, items: Sequence[dict[str, Any]]) -> None:
         """A relist of the view's node informer."""
@@ -129,7 +144,7 @@ class AcceleratorNodeController:
                 await asyncio.sleep(0)
         self.detected = detected
         self.nodes_synced = True
-        self.poke.set()
+        self._touch_all()
 
     def _on_object(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
@@ -140,10 +155,19 @@ class AcceleratorNodeController:
                 del self.objects[name]
         elif resource_version(obj) >= resource_version(self.objects.get(name)):
             self.objects[name] = obj
-        self.poke.set()
+        self._touch(name)
 
     def _sync_objects(self, items: list[dict[str, Any]]) -> None:
         self.objects = {_name(o): o for o in items}
+        self._touch_all()
+
+    def _touch(self, name: str) -> None:
+        """A change to what ``name`` is planned from: the next pass plans it."""
+        self._dirty.add(name)
+        self.poke.set()
+
+    def _touch_all(self) -> None:
+        self._full = True
         self.poke.set()
 
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
@@ -153,19 +177,21 @@ class AcceleratorNodeController:
                 return None
             return p.node, p.live, tuple(sorted(p.requests.items())), p.gpr  # the GPR: a holder's row shows it
         if holds(old) != holds(new):
-            self.poke.set()
+            for pod in (old, new):
+                if pod is not None and pod.node:
+                    self._touch(pod.node)
 
     @property
     def synced(self) -> bool:
         return self.nodes_synced and all(i.synced.is_set() for i in self.informers)
 
     # ---- a pass ------------------------------------------------------------------------------------------------
-    def holders(self) -> dict[str, list[an.Holder]]:
-        """Per accelerator node, the live pods bound there that request devices."""
+    def holders(self, names: Collection[str] | None = None) -> dict[str, list[an.Holder]]:
+        """Per accelerator node (of ``names``; None: every one), the live pods bound there that request devices."""
         out: dict[str, list[an.Holder]] = {}
         detected = self.detected
         for pod in self.view.pods.values():
-            if not pod.node or pod.node not in detected or not pod.live:
+            if not pod.node or pod.node not in detected or not pod.live or (names is not None and pod.node not in names):
                 continue
             gpr = pod.gpr.partition("/")[2]
             for resource, count in pod.requests.items():
@@ -173,12 +199,28 @@ class AcceleratorNodeController:
                     out.setdefault(pod.node, []).append(an.Holder(pod.namespace, pod.name, gpr, resource, count))
         return out
 
+    def _scope(self) -> set[str] | None:
+        """The nodes the pass about to run plans (None: every node); the marks it answers are taken."""
+        now = self.clock()
+        pods = self.view.pods
+        if self._full or pods is not self._pods_seen or now - self._full_at >= self.resync:
+            self._full, self._full_at, self._pods_seen, self._dirty = False, now, pods, set()
+            return None
+        names, self._dirty = self._dirty | self._timed | self._deferred, set()
+        return names
+
     async def reconcile(self) -> an.Plan:
-        holders = self.holders()
-        bits = {name: an.node_bits(n) for name, n in self.nodes.items()}
-        plan = an.plan(dict(self.detected), holders, dict(self.objects), gr.rfc3339(self.clock()), bits,
-                       self.onboard_timeout)
-        await self._deboard(holders, bits)
+        names = self._scope()
+        if names is None:
+            detected, objects, nodes = self.detected, self.objects, self.nodes
+        else:
+            detected = {n: self.detected[n] for n in names if n in self.detected}
+            objects = {n: self.objects[n] for n in names if n in self.objects}
+            nodes = {n: self.nodes[n] for n in names if n in self.nodes}
+        holders = self.holders(names)
+        bits = {name: an.node_bits(n) for name, n in nodes.items()}
+        plan = an.plan(dict(detected), holders, dict(objects), gr.rfc3339(self.clock()), bits, self.onboard_timeout)
+        await self._deboard(nodes, holders, bits)
         for name, label in plan.label.items():
             await self._label(name, label)
         for name, pods in plan.adopt.items():
@@ -192,21 +234,41 @@ class AcceleratorNodeController:
             await self._write_status(name, status)
         self.passes += 1
         self.passes_total.inc()
+        self.planned += len(detected)
         self.last_plan = plan
-        counts: dict[tuple[str, str], int] = {}
-        for name, d in self.detected.items():  # the phase written (or about to be), as kubectl shows it
-            st = plan.statuses.get(name) or (self.objects.get(name) or {}).get("status") or {}
-            key = (str(st.get("phase") or d.phase), d.managed_by)
-            counts[key] = counts.get(key, 0) + 1
-        self.phases.clear()
-        for (phase, by), n in counts.items():
-            self.phases.labels(phase, by).set(n)
+        self._note(detected, names, plan)
         return plan
+
+    def _note(self, detected: Mapping[str, an.Detection], names: set[str] | None, plan: an.Plan) -> None:
+        """After a pass over ``names`` (None: every node): which nodes' status waits on the clock (onboarding, a
+        deboard request: every pass plans them), and the phase gauge (the phase written or about to be, as
+        kubectl shows it)."""
+        if names is None:
+            self._timed, self._phase_of = set(), {}
+        else:
+            self._timed -= names
+            for name in names:
+                self._phase_of.pop(name, None)
+        for name, d in detected.items():
+            st = plan.statuses.get(name) or (self.objects.get(name) or {}).get("status") or {}
+            phase = str(st.get("phase") or d.phase)
+            self._phase_of[name] = (phase, d.managed_by)
+            if phase == "Onboarding":
+                self._timed.add(name)
+        # a deboarded node may show no evidence left; its request still waits on the clock
+        for name in self.objects if names is None else names:
+            obj = self.objects.get(name)
+            if obj is not None and an.deboard_request(obj) is not None:
+                self._timed.add(name)
+        self.phases.clear()
+        for (phase, by), n in collections.Counter(self._phase_of.values()).items():
+            self.phases.labels(phase, by).set(n)
 
     def _paced(self, statuses: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The status writes to make now: every one that changes a phase, a condition or a deboard step, and as
         many that change only the holders as the ``usage_qps`` bucket holds (in name order); the others wait for
         a pass the controller asks for once the bucket has refilled."""
+        self._deferred = set()  # the pass that calls this planned every node held back before
         if self.usage_qps <= 0:
             return dict(statuses)
         usage = [n for n, st in statuses.items()
@@ -218,6 +280,7 @@ class AcceleratorNodeController:
         take = min(len(usage), int(tokens + 1e-9))
         self._usage_tokens, self._usage_at = tokens - take, now
         later = set(usage[take:])
+        self._deferred = later
         if later:
             self.writes.labels("status", "deferred").inc(len(later))
             if self._usage_wake is None:
@@ -229,12 +292,13 @@ class AcceleratorNodeController:
         self._usage_wake = None
         self.poke.set()
 
-    async def _deboard(self, holders: Mapping[str, list[an.Holder]], bits: Mapping[str, an.NodeBits]) -> None:
+    async def _deboard(self, nodes: Mapping[str, dict[str, Any]], holders: Mapping[str, list[an.Holder]],
+                       bits: Mapping[str, an.NodeBits]) -> None:
         """Make each Node carry what its AcceleratorNode's deboard request asks: the taint while it stands, the
         DaemonSets' labels removed once no pod holds devices there, the taint removed once the request is
         withdrawn (or its object is gone). A merge patch carrying the Node's resourceVersion: a Conflict (the
         Node changed meanwhile) waits for the informer's newer copy and the next pass."""
-        for name, node in list(self.nodes.items()):
+        for name, node in list(nodes.items()):
             obj = self.objects.get(name)
             want = an.deboard_request(obj) if obj is not None and an.owner_uid(obj) == bits[name].uid else None
             if want is None and bits[name].tainted is None:
@@ -247,7 +311,7 @@ class AcceleratorNodeController:
                 written = await self.kube.client.patch(NODES, name, body)
             except (Conflict, NotFound):
                 self.writes.labels("node", "conflict").inc()
-                self.poke.set()
+                self._touch(name)
                 continue
             except ApiError as exc:
                 self._failed("node", name, exc)
@@ -326,7 +390,7 @@ class AcceleratorNodeController:
                                                      subresource="status")
         except (Conflict, NotFound):  # changed or gone meanwhile: the informer brings the news, the next pass decides
             self.writes.labels("status", "conflict").inc()
-            self.poke.set()
+            self._touch(name)
             return
         except ApiError as exc:
             self._failed("status", name, exc)
@@ -355,6 +419,7 @@ class AcceleratorNodeController:
 
     def _failed(self, verb: str, name: str, exc: ApiError) -> None:
         self.writes.labels(verb, "error").inc()
+        self._dirty.add(name)  # planned again by the next pass, whatever asks for it (the resync at the latest)
         log.warning("accelerator node write failed; the next pass retries",
                     extra={"node": name, "verb": verb, "error": str(exc)[:300]})
 

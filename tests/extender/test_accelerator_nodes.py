@@ -333,3 +333,155 @@ async def test_holder_only_writes_are_paced_and_the_rest_follow() -> None:
     unlimited = AcceleratorNodeController(kube, ClusterView(("nvidia.com/gpu",)), usage_qps=0)
     unlimited.objects = dict(ctl.objects)
     assert unlimited._paced(statuses).keys() == statuses.keys()
+
+
+class _Writes:
+    """The API calls an AcceleratorNodeController makes, each answered as the API server would (a new
+    resourceVersion); ``calls`` records (verb, name)."""
+
+    def __init__(self) -> None:
+        from kubeapi.client import api_metrics
+
+        self.metrics = api_metrics(None)
+        self.calls: list[tuple[str, str]] = []
+        self.statuses: dict[str, dict[str, Any]] = {}  # the last status written, by name
+        self.rv = 100
+
+    def _answer(self, verb: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((verb, name))
+        self.rv += 1
+        meta = {**(body.get("metadata") or {}), "name": name, "resourceVersion": str(self.rv)}
+        meta.setdefault("uid", f"an-{name}")
+        return {**body, "metadata": meta}
+
+    async def create(self, resource: Any, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return self._answer("create", body["metadata"]["name"], body)
+
+    async def replace(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.statuses[name] = body["status"]
+        return self._answer("status", name, body)
+
+    async def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return self._answer("patch", name, body)
+
+    async def delete(self, resource: Any, name: str, **_: Any) -> None:
+        self.calls.append(("delete", name))
+
+
+def _gpu_pod(uid: str, node_name: str, gpus: int) -> dict[str, Any]:
+    return {"metadata": {"name": uid, "namespace": "team-a", "uid": uid},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": {
+                "requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": "Running"}}
+
+
+async def test_a_pass_on_a_change_plans_only_the_nodes_it_touched_and_writes_what_a_full_pass_would() -> None:
+    """At 5,000 nodes a pass over every node for each bind was most of the controller's CPU: a pass asked for by a
+    change plans the nodes the change touched (and those whose status waits on the clock), a relist or the resync
+    plans them all, and what it writes for a node is what a pass over every node writes."""
+    import types
+
+    from scheduler_extender.controller.accelerator_nodes import AcceleratorNodeController
+    from scheduler_extender.objects.cluster import ClusterView
+
+    now = [1_772_359_200.0]  # NOW
+    view = ClusterView(("nvidia.com/gpu",))
+
+    def controller() -> tuple[AcceleratorNodeController, _Writes]:
+        writes = _Writes()
+        ctl = AcceleratorNodeController(types.SimpleNamespace(client=writes), view,  # type: ignore[arg-type]
+                                        resync=3600, usage_qps=0, clock=lambda: now[0])
+        return ctl, writes
+
+    ctl, writes = controller()
+    names = [f"g{i:02d}" for i in range(40)]
+    for i, name in enumerate(names):
+        ctl.on_node("ADDED", node(name, labels=GFD, uid=f"uid-{i}"))
+    await ctl.reconcile()  # the first pass: every node, one create and one status each
+    assert ctl.planned == 40 and sorted(v for v, _ in writes.calls) == ["create"] * 40 + ["status"] * 40
+    for name in names:  # the writes come back through the watch: planned again, nothing to write
+        ctl._on_object("MODIFIED", ctl.objects[name])
+    writes.calls.clear()
+    await ctl.reconcile()
+    assert ctl.planned == 80 and writes.calls == []
+
+    # a pod bound on g07: the next pass plans g07 alone and writes its holders
+    view.on_pod("ADDED", _gpu_pod("p1", "g07", 2))
+    ctl.pod_changed(None, view.pods["p1"])
+    await ctl.reconcile()
+    assert ctl.planned == 81 and writes.calls == [("status", "g07")]
+    assert ctl.objects["g07"]["status"]["allocated"] == 2
+    # what a controller with no marks (a new leader: a pass over every node) writes from the same objects
+    fresh, fresh_writes = controller()
+    fresh.detected, fresh.nodes, fresh.objects = dict(ctl.detected), dict(ctl.nodes), dict(ctl.objects)
+    view.on_pod("ADDED", _gpu_pod("p2", "g31", 1))
+    ctl.pod_changed(None, view.pods["p2"])
+    writes.calls.clear()
+    await ctl.reconcile()
+    await fresh.reconcile()
+    assert fresh.planned == 40 and fresh_writes.calls == writes.calls == [("status", "g31")]
+    assert fresh_writes.statuses["g31"] == writes.statuses["g31"] and writes.statuses["g31"]["allocated"] == 1
+
+    # a pod moving from one node to another marks both
+    writes.calls.clear()
+    old = view.pods["p2"]
+    view.on_pod("MODIFIED", _gpu_pod("p2", "g32", 1))
+    ctl.pod_changed(old, view.pods["p2"])
+    await ctl.reconcile()
+    assert sorted(writes.calls) == [("status", "g31"), ("status", "g32")]
+
+    # a relist of the pods (a new table): the next pass plans every node
+    before = ctl.planned
+    view.pods = dict(view.pods)
+    await ctl.reconcile()
+    assert ctl.planned == before + 40
+
+    # a write that failed is planned again by the next pass, whatever asked for it
+    from kubeapi import ApiError
+
+    async def refuse(*_: Any, **__: Any) -> dict[str, Any]:
+        raise ApiError(500, "InternalError", "etcd is away")
+
+    gone = view.pods["p1"]
+    view.on_pod("DELETED", _gpu_pod("p1", "g07", 2))
+    ctl.pod_changed(gone, None)
+    saved = writes.replace
+    writes.replace = refuse  # type: ignore[method-assign]
+    await ctl.reconcile()
+    writes.replace = saved  # type: ignore[method-assign]
+    assert ctl.objects["g07"]["status"]["allocated"] == 2  # not written
+    writes.calls.clear()
+    before = ctl.planned
+    await ctl.reconcile()  # the next pass, whatever asks for it (here: none but the failure's mark)
+    assert ctl.planned == before + 1 and writes.calls == [("status", "g07")]
+    assert ctl.objects["g07"]["status"]["allocated"] == 0
+
+
+async def test_a_node_onboarding_is_planned_by_every_pass_so_its_timeout_is_not_missed() -> None:
+    """A status that waits on the clock (onboarding past its timeout) is decided by any pass, not only one over
+    every node: a pass asked for by another node's change writes its Failed."""
+    import types
+
+    from scheduler_extender.controller.accelerator_nodes import AcceleratorNodeController
+    from scheduler_extender.objects.cluster import ClusterView
+
+    now = [1_772_359_200.0]  # NOW
+    writes = _Writes()
+    ctl = AcceleratorNodeController(types.SimpleNamespace(client=writes), ClusterView(("nvidia.com/gpu",)),  # type: ignore[arg-type]
+                                    resync=3600, usage_qps=0, clock=lambda: now[0])
+    ctl.on_node("ADDED", onboarding_node(ours=False, other=True))  # "g": waiting for our device plugin
+    ctl.on_node("ADDED", node("h", labels=GFD, uid="uid-h"))
+    ctl.objects["g"] = {"metadata": {"name": "g", "uid": "an-1", "resourceVersion": "5",
+                                     "ownerReferences": [{"kind": "Node", "uid": "uid-1"}]},
+                        "spec": {"onboard": {"requestedAt": NOW}}, "status": {}}
+    await ctl.reconcile()
+    assert writes.statuses["g"]["phase"] == "Onboarding"
+    writes.calls.clear()
+    await ctl.reconcile()
+    assert writes.calls == []  # nothing changed
+    now[0] += 16 * 60  # past the 15-minute onboarding timeout; then an unrelated node changes
+    ctl.on_node("MODIFIED", node("h", labels={**GFD, "nvidia.com/gpu.count": "4"}, uid="uid-h"))
+    before = ctl.planned
+    await ctl.reconcile()
+    assert ctl.planned == before + 2  # "h" and "g", not every node
+    assert writes.statuses["g"]["phase"] == "Failed"
