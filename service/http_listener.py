@@ -31,6 +31,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from service.h2_server import Negotiated, Routes, offer_h2
+
 log = logging.getLogger("accelstack.http")
 SERVER_NAME = "accelstack"
 BAD_REQUEST_BODY = "400 Bad Request: malformed HTTP request\n"
@@ -116,21 +118,32 @@ def _peer(handler: RequestHandler) -> str:
     return str(peer[0]) if isinstance(peer, tuple) else str(peer or "")
 
 
+def client_refusal(names: frozenset[str], cert: Any, remote: str) -> web.Response | None:
+    """The 403 (in the extender's ``Error`` shape) for a TLS client certificate whose subject carries none of
+    ``names`` as its common name, logged; None when it carries one (or ``names`` is empty). The listener's
+    ``CERT_REQUIRED`` already checked that the certificate is the client's and that the CA signed it."""
+    if not names:
+        return None
+    subject = (cert or {}).get("subject") or ()
+    common = {value for rdn in subject for key, value in rdn if key == "commonName"}
+    if common & names:
+        return None
+    log.warning("verb refused: client certificate not the scheduler's",
+                extra={"remote": remote, "commonName": ",".join(sorted(common))[:100]})
+    return web.json_response({"Error": "client certificate not allowed on this listener"}, status=403)
+
+
 def client_names(names: frozenset[str]) -> Any:
-    """A middleware that answers 403 (in the extender's ``Error`` shape) unless the TLS client certificate's
-    subject carries one of ``names`` as its common name (the listener's ``CERT_REQUIRED`` already checked that
-    the certificate is the client's and that the CA signed it). Empty ``names``: every such certificate."""
+    """A middleware that answers :func:`client_refusal`'s 403 unless the TLS client certificate's subject carries
+    one of ``names`` as its common name. Empty ``names``: every such certificate."""
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         if names:
             cert = request.transport.get_extra_info("peercert") if request.transport is not None else None
-            subject = (cert or {}).get("subject") or ()
-            common = {value for rdn in subject for key, value in rdn if key == "commonName"}
-            if not common & names:
-                log.warning("verb refused: client certificate not the scheduler's",
-                            extra={"remote": request.remote or "", "commonName": ",".join(sorted(common))[:100]})
-                return web.json_response({"Error": "client certificate not allowed on this listener"}, status=403)
+            refused = client_refusal(names, cert, request.remote or "")
+            if refused is not None:
+                return refused
         return await handler(request)
 
     return check
@@ -167,12 +180,17 @@ def server_tls(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCont
 
 class HardenedSite(web.TCPSite):
     """A TCP site whose connections are :class:`HardenedHandler` with ``limits``, and whose TLS handshake has the
-    request head's bound."""
+    request head's bound. With ``h2`` (and TLS) the site offers HTTP/2 too (:mod:`service.h2_server`): a connection
+    whose handshake chose it is served by those routes, any other by the HTTP/1.1 handler."""
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int, *, limits: Limits,
-                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128) -> None:
+                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128, h2: Routes | None = None) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
         self.limits = limits
+        self.h2 = h2 if ssl_context is not None else None
+        if self.h2 is not None:
+            assert ssl_context is not None
+            offer_h2(ssl_context)
 
     async def start(self) -> None:
         self._runner._reg_site(self)  # BaseSite.start: TCPSite.start would create aiohttp's own handlers
@@ -185,8 +203,14 @@ class HardenedSite(web.TCPSite):
             return HardenedHandler(manager, loop=loop, header_timeout=limits.header_timeout,
                                    keepalive_timeout=limits.idle_timeout, access_log=None)  # type: ignore[arg-type]
 
+        h2 = self.h2
+
+        def negotiated() -> Negotiated:
+            assert h2 is not None
+            return Negotiated(protocol, h2, header_timeout=limits.header_timeout, idle_timeout=limits.idle_timeout)
+
         self._server = await loop.create_server(
-            protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            protocol if h2 is None else negotiated, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port,
             ssl_handshake_timeout=limits.header_timeout if self._ssl_context is not None else None)
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else None
@@ -198,11 +222,13 @@ class HardenedSite(web.TCPSite):
 
 async def serve_app(app: web.Application, host: str, port: int, *, limits: Limits | None = None,
                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128,
-                shutdown_timeout: float = 5.0) -> tuple[web.AppRunner, int]:
-    """``app`` served on ``host:port`` through :class:`HardenedSite`; (its runner, the bound port)."""
+                shutdown_timeout: float = 5.0, h2: Routes | None = None) -> tuple[web.AppRunner, int]:
+    """``app`` served on ``host:port`` through :class:`HardenedSite` (with ``h2``: HTTP/2 too, to those routes);
+    (its runner, the bound port)."""
     harden(app)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    site = HardenedSite(runner, host, port, limits=limits or Limits(), ssl_context=ssl_context, backlog=backlog)
+    site = HardenedSite(runner, host, port, limits=limits or Limits(), ssl_context=ssl_context, backlog=backlog,
+                        h2=h2)
     await site.start()
     return runner, site.bound_port

@@ -66,6 +66,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--scheduler-listen")
     add("scheduler-client-names", "accelstack-scheduler", "common names (comma-separated) a client certificate on "
         "--scheduler-listen must carry (403 otherwise); empty: any certificate the CA signed")
+    add("scheduler-http2", "true", "offer HTTP/2 on --scheduler-listen (ALPN h2, HTTP/1.1 still served): "
+        "kube-scheduler's client then sends every verb on one connection; over HTTP/1.1 it keeps two idle "
+        "connections and opens a new TLS connection for each bind in flight beyond them")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add("require-gpr", "false", "refuse managed pods without the accelstack.io/gpr label in filter")
     add("max-body-bytes", str(4 * 1024 * 1024), "largest request body accepted (413 above)")
@@ -138,6 +141,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "verbs_host": verbs_host, "verbs_port": verbs_port, "client_ca": args.scheduler_client_ca_file,
         "client_names": tuple(n.strip() for n in args.scheduler_client_names.split(",") if n.strip()),
         "ledger": args.ledger, "binder_lease": args.binder_lease, "pod_name": args.pod_name,
+        "verbs_http2": flags.boolean("scheduler-http2"),
         "limits": Limits(header_timeout=flags.number("header-timeout", float, 0.1, 3600),
                          idle_timeout=flags.number("idle-timeout", float, 0.1, 86400)),
     }
@@ -166,7 +170,8 @@ async def serve(opts: dict[str, Any]) -> None:
                             node_group_label=opts["node_group_label"], verbs_apart=bool(opts.get("verbs_host")),
                             verbs_clients=opts.get("client_names", ()), limits=opts.get("limits", Limits()),
                             ledger=opts.get("ledger", "node"), binder_lease=opts.get("binder_lease", "accelstack-binder"),
-                            pod_name=opts.get("pod_name", ""), pod_namespace=os.environ.get("POD_NAMESPACE", ""))
+                            pod_name=opts.get("pod_name", ""), pod_namespace=os.environ.get("POD_NAMESPACE", ""),
+                            verbs_http2=opts.get("verbs_http2", True))
     if opts["webhook"]:
         add_webhook = webhook_routes(kube, opts, server.view)
         if add_webhook is not None:

@@ -47,7 +47,9 @@ from scheduler_extender.extender.binder import Binder
 from scheduler_extender.extender.verbs import PodAsk, ask_of, filter_nodes, preempt, prioritize
 from scheduler_extender.objects.cluster import GPR_LABEL, ClusterView, pod_view
 from scheduler_extender.objects.kube import ApiError
+from service.h2_server import Request, Routes
 from service.http_body import DEFAULT_BODY_TIMEOUT, BodyError, closing, read_body
+from service.http_listener import client_refusal
 
 log = logging.getLogger("accelstack.extender")
 JSON = "application/json"
@@ -127,40 +129,77 @@ class Extender:
         self.ready = ready
         self.registries = (self.metrics.registry, *registries)
 
+    def _verbs(self) -> dict[str, Callable[[bytes], Awaitable[web.Response]]]:
+        return {"filter": self.filter, "prioritize": self.prioritize, "preempt": self.preempt, "bind": self.bind}
+
     def routes(self, prefix: str = "/scheduler") -> list[web.RouteDef]:
         prefix = prefix.rstrip("/")
-        handlers: dict[str, Callable[[bytes], Awaitable[web.Response]]] = {
-            "filter": self.filter, "prioritize": self.prioritize, "preempt": self.preempt, "bind": self.bind}
-        out = [web.post(f"{prefix}/{verb}", self._wrap(verb, handler)) for verb, handler in handlers.items()]
+        out = [web.post(f"{prefix}/{verb}", self._wrap(verb, handler)) for verb, handler in self._verbs().items()]
         out += [web.get("/healthz", self.healthz), web.get("/readyz", self.readyz), web.get("/metrics", self.metrics_view)]
         return out
 
+    def h2_routes(self, prefix: str, clients: frozenset[str], max_body: int) -> Routes:
+        """The same verbs and health endpoints for HTTP/2 connections (:mod:`service.h2_server`: what
+        kube-scheduler's client speaks when the listener offers it), behind the same client-certificate check
+        (``clients``: the common names allowed; empty: any the CA signed)."""
+        prefix = prefix.rstrip("/")
+
+        def checked(answer: Callable[[Request], Awaitable[web.Response]]) -> Callable[[Request], Awaitable[web.Response]]:
+            async def route(request: Request) -> web.Response:
+                return client_refusal(clients, request.peercert, request.remote) or await answer(request)
+            return route
+
+        def verb(name: str, handler: Callable[[bytes], Awaitable[web.Response]]) -> Callable[[Request], Awaitable[web.Response]]:
+            async def answer(request: Request) -> web.Response:
+                async def body() -> bytes:
+                    return request.body  # read whole by the connection, within its bounds
+                return await self.answer(name, handler, body, request.remote)
+            return checked(answer)
+
+        routes: dict[tuple[str, str], Callable[[Request], Awaitable[web.Response]]] = {
+            ("POST", f"{prefix}/{name}"): verb(name, handler) for name, handler in self._verbs().items()}
+        def page(view: Callable[[web.Request | None], Awaitable[web.Response]]) -> Callable[[Request], Awaitable[web.Response]]:
+            async def answer(_: Request) -> web.Response:
+                return await view(None)
+            return checked(answer)
+
+        for path, view in (("/healthz", self.healthz), ("/readyz", self.readyz), ("/metrics", self.metrics_view)):
+            routes[("GET", path)] = page(view)
+        return Routes(routes, max_body=max_body, body_timeout=self.body_timeout)
+
+    async def answer(self, verb: str, handler: Callable[[bytes], Awaitable[web.Response]],
+                     read: Callable[[], Awaitable[bytes]], remote: str) -> web.Response:
+        """``verb``'s answer to a request whose body ``read`` returns (HTTP/1.1 or HTTP/2): 503 and a closed
+        connection from a replica that is not the binder, the verb's ``Error`` for a refused or malformed body,
+        never a 500 without it."""
+        started = time.perf_counter()
+        if not self.binding():  # one replica decides: its filter claims and its binds share one memory
+            self.metrics.decisions.labels(verb, "not-binder").inc()
+            answer = _error(503, f"{verb}: this accelstack extender replica is not the active binder now; "
+                                 "retry (a new connection reaches the one that is)")
+            answer.force_close()  # kube-scheduler's kept connection may lead here: its next one is routed anew
+            return answer
+        try:
+            return await handler(await read())
+        except BodyError as exc:  # the body never arrived whole: one line, no traceback
+            self.metrics.bad_requests.labels(verb).inc()
+            log.warning("request refused", extra={"verb": verb, "status": exc.status, "error": cap(exc.message),
+                                                  "remote": remote})
+            return _error(exc.status, f"{verb}: {exc.message}")
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            self.metrics.bad_requests.labels(verb).inc()
+            return _error(400, f"{verb}: malformed request: {exc}")
+        except Exception as exc:  # never a 500 without the Error field
+            log.exception("extender verb failed", extra={"verb": verb})
+            return _error(500, f"{verb}: internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+
     def _wrap(self, verb: str, handler: Callable[[bytes], Awaitable[web.Response]]) -> Any:
         async def handle(request: web.Request) -> web.Response:
-            started = time.perf_counter()
-            if not self.binding():  # one replica decides: its filter claims and its binds share one memory
-                self.metrics.decisions.labels(verb, "not-binder").inc()
-                answer = _error(503, f"{verb}: this accelstack extender replica is not the active binder now; "
-                                     "retry (a new connection reaches the one that is)")
-                answer.force_close()  # kube-scheduler's kept connection may lead here: its next one is routed anew
-                return answer
-            try:
-                body = await read_body(request, self.body_timeout)
-                response = await handler(body)
-            except BodyError as exc:  # the body never arrived whole: one line, no traceback
-                self.metrics.bad_requests.labels(verb).inc()
-                log.warning("request refused", extra={"verb": verb, "status": exc.status, "error": cap(exc.message),
-                                                      "remote": request.remote or ""})
-                return await closing(request, _error(exc.status, f"{verb}: {exc.message}"))
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                self.metrics.bad_requests.labels(verb).inc()
-                return _error(400, f"{verb}: malformed request: {exc}")
-            except Exception as exc:  # never a 500 without the Error field
-                log.exception("extender verb failed", extra={"verb": verb})
-                return _error(500, f"{verb}: internal error: {type(exc).__name__}: {exc}")
-            finally:
-                self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
-            return response
+            response = await self.answer(verb, handler, lambda: read_body(request, self.body_timeout),
+                                         request.remote or "")
+            return await closing(request, response)  # a 408: the rest of that body may still come
         return handle
 
     async def filter(self, body: bytes) -> web.Response:
@@ -281,13 +320,13 @@ class Extender:
         return (f"pod {key} requests no resource accelstack manages ({', '.join(self.view.resources)}) and belongs "
                 "to no GPR: not the accelstack extender's to bind")
 
-    async def healthz(self, _: web.Request) -> web.Response:
+    async def healthz(self, _: web.Request | None) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    async def readyz(self, _: web.Request | None) -> web.Response:
         return web.Response(text="ok\n") if self.ready() else web.Response(
             status=503, text="not ready: a resource cannot be listed from the API server (see the logs)\n")
 
-    async def metrics_view(self, _: web.Request) -> web.Response:
+    async def metrics_view(self, _: web.Request | None) -> web.Response:
         body = b"".join(generate_latest(r) for r in self.registries)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

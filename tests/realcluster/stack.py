@@ -157,6 +157,17 @@ class Stack:
             time.sleep(0.2)
         raise ControlPlaneError(f"{product.name} did not start binding in {timeout:.0f} s:\n{product.tail()}")
 
+    def verbs_connections(self) -> dict[str, float]:
+        """The TLS connections the extender's verbs listener accepted so far, by the protocol each settled on
+        (``accelstack_http_connections_total``)."""
+        with urllib.request.urlopen(self.extender.health + "/metrics", context=self.cp.ssl_context(), timeout=5) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("accelstack_http_connections_total{"):
+                out[line.split('protocol="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        return out
+
     def start(self) -> Stack:
         self.extender.start()
         self.wait_binding()
