@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import json
 import logging
 import re
 import time
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
+import orjson
 from aiohttp import ClientError, web
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
@@ -283,10 +283,15 @@ def answer_within(timeout: str | None) -> float | None:
     return max(seconds / 2, seconds - ANSWER_MARGIN) if seconds > 0 else None
 
 
+def _json(value: Any, status: int = 200) -> web.Response:
+    """``value`` as a JSON answer (orjson: an AdmissionReview a pod is answered with is encoded per pod)."""
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
 def _bad(message: str, code: int = 400) -> web.Response:
     reason = {400: "BadRequest", 408: "Timeout", 413: "RequestEntityTooLarge"}.get(code, "BadRequest")
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                              "message": message, "reason": reason, "code": code}, status=code)
+    return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                  "message": message, "reason": reason, "code": code}, status=code)
 
 
 def parse_review(raw: bytes, resource: str) -> dict[str, Any]:
@@ -342,7 +347,7 @@ def review_response(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | No
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     if not allowed:
         response["status"] = {"code": code or 403, "message": message, "reason": reason or "Forbidden",
                               "status": "Failure", "metadata": {}}
@@ -429,7 +434,7 @@ class Webhook:
             return _bad(str(exc)), "bad-request"
         except TimeoutError as exc:
             if not deadline.expired():  # a lookup's own timeout: as any failed lookup
-                return web.json_response(_unreadable(review, endpoint, exc)), "denied"
+                return _json(_unreadable(review, endpoint, exc)), "denied"
             # ours: answer while the API server still listens, with a reason, rather than let it time out
             # ("context deadline exceeded"); a GPR create that was under way may still land, and an automatic
             # GPR whose pod was never created is deleted by the controller
@@ -437,14 +442,14 @@ class Webhook:
             answer = review_response(review["uid"], False, code=503, reason="ServiceUnavailable", message=(
                 f"accelstack admission could not finish within the webhook's timeout ({request.query['timeout'][:16]}): "
                 "the API server answered its calls too slowly; retry (a workload controller retries on its own)"))
-            return web.json_response(answer), "deadline"
+            return _json(answer), "deadline"
         except (ApiError, ClientError, OSError) as exc:  # a lookup failed: fail closed
             answer = _unreadable(review, endpoint, exc)
         except Exception as exc:  # a bug: refuse this one request and say so, never a 500 or a crash
             log.exception("admission failed", extra={"endpoint": endpoint})
             answer = review_response(review["uid"], False, code=500, reason="InternalError",
                                      message=f"accelstack admission failed: {type(exc).__name__}: {str(exc)[:300]}")
-        return web.json_response(answer), "allowed" if answer["response"]["allowed"] else "denied"
+        return _json(answer), "allowed" if answer["response"]["allowed"] else "denied"
 
     async def mutate_pods(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "pods", "mutate-pods", self._mutate_pod)
