@@ -1,7 +1,9 @@
-"""Which pods reach the pod webhook: the ``matchConditions`` of ``manifests/extender/webhooks.yaml``, evaluated
-with cel-python as the API server evaluates them (``object`` = the pod), on a matrix of pods. Every pod the
-webhook acts on (gates, labels, refuses, warns) must match; every other pod must not, so that an extender
-outage (``failurePolicy: Fail``) refuses only pods that ask for a managed accelerator or name a GPR."""
+"""Which pods reach the pod webhook: the two entries of ``manifests/extender/webhooks.yaml`` that call
+``/mutate-pods``, each with its ``objectSelector`` and its ``matchConditions`` (evaluated with cel-python as the API
+server evaluates them, ``object`` = the pod), on a matrix of pods. Every pod the webhook acts on (gates, labels,
+refuses, warns) must match one entry, and no pod both (the API server would call the webhook twice); every other
+pod must match none, so that an extender outage (``failurePolicy: Fail``) refuses only pods that ask for a managed
+accelerator or name a GPR."""
 
 from __future__ import annotations
 
@@ -24,26 +26,56 @@ from tests.extender.test_webhook import NOW, MemoryLookup, review, serve
 WEBHOOKS = Path(__file__).resolve().parents[2] / "manifests" / "extender" / "webhooks.yaml"
 
 
-def pod_webhook() -> dict[str, Any]:
+def pod_webhooks() -> list[dict[str, Any]]:
+    """The entries that call the pod endpoint."""
     (mutating,) = [d for d in yaml.safe_load_all(WEBHOOKS.read_text()) if d["kind"] == "MutatingWebhookConfiguration"]
-    (hook,) = [w for w in mutating["webhooks"] if w["name"] == "pods.accelstack.io"]
-    return hook
+    hooks = [w for w in mutating["webhooks"] if w["clientConfig"]["service"]["path"] == "/mutate-pods"]
+    assert [w["name"] for w in hooks] == ["gpr-pods.accelstack.io", "pods.accelstack.io"]
+    return hooks
 
 
 @functools.cache
-def programs() -> list[tuple[str, Any]]:
+def programs(name: str) -> list[tuple[str, Any]]:
     env = celpy.Environment()
-    return [(c["name"], env.program(env.compile(c["expression"]))) for c in pod_webhook()["matchConditions"]]
+    (hook,) = [w for w in pod_webhooks() if w["name"] == name]
+    return [(c["name"], env.program(env.compile(c["expression"]))) for c in hook.get("matchConditions") or ()]
+
+
+def selected(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions) as the API server applies an objectSelector."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or ():
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {"Exists": key in labels, "DoesNotExist": key not in labels, "In": labels.get(key) in values,
+              "NotIn": key not in labels or labels[key] not in values}[op]
+        if not ok:
+            return False
+    return True
+
+
+def hooks_called(pod: dict[str, Any]) -> list[str]:
+    """The entries the API server calls for ``pod``: its objectSelector selects the pod and all its
+    matchConditions are true (an evaluation error fails the test)."""
+    called = []
+    for hook in pod_webhooks():
+        if not selected(hook.get("objectSelector"), (pod.get("metadata") or {}).get("labels") or {}):
+            continue
+        results = []
+        for name, program in programs(hook["name"]):
+            value = program.evaluate({"object": celpy.json_to_cel(pod)})
+            assert isinstance(value, celpy.celtypes.BoolType), (name, value)  # not an evaluation error
+            results.append(bool(value))
+        if all(results):
+            called.append(hook["name"])
+    return called
 
 
 def matches(pod: dict[str, Any]) -> bool:
-    """All matchConditions true (the API server calls the webhook only then); an evaluation error fails."""
-    results = []
-    for name, program in programs():
-        value = program.evaluate({"object": celpy.json_to_cel(pod)})
-        assert isinstance(value, celpy.celtypes.BoolType), (name, value)  # not an evaluation error
-        results.append(bool(value))
-    return all(results)
+    called = hooks_called(pod)
+    assert len(called) <= 1, called  # never both: the webhook would be called twice for one pod
+    return bool(called)
 
 
 # ---- the matrix ---------------------------------------------------------------------------------------------------
@@ -116,12 +148,16 @@ def names_managed(pod: dict[str, Any]) -> bool:
 
 
 def test_conditions_name_the_managed_resources_and_the_label() -> None:
-    hook = pod_webhook()
-    assert hook["failurePolicy"] == "Fail"
     names = set()
-    for condition in hook["matchConditions"]:
-        names |= set(re.findall(r"'([^']+)'", condition["expression"]))
+    for hook in pod_webhooks():
+        assert hook["failurePolicy"] == "Fail"
+        for condition in hook.get("matchConditions") or ():
+            names |= set(re.findall(r"'([^']+)'", condition["expression"]))
+        names |= {e["key"] for e in hook["objectSelector"]["matchExpressions"]}
     assert names == {*RESOURCE_NAMES, GPR_LABEL}
+    # a pod of a GPR is selected by its label alone: no CEL for the API server to evaluate
+    (labelled,) = [w for w in pod_webhooks() if w["name"] == "gpr-pods.accelstack.io"]
+    assert "matchConditions" not in labelled
 
 
 def test_pods_reach_the_webhook_exactly_when_they_name_a_managed_resource_or_a_gpr() -> None:

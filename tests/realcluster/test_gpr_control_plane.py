@@ -138,7 +138,12 @@ def test_extender_outage_refuses_accelerator_pods_and_nothing_else(cp: ControlPl
     try:
         with pytest.raises(ApiCallError) as err:
             cp.create(pods_path(ns), pod("gpu", gpus=1, gpr_name="g"))
-        assert err.value.status == 500 and "pods.accelstack.io" in err.value.body.get("message", ""), err.value.body
+        message = err.value.body.get("message", "")
+        assert err.value.status == 500 and '"gpr-pods.accelstack.io"' in message, err.value.body
+        with pytest.raises(ApiCallError) as err:  # no GPR label: the CEL conditions' entry
+            cp.create(pods_path(ns), pod("gpu-alone", gpus=1))
+        message = err.value.body.get("message", "")
+        assert err.value.status == 500 and '"pods.accelstack.io"' in message, err.value.body
         plain = cp.create(pods_path(ns), pod("plain", gpus=0, scheduler="default-scheduler"))
         assert not plain["spec"].get("schedulingGates")
     finally:
