@@ -82,6 +82,17 @@ def bound_as_reserved(view: ClusterView, old: PodView | None, new: PodView | Non
             and _pod_facts(old) == _pod_facts(new) and _held_here(view, new.gpr, new.node))
 
 
+def arrived_as_reserved(view: ClusterView, old: PodView | None, new: PodView | None) -> bool:
+    """A new pod of a GPR that holds devices, not gated (the webhook narrowed it to the reservation) and bound, if
+    at all, to a node of the reservation: no pass decides anything new from that either (there is no gate to lift,
+    its devices were its GPR's since the admission, and the GPR turns Running when its pods run). A gated pod, one
+    of a GPR the view does not see holding, or one bound elsewhere still asks for a pass."""
+    if old is not None or new is None or not new.live or new.gates:
+        return False
+    g = view.gprs.get(new.gpr) if new.gpr else None
+    return g is not None and g.phase in HOLDING and (not new.node or new.node in g.reservation)
+
+
 def ledger_grew_as_reserved(view: ClusterView, old: NodeView, new: NodeView, labels: Iterable[str]) -> bool:
     """A node whose only change is ledger entries added for pods of GPRs that hold it in their reservations (the
     binder's record of :func:`bound_as_reserved` pods): no pass decides anything new from that either. An entry
@@ -217,7 +228,8 @@ class ControllerService:
         self.workspaces.changed()
 
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
-        if _pod_matters(old, new) and not bound_as_reserved(self.view, old, new):
+        if (_pod_matters(old, new) and not bound_as_reserved(self.view, old, new)
+                and not arrived_as_reserved(self.view, old, new)):
             self.controller.changed()
         self.accelerator_nodes.pod_changed(old, new)
 

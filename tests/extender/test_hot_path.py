@@ -176,8 +176,8 @@ async def test_only_changes_that_matter_trigger_a_pass() -> None:
 
 
 async def test_a_bind_onto_its_gprs_reserved_node_triggers_no_pass() -> None:
-    """A pod of a holding GPR bound to a node of its reservation, and the binder's ledger entry for it, decide
-    nothing new (the reservation took those devices at admission): no pass for either. A bind anywhere else, of a
+    """A pod of a holding GPR bound to a node of its reservation, a new ungated pod of it, and the binder's ledger
+    entry for it, decide nothing new (the reservation took those devices at admission): no pass for any. A bind anywhere else, of a
     GPR not holding, a ledger entry taken back or one for another GPR's pod still trigger one."""
     view = ClusterView()
     async with connected("http://127.0.0.1:9", field_manager="test") as client:  # never called here
@@ -196,6 +196,19 @@ async def test_a_bind_onto_its_gprs_reserved_node_triggers_no_pass() -> None:
         old = pod_view({**new, "spec": {k: v for k, v in new["spec"].items() if k != "nodeName"},
                         "status": {"phase": "Pending"}}, view.resources)
         service.pod_changed(old, pod_view(new, view.resources))
+        assert poke.is_set(), what
+        poke.clear()
+
+    # a new pod of g, narrowed by the webhook (no gate), unbound or bound in the reservation: nothing new either
+    service.pod_changed(None, pod_view(pod("g-1", 1, gpr="g", uid="u1"), view.resources))
+    service.pod_changed(None, pod_view(pod("g-2", 1, gpr="g", uid="u2", node_name="n0"), view.resources))
+    assert not poke.is_set()
+    for what, new in [("gated", pod("g-3", 1, gpr="g", uid="u3", gated=True)),
+                      ("of a queued GPR", pod("g-3", 1, gpr="q", uid="u3")),
+                      ("of a GPR the view has not seen", pod("g-3", 1, gpr="unknown", uid="u3")),
+                      ("bound off its reservation", pod("g-3", 1, gpr="g", uid="u3", node_name="n1")),
+                      ("outside any GPR", pod("g-3", 1, uid="u3"))]:
+        service.pod_changed(None, pod_view(new, view.resources))
         assert poke.is_set(), what
         poke.clear()
 
