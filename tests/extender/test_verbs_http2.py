@@ -150,6 +150,12 @@ class H2Client:
         answer = self.answers[sid]
         return answer["status"], json.loads(answer["body"])
 
+    async def bind(self) -> tuple[int, Any]:
+        """A bind of the test pod on a stream of its own: (status, answer)."""
+        sid = await self.send("/scheduler/bind", bind_body())
+        await self.read({sid})
+        return self.json(sid)
+
     async def close(self) -> None:
         self.writer.close()
         with contextlib.suppress(Exception):
@@ -217,9 +223,7 @@ def test_the_client_certificate_check_holds_over_http2(
         async with verbs_stack(pki, certs) as (peer, server):
             c = await H2Client.connect(server.verbs_port, pki, certs["stranger"])
             try:
-                sid = await c.send("/scheduler/bind", bind_body())
-                await c.read({sid})
-                status, answer = c.json(sid)
+                status, answer = await c.bind()
                 assert status == 403 and "not allowed" in answer["Error"]
             finally:
                 await c.close()
@@ -235,11 +239,9 @@ def test_a_replica_that_is_not_the_binder_answers_503_and_ends_the_connection(
             server.binding = False  # another replica holds the binder Lease
             c = await H2Client.connect(server.verbs_port, pki, certs["scheduler"])
             try:
-                sid = await c.send("/scheduler/bind", bind_body())
-                await c.read({sid})
-                status, answer = c.json(sid)
+                status, answer = await c.bind()
                 assert status == 503 and "not the active binder" in answer["Error"]
-                await c.read({sid + 2}, timeout=5)  # nothing more comes: the GOAWAY, then the connection closes
+                await c.read({3}, timeout=5)  # nothing more comes: the GOAWAY, then the connection closes
                 assert c.goaway
             finally:
                 await c.close()
