@@ -20,7 +20,9 @@ The bounds of the HTTP/1.1 handler (``service.http_listener``) hold here too:
 - a connection that breaks the protocol is closed with a GOAWAY and one WARNING line naming the error's class and
   the peer, never a header value; a route that raises answers 500 (its traceback in the log, not the answer);
 - a response the route marks as closing (``force_close()``: the extender's 503 from a replica that is not the
-  binder) is followed by a GOAWAY, so the client's next request goes out on a new connection.
+  binder) is followed by a GOAWAY, so the client's next request goes out on a new connection;
+- when the listener stops (SIGTERM), every HTTP/2 connection gets a GOAWAY at once, so the client sends its next
+  requests elsewhere, and the requests in progress are answered before it closes (:func:`drain`).
 
 Routes get the whole body (read within the bounds) and answer an :class:`aiohttp.web.Response`, so one handler
 serves both protocols.
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import struct
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -99,9 +102,10 @@ class Negotiated(asyncio.Protocol):
     to which every callback is passed on."""
 
     def __init__(self, http1: Callable[[], asyncio.Protocol], routes: Routes, *, header_timeout: float,
-                 idle_timeout: float) -> None:
+                 idle_timeout: float, live: set[H2Connection] | None = None) -> None:
         self._http1_factory = http1
         self._routes = routes
+        self._live = live
         self._header_timeout, self._idle_timeout = header_timeout, idle_timeout
         self._inner: asyncio.Protocol | H2Connection | None = None
 
@@ -111,8 +115,9 @@ class Negotiated(asyncio.Protocol):
         CONNECTIONS.labels(ALPN_H2 if chosen == ALPN_H2 else "http/1.1").inc()
         if chosen == ALPN_H2:
             # uvloop's TLS transport is a transport without being an asyncio.Transport subclass
-            self._inner = H2Connection(cast(asyncio.Transport, transport), self._routes, header_timeout=self._header_timeout,
-                                       idle_timeout=self._idle_timeout)
+            self._inner = H2Connection(cast(asyncio.Transport, transport), self._routes,
+                                       header_timeout=self._header_timeout, idle_timeout=self._idle_timeout,
+                                       live=self._live)
         else:
             self._inner = self._http1_factory()
             self._inner.connection_made(transport)
@@ -142,8 +147,11 @@ class H2Connection:
     route in a task of its own, responses sent within the peer's flow-control windows."""
 
     def __init__(self, transport: asyncio.Transport, routes: Routes, *, header_timeout: float,
-                 idle_timeout: float) -> None:
+                 idle_timeout: float, live: set[H2Connection] | None = None) -> None:
         self.transport = transport
+        self.live = live  # the listener's open HTTP/2 connections (to drain when it stops)
+        if live is not None:
+            live.add(self)
         self.routes = routes
         self.header_timeout, self.idle_timeout = header_timeout, idle_timeout
         self.loop = asyncio.get_running_loop()
@@ -183,14 +191,20 @@ class H2Connection:
         self.timer = None
         if not self.streams:
             log.info("connection closed: no request in time", extra={"remote": self.remote, "protocol": "h2"})
-            self._goaway()
+            self.goaway()
 
-    def _goaway(self, code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.NO_ERROR) -> None:
+    def goaway(self, code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.NO_ERROR) -> None:
+        """No new requests on this connection (a GOAWAY naming the last stream taken); it closes once the answers
+        in progress are sent. The frame is written here, not through ``close_connection``: that would close the
+        h2 state machine at once, and the rest of a request in progress (its body, a WINDOW_UPDATE) would then be
+        a protocol error."""
         if not self.closing:
             self.closing = True
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.conn.close_connection(error_code=code)
             self._flush()
+            last = self.conn.highest_inbound_stream_id & 0x7FFFFFFF
+            if not self.transport.is_closing():
+                # frame header (length 8, type GOAWAY 0x7, no flags, stream 0), last stream id, error code
+                self.transport.write(struct.pack(">I", 8)[1:] + b"\x07\x00" + struct.pack(">III", 0, last, int(code)))
         if not self.streams:
             self.transport.close()
 
@@ -215,6 +229,8 @@ class H2Connection:
     def connection_lost(self, exc: Exception | None) -> None:
         self._idle(None)
         self._drop_streams()
+        if self.live is not None:
+            self.live.discard(self)
 
     def _drop_streams(self) -> None:
         for stream in self.streams.values():
@@ -346,7 +362,7 @@ class H2Connection:
             if gone is not None:
                 self._forget(gone)
             if response.keep_alive is False:  # the route asked for the connection to end (force_close)
-                self._goaway()
+                self.goaway()
             elif self.closing and not self.streams:
                 self.transport.close()
             elif not self.streams:
@@ -369,6 +385,20 @@ class H2Connection:
             stream.deadline.cancel()
             stream.deadline = None
         stream.window.set()
+
+
+async def drain(connections: set[H2Connection], timeout: float) -> None:
+    """A GOAWAY on each of ``connections`` (no new requests), then wait up to ``timeout`` seconds for the requests
+    in progress to be answered (each connection closes after its last answer); whatever is still open then is
+    closed."""
+    loop = asyncio.get_running_loop()
+    for connection in list(connections):
+        connection.goaway()
+    deadline = loop.time() + timeout
+    while any(not c.transport.is_closing() for c in list(connections)) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for connection in list(connections):
+        connection.transport.close()
 
 
 def _text(value: bytes | str) -> str:

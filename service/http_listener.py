@@ -31,7 +31,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from service.h2_server import Negotiated, Routes, offer_h2
+from service.h2_server import H2Connection, Negotiated, Routes, drain, offer_h2
 
 log = logging.getLogger("accelstack.http")
 SERVER_NAME = "accelstack"
@@ -184,10 +184,13 @@ class HardenedSite(web.TCPSite):
     whose handshake chose it is served by those routes, any other by the HTTP/1.1 handler."""
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int, *, limits: Limits,
-                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128, h2: Routes | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128, h2: Routes | None = None,
+                 drain_timeout: float = 5.0) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
         self.limits = limits
+        self.drain_timeout = drain_timeout
         self.h2 = h2 if ssl_context is not None else None
+        self.h2_live: set[H2Connection] = set()  # its open HTTP/2 connections, drained when it stops
         if self.h2 is not None:
             assert ssl_context is not None
             offer_h2(ssl_context)
@@ -207,13 +210,22 @@ class HardenedSite(web.TCPSite):
 
         def negotiated() -> Negotiated:
             assert h2 is not None
-            return Negotiated(protocol, h2, header_timeout=limits.header_timeout, idle_timeout=limits.idle_timeout)
+            return Negotiated(protocol, h2, header_timeout=limits.header_timeout, idle_timeout=limits.idle_timeout,
+                              live=self.h2_live)
 
         self._server = await loop.create_server(
             protocol if h2 is None else negotiated, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port,
             ssl_handshake_timeout=limits.header_timeout if self._ssl_context is not None else None)
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else None
+
+    async def stop(self) -> None:
+        """Stop accepting; HTTP/2 connections get a GOAWAY and finish the requests in progress (aiohttp's runner
+        then shuts down its HTTP/1.1 handlers the same way)."""
+        if self._server is not None:
+            self._server.close()
+        await drain(self.h2_live, self.drain_timeout)
+        await super().stop()
 
     @property
     def bound_port(self) -> int:
@@ -229,6 +241,6 @@ async def serve_app(app: web.Application, host: str, port: int, *, limits: Limit
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = HardenedSite(runner, host, port, limits=limits or Limits(), ssl_context=ssl_context, backlog=backlog,
-                        h2=h2)
+                        h2=h2, drain_timeout=shutdown_timeout)
     await site.start()
     return runner, site.bound_port

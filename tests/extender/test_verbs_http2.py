@@ -96,6 +96,7 @@ class H2Client:
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
         self.answers: dict[int, dict[str, Any]] = {}
         self.goaway = False
+        self.pending = b""  # bytes of a frame not whole yet
 
     @classmethod
     async def connect(cls, port: int, pki: PKI, cert: tuple[Path, Path]) -> H2Client:
@@ -132,7 +133,7 @@ class H2Client:
                 data = await self.reader.read(65536)
                 if not data:
                     return
-                for event in self.conn.receive_data(data):
+                for event in self.conn.receive_data(self._without_goaway(data)):
                     sid = getattr(event, "stream_id", 0)
                     if isinstance(event, h2.events.ResponseReceived):
                         headers = {_str(k): _str(v) for k, v in event.headers or ()}
@@ -149,6 +150,22 @@ class H2Client:
     def json(self, sid: int) -> tuple[int, Any]:
         answer = self.answers[sid]
         return answer["status"], json.loads(answer["body"])
+
+    def _without_goaway(self, data: bytes) -> bytes:
+        """``data`` without GOAWAY frames, which are noted: as Go's client does, the streams the GOAWAY lets finish
+        are still read (the ``h2`` library would close its state machine at once)."""
+        buf, out = self.pending + data, b""
+        while len(buf) >= 9:
+            size = int.from_bytes(buf[:3], "big") + 9
+            if len(buf) < size:
+                break
+            if buf[3] == 0x7:
+                self.goaway = True
+            else:
+                out += buf[:size]
+            buf = buf[size:]
+        self.pending = buf
+        return out
 
     async def bind(self) -> tuple[int, Any]:
         """A bind of the test pod on a stream of its own: (status, answer)."""
@@ -288,5 +305,31 @@ def test_http2_keeps_the_listener_bounds(pki: PKI, certs: dict[str, tuple[Path, 
         assert any("malformed HTTP/2 connection closed" in r.getMessage() for r in caplog.records)
         assert not any("SECRET-TOKEN-VALUE" in (r.getMessage() + str(r.__dict__)) for r in caplog.records)
 
+
+    run(body())
+
+
+def test_stopping_sends_goaway_and_answers_the_request_in_progress(
+        pki: PKI, certs: dict[str, tuple[Path, Path]], run: Run) -> None:
+    """SIGTERM (the server stopping, a rollout): the scheduler's connection gets a GOAWAY at once, so its next
+    requests go to a replica that still serves, and the request it is sending is answered before the close."""
+    async def body() -> None:
+        async with verbs_stack(pki, certs) as (_, server):
+            c = await H2Client.connect(server.verbs_port, pki, certs["scheduler"])
+            try:
+                whole = filter_body(["gpu-node-1"])
+                sid = await c.send("/scheduler/filter", whole[:20], end=False, length=len(whole))
+                stopping = asyncio.create_task(server.stop())
+                await asyncio.sleep(0.3)
+                assert not stopping.done()  # waiting for the request in progress
+                c.conn.send_data(sid, whole[20:], end_stream=True)
+                await c.flush()
+                await c.read({sid})
+                assert c.goaway and c.json(sid)[0] == 200
+                await c.read({sid + 2}, timeout=5)
+                assert c.reader.at_eof()
+                await asyncio.wait_for(stopping, 10)
+            finally:
+                await c.close()
 
     run(body())
