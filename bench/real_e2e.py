@@ -217,6 +217,7 @@ class Result:
     reads_by_kind: dict[str, float] = field(default_factory=dict)  # GET and LIST per pod, by verb and resource
     cpu: dict[str, float] = field(default_factory=dict)
     bind_p99: float = float("nan")
+    connections: dict[str, float] = field(default_factory=dict)  # TLS connections to the verbs, by protocol
     timeouts: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -412,7 +413,7 @@ class Bench:
         try:
             if arm.extender == "accelstack":
                 self._webhooks(True)
-            ext_before = await self._extender_metrics()
+            ext_before, conns_before = await self._extender_metrics()
             bound: dict[str, float] = {}
             stop = asyncio.Event()
             watcher = asyncio.create_task(self._watch(ns, bound, stop))
@@ -458,23 +459,30 @@ class Bench:
             res.over = await self._overallocated()
             if arm.extender == "accelstack":
                 res.orphans = await self._orphans(ns)
-                after = await self._extender_metrics()
+                after, conns_after = await self._extender_metrics()
                 res.bind_p99 = bucket_quantile(ext_before, after, 0.99)
+                res.connections = {k: v - conns_before.get(k, 0.0) for k, v in conns_after.items()}
             res.timeouts = self._scheduler_timeouts(f"{arm.key}-{self.round}")
         finally:
             self._stop()
             await self._clean(ns)
         return res
 
-    async def _extender_metrics(self) -> dict[float, float]:
+    async def _extender_metrics(self) -> tuple[dict[float, float], dict[str, float]]:
+        """The extender's bind-latency buckets, and the TLS connections its verbs listener accepted so far by
+        protocol (kube-scheduler's: one HTTP/2 connection, or one per bind in flight beyond two over HTTP/1.1)."""
         if self.stack is None:
-            return {}
+            return {}, {}
         import aiohttp
+        from prometheus_client.parser import text_string_to_metric_families
 
         async with aiohttp.ClientSession() as http, http.get(
                 f"{self.stack.url}/metrics", ssl=self.cp.ssl_context()) as r:
             text = await r.text()
-        return histogram_p99(text, "accelstack_extender_request_seconds", {"verb": "bind"})[0]
+        connections = {s.labels["protocol"]: s.value for fam in text_string_to_metric_families(text)
+                       if fam.name == "accelstack_http_connections" for s in fam.samples
+                       if s.name == "accelstack_http_connections_total"}
+        return histogram_p99(text, "accelstack_extender_request_seconds", {"verb": "bind"})[0], connections
 
     def _scheduler_timeouts(self, tag: str) -> int:
         log = self.cp.dir / "bench-scheduler.log"
@@ -585,6 +593,8 @@ async def part_e2e_real(pods: int, nodes: int, rounds: int, clients: int, arms: 
                     f"writes/pod {r.writes_per_pod:.1f} ({', '.join(f'{k} {v:.2f}' for k, v in r.writes_by_kind.items())}), "
                     f"watch events sent/pod ({', '.join(f'{k} {v:.1f}' for k, v in r.watch_events.items())}), "
                     f"reads/pod ({', '.join(f'{k} {v:.2f}' for k, v in r.reads_by_kind.items()) or 'under 0.01'}), "
+                    + (f"verbs connections ({', '.join(f'{k} {v:.0f}' for k, v in r.connections.items()) or 'none'}), "
+                       if r.arm.extender == "accelstack" else "") +
                     f"cpu {', '.join(f'{k} {v:.1f}' for k, v in r.cpu.items())}")
         await bench.api.close()
     finally:
