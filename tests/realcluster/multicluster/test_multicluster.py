@@ -31,6 +31,7 @@ from tests.realcluster.mc_world import (
     cluster,
     condition,
     dispatches,
+    hub_gpr,
     hub_status,
     member_gpr,
     namespace,
@@ -188,8 +189,16 @@ def test_a_member_leaves_and_rejoins_with_new_objects_nothing_run_twice(mc_world
                                          for ln in again.stdout.splitlines()), again.stdout
 
     # ---- on the hub: lost at once; the unstarted, unpinned GPR moves to member-a, the pinned one is reported -----
-    moved = wait_for("rejoin/moves Admitted on member-a", lambda: hub_status(
-        w, "rejoin", "moves", phase="Admitted", cluster="member-a"), timeout=60)
+    try:
+        moved = wait_for("rejoin/moves Admitted on member-a", lambda: hub_status(
+            w, "rejoin", "moves", phase="Admitted", cluster="member-a"), timeout=60)
+    except AssertionError as exc:  # seen under the whole suite's load only: say what the hub and member-a showed
+        a_gprs = [(o["metadata"]["namespace"], o["metadata"]["name"], (o.get("status") or {}).get("phase"))
+                  for o in a.cp.api("GET", "apis/accelstack.io/v1alpha1/gpuprovisioningrequests")["items"]]
+        raise AssertionError(f"{exc}\nhub GPR: {(hub_gpr(w, 'rejoin', 'moves').get('status') or {})!r}\n"
+                             f"member-a on the hub: {(cluster(cp, 'member-a').get('status') or {})!r}\n"
+                             f"member-a's GPRs: {a_gprs!r}\nmember-a's copy: {member_gpr(a, 'rejoin', 'moves')!r}"
+                             ) from None
     assert "taken off member-b (left the hub) where it was Admitted" in condition(
         {"status": moved}, "Replaced")["message"], moved
     pinned = wait_for("rejoin/pinned reported, not moved", lambda: hub_status(w, "rejoin", "pinned",
