@@ -68,9 +68,10 @@ def _pod_matters(old: PodView | None, new: PodView | None) -> bool:
 
 def _held_here(view: ClusterView, gpr: str, node: str) -> bool:
     """Whether GPR ``gpr`` holds devices (Admitted or Running, as the view has it) with ``node`` in its
-    reservation: a pod of it that lands there takes what its reservation already took."""
+    reservation (``node`` empty: anywhere, for a pod not bound yet): a pod of it that lands there takes what its
+    reservation already took."""
     g = view.gprs.get(gpr) if gpr else None
-    return g is not None and g.phase in HOLDING and node in g.reservation
+    return g is not None and g.phase in HOLDING and (not node or node in g.reservation)
 
 
 def bound_as_reserved(view: ClusterView, old: PodView | None, new: PodView | None) -> bool:
@@ -87,10 +88,7 @@ def arrived_as_reserved(view: ClusterView, old: PodView | None, new: PodView | N
     at all, to a node of the reservation: no pass decides anything new from that either (there is no gate to lift,
     its devices were its GPR's since the admission, and the GPR turns Running when its pods run). A gated pod, one
     of a GPR the view does not see holding, or one bound elsewhere still asks for a pass."""
-    if old is not None or new is None or not new.live or new.gates:
-        return False
-    g = view.gprs.get(new.gpr) if new.gpr else None
-    return g is not None and g.phase in HOLDING and (not new.node or new.node in g.reservation)
+    return old is None and new is not None and new.live and not new.gates and _held_here(view, new.gpr, new.node)
 
 
 def ledger_grew_as_reserved(view: ClusterView, old: NodeView, new: NodeView, labels: Iterable[str]) -> bool:

@@ -431,6 +431,8 @@ class AcceleratorNodeController:
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Passes while this replica leads (until ``stop``): on a change (at most one per ``min_interval``) and
-        every ``resync`` seconds (:func:`.passes.run_passes`)."""
+        every ``resync`` seconds (:func:`.passes.run_passes`). A term's first pass plans every node: the marks
+        kept while another replica led say nothing of what it wrote meanwhile."""
+        self._full = True
         await run_passes(stop, self.poke, synced=lambda: self.synced, reconcile=self.reconcile, resync=self.resync,
                          min_interval=self.min_interval, clock=self.clock, log=log, what="accelerator node")

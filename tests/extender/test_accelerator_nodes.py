@@ -435,6 +435,15 @@ async def test_a_pass_on_a_change_plans_only_the_nodes_it_touched_and_writes_wha
     view.pods = dict(view.pods)
     await ctl.reconcile()
     assert ctl.planned == before + 40
+    # so does a new leader term's first pass (another replica may have written meanwhile)
+    import asyncio
+
+    stop = asyncio.Event()
+    stop.set()
+    await ctl.run(stop)  # a term that begins and ends at once
+    before = ctl.planned
+    await ctl.reconcile()
+    assert ctl.planned == before + 40
 
     # a write that failed is planned again by the next pass, whatever asked for it
     from kubeapi import ApiError
