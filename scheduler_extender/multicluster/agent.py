@@ -169,7 +169,8 @@ class MemberAgent:
         """Write the status when the heartbeat is due, or (at most every ``min_gap``) when the summary changed."""
         while not stop.is_set():
             since = self.monotonic() - self._last_write
-            if self.synced():
+            synced = self.synced()
+            if synced:
                 summary = self.summary()
                 due = since >= self.heartbeat or not self.hub_ok
                 if due or (summary != self._last_sent and since >= self.min_gap):
@@ -177,10 +178,19 @@ class MemberAgent:
                     await self.write_status(summary)
                     since = 0.0 if self.hub_ok else since
                     await self.maybe_renew_token()
+                elif summary == self._last_sent:
+                    self.changed.clear()  # nothing the hub is sent changed: the heartbeat is what is next
+            else:
+                self.changed.clear()  # nothing is written until every informer is healthy: looked at each second
             wait = max(0.05, min(self.heartbeat - since, self.heartbeat) if self.hub_ok else min(self.heartbeat, 2.0))
+            if not synced:
+                wait = min(wait, 1.0)
             if self.changed.is_set():
-                wait = min(wait, max(0.05, self.min_gap - since))
-            await wait_first(stop, self.changed, wait)
+                # a change to send (or one that came during the write) waits out min_gap only: waiting on the
+                # event already set would turn the loop flat out, a summary of every node and GPR a turn
+                await wait_first(stop, None, min(wait, max(0.05, self.min_gap - since)))
+            else:
+                await wait_first(stop, self.changed, wait)
 
     # ---- the hub token ---------------------------------------------------------------------------------------
     async def maybe_renew_token(self) -> None:

@@ -3,15 +3,20 @@ ServiceAccount, used at once and stored in the member Secret; a refused renewal 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+import scheduler_extender.multicluster.agent as agent_module
 from kubeapi import Forbidden, Resource
 from kubeapi.metrics import api_metrics
+from kubeapi.passes import wait_first
 from scheduler_extender.multicluster.agent import MemberAgent, token_times
+from scheduler_extender.multicluster.clusters import summarize_node
 
 
 class Configuration:
@@ -89,3 +94,67 @@ def test_token_times_read_the_jwt_claims(tmp_path: Path) -> None:
     assert token_times(str(path)) == (100.0, 700.0)
     path.write_text("users: []")
     assert token_times(str(path)) is None
+
+
+
+class Hub(FakeClient):
+    """The hub's Cluster status subresource: every patch recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                    **kw: Any) -> Any:
+        self.patches.append(body)
+        return body
+
+
+async def test_a_change_the_hub_is_not_sent_wakes_the_loop_once_not_until_the_heartbeat(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member event that changes nothing the hub is sent (a finished GPR, a node's unrelated field), a change
+    inside ``min_gap`` of the last write, and any event while an informer is not healthy (nothing can be written
+    then): each used to leave ``changed`` set, so the loop ran flat out, a summary of every node and GPR a turn,
+    until the next heartbeat (up to 10 s of a core each time; 9,539 turns in 0.3 s here)."""
+    hub, member = Hub(), FakeClient()
+    a = MemberAgent(member, hub, "member-a", resources=("nvidia.com/gpu",),  # type: ignore[arg-type]
+                    heartbeat=30.0, min_gap=1.0)
+    for informer in a.informers:
+        informer.synced.set()
+        informer.healthy = True
+    turns = [0]
+
+    async def counted(*args: Any) -> None:
+        turns[0] += 1
+        await wait_first(*args)
+
+    monkeypatch.setattr(agent_module, "wait_first", counted)
+
+    async def settle(seconds: float) -> int:
+        before = turns[0]
+        await asyncio.sleep(seconds)
+        return turns[0] - before
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    try:
+        while not hub.patches:  # the first status
+            await asyncio.sleep(0.01)
+        await settle(0.05)
+        a.changed.set()  # as _put does for a change the summary does not show
+        assert await settle(0.3) <= 2
+        assert len(hub.patches) == 1  # nothing new to send
+        node = summarize_node({"metadata": {"name": "n1"}, "status": {
+            "capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}}, a.resources)
+        assert node is not None
+        a.nodes["n1"] = node
+        a.changed.set()  # a change the hub is sent, inside min_gap of the first write: sent once the gap is over
+        assert await settle(0.9) <= 3
+        assert len(hub.patches) == 2 and hub.patches[1]["status"]["devices"]["gpuAllocatable"] == 8
+        a.informers[0].healthy = False  # a member API-server outage
+        a.changed.set()
+        assert await settle(0.3) <= 2
+        assert len(hub.patches) == 2
+    finally:
+        stop.set()
+        await task
