@@ -185,10 +185,11 @@ class MemberAgent:
             wait = max(0.05, min(self.heartbeat - since, self.heartbeat) if self.hub_ok else min(self.heartbeat, 2.0))
             if not synced:
                 wait = min(wait, 1.0)
-            if self.changed.is_set():
-                # a change to send (or one that came during the write) waits out min_gap only: waiting on the
-                # event already set would turn the loop flat out, a summary of every node and GPR a turn
-                await wait_first(stop, None, min(wait, max(0.05, self.min_gap - since)))
+            if self.changed.is_set() or not self.hub_ok:
+                # a change to send (or one that came during the write) waits out min_gap only, and while the hub
+                # refuses, every try waits out the retry gap whatever changes: waiting on the event already set
+                # would turn the loop flat out, a summary of every node and GPR a turn (and a write to the hub)
+                await wait_first(stop, None, min(wait, max(0.05, self.min_gap - since)) if self.hub_ok else wait)
             else:
                 await wait_first(stop, self.changed, wait)
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import scheduler_extender.multicluster.agent as agent_module
-from kubeapi import Forbidden, Resource
+from kubeapi import ApiError, Forbidden, Resource
 from kubeapi.metrics import api_metrics
 from kubeapi.passes import wait_first
 from scheduler_extender.multicluster.agent import MemberAgent, token_times
@@ -103,10 +103,13 @@ class Hub(FakeClient):
     def __init__(self) -> None:
         super().__init__()
         self.patches: list[dict[str, Any]] = []
+        self.down = False
 
     async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
                     **kw: Any) -> Any:
         self.patches.append(body)
+        if self.down:
+            raise ApiError(503, "ServiceUnavailable", "the hub is down")
         return body
 
 
@@ -155,6 +158,13 @@ async def test_a_change_the_hub_is_not_sent_wakes_the_loop_once_not_until_the_he
         a.changed.set()
         assert await settle(0.3) <= 2
         assert len(hub.patches) == 2
+        a.informers[0].healthy = True
+        hub.down = True  # the hub refuses: tried again after the retry gap, however many member events come
+        a.heartbeat = 0.3  # the next try is due now (a heartbeat); the gap while the hub refuses: min(heartbeat, 2 s)
+        for _ in range(10):
+            a.changed.set()
+            await asyncio.sleep(0.05)
+        assert 2 < len(hub.patches) <= 5, len(hub.patches)
     finally:
         stop.set()
         await task
