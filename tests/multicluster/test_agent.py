@@ -1,5 +1,6 @@
 """The member agent's hub token: renewed past two thirds of its life through TokenRequest on its own
-ServiceAccount, used at once and stored in the member Secret; a refused renewal keeps the old token."""
+ServiceAccount, used at once and stored in the member Secret; a refused renewal keeps the old token. Its status
+loop: woken once by a change, never spinning on one it does not send, and paced while the hub refuses."""
 
 from __future__ import annotations
 
@@ -94,7 +95,6 @@ def test_token_times_read_the_jwt_claims(tmp_path: Path) -> None:
     assert token_times(str(path)) == (100.0, 700.0)
     path.write_text("users: []")
     assert token_times(str(path)) is None
-
 
 
 class Hub(FakeClient):
