@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from kubeapi import ApiError, KubeClient, NotFound
+from kubeapi import ApiError, Conflict, KubeClient, NotFound
 from kubeapi.informer import Informer
 from kubeapi.passes import run_passes
 from scheduler_extender.multicluster.clusters import (
@@ -140,11 +140,21 @@ class HubController:
             self.heard_since = now
         writes, ready, wake = self.plan(now)
         for name, part in writes.items():
-            before = (self.clusters.get(name) or {}).get("status") or {}  # before: the watch may bring our write
+            judged = self.clusters.get(name) or {}
+            before = judged.get("status") or {}  # before: the watch may bring our write
+            body: dict[str, Any] = {"status": part}
+            rv = (judged.get("metadata") or {}).get("resourceVersion")
+            if rv:  # written only over the object judged: a heartbeat that landed since makes it a 409
+                body["metadata"] = {"resourceVersion": rv}
             try:
-                written = await self.client.patch(CLUSTERS, name, {"status": part}, subresource="status")
+                written = await self.client.patch(CLUSTERS, name, body, subresource="status")
             except NotFound:
                 continue  # left meanwhile
+            except Conflict:
+                # judged from a copy the watch had not brought up to date (right after the hub's own API server
+                # came back, its events can come seconds late): that copy's silence is no verdict. The fresh
+                # object's event brings the next pass
+                continue
             except ApiError as exc:
                 log.warning("cannot write a Cluster's status", extra={"cluster": name, "error": str(exc)[:200]})
                 if exc.status == 0 or exc.status >= 500:  # no answer: the view is not live until it answers again
