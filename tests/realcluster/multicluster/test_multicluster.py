@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from kubeapi import Conflict
+from kubeapi.client import from_config
+from scheduler_extender.multicluster.clusters import CLUSTERS as HUB_CLUSTERS
 from tests.realcluster.controlplane import ApiCallError
 from tests.realcluster.mc_world import (
     CLUSTERS,
@@ -138,6 +141,31 @@ def test_join_agents_ready_scoped_and_lost(mc_world: World) -> None:
     metrics = wait_for("the hub's metrics say member-b is ready", metrics_with_b_ready, timeout=10)
     assert 'accelstack_hub_cluster_devices{cluster="member-a",kind="allocatable",resource="nvidia.com/gpu"} 16.0' \
         in metrics
+
+
+
+async def test_the_api_server_refuses_a_verdict_over_a_cluster_the_hub_did_not_judge(mc_world: World) -> None:
+    """What the hub's Cluster writes rely on (a verdict only over the object judged), on the real API server under
+    the hub's own ServiceAccount: a status merge patch carrying the resourceVersion the hub read is refused with
+    409 once the member's next heartbeat has moved the object on, and nothing of it is written. (The same
+    precondition over the current object is what every hub write in these tests sends.)"""
+    w = mc_world
+    judged = cluster(w.hub, "member-a")
+    rv = judged["metadata"]["resourceVersion"]
+    assert condition(judged, "Ready")["status"] == "True"
+    wait_for("member-a's next heartbeat", lambda: cluster(w.hub, "member-a")["metadata"]["resourceVersion"] != rv,
+             timeout=30)
+    kube = await from_config(str(w.hub.sa_kubeconfig(SYSTEM, "accelstack-hub")), field_manager="accelstack-hub",
+                             max_retries=0)
+    try:
+        false_lost = {"conditions": [dict(c, status="False", reason="HeartbeatMissed", message="a stale copy")
+                                     for c in judged["status"]["conditions"] if c["type"] == "Ready"]}
+        with pytest.raises(Conflict):
+            await kube.patch(HUB_CLUSTERS, "member-a", {"metadata": {"resourceVersion": rv}, "status": false_lost},
+                             subresource="status")
+    finally:
+        await kube.close()
+    assert condition(cluster(w.hub, "member-a"), "Ready")["status"] == "True"
 
 
 def test_a_member_leaves_and_rejoins_with_new_objects_nothing_run_twice(mc_world: World) -> None:
