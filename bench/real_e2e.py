@@ -12,7 +12,14 @@ in the same run and interleaved round by round:
   raised to 500 / 1,000 (``clientConnection``);
 - ``accelstack auto``: the shipped extender (``--auto-gpr=true``) and controller, the shipped webhooks: each pod
   gets a GPR of its own from the namespace's default template;
-- ``accelstack 20 GPRs``: 20 GPRs x 25 nodes x 4 GPUs, N/20 pods each (labelled with their GPR).
+- ``accelstack 20 GPRs``: 20 GPRs x 25 nodes x 4 GPUs, N/20 pods each (labelled with their GPR);
+- only when named in ``--arms``, the floors of that path (``bench/noop_extender.py --floor``), with the client limit
+  raised: ``floor-gprs`` (a webhook that narrows each labelled pod to 25 fixed nodes, a binder, no decision),
+  ``floor-gprs-watch`` (the same, with two informers of every pod, as accelstack's extender and controller keep)
+  and ``floor-auto`` (a webhook that gates each pod, a loop that watches every pod and lifts the gate with a
+  narrowing PATCH, a binder; ``floor-auto-watch`` with an informer of every pod in the binder too, so two pod
+  watchers as in accelstack):
+  the rate a design that narrows pods to reserved nodes could reach at best, beside the arms it bounds.
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
 over-allocated nodes (GPUs requested by the pods bound to a node above its 8), orphan GPRs (auto-GPRs no pod
@@ -59,7 +66,7 @@ class Arm:
     label: str
     extender: str  # none | noop | noop+bind | accelstack
     raised: bool = False
-    mode: str = ""  # accelstack: auto | gprs
+    mode: str = ""  # accelstack and the floors: auto | gprs
 
 
 ARMS = [
@@ -71,7 +78,13 @@ ARMS = [
     Arm("noop-bind-raised", "do-nothing extender (filter+bind), 500/1,000", "noop+bind", raised=True),
     Arm("auto", "accelstack, one auto-GPR per pod", "accelstack", mode="auto"),
     Arm("gprs", "accelstack, 20 GPRs x pods/20", "accelstack", mode="gprs"),
+    # not run unless asked for (--arms): what a design that narrows pods could reach at best (noop_extender.py)
+    Arm("floor-gprs", "floor: webhook narrows, binder, 500/1,000", "noop+bind", raised=True, mode="gprs"),
+    Arm("floor-auto", "floor: gate, ungate+narrow, binder, 500/1,000", "noop+bind", raised=True, mode="auto"),
+    Arm("floor-gprs-watch", "floor-gprs + 2 pod informers, 500/1,000", "noop+bind", raised=True, mode="gprs"),
+    Arm("floor-auto-watch", "floor-auto + 2 pod informers, 500/1,000", "noop+bind", raised=True, mode="auto"),
 ]
+FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch"}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -229,6 +242,8 @@ class Bench:
         self.stack: Stack | None = None
         self.noop: Process | None = None
         self.noop_cert: tuple[Path, Path] | None = None
+        self.floor = False
+        self.watcher: Process | None = None
         self.round = 0
 
     async def setup(self) -> None:
@@ -263,10 +278,11 @@ class Bench:
             self._stop()
 
     # ---- the processes of each arm ----------------------------------------------------------------------------
-    def _webhooks(self, on: bool) -> None:
+    def _webhooks(self, on: bool, url: str = "") -> None:
         if on:
-            assert self.stack is not None
-            self.cp.apply(webhooks_to(self.objects, self.stack.url, self.cp.pki.ca_crt.read_bytes()))
+            assert self.stack is not None or url
+            hooks = webhooks_to(self.objects, url or self.stack.url, self.cp.pki.ca_crt.read_bytes())  # type: ignore[union-attr]
+            self.cp.apply([h for h in hooks if not url or h["kind"] == "MutatingWebhookConfiguration"])
         else:
             for obj in self.objects:
                 if obj.get("kind") in WEBHOOK_KINDS:
@@ -321,6 +337,17 @@ class Bench:
             if arm.extender == "noop+bind":
                 argv += ["--bind", "--kubeconfig", str(self.cp.sa_kubeconfig("accelstack-system",
                                                                               "accelstack-extender"))]
+            if arm.key in FLOORS:
+                argv += ["--floor", arm.mode, "--ungate-kubeconfig",
+                         str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))]
+            if arm.key.endswith("-watch"):  # the extender's informer here; the controller's: the ungating loop's
+                argv += ["--pod-watch"]  # watch in floor-auto, a process of its own in floor-gprs (no ungating)
+            if arm.key == "floor-gprs-watch":
+                kubeconfig = str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))
+                self.watcher = Process("noop-informer", [sys.executable, str(ROOT / "bench" / "noop_extender.py"),
+                                                         "--watch-only", "--kubeconfig", kubeconfig],
+                                       self.cp.dir / "noop-informer.log")
+                pids["noop-informer"] = self.watcher.proc.pid
             self.noop = Process("noop-extender", argv, self.cp.dir / "noop-extender.log")
             deadline = time.monotonic() + 30
             while "serving" not in (self.cp.dir / "noop-extender.log").read_text():
@@ -342,23 +369,31 @@ class Bench:
             self.stack.stop()
             self.stack = None
         if self.noop is not None:
+            if self.floor:
+                self._webhooks(False)
+                self.floor = False
             self.noop.stop()
             self.noop = None
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
 
     # ---- one arm ----------------------------------------------------------------------------------------------
     async def _namespace(self, arm: Arm) -> str:
         ns = f"bench-{arm.key}-{self.round}"
         annotations = {"accelstack.io/default-template": "one-gpu"} if arm.mode == "auto" else {}
+        if arm.key in FLOORS:
+            annotations = {}
         await self.api.call("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                           "metadata": {"name": ns, "annotations": annotations}})
         await self.api.call("POST", f"api/v1/namespaces/{ns}/serviceaccounts",
                             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
-        if arm.mode == "auto":
+        if arm.mode == "auto" and arm.key not in FLOORS:
             await self.api.call("POST", f"apis/accelstack.io/v1alpha1/namespaces/{ns}/gprtemplates", {
                 "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate", "metadata": {"name": "one-gpu"},
                 "spec": {"resource": GPU, "devicesPerNode": 1, "nodeCount": 1, "priority": 100,
                          "exitDuration": "4h"}})
-        if arm.mode == "gprs":
+        if arm.mode == "gprs" and arm.key not in FLOORS:
             per = -(-self.pods // 20)  # pods a GPR, rounded up; 25 nodes x 4 GPUs for 2,000
             for k in range(20):
                 status, body = await self.api.call("POST", f"apis/accelstack.io/v1alpha1/namespaces/{ns}/"
@@ -413,6 +448,9 @@ class Bench:
         try:
             if arm.extender == "accelstack":
                 self._webhooks(True)
+            elif arm.key in FLOORS:
+                self._webhooks(True, f"https://127.0.0.1:{self.noop_port}")
+                self.floor = True
             ext_before, conns_before = await self._extender_metrics()
             bound: dict[str, float] = {}
             stop = asyncio.Event()
@@ -571,7 +609,7 @@ async def part_e2e_real(pods: int, nodes: int, rounds: int, clients: int, arms: 
         raise SystemExit("bench e2e: KUBEBUILDER_ASSETS must name a folder with kube-apiserver, kube-scheduler, "
                          "etcd and kubectl (scripts/test.sh unpacks ../shared/k8s into .cache/k8s-bin)")
     cp = ControlPlane(folder)
-    chosen = [a for a in ARMS if not arms or a.key in arms]
+    chosen = [a for a in ARMS if (a.key in arms if arms else a.key not in FLOORS)]
     results: dict[str, list[Result]] = {}
     try:
         cp.start()
