@@ -25,6 +25,13 @@ time (stratified, seeded by the GPR's name) projected once per draw (the median 
 weights 1/wait; the P10-P90 over draws as the range). The replay's decisions are untouched (the candidates are
 worked out beside the estimate), so one replay scores them all.
 
+``--oracle`` replays with the projection given every GPR's exact hold time from the trace (queued GPRs hold for
+their true duration, holders release at their true end), the eviction rule and every other decision keeping the
+predictor's (the mean wait is the same as without it): not an estimator (it knows what cannot be known at
+arrival) but a bound on what any better hold-time predictor could give; what error it leaves comes from what
+happens after the estimate (arrivals that rank ahead, the fluid approximation). It chooses nothing, so it may be
+run on the held-out part too.
+
 ``--lateness`` (tuning part only) does the same for round 4's candidates, factors applied to the projected wait
 before calibration and calibrated from their own corrected first projections: a workspace's lateness (how late
 its queued GPRs run against their first projections, :class:`Lateness`) and its burst rate (its arrivals since
@@ -93,6 +100,45 @@ def run_one(part: str, load: float, days: float | None, every: int) -> dict[str,
             "evictions": res.evictions, "cpu_s": res.cpu_seconds, **{k: e[k] for k in (
                 "waited_n", "waited_median_rel_err", "waited_within_50_pct", "waited_coverage_pct", "all_n",
                 "all_coverage_pct")}}
+
+
+# ------------------------------------------------------------------ a bound: exact hold times (--oracle)
+def run_oracle(part: str, load: float, days: float | None, every: int) -> dict[str, Any]:
+    """:func:`run_one` with the projection told every GPR's true hold time (the trace's duration): queued GPRs
+    hold for it, holders release at admission + it. Only the estimate's inputs change: the holders' predicted
+    ends the eviction rule reads (``_releases``, which an estimate brings up to date) are brought up to date
+    as before, and the estimate works on a copy."""
+    traces = BUNDLED / "philly"
+    true = {j.job_id: float(j.duration_s) for j in read_philly_jobs(traces / "jobs_oct_nov_11vc.csv",
+                                                                     max_gpus=1 << 30)}
+    cls = core_scheduler.Scheduler
+    hold, estimate = cls.predicted_hold, cls.estimate_ranges
+
+    def exact_hold(self: Any, g: Any) -> float:
+        return true.get(g.name) or hold(self, g)
+
+    def exact_estimate(self: Any, now: float, upto: str | None = None) -> Any:
+        kept = self._releases
+        for h in self.holders.values():  # what the estimate does for the eviction rule, done as before
+            r = kept.get(h.name)
+            if r is None or r.end <= now:
+                kept[h.name] = self._predicted_end(h, now)
+        exact = {}
+        for h in self.holders.values():
+            if h.name in true and h.admitted_at is not None:
+                end = max(h.admitted_at + true[h.name], now + 1.0)  # an end due now: the next tick's
+                exact[h.name] = Release(min(end, h.end_bound()), h.milli_total(), h.resource, h.workspace)
+        self._releases = exact
+        try:
+            return estimate(self, now, upto)
+        finally:
+            self._releases = kept
+
+    cls.predicted_hold, cls.estimate_ranges = exact_hold, exact_estimate  # type: ignore[method-assign]
+    try:
+        return run_one(part, load, days, every)
+    finally:
+        cls.predicted_hold, cls.estimate_ranges = hold, estimate  # type: ignore[method-assign]
 
 
 # ------------------------------------------------------------------ round 3's candidates (--variants)
@@ -526,6 +572,8 @@ def main() -> int:
     ap.add_argument("--lateness", action="store_true",
                     help="score round 4's lateness factors too (tuning part only)")
     ap.add_argument("--draws", type=_positive(int), default=16, help="Monte-Carlo draws for --variants (16)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="a bound, not an estimator: the projection given every GPR's exact hold time")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     for p in parts:
@@ -535,8 +583,8 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
-    if args.lateness and args.variants:
-        ap.error("--lateness and --variants: one at a time")
+    if sum((args.lateness, args.variants, args.oracle)) > 1:
+        ap.error("--lateness, --variants and --oracle: one at a time")
     if args.lateness and parts != ["tuning"]:
         ap.error("--lateness chooses between estimators: run it on --parts tuning only, never the held-out part")
     if args.variants and parts != ["tuning"]:
@@ -547,9 +595,11 @@ def main() -> int:
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(args.workers, len(runs))) as pool:
         futs = [pool.submit(run_variants, p, load, days, args.estimate_every, args.draws) if args.variants
                 else pool.submit(run_lateness, p, load, days, args.estimate_every) if args.lateness
+                else pool.submit(run_oracle, p, load, days, args.estimate_every) if args.oracle
                 else pool.submit(run_one, p, load, days, args.estimate_every) for p, load in runs]
         rows = [f.result() for f in futs]
-    print(f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"
+    print(("bound, not an estimator: the projection given every GPR's exact hold time (--oracle); " if args.oracle
+           else "") + f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"
           + (f", first {days:g} days of each part" if days is not None else ""))
     print("| part | load | jobs | waited > 60 s | median rel. error | within +-50% | P10-P90 coverage "
           "| coverage, all sampled | wait mean s | meets target | CPU s |")

@@ -81,3 +81,26 @@ def test_lateness_refuses_the_held_out_part(
     with pytest.raises(SystemExit):
         bench.main()
     assert "--parts tuning only" in capsys.readouterr().err
+
+
+def test_the_oracle_bound_changes_estimates_never_decisions() -> None:
+    """``--oracle`` gives the projection every GPR's exact hold time: the estimates move (here, closer), the
+    replay's decisions do not (the same mean wait and evictions), and the scheduler is left as it was."""
+    from scheduler_extender.core.scheduler import Scheduler
+
+    methods = (Scheduler.predicted_hold, Scheduler.estimate_ranges)
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    exact = bench.run_oracle("tuning", 4.0, 3.0, 5)
+    assert (Scheduler.predicted_hold, Scheduler.estimate_ranges) == methods
+    assert exact["wait_mean_s"] == today["wait_mean_s"] and exact["evictions"] == today["evictions"]
+    assert exact["waited_n"] == today["waited_n"] > 20
+    assert exact["waited_median_rel_err"] != today["waited_median_rel_err"]
+
+
+def test_one_bound_or_candidate_set_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--oracle", "--lateness", "--parts", "tuning"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "one at a time" in capsys.readouterr().err
