@@ -5,14 +5,15 @@ trusts): ``filter`` passes every node it is sent, ``prioritize`` scores all equa
 binder that creates the pod's Binding itself (one API call, with the credentials of ``--kubeconfig``), as
 accelstack's extender does. No state, no checks: the floor an extender sets on the real scheduler's pace.
 
-``--floor gprs|auto`` (with ``--bind``) adds the least work a design that narrows pods to reserved nodes must do,
+``--floor gprs|auto`` adds the least work a design that narrows pods to reserved nodes must do,
 with no decision behind it, to measure what rate such a design could reach at best: ``gprs``: a mutating webhook
 (``/mutate-pods``, as the shipped webhook configuration calls it) that narrows a pod labelled
 ``accelstack.io/gpr: team-K`` to 25 fixed nodes (two teams a set, as best-fit packs 20 GPRs of 25 nodes x 4 GPUs),
 as accelstack's webhook narrows the pods of an admitted GPR; ``auto``: a webhook that puts the pod behind the
 scheduling gate ``accelstack.io/gpr`` and a loop that watches pods and, for each gated one, lifts the gate and
 narrows it to a node in one PATCH (8 pods a node, in order), as accelstack's controller does once a GPR is
-admitted, with no GPR object, status write or queue. The verbs are offered over HTTP/2 as the product's are.
+admitted, with no GPR object, status write or queue. The verbs are offered over HTTP/2 as the product's are;
+without ``--bind`` kube-scheduler binds.
 ``--pod-watch`` adds what an informer of every pod costs (a watch, each event decoded and kept by UID), as
 accelstack's extender keeps one; ``--watch-only --kubeconfig F`` is a process that does only that (as accelstack's
 controller keeps another).
@@ -245,8 +246,6 @@ def main() -> None:
         p.error("--port, --tls-cert-file and --tls-key-file are required (unless --watch-only)")
     if args.pod_watch and not args.kubeconfig:
         p.error("--pod-watch needs --kubeconfig")
-    if args.floor and not args.bind:
-        p.error("--floor needs --bind")
     if args.floor == "auto" and not args.ungate_kubeconfig:
         p.error("--floor auto needs --ungate-kubeconfig")
     run_loop(serve(args))

@@ -18,7 +18,9 @@ in the same run and interleaved round by round:
   ``floor-gprs-watch`` (the same, with two informers of every pod, as accelstack's extender and controller keep)
   and ``floor-auto`` (a webhook that gates each pod, a loop that watches every pod and lifts the gate with a
   narrowing PATCH, a binder; ``floor-auto-watch`` with an informer of every pod in the binder too, so two pod
-  watchers as in accelstack):
+  watchers as in accelstack); ``floor-gprs-filter`` (the narrowing webhook, a filter-only extender: kube-scheduler
+  binds) and ``floor-gprs-filter-watch`` (with one informer of every pod); ``floor-auto-filter`` (gate and
+  ungating loop, kube-scheduler binds: one pod watcher, the loop's):
   the rate a design that narrows pods to reserved nodes could reach at best, beside the arms it bounds.
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
@@ -83,8 +85,14 @@ ARMS = [
     Arm("floor-auto", "floor: gate, ungate+narrow, binder, 500/1,000", "noop+bind", raised=True, mode="auto"),
     Arm("floor-gprs-watch", "floor-gprs + 2 pod informers, 500/1,000", "noop+bind", raised=True, mode="gprs"),
     Arm("floor-auto-watch", "floor-auto + 2 pod informers, 500/1,000", "noop+bind", raised=True, mode="auto"),
+    Arm("floor-gprs-filter", "floor: webhook narrows, scheduler binds, 500/1,000", "noop", raised=True, mode="gprs"),
+    Arm("floor-gprs-filter-watch", "floor-gprs-filter + 1 pod informer, 500/1,000", "noop", raised=True,
+        mode="gprs"),
+    Arm("floor-auto-filter", "floor: gate, ungate+narrow, scheduler binds, 500/1,000", "noop", raised=True,
+        mode="auto"),
 ]
-FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch"}
+FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
+          "floor-gprs-filter-watch", "floor-auto-filter"}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -338,10 +346,13 @@ class Bench:
                 argv += ["--bind", "--kubeconfig", str(self.cp.sa_kubeconfig("accelstack-system",
                                                                               "accelstack-extender"))]
             if arm.key in FLOORS:
-                argv += ["--floor", arm.mode, "--ungate-kubeconfig",
-                         str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))]
+                kubeconfig = str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))
+                argv += ["--floor", arm.mode, "--ungate-kubeconfig", kubeconfig]
+                if arm.extender != "noop+bind":
+                    argv += ["--kubeconfig", kubeconfig]
             if arm.key.endswith("-watch"):  # the extender's informer here; the controller's: the ungating loop's
-                argv += ["--pod-watch"]  # watch in floor-auto, a process of its own in floor-gprs (no ungating)
+                argv += ["--pod-watch"]  # watch in floor-auto, a process of its own in floor-gprs (no ungating);
+                # floor-gprs-filter-watch: one informer in all, as one process holding both would keep
             if arm.key == "floor-gprs-watch":
                 kubeconfig = str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))
                 self.watcher = Process("noop-informer", [sys.executable, str(ROOT / "bench" / "noop_extender.py"),
