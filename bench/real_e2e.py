@@ -20,7 +20,9 @@ in the same run and interleaved round by round:
   narrowing PATCH, a binder; ``floor-auto-watch`` with an informer of every pod in the binder too, so two pod
   watchers as in accelstack); ``floor-gprs-filter`` (the narrowing webhook, a filter-only extender: kube-scheduler
   binds) and ``floor-gprs-filter-watch`` (with one informer of every pod); ``floor-auto-filter`` (gate and
-  ungating loop, kube-scheduler binds: one pod watcher, the loop's):
+  ungating loop, kube-scheduler binds: one pod watcher, the loop's); and ``gprs-filter``, accelstack's 20 GPRs
+  with the profile's ``bindVerb`` taken out (not shipped: kube-scheduler binds to the node the filter offered
+  and claimed):
   the rate a design that narrows pods to reserved nodes could reach at best, beside the arms it bounds.
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
@@ -90,9 +92,13 @@ ARMS = [
         mode="gprs"),
     Arm("floor-auto-filter", "floor: gate, ungate+narrow, scheduler binds, 500/1,000", "noop", raised=True,
         mode="auto"),
+    # not shipped: the shipped profile without its bindVerb (kube-scheduler binds to the node the filter offered
+    # and claimed), to measure that design on accelstack's own filter and controller
+    Arm("gprs-filter", "accelstack 20 GPRs, scheduler binds, 500/1,000", "accelstack", raised=True, mode="gprs"),
 ]
 FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
           "floor-gprs-filter-watch", "floor-auto-filter"}
+ON_REQUEST = FLOORS | {"gprs-filter"}  # arms run only when --arms names them
 
 
 def cpu_seconds(pid: int) -> float:
@@ -310,6 +316,8 @@ class Bench:
             if arm.extender == "accelstack":
                 assert self.stack is not None
                 ext["urlPrefix"] = f"{self.stack.verbs_url}/scheduler"  # the verbs' own mTLS listener, as shipped
+                if arm.key == "gprs-filter":
+                    ext.pop("bindVerb", None)
             else:
                 ext["urlPrefix"] = f"https://127.0.0.1:{self.noop_port}/scheduler"
                 for verb in ("prioritizeVerb", "preemptVerb", "bindVerb"):
@@ -620,7 +628,7 @@ async def part_e2e_real(pods: int, nodes: int, rounds: int, clients: int, arms: 
         raise SystemExit("bench e2e: KUBEBUILDER_ASSETS must name a folder with kube-apiserver, kube-scheduler, "
                          "etcd and kubectl (scripts/test.sh unpacks ../shared/k8s into .cache/k8s-bin)")
     cp = ControlPlane(folder)
-    chosen = [a for a in ARMS if (a.key in arms if arms else a.key not in FLOORS)]
+    chosen = [a for a in ARMS if (a.key in arms if arms else a.key not in ON_REQUEST)]
     results: dict[str, list[Result]] = {}
     try:
         cp.start()
