@@ -59,8 +59,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     from kubeapi.client import from_config
     from kubeapi.resources import PODS
-    from scheduler_extender.objects.cluster import pod_view
-    from scheduler_extender.objects.narrowing import narrow_affinity, ungate_patch
+    from scheduler_extender.objects.narrowing import narrow_affinity
     from service.h2_server import Request, Routes
     from service.http_listener import serve_app
 
@@ -134,7 +133,7 @@ async def serve(args: argparse.Namespace) -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=ctx).start()
-    ungating = asyncio.create_task(ungate_loop(args, pod_view, ungate_patch)) if args.floor == "auto" else None
+    ungating = asyncio.create_task(ungate_loop(args.ungate_kubeconfig)) if args.floor == "auto" else None
     watching = asyncio.create_task(pod_informer(args.kubeconfig)) if args.pod_watch else None
     print(json.dumps({"msg": "noop extender serving", "port": args.port, "bind": args.bind,
                       "floor": args.floor}), flush=True)
@@ -176,12 +175,14 @@ async def pod_informer(kubeconfig: str) -> None:
             await asyncio.sleep(0.5)
 
 
-async def ungate_loop(args: argparse.Namespace, pod_view: Any, ungate_patch: Any) -> None:
+async def ungate_loop(kubeconfig: str) -> None:
     """Watch every pod; lift the gate of each gated one, narrowed to the next node (8 pods a node)."""
     from kubeapi.client import from_config
     from kubeapi.resources import PODS
+    from scheduler_extender.objects.cluster import pod_view
+    from scheduler_extender.objects.narrowing import ungate_patch
 
-    kube = await from_config(args.ungate_kubeconfig, field_manager="noop-ungater")
+    kube = await from_config(kubeconfig, field_manager="noop-ungater")
     done: set[str] = set()
     running: set[asyncio.Task[None]] = set()
     slots = asyncio.Semaphore(32)

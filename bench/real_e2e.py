@@ -13,17 +13,16 @@ in the same run and interleaved round by round:
 - ``accelstack auto``: the shipped extender (``--auto-gpr=true``) and controller, the shipped webhooks: each pod
   gets a GPR of its own from the namespace's default template;
 - ``accelstack 20 GPRs``: 20 GPRs x 25 nodes x 4 GPUs, N/20 pods each (labelled with their GPR);
-- only when named in ``--arms``, the floors of that path (``bench/noop_extender.py --floor``), with the client limit
-  raised: ``floor-gprs`` (a webhook that narrows each labelled pod to 25 fixed nodes, a binder, no decision),
-  ``floor-gprs-watch`` (the same, with two informers of every pod, as accelstack's extender and controller keep)
-  and ``floor-auto`` (a webhook that gates each pod, a loop that watches every pod and lifts the gate with a
-  narrowing PATCH, a binder; ``floor-auto-watch`` with an informer of every pod in the binder too, so two pod
-  watchers as in accelstack); ``floor-gprs-filter`` (the narrowing webhook, a filter-only extender: kube-scheduler
-  binds) and ``floor-gprs-filter-watch`` (with one informer of every pod); ``floor-auto-filter`` (gate and
-  ungating loop, kube-scheduler binds: one pod watcher, the loop's); and ``gprs-filter``, accelstack's 20 GPRs
-  with the profile's ``bindVerb`` taken out (not shipped: kube-scheduler binds to the node the filter offered
-  and claimed):
-  the rate a design that narrows pods to reserved nodes could reach at best, beside the arms it bounds.
+- only when named in ``--arms`` (client limit raised), the floors of that path: what a design that narrows pods to
+  reserved nodes could reach at best, with no GPR object, queue or decision (``bench/noop_extender.py --floor``):
+  ``floor-gprs`` (a webhook that narrows each labelled pod to 25 fixed nodes, the extender binds),
+  ``floor-gprs-watch`` (the same with two informers of every pod, as accelstack's extender and controller keep),
+  ``floor-auto`` (a webhook that gates each pod, a loop that watches every pod and lifts the gate with a narrowing
+  PATCH, the extender binds), ``floor-auto-watch`` (the same with the binder's informer too: two pod watchers, as
+  accelstack), ``floor-gprs-filter`` / ``floor-gprs-filter-watch`` (the narrowing webhook, a filter-only extender,
+  kube-scheduler binds; with one informer) and ``floor-auto-filter`` (gate and ungating loop, kube-scheduler
+  binds); and ``gprs-filter``, accelstack's 20 GPRs with the profile's ``bindVerb`` taken out (not shipped:
+  kube-scheduler binds to the node accelstack's filter offered and claimed).
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
 over-allocated nodes (GPUs requested by the pods bound to a node above its 8), orphan GPRs (auto-GPRs no pod
@@ -294,8 +293,10 @@ class Bench:
     # ---- the processes of each arm ----------------------------------------------------------------------------
     def _webhooks(self, on: bool, url: str = "") -> None:
         if on:
-            assert self.stack is not None or url
-            hooks = webhooks_to(self.objects, url or self.stack.url, self.cp.pki.ca_crt.read_bytes())  # type: ignore[union-attr]
+            base = url or (self.stack.url if self.stack is not None else "")
+            assert base, "webhooks need accelstack's extender or a floor's URL"
+            hooks = webhooks_to(self.objects, base, self.cp.pki.ca_crt.read_bytes())
+            # a floor serves the pods' mutating webhook only (it has no GPRs to validate)
             self.cp.apply([h for h in hooks if not url or h["kind"] == "MutatingWebhookConfiguration"])
         else:
             for obj in self.objects:
