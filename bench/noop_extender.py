@@ -133,14 +133,13 @@ async def serve(args: argparse.Namespace) -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=ctx).start()
-    ungating = asyncio.create_task(ungate_loop(args.ungate_kubeconfig)) if args.floor == "auto" else None
-    watching = asyncio.create_task(pod_informer(args.kubeconfig)) if args.pod_watch else None
+    # held here for as long as the process serves (the loop keeps only weak references to tasks)
+    background = [asyncio.create_task(work) for work in (
+        ungate_loop(args.ungate_kubeconfig) if args.floor == "auto" else None,
+        pod_informer(args.kubeconfig) if args.pod_watch else None) if work is not None]
     print(json.dumps({"msg": "noop extender serving", "port": args.port, "bind": args.bind,
-                      "floor": args.floor}), flush=True)
+                      "floor": args.floor, "background": len(background)}), flush=True)
     await asyncio.Event().wait()
-    for task in (ungating, watching):
-        if task is not None:
-            task.cancel()
 
 
 async def pod_informer(kubeconfig: str) -> None:

@@ -356,8 +356,10 @@ class Bench:
                                                                               "accelstack-extender"))]
             if arm.key in FLOORS:
                 kubeconfig = str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))
-                argv += ["--floor", arm.mode, "--ungate-kubeconfig", kubeconfig]
-                if arm.extender != "noop+bind":
+                argv += ["--floor", arm.mode]
+                if arm.mode == "auto":  # the ungating loop patches pods
+                    argv += ["--ungate-kubeconfig", kubeconfig]
+                if arm.extender != "noop+bind":  # a filter-only floor reads pods only for its informer
                     argv += ["--kubeconfig", kubeconfig]
             if arm.key.endswith("-watch"):  # the extender's informer here; the controller's: the ungating loop's
                 argv += ["--pod-watch"]  # watch in floor-auto, a process of its own in floor-gprs (no ungating);
@@ -401,19 +403,18 @@ class Bench:
     # ---- one arm ----------------------------------------------------------------------------------------------
     async def _namespace(self, arm: Arm) -> str:
         ns = f"bench-{arm.key}-{self.round}"
-        annotations = {"accelstack.io/default-template": "one-gpu"} if arm.mode == "auto" else {}
-        if arm.key in FLOORS:
-            annotations = {}
+        accelstack = arm.key not in FLOORS  # a floor makes no GPR: no template, no GPRs
+        annotations = {"accelstack.io/default-template": "one-gpu"} if arm.mode == "auto" and accelstack else {}
         await self.api.call("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                           "metadata": {"name": ns, "annotations": annotations}})
         await self.api.call("POST", f"api/v1/namespaces/{ns}/serviceaccounts",
                             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
-        if arm.mode == "auto" and arm.key not in FLOORS:
+        if arm.mode == "auto" and accelstack:
             await self.api.call("POST", f"apis/accelstack.io/v1alpha1/namespaces/{ns}/gprtemplates", {
                 "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate", "metadata": {"name": "one-gpu"},
                 "spec": {"resource": GPU, "devicesPerNode": 1, "nodeCount": 1, "priority": 100,
                          "exitDuration": "4h"}})
-        if arm.mode == "gprs" and arm.key not in FLOORS:
+        if arm.mode == "gprs" and accelstack:
             per = -(-self.pods // 20)  # pods a GPR, rounded up; 25 nodes x 4 GPUs for 2,000
             for k in range(20):
                 status, body = await self.api.call("POST", f"apis/accelstack.io/v1alpha1/namespaces/{ns}/"

@@ -143,7 +143,6 @@ def test_join_agents_ready_scoped_and_lost(mc_world: World) -> None:
         in metrics
 
 
-
 async def test_the_api_server_refuses_a_verdict_over_a_cluster_the_hub_did_not_judge(mc_world: World) -> None:
     """What the hub's Cluster writes rely on (a verdict only over the object judged), on the real API server under
     the hub's own ServiceAccount: a status merge patch carrying the resourceVersion the hub read is refused with
