@@ -765,7 +765,8 @@ def main() -> None:
     parser.add_argument("--arms", default="", help="part e2e (real): comma-separated arms to run (default all "
                         "but the floors: none,noop,noop-bind,none-raised,noop-raised,noop-bind-raised,auto,gprs; "
                         "floor-gprs, floor-gprs-watch, floor-auto, floor-auto-watch, floor-gprs-filter, "
-                        "floor-gprs-filter-watch and floor-auto-filter, the least a design that narrows pods must do, when named)")
+                        "floor-gprs-filter-watch and floor-auto-filter, the least a design that narrows pods must do, "
+                        "and gprs-bind and auto-bind, accelstack with its extender binding, when named)")
     parser.add_argument("--arm-timeout", type=float, default=600.0,
                         help="part e2e (real): seconds an arm may take to bind its pods")
     args = parser.parse_args()

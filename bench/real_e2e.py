@@ -8,10 +8,10 @@ in the same run and interleaved round by round:
 
 - ``none``: the profile without an extender (kube-scheduler alone);
 - ``noop``: a do-nothing extender (``bench/noop_extender.py``, filter only), and ``noop+bind`` (also a binder);
-- each of those with kube-scheduler's client limit as shipped (QPS 50 / burst 100, the profile sets none) and
-  raised to 500 / 1,000 (``clientConnection``);
-- ``accelstack auto``: the shipped extender (``--auto-gpr=true``) and controller, the shipped webhooks: each pod
-  gets a GPR of its own from the namespace's default template;
+- each of those with kube-scheduler's default client limit (QPS 50 / burst 100: the profile without its
+  ``clientConnection``) and raised to 500 / 1,000 (what the shipped profile sets);
+- ``accelstack auto``: the shipped extender (``--auto-gpr=true``) and controller, the shipped webhooks and
+  profile (kube-scheduler binds, 500 / 1,000): each pod gets a GPR of its own from the namespace's default template;
 - ``accelstack 20 GPRs``: 20 GPRs x 25 nodes x 4 GPUs, N/20 pods each (labelled with their GPR);
 - only when named in ``--arms`` (client limit raised), the floors of that path: what a design that narrows pods to
   reserved nodes could reach at best, with no GPR object, queue or decision (``bench/noop_extender.py --floor``):
@@ -21,8 +21,8 @@ in the same run and interleaved round by round:
   PATCH, the extender binds), ``floor-auto-watch`` (the same with the binder's informer too: two pod watchers, as
   accelstack), ``floor-gprs-filter`` / ``floor-gprs-filter-watch`` (the narrowing webhook, a filter-only extender,
   kube-scheduler binds; with one informer) and ``floor-auto-filter`` (gate and ungating loop, kube-scheduler
-  binds); and ``gprs-filter``, accelstack's 20 GPRs with the profile's ``bindVerb`` taken out (not shipped:
-  kube-scheduler binds to the node accelstack's filter offered and claimed).
+  binds); and ``gprs-bind`` / ``auto-bind``, accelstack with the profile's earlier design, its extender the
+  binder (``bindVerb: bind``: the bind verb records the pod in the ledger and makes the Binding itself).
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
 over-allocated nodes (GPUs requested by the pods bound to a node above its 8), orphan GPRs (auto-GPRs no pod
@@ -73,14 +73,15 @@ class Arm:
 
 
 ARMS = [
-    Arm("none", "no extender, client limit as shipped", "none"),
-    Arm("noop", "do-nothing extender (filter), as shipped", "noop"),
-    Arm("noop-bind", "do-nothing extender (filter+bind), as shipped", "noop+bind"),
+    Arm("none", "no extender, default client limit", "none"),
+    Arm("noop", "do-nothing extender (filter), default limit", "noop"),
+    Arm("noop-bind", "do-nothing extender (filter+bind), default limit", "noop+bind"),
     Arm("none-raised", "no extender, client limit 500/1,000", "none", raised=True),
     Arm("noop-raised", "do-nothing extender (filter), 500/1,000", "noop", raised=True),
     Arm("noop-bind-raised", "do-nothing extender (filter+bind), 500/1,000", "noop+bind", raised=True),
-    Arm("auto", "accelstack, one auto-GPR per pod", "accelstack", mode="auto"),
-    Arm("gprs", "accelstack, 20 GPRs x pods/20", "accelstack", mode="gprs"),
+    # the profile as shipped: kube-scheduler binds, its client limit 500/1,000
+    Arm("auto", "accelstack, one auto-GPR per pod", "accelstack", raised=True, mode="auto"),
+    Arm("gprs", "accelstack, 20 GPRs x pods/20", "accelstack", raised=True, mode="gprs"),
     # not run unless asked for (--arms): what a design that narrows pods could reach at best (noop_extender.py)
     Arm("floor-gprs", "floor: webhook narrows, binder, 500/1,000", "noop+bind", raised=True, mode="gprs"),
     Arm("floor-auto", "floor: gate, ungate+narrow, binder, 500/1,000", "noop+bind", raised=True, mode="auto"),
@@ -91,13 +92,13 @@ ARMS = [
         mode="gprs"),
     Arm("floor-auto-filter", "floor: gate, ungate+narrow, scheduler binds, 500/1,000", "noop", raised=True,
         mode="auto"),
-    # not shipped: the shipped profile without its bindVerb (kube-scheduler binds to the node the filter offered
-    # and claimed), to measure that design on accelstack's own filter and controller
-    Arm("gprs-filter", "accelstack 20 GPRs, scheduler binds, 500/1,000", "accelstack", raised=True, mode="gprs"),
+    # the profile's earlier design, not shipped: accelstack's extender binds (bindVerb), 500/1,000
+    Arm("gprs-bind", "accelstack 20 GPRs, extender binds, 500/1,000", "accelstack", raised=True, mode="gprs"),
+    Arm("auto-bind", "accelstack auto-GPR, extender binds, 500/1,000", "accelstack", raised=True, mode="auto"),
 ]
 FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
           "floor-gprs-filter-watch", "floor-auto-filter"}
-ON_REQUEST = FLOORS | {"gprs-filter"}  # arms run only when --arms names them
+ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind"}  # arms run only when --arms names them
 
 
 def cpu_seconds(pid: int) -> float:
@@ -317,8 +318,8 @@ class Bench:
             if arm.extender == "accelstack":
                 assert self.stack is not None
                 ext["urlPrefix"] = f"{self.stack.verbs_url}/scheduler"  # the verbs' own mTLS listener, as shipped
-                if arm.key == "gprs-filter":
-                    ext.pop("bindVerb", None)
+                if arm.key.endswith("-bind"):
+                    ext["bindVerb"] = "bind"
             else:
                 ext["urlPrefix"] = f"https://127.0.0.1:{self.noop_port}/scheduler"
                 for verb in ("prioritizeVerb", "preemptVerb", "bindVerb"):
@@ -333,8 +334,12 @@ class Bench:
                                 "serverName": "127.0.0.1" if arm.extender != "accelstack" else
                                 shipped["tlsConfig"]["serverName"]}
             cfg["extenders"] = [ext]
-        if arm.raised:
+        if arm.extender == "accelstack":  # the profile's own limit, as shipped (RAISED: the baselines match it)
+            assert cfg.get("clientConnection") == RAISED, cfg.get("clientConnection")
+        elif arm.raised:
             cfg["clientConnection"] = dict(RAISED)
+        else:  # kube-scheduler's default client limit (QPS 50 / burst 100)
+            cfg.pop("clientConnection", None)
         return dict(cfg)
 
     def _start(self, arm: Arm) -> dict[str, int]:
@@ -642,6 +647,12 @@ async def part_e2e_real(pods: int, nodes: int, rounds: int, clients: int, arms: 
         await bench.setup()
         if any(a.extender == "accelstack" for a in chosen):
             await bench.onboard(timeout)
+        if any(a.extender == "accelstack" and a.key.endswith("-bind") for a in chosen):
+            # the extender's bind verb needs pods/binding, which the shipped role leaves out
+            import yaml
+
+            cp.apply([d for d in yaml.safe_load_all((ROOT / "manifests/extender/rbac-bind-verb.yaml").read_text())
+                      if d])
         for rnd in range(rounds):
             bench.round = rnd
             for arm in chosen:

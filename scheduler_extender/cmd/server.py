@@ -323,6 +323,7 @@ class ExtenderServer:
         # holder: the verbs Service selects the pod labelled BINDER_LABEL). Ledger "node": every replica binds.
         self.binder_elector: LeaderElector | None = None
         self.binding = ledger == "node"
+        self.handover_settle = 2.0  # seconds a new binder waits for the last one's pods in flight (_binder_term)
         self.pod_name, self.pod_namespace = pod_name, pod_namespace or lease_namespace
         if ledger == "memory":
             self.binder_elector = LeaderElector(kube.client, lease_namespace, binder_lease,
@@ -463,10 +464,17 @@ class ExtenderServer:
             "verbs_http2": self.verbs_h2 is not None and verbs_ssl is not None})
 
     async def _binder_term(self, term: asyncio.Event) -> None:
-        """While this replica holds the binder Lease (ledger "memory"): read every pod afresh first (a list is a
-        consistent read: the last binder's Bindings landed by its renew deadline, and this replica's watch may lag
-        behind them), then bind, label this pod for the verbs Service, and sweep the ledger; at the end of the
-        term (or a failure) stop binding at once."""
+        """While this replica holds the binder Lease (ledger "memory"): wait ``handover_settle`` seconds, read every
+        pod afresh (a list is a consistent read, and this replica's watch may lag), then answer the verbs, label
+        this pod for the verbs Service, and sweep the ledger; at the end of the term (or a failure) stop at once.
+
+        The wait is for the pods the last binder offered a node and claimed devices for: kube-scheduler binds
+        them after that binder's filter, and their claims went with it, so this replica must see them bound
+        before it offers their devices to other pods (a Binding takes milliseconds; the wait is seconds)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(term.wait(), self.handover_settle)
+        if term.is_set():
+            return
         listed = await self.kube.client.list_until(PODS, term, lambda exc: log.warning(
             "binder: cannot read the pods at the start of the term; retrying", extra={"error": str(exc)[:300]}))
         if listed is None:

@@ -125,7 +125,9 @@ class PodView:
     gates: tuple[str, ...] = ()  # spec.schedulingGates names
     terminating: bool = False  # metadata.deletionTimestamp is set
     ended_at: float = 0.0  # latest container finishedAt (epoch seconds) once a container ended, else 0
-    bound_at: float = 0.0  # when accelstack's bind recorded it (the allocation annotation), else 0
+    # when it was bound (epoch seconds), 0 while it is not: the allocation annotation's time where accelstack's
+    # bind verb bound it, else the end of the second of its PodScheduled condition (kube-scheduler's Binding)
+    bound_at: float = 0.0
     affinity: dict[str, Any] | None = None  # spec.affinity as sent, for narrowing before the gate is lifted
     tolerations: tuple[dict[str, Any], ...] = ()  # spec.tolerations
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
@@ -278,7 +280,7 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    status.get("phase", "Pending"), f"{namespace}/{gpr}" if gpr else "",
                    requests, int(spec.get("priority") or 0), labels, gates,
                    terminating=bool(meta.get("deletionTimestamp")), ended_at=_ended_at(status),
-                   bound_at=_bound_at(meta.get("annotations") or {}),
+                   bound_at=_bound_at(meta.get("annotations") or {}, status) if spec.get("nodeName") else 0.0,
                    affinity=affinity if isinstance(affinity, dict) else None,
                    tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
                    node_selector=selector if isinstance(selector := spec.get("nodeSelector"), dict) else None,
@@ -290,15 +292,24 @@ def entry_of(pod: PodView) -> ledger.Entry:
     return ledger.Entry(pod.uid, pod.key, dict(pod.requests), pod.gpr, pod.bound_at or time.time())
 
 
-def _bound_at(annotations: dict[str, Any]) -> float:
+def _bound_at(annotations: dict[str, Any], status: dict[str, Any]) -> float:
+    """When a bound pod was bound. The API server turns PodScheduled True when it takes a Binding and stamps the
+    change to the second: a pod bound at 12:00:00.7 reads 12:00:00, so the end of that second is given, a time
+    the bind was never after (a pod then never looks bound before a GPR's admission that came just ahead of it,
+    in the same second, which would leave it out of that admission's tally)."""
     text = annotations.get(ALLOCATION_ANNOTATION)
-    if not isinstance(text, str):
-        return 0.0
-    try:
-        value = orjson.loads(text).get("boundAt", 0)
-    except (orjson.JSONDecodeError, AttributeError):
-        return 0.0
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+    if isinstance(text, str):  # written by accelstack's own bind verb, where a profile names it
+        try:
+            value = orjson.loads(text).get("boundAt", 0)
+        except (orjson.JSONDecodeError, AttributeError):
+            value = 0
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    for condition in status.get("conditions") or ():
+        if isinstance(condition, dict) and condition.get("type") == "PodScheduled":
+            when = _epoch(condition.get("lastTransitionTime")) if condition.get("status") == "True" else None
+            return when + 1.0 if when is not None else 0.0
+    return 0.0
 
 
 def _ended_at(status: dict[str, Any]) -> float:
@@ -722,6 +733,12 @@ class ClusterView:
                     free += max(0, reserved[gpr] - node.used_by.get((gpr, resource), 0))
                 free = min(free, reserved[gpr] - node.used_by.get((gpr, resource), 0))
         return max(0, free)
+
+    def withheld(self, node: NodeView, resource: str) -> int:
+        """Devices of ``resource`` on ``node`` that GPRs reserved and have not used yet: what :meth:`free_for`
+        withholds from the pods of other GPRs and of none."""
+        reserved = self.reserved.get(node.name)
+        return self._unused_reserved(node, resource, reserved) if reserved else 0
 
     def memos(self) -> dict[str, tuple[NodeView, dict[Any, Any]]]:
         """The memo table behind :meth:`node_facts` (node name -> (the NodeView its facts hold for, facts)), for

@@ -143,6 +143,42 @@ async def test_one_replica_binds_and_the_next_takes_over_with_what_the_pods_hold
         await peer.stop()
 
 
+async def test_a_new_binder_waits_for_the_pods_the_last_one_sent_before_it_offers_their_devices() -> None:
+    """kube-scheduler binds a pod itself after the binder's filter offered it a node and claimed its devices; that
+    claim goes with the binder. The next binder waits ``handover_settle`` before it answers the verbs, so a pod
+    the last one sent and kube-scheduler bound meanwhile is in its ledger before it offers anything: a GPR with a
+    share of 2 on n0 and pod a bound there during the handover leaves b the last device and c nothing."""
+    peer = APIServerPeer()
+    await peer.start()
+    try:
+        await seed(peer, node("n0", gpus=2), node("n1", gpus=8), gpr("g", reservation={"n0": 2}, devices=2),
+                   pod("a", 1, gpr="g", uid="a"), pod("b", 1, gpr="g", uid="b"), pod("c", 1, gpr="g", uid="c"))
+        async with stack(peer, ledger="memory", lease_seconds=2, identity="first") as (_, first):
+            await _binding(first)
+            async with stack(peer, ledger="memory", lease_seconds=2, identity="second") as (_, second):
+                second.handover_settle = 1.0
+                await wait_until(lambda: len(second.view.pods) == 3 and "default/g" in second.view.gprs)
+                offer = await _post(first.port, "filter", {"Pod": pod("a", 1, gpr="g", uid="a"),
+                                                           "NodeNames": ["n0", "n1"]})
+                assert offer[1]["NodeNames"] == ["n0"]
+                await first.stop()  # the Lease handed over at once; a's Binding still to come
+                handed = asyncio.get_running_loop().time()
+                a = peer.get("api/v1/pods", "default", "a")
+                assert a is not None
+                await asyncio.sleep(0.2)
+                assert not second.binding  # still settling: no verbs answered
+                await peer.put_object("api/v1/pods", {**a, "spec": {**a["spec"], "nodeName": "n0"}}, "MODIFIED")
+                await _binding(second)
+                assert asyncio.get_running_loop().time() - handed >= second.handover_settle
+                assert "a" in second.view.nodes["n0"].ledger
+                for uid, nodes in (("b", ["n0"]), ("c", [])):
+                    status, answer, _ = await _post(second.port, "filter", {"Pod": pod(uid, 1, gpr="g", uid=uid),
+                                                                            "NodeNames": ["n0", "n1"]})
+                    assert status == 200 and (answer["NodeNames"] or []) == nodes, answer
+    finally:
+        await peer.stop()
+
+
 async def test_a_node_the_binder_reads_itself_takes_the_pods_ledger_not_the_annotation() -> None:
     """A bind for a node the informer has not delivered yet reads the Node; an old accelstack.io/ledger annotation
     on it (left by --ledger=node) must not become the ledger."""
