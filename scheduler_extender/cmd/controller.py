@@ -48,8 +48,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
     add("ledger", "node", "where each node's device ledger is read: node (the Node's accelstack.io/ledger "
-        "annotation, which this controller's leader also sweeps) or memory (the pods bound there: the extender binds "
-        "with --ledger=memory); the same as the extender's --ledger")
+        "annotation, which this controller's leader also sweeps) or memory (the pods bound there); the same as the "
+        "extender's --ledger")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between passes when nothing changes")
     add("estimate-every", "30", "seconds between refreshes of queue positions and wait estimates")

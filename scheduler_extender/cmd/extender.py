@@ -79,16 +79,16 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("idle-timeout", f"{DEFAULT_IDLE_TIMEOUT:g}", "seconds a kept-alive connection may wait for its next request")
     add_api_flags(add, environ, lease_name="accelstack-gpr-controller")
     add("ledger", "node", "where each node's device ledger is kept: node (the Node's accelstack.io/ledger "
-        "annotation, written with a conditional patch before each Binding: any number of replicas bind at once) or "
-        "memory (one replica binds at a time, the holder of the Lease --binder-lease: the ledger is its memory and "
-        "the pods' allocations, and a bind is one API call, the Binding; the others answer the verbs 503 and the "
-        "verbs Service routes to the pod it labels accelstack.io/binder=true; the controller must run with the "
-        "same --ledger)")
+        "annotation, written with a conditional patch before each Binding of the bind verb, which the profile must "
+        "then name: any number of replicas bind at once) or memory (one replica answers the verbs at a time, the "
+        "holder of the Lease --binder-lease: the ledger is the pods bound and those it sent to a node and has not "
+        "seen bound yet; the others answer the verbs 503 and the verbs Service routes to the pod it labels "
+        "accelstack.io/binder=true; the controller must run with the same --ledger)")
     add("binder-lease", "accelstack-binder", "with --ledger=memory: the Lease (in --lease-namespace) whose holder "
-        "binds")
-    add("pod-name", environ.get("POD_NAME", ""), "with --ledger=memory: this replica's pod, which the binder "
-        "labels accelstack.io/binder=true while it binds (the downward API's metadata.name; default $POD_NAME); "
-        "empty: no label")
+        "answers the scheduler's verbs")
+    add("pod-name", environ.get("POD_NAME", ""), "with --ledger=memory: this replica's pod, which the holder of "
+        "--binder-lease labels accelstack.io/binder=true while it holds it (the downward API's metadata.name; "
+        "default $POD_NAME); empty: no label")
     add("policy", "bestfit", "placement policy of the policy core: bestfit, fgd or random")
     add("resync", "5", "seconds between controller passes when nothing changes")
     add("controller", "true", "run the leader-elected GPR controller inside this process (its passes run in a worker "
