@@ -145,10 +145,19 @@ def test_where_no_gpr_holds_unused_devices_a_pod_without_one_is_offered_every_no
         view.on_pod("ADDED", obj)
     out = filter_nodes(view, plain(view, "p0"), NODES)
     assert sorted(out.passed) == NODES and not view.claims
-    # a pod asking two resources takes the general path, and the same rule
+    # a pod asking two resources takes the general path, and the same rule: one node where GPUs are held back
     view2, _ = view_with_held_devices()
-    two = resolve(view2, {GPU: 1, "neureality.com/nr1": 0}, "", 0, uid="q")
-    assert len([n for n in filter_nodes(view2, two, NODES).passed if n in ("n0", "n1")]) == 1
+    nr1 = "neureality.com/nr1"
+    for name in NODES:
+        obj = node(name, gpus=8)
+        for key in ("capacity", "allocatable"):
+            obj["status"][key][nr1] = "2"
+        obj["metadata"]["resourceVersion"] = "5"
+        view2.on_node("MODIFIED", obj)
+    two = resolve(view2, {GPU: 1, nr1: 1}, "", 0, uid="q")
+    out2 = filter_nodes(view2, two, NODES)
+    assert len([n for n in out2.passed if n in ("n0", "n1")]) == 1 and {"n2", "n3"} <= set(out2.passed), out2
+    assert view2.claims["q"].requests == {GPU: 1, nr1: 1}
 
 
 def test_a_pod_bound_by_kube_scheduler_is_recorded_from_its_podscheduled_time() -> None:

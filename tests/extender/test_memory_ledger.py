@@ -161,8 +161,8 @@ async def test_a_new_binder_waits_for_the_pods_the_last_one_sent_before_it_offer
                 offer = await _post(first.port, "filter", {"Pod": pod("a", 1, gpr="g", uid="a"),
                                                            "NodeNames": ["n0", "n1"]})
                 assert offer[1]["NodeNames"] == ["n0"]
+                handed = asyncio.get_running_loop().time()  # before the Lease can go: a lower bound
                 await first.stop()  # the Lease handed over at once; a's Binding still to come
-                handed = asyncio.get_running_loop().time()
                 a = peer.get("api/v1/pods", "default", "a")
                 assert a is not None
                 await asyncio.sleep(0.2)
