@@ -766,7 +766,8 @@ def main() -> None:
                         "but the floors: none,noop,noop-bind,none-raised,noop-raised,noop-bind-raised,auto,gprs; "
                         "floor-gprs, floor-gprs-watch, floor-auto, floor-auto-watch, floor-gprs-filter, "
                         "floor-gprs-filter-watch and floor-auto-filter, the least a design that narrows pods must do, "
-                        "and gprs-bind and auto-bind, accelstack with its extender binding, when named)")
+                        "gprs-bind and auto-bind, accelstack with its extender binding, and gprs-oneproc, its controller inside the "
+                        "extender's process, when named)")
     parser.add_argument("--arm-timeout", type=float, default=600.0,
                         help="part e2e (real): seconds an arm may take to bind its pods")
     args = parser.parse_args()

@@ -21,8 +21,10 @@ in the same run and interleaved round by round:
   PATCH, the extender binds), ``floor-auto-watch`` (the same with the binder's informer too: two pod watchers, as
   accelstack), ``floor-gprs-filter`` / ``floor-gprs-filter-watch`` (the narrowing webhook, a filter-only extender,
   kube-scheduler binds; with one informer) and ``floor-auto-filter`` (gate and ungating loop, kube-scheduler
-  binds); and ``gprs-bind`` / ``auto-bind``, accelstack with the profile's earlier design, its extender the
-  binder (``bindVerb: bind``: the bind verb records the pod in the ledger and makes the Binding itself).
+  binds); ``gprs-bind`` / ``auto-bind``, accelstack with the profile's earlier design, its extender the
+  binder (``bindVerb: bind``: the bind verb records the pod in the ledger and makes the Binding itself); and
+  ``gprs-oneproc``, accelstack's 20 GPRs with the controller inside the extender's process (``--controller=true``,
+  not shipped): one pod informer in all.
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
 over-allocated nodes (GPUs requested by the pods bound to a node above its 8), orphan GPRs (auto-GPRs no pod
@@ -95,10 +97,13 @@ ARMS = [
     # the profile's earlier design, not shipped: accelstack's extender binds (bindVerb), 500/1,000
     Arm("gprs-bind", "accelstack 20 GPRs, extender binds, 500/1,000", "accelstack", raised=True, mode="gprs"),
     Arm("auto-bind", "accelstack auto-GPR, extender binds, 500/1,000", "accelstack", raised=True, mode="auto"),
+    # not shipped: the controller inside the extender's process (--controller=true, its passes in a worker thread),
+    # so one pod informer in all: what the second informer costs accelstack
+    Arm("gprs-oneproc", "accelstack 20 GPRs, one process, 500/1,000", "accelstack", raised=True, mode="gprs"),
 ]
 FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
           "floor-gprs-filter-watch", "floor-auto-filter"}
-ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind"}  # arms run only when --arms names them
+ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind", "gprs-oneproc"}  # arms run only when --arms names them
 
 
 def cpu_seconds(pid: int) -> float:
@@ -346,11 +351,14 @@ class Bench:
         """Start what the arm runs; the PIDs whose CPU is counted."""
         pids = {"kube-apiserver": self.cp.procs["kube-apiserver"].proc.pid, "etcd": self.cp.procs["etcd"].proc.pid}
         if arm.extender == "accelstack":
-            self.stack = Stack(self.cp, self.objects, extender_args=("--auto-gpr=true",))
-            self.stack.start()
+            oneproc = arm.key.endswith("-oneproc")  # the controller inside the extender: one pod informer
+            self.stack = Stack(self.cp, self.objects,
+                               extender_args=("--auto-gpr=true", *(("--controller=true",) if oneproc else ())))
+            self.stack.start(controller=not oneproc)
             assert self.stack.extender.proc is not None
             pids["extender"] = self.stack.extender.proc.pid
-            pids["controller"] = self.stack.controllers[0].proc.pid  # type: ignore[union-attr]
+            if not oneproc:
+                pids["controller"] = self.stack.controllers[0].proc.pid  # type: ignore[union-attr]
         elif arm.extender.startswith("noop"):
             assert self.noop_cert is not None
             self.noop_port = free_port()

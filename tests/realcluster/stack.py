@@ -168,12 +168,13 @@ class Stack:
                 out[line.split('protocol="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
         return out
 
-    def start(self) -> Stack:
+    def start(self, controller: bool = True) -> Stack:
+        """The extender, the shipped webhooks pointed at it, and (``controller``) one controller replica."""
         self.extender.start()
         self.wait_binding()
         self.cp.apply(webhooks_to(self.objects, self.url, self.cp.pki.ca_crt.read_bytes()))
-        ctl = self.controller().start()
-        self.controllers.append(ctl)
+        if controller:
+            self.controllers.append(self.controller().start())
         return self
 
     def restart_extender(self) -> None:
