@@ -149,9 +149,11 @@ def _claim_withheld(view: ClusterView, ask: PodAsk, out: FilterOutcome) -> None:
     offered as they are: kube-scheduler's own count is exact there."""
     kept: list[str] = []
     fits: list[tuple[int, str]] = []  # (devices left after the pod, node) where GPRs hold unused devices
+    mine = view.recorded.get(ask.uid)  # a node whose ledger holds the pod's devices already (a bind verb's retry)
     for name in out.passed:
         node = view.nodes.get(name)
-        if name not in view.reserved or node is None or not any(view.withheld(node, r) for r in ask.requests):
+        if (name not in view.reserved or name == mine or node is None
+                or not any(view.withheld(node, r) for r in ask.requests)):
             kept.append(name)
             continue
         lefts, short = [], ""

@@ -172,3 +172,15 @@ def test_a_pod_bound_by_kube_scheduler_is_recorded_from_its_podscheduled_time() 
     unbound["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                         "lastTransitionTime": "2026-12-05T00:53:34Z"}]
     assert (r := pod_view(unbound, (GPU,))) is not None and r.bound_at == 0.0
+
+
+def test_a_pod_whose_devices_a_bind_verb_recorded_keeps_its_node() -> None:
+    """With a profile's bind verb, a Binding that may yet land leaves the pod's devices in the ledger: the retried
+    pod is offered that node again, though by the count of the devices left no pod without a GPR fits there."""
+    view, _ = view_with_held_devices()
+    view.set_ledger("n0", {"p": ledger.Entry("p", "kube-system/p", {GPU: 4}, "", 1.0)})
+    out = filter_nodes(view, plain(view, "p", 4), NODES)
+    assert "n0" in out.passed and "n0" not in out.failed, out
+    assert "n1" in out.passed or "n1" in out.unresolvable  # n1 fits 4 too, but only one held node is offered
+    other = filter_nodes(view, plain(view, "q", 4), ["n0"])
+    assert other.passed == [] and "n0" in other.failed
