@@ -62,6 +62,13 @@ def bound_node(cp: ControlPlane, ns: str, name: str) -> str:
     return str((pod_obj(cp, ns, name).get("spec") or {}).get("nodeName") or "")
 
 
+def bound_gpus(cp: ControlPlane, node: str) -> int:
+    """GPUs requested by the live pods bound to ``node`` (what the kubelet would have to hand out)."""
+    items = cp.api("GET", f"api/v1/pods?fieldSelector=spec.nodeName={node}")["items"]
+    return sum(int(c.get("resources", {}).get("requests", {}).get(GPU, 0))
+               for p in items if not p["metadata"].get("deletionTimestamp") for c in p["spec"]["containers"])
+
+
 def wait_bound(cp: ControlPlane, ns: str, name: str, timeout: float = 60.0) -> str:
     """The node pod ``name`` gets bound to. On a timeout the failure says why the pod was not bound, as far as the
     cluster tells: its gates, its PodScheduled condition, its last Events and the scheduler's last lines about it

@@ -16,6 +16,7 @@ from tests.realcluster.controlplane import ApiCallError, ControlPlane
 from tests.realcluster.objects import (
     GPRS,
     admitted,
+    bound_gpus,
     bound_node,
     events_for,
     gpr,
@@ -32,13 +33,6 @@ LEASE = f"apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NS}/leases/accelstack-g
 
 def pods_path(ns: str) -> str:
     return f"api/v1/namespaces/{ns}/pods"
-
-
-def bound_gpus(cp: ControlPlane, node: str) -> int:
-    """GPUs requested by the live pods bound to ``node`` (what the kubelet would have to hand out)."""
-    items = cp.api("GET", f"api/v1/pods?fieldSelector=spec.nodeName={node}")["items"]
-    return sum(int(c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
-               for p in items if not p["metadata"].get("deletionTimestamp") for c in p["spec"]["containers"])
 
 
 def set_running(cp: ControlPlane, ns: str, name: str) -> None:

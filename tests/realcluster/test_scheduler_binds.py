@@ -10,15 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ApiCallError, ControlPlane
-from tests.realcluster.objects import GPRS, admitted, bound_node, gpr, pod, wait_bound, wait_for
+from tests.realcluster.objects import GPRS, admitted, bound_gpus, bound_node, gpr, pod, wait_bound, wait_for
 from tests.realcluster.stack import Stack
 
 NODE_NS = "accelstack-node"  # privileged per-node agents: the pod webhook and the restricted Pod Security leave it alone
-
-
-def gpus_of(obj: dict) -> int:  # type: ignore[type-arg]
-    return sum(int(c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
-               for c in obj["spec"]["containers"])
 
 
 def test_plain_pods_in_flight_together_never_take_a_gprs_reserved_devices(cp: ControlPlane, stack: Stack, ns: str,
@@ -54,8 +49,7 @@ def test_plain_pods_in_flight_together_never_take_a_gprs_reserved_devices(cp: Co
             cp.create(f"api/v1/namespaces/{ns}/pods", pod(f"held-{i}", gpus=4, gpr_name="held"))
         assert {wait_bound(cp, ns, f"held-{i}") for i in range(3)} == set(names)
         for name in names:  # each node's 8: 4 to pods without a GPR, 4 to the GPR's
-            items = cp.api("GET", f"api/v1/pods?fieldSelector=spec.nodeName={name}")["items"]
-            assert sum(gpus_of(p) for p in items) == 8, (name, [p["metadata"]["name"] for p in items])
+            assert bound_gpus(cp, name) == 8, name
     finally:
         for name in plain:
             cp.delete(f"api/v1/namespaces/{NODE_NS}/pods/{name}", force=True)
