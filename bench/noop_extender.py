@@ -12,7 +12,8 @@ with no decision behind it, to measure what rate such a design could reach at be
 as accelstack's webhook narrows the pods of an admitted GPR; ``auto``: a webhook that puts the pod behind the
 scheduling gate ``accelstack.io/gpr`` and a loop that watches pods and, for each gated one, lifts the gate and
 narrows it to a node in one PATCH (8 pods a node, in order), as accelstack's controller does once a GPR is
-admitted, with no GPR object, status write or queue. The verbs are offered over HTTP/2 as the product's are;
+admitted, with no GPR object, status write or queue. The floors offer the verbs over HTTP/2, as the product did
+when they were measured (2026-12-04; its verbs are HTTP/1.1 by default since 2026-12-05, as the baseline's are);
 without ``--bind`` kube-scheduler binds.
 ``--pod-watch`` adds what an informer of every pod costs (a watch, each event decoded and kept by UID), as
 accelstack's extender keeps one; ``--watch-only --kubeconfig F`` is a process that does only that (as accelstack's

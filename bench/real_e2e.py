@@ -24,7 +24,8 @@ in the same run and interleaved round by round:
   binds); ``gprs-bind`` / ``auto-bind``, accelstack with the profile's earlier design, its extender the
   binder (``bindVerb: bind``: the bind verb records the pod in the ledger and makes the Binding itself); and
   ``gprs-oneproc``, accelstack's 20 GPRs with the controller inside the extender's process (``--controller=true``,
-  not shipped): one pod informer in all.
+  not shipped): one pod informer in all; ``gprs-h2``, accelstack's 20 GPRs with HTTP/2 offered on the verbs
+  (``--scheduler-http2=true``, as the ``-bind`` arms have it).
 
 Per arm: pods/s (first create to last bind), create -> bound p50/p99, refused creations, never-bound pods,
 over-allocated nodes (GPUs requested by the pods bound to a node above its 8), orphan GPRs (auto-GPRs no pod
@@ -100,10 +101,13 @@ ARMS = [
     # not shipped: the controller inside the extender's process (--controller=true, its passes in a worker thread),
     # so one pod informer in all: what the second informer costs accelstack
     Arm("gprs-oneproc", "accelstack 20 GPRs, one process, 500/1,000", "accelstack", raised=True, mode="gprs"),
+    # HTTP/2 offered on the verbs (--scheduler-http2=true), as shipped before 2026-12-05: the shipped profile's
+    # filter goes one pod at a time, which one kept-alive HTTP/1.1 connection carries at less CPU
+    Arm("gprs-h2", "accelstack 20 GPRs, verbs over HTTP/2, 500/1,000", "accelstack", raised=True, mode="gprs"),
 ]
 FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
           "floor-gprs-filter-watch", "floor-auto-filter"}
-ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind", "gprs-oneproc"}  # arms run only when --arms names them
+ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind", "gprs-oneproc", "gprs-h2"}  # arms run only when --arms names them
 
 
 def cpu_seconds(pid: int) -> float:
@@ -352,8 +356,11 @@ class Bench:
         pids = {"kube-apiserver": self.cp.procs["kube-apiserver"].proc.pid, "etcd": self.cp.procs["etcd"].proc.pid}
         if arm.extender == "accelstack":
             oneproc = arm.key.endswith("-oneproc")  # the controller inside the extender: one pod informer
+            # HTTP/2 on the verbs where binds run in parallel (bindVerb, as docs/scheduler.md says), or asked for
+            http2 = arm.key.endswith(("-bind", "-h2"))
             self.stack = Stack(self.cp, self.objects,
-                               extender_args=("--auto-gpr=true", *(("--controller=true",) if oneproc else ())))
+                               extender_args=("--auto-gpr=true", *(("--controller=true",) if oneproc else ()),
+                                              *(("--scheduler-http2=true",) if http2 else ())))
             self.stack.start(controller=not oneproc)
             assert self.stack.extender.proc is not None
             pids["extender"] = self.stack.extender.proc.pid

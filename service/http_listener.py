@@ -181,11 +181,12 @@ def server_tls(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCont
 class HardenedSite(web.TCPSite):
     """A TCP site whose connections are :class:`HardenedHandler` with ``limits``, and whose TLS handshake has the
     request head's bound. With ``h2`` (and TLS) the site offers HTTP/2 too (:mod:`service.h2_server`): a connection
-    whose handshake chose it is served by those routes, any other by the HTTP/1.1 handler."""
+    whose handshake chose it is served by those routes, any other by the HTTP/1.1 handler; with ``h2`` and
+    ``http2`` false, only HTTP/1.1 is offered (ALPN), and each connection is still counted."""
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int, *, limits: Limits,
                  ssl_context: ssl.SSLContext | None = None, backlog: int = 128, h2: Routes | None = None,
-                 drain_timeout: float = 5.0) -> None:
+                 http2: bool = True, drain_timeout: float = 5.0) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
         self.limits = limits
         self.drain_timeout = drain_timeout
@@ -193,7 +194,10 @@ class HardenedSite(web.TCPSite):
         self.h2_live: set[H2Connection] = set()  # its open HTTP/2 connections, drained when it stops
         if self.h2 is not None:
             assert ssl_context is not None
-            offer_h2(ssl_context)
+            if http2:
+                offer_h2(ssl_context)
+            else:  # HTTP/1.1 only, each connection still counted by protocol (service.h2_server.CONNECTIONS)
+                ssl_context.set_alpn_protocols(["http/1.1"])
 
     async def start(self) -> None:
         self._runner._reg_site(self)  # BaseSite.start: TCPSite.start would create aiohttp's own handlers
@@ -234,13 +238,14 @@ class HardenedSite(web.TCPSite):
 
 async def serve_app(app: web.Application, host: str, port: int, *, limits: Limits | None = None,
                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128,
-                shutdown_timeout: float = 5.0, h2: Routes | None = None) -> tuple[web.AppRunner, int]:
-    """``app`` served on ``host:port`` through :class:`HardenedSite` (with ``h2``: HTTP/2 too, to those routes);
-    (its runner, the bound port)."""
+                shutdown_timeout: float = 5.0, h2: Routes | None = None, http2: bool = True
+                ) -> tuple[web.AppRunner, int]:
+    """``app`` served on ``host:port`` through :class:`HardenedSite` (with ``h2``: HTTP/2 too, to those routes,
+    when ``http2``); (its runner, the bound port)."""
     harden(app)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = HardenedSite(runner, host, port, limits=limits or Limits(), ssl_context=ssl_context, backlog=backlog,
-                        h2=h2, drain_timeout=shutdown_timeout)
+                        h2=h2, http2=http2, drain_timeout=shutdown_timeout)
     await site.start()
     return runner, site.bound_port

@@ -66,9 +66,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--scheduler-listen")
     add("scheduler-client-names", "accelstack-scheduler", "common names (comma-separated) a client certificate on "
         "--scheduler-listen must carry (403 otherwise); empty: any certificate the CA signed")
-    add("scheduler-http2", "true", "offer HTTP/2 on --scheduler-listen (ALPN h2, HTTP/1.1 still served): "
-        "kube-scheduler's client then sends every verb on one connection; over HTTP/1.1 it keeps two idle "
-        "connections and opens a new TLS connection for each bind in flight beyond them")
+    add("scheduler-http2", "false", "offer HTTP/2 on --scheduler-listen (ALPN h2; HTTP/1.1 is always served). Off: "
+        "the shipped profile sends the filter verb alone, one pod at a time, which one kept-alive HTTP/1.1 "
+        "connection carries at less CPU; on for a profile that names bindVerb: its binds run in parallel, and over "
+        "HTTP/1.1 kube-scheduler opens a TLS connection for each bind in flight beyond two")
     add("resources", ",".join(RESOURCE_NAMES), "managed extended resources, comma-separated")
     add("require-gpr", "false", "refuse managed pods without the accelstack.io/gpr label in filter")
     add("max-body-bytes", str(4 * 1024 * 1024), "largest request body accepted (413 above)")
@@ -171,7 +172,7 @@ async def serve(opts: dict[str, Any]) -> None:
                             verbs_clients=opts.get("client_names", ()), limits=opts.get("limits", Limits()),
                             ledger=opts.get("ledger", "node"), binder_lease=opts.get("binder_lease", "accelstack-binder"),
                             pod_name=opts.get("pod_name", ""), pod_namespace=os.environ.get("POD_NAMESPACE", ""),
-                            verbs_http2=opts.get("verbs_http2", True))
+                            verbs_http2=opts.get("verbs_http2", False))
     if opts["webhook"]:
         add_webhook = webhook_routes(kube, opts, server.view)
         if add_webhook is not None:

@@ -311,7 +311,7 @@ class ExtenderServer:
                  node_group_label: str = DEFAULT_GROUP_LABEL, verbs_apart: bool = False,
                  verbs_clients: Iterable[str] = (), limits: Limits | None = None, ledger: str = "node",
                  binder_lease: str = "accelstack-binder", pod_name: str = "", pod_namespace: str = "",
-                 verbs_http2: bool = True, **controller: Any) -> None:
+                 verbs_http2: bool = False, **controller: Any) -> None:
         self.kube = kube
         self.limits = limits or Limits()
         self.view = ClusterView(resources, ledger=ledger)
@@ -351,9 +351,12 @@ class ExtenderServer:
         health = verbs[len(VERBS):]  # /healthz, /readyz, /metrics: on both listeners
         # the verbs: on their own listener (only kube-scheduler's client certificate gets there), or beside the rest
         self.verbs_app: web.Application | None = None
-        # HTTP/2 on the verbs' listener (when it has TLS): kube-scheduler's client sends every verb on one
-        # connection instead of a new TLS connection for each bind in flight beyond its two idle ones
-        self.verbs_h2 = self.extender.h2_routes(prefix, frozenset(verbs_clients), max_body) if verbs_http2 else None
+        # the verbs' routes for a connection of either protocol on their listener (when it has TLS); HTTP/2 is
+        # offered only with verbs_http2 (for a profile that names bindVerb: kube-scheduler then sends every bind on
+        # one connection instead of a new TLS connection for each bind in flight beyond its two idle ones); each
+        # connection is counted by protocol either way
+        self.verbs_h2 = self.extender.h2_routes(prefix, frozenset(verbs_clients), max_body)
+        self.verbs_http2 = verbs_http2
         if verbs_apart:
             self.verbs_app = web.Application(client_max_size=max_body,
                                              middlewares=[client_names(frozenset(verbs_clients))])
@@ -456,12 +459,13 @@ class ExtenderServer:
         self._runners.append(runner)
         if self.verbs_app is not None:
             runner, self.verbs_port = await serve_app(self.verbs_app, verbs_host, verbs_port, limits=self.limits,
-                                                  ssl_context=verbs_ssl, backlog=1024, h2=self.verbs_h2)
+                                                  ssl_context=verbs_ssl, backlog=1024, h2=self.verbs_h2,
+                                                  http2=self.verbs_http2)
             self._runners.append(runner)
         log.info("extender serving", extra={
             "port": self.port, "tls": ssl_context is not None, "verbs_port": self.verbs_port or self.port,
             "verbs_client_auth": verbs_ssl is not None and verbs_ssl.verify_mode == ssl.CERT_REQUIRED,
-            "verbs_http2": self.verbs_h2 is not None and verbs_ssl is not None})
+            "verbs_http2": self.verbs_http2 and verbs_ssl is not None})
 
     async def _binder_term(self, term: asyncio.Event) -> None:
         """While this replica holds the binder Lease (ledger "memory"): wait ``handover_settle`` seconds, read every

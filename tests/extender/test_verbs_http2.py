@@ -1,7 +1,9 @@
-"""HTTP/2 on the verbs' listener (service/h2_server.py): kube-scheduler's client offers ``h2`` and then sends every
-verb on one connection, where over HTTP/1.1 it opened a new TLS connection for nearly every bind (878 for 2,000
-pods in the benchmark). The same answers, the same client-certificate check, the same bounds as HTTP/1.1; a
-replica that is not the binder ends the connection after its 503, so the client's next request is routed anew."""
+"""HTTP/2 on the verbs' listener (service/h2_server.py), offered with ``--scheduler-http2`` (for a profile that names
+bindVerb): kube-scheduler's client offers ``h2`` and then sends every verb on one connection, where over HTTP/1.1 it
+opened a new TLS connection for nearly every bind (878 for 2,000 pods in the benchmark). The same answers, the
+same client-certificate check, the same bounds as HTTP/1.1; a replica that is not the binder ends the connection
+after its 503, so the client's next request is routed anew. Without the flag (the shipped profile: the filter
+alone, one pod at a time) only HTTP/1.1 is offered, and connections are counted all the same."""
 
 from __future__ import annotations
 
@@ -63,15 +65,18 @@ def certs(pki: PKI) -> dict[str, tuple[Path, Path]]:
 
 @contextlib.asynccontextmanager
 async def verbs_stack(pki: PKI, certs: dict[str, tuple[Path, Path]], *, max_body: int = 4 * 1024 * 1024,
-                      body_timeout: float = 10.0, limits: Limits | None = None
+                      body_timeout: float = 10.0, limits: Limits | None = None, http2: bool | None = True
                       ) -> AsyncIterator[tuple[APIServerPeer, ExtenderServer]]:
-    """The extender with its verbs on a listener of their own (the scheduler's CA and name), HTTP/2 offered."""
+    """The extender with its verbs on a listener of their own (the scheduler's CA and name), HTTP/2 offered
+    (``http2``; None: the server's default)."""
     peer = APIServerPeer()
     await peer.start()
     api = client.ApiClient(client.Configuration(host=peer.url))
-    server = ExtenderServer(Kube(KubeClient(api, field_manager="accelstack-extender")), max_body=max_body,
-                            run_controller=False, verbs_apart=True, verbs_clients=("accelstack-scheduler",),
-                            body_timeout=body_timeout, limits=limits)
+    kube = Kube(KubeClient(api, field_manager="accelstack-extender"))
+    shared: dict[str, Any] = {"max_body": max_body, "run_controller": False, "verbs_apart": True,
+                              "verbs_clients": ("accelstack-scheduler",), "body_timeout": body_timeout,
+                              "limits": limits}
+    server = ExtenderServer(kube, **shared) if http2 is None else ExtenderServer(kube, **shared, verbs_http2=http2)
     serving = certs["serving"]
     verbs_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca_crt))
     verbs_ctx.verify_mode = ssl.CERT_REQUIRED
@@ -191,8 +196,40 @@ def bind_body(name: str = "gpu", uid: str = "uid-gpu", node_name: str = "gpu-nod
     return json.dumps({"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node_name}).encode()
 
 
-def h2_connections() -> float:
-    return CONNECTIONS.labels("h2")._value.get()
+def h2_connections(protocol: str = "h2") -> float:
+    return CONNECTIONS.labels(protocol)._value.get()
+
+
+def test_by_default_only_http1_is_offered_and_one_connection_carries_every_verb(
+        pki: PKI, certs: dict[str, tuple[Path, Path]], run: Run) -> None:
+    """The shipped default: a client that offers ``h2`` first (as kube-scheduler's does) settles on HTTP/1.1, and
+    verbs sent one at a time (the scheduling cycle's filter) all go over the one kept-alive connection, counted
+    as ``http/1.1``."""
+    async def body() -> None:
+        async with verbs_stack(pki, certs, http2=None) as (_, server):
+            before = {p: h2_connections(p) for p in ("h2", "http/1.1")}
+            ctx = ssl.create_default_context(cafile=str(pki.ca_crt))
+            ctx.load_cert_chain(*(str(p) for p in certs["scheduler"]))
+            ctx.set_alpn_protocols(["h2", "http/1.1"])
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.verbs_port, ssl=ctx)
+            try:
+                assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
+                request = filter_body(["gpu-node-1", "cpu-only"])
+                for _ in range(5):  # one after another on the same connection
+                    writer.write(b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: " + str(len(request)).encode() + b"\r\n\r\n" + request)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    assert head.startswith(b"HTTP/1.1 200"), head
+                    length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
+                                      if ln.lower().startswith(b"content-length:")))
+                    answer = json.loads(await reader.readexactly(length))
+                    assert answer["NodeNames"] == ["gpu-node-1"], answer
+            finally:
+                writer.close()
+            assert h2_connections("http/1.1") - before["http/1.1"] == 1
+            assert h2_connections("h2") == before["h2"]
+
+    run(body())
 
 
 def test_every_verb_on_one_connection_answers_as_over_http1(
