@@ -16,6 +16,7 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --parts tuning --loads 4   # while tuning: never the held-out part
     .venv/bin/python bench/bench_estimates.py --parts tuning --variants  # round 3's candidates, scored offline
     .venv/bin/python bench/bench_estimates.py --parts tuning --lateness  # round 4's candidates, scored offline
+    .venv/bin/python bench/bench_estimates.py --warm             # the history of the days before each part kept
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -31,6 +32,11 @@ predictor's (the mean wait is the same as without it): not an estimator (it know
 arrival) but a bound on what any better hold-time predictor could give; what error it leaves comes from what
 happens after the estimate (arrivals that rank ahead, the fluid approximation). It chooses nothing, so it may be
 run on the held-out part too.
+
+``--warm`` changes the protocol, not the estimator: each part's estimates start from the duration history and
+calibration the days before it left (the held-out part after the whole tuning part is replayed, as a controller
+that kept October's history meets November; the tuning part's second half after its first half), where the
+default replays each part from nothing. The queue those days leave is carried over too. It chooses nothing.
 
 ``--lateness`` (tuning part only) does the same for round 4's candidates, factors applied to the projected wait
 before calibration and calibrated from their own corrected first projections: a workspace's lateness (how late
@@ -84,19 +90,31 @@ def _positive(kind: type) -> Any:
     return conv
 
 
-def run_one(part: str, load: float, days: float | None, every: int) -> dict[str, Any]:
-    """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait."""
+def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False) -> dict[str, Any]:
+    """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait. ``warm``:
+    the days before the part are replayed first (the held-out part: the whole tuning part; the tuning part: its
+    first half, the second half then scored), and only the part's own arrivals are estimated, so its estimates
+    start from the duration history and calibration those days left, as a controller's do that kept them."""
     traces = BUNDLED / "philly"
     nodes = read_philly_nodes(traces / "nodes.csv")
     jobs = read_philly_jobs(traces / "jobs_oct_nov_11vc.csv", max_gpus=sum(n.devices for n in nodes))
     quotas = read_quotas(traces / "vc_config_helios_qssf.csv")
     start, length = PARTS[part]
-    if days is not None:
+    scored_from = -math.inf
+    if warm:
+        start, warm_days = (0.0, SPLIT_DAY) if part == "held-out" else (0.0, SPLIT_DAY / 2)
+        length = None if length is None else SPLIT_DAY
+        if days is not None:
+            length = warm_days + days if length is None else min(length, warm_days + days)
+        # window() shrinks the gaps from the first job on: the scored arrivals start at the warm days / load
+        scored_from = jobs[0].submit_s + warm_days * 86400 / load
+    elif days is not None:
         length = days if length is None else min(length, days)
     sel = window(jobs, days=length, start_day=start, load=load)
-    res = replay_run(nodes, sel, "accelstack", quotas=quotas, estimate_every=every)
+    res = replay_run(nodes, sel, "accelstack", quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
     e = res.estimate_error
-    return {"part": part, "load": load, "jobs": res.jobs, "wait_mean_s": res.delay["all"]["mean"],
+    return {"part": part + (" (warm)" if warm else ""), "load": load,
+            "jobs": sum(1 for j in sel if j.submit_s >= scored_from), "wait_mean_s": res.delay["all"]["mean"],
             "evictions": res.evictions, "cpu_s": res.cpu_seconds, **{k: e[k] for k in (
                 "waited_n", "waited_median_rel_err", "waited_within_50_pct", "waited_coverage_pct", "all_n",
                 "all_coverage_pct")}}
@@ -574,6 +592,9 @@ def main() -> int:
     ap.add_argument("--draws", type=_positive(int), default=16, help="Monte-Carlo draws for --variants (16)")
     ap.add_argument("--oracle", action="store_true",
                     help="a bound, not an estimator: the projection given every GPR's exact hold time")
+    ap.add_argument("--warm", action="store_true",
+                    help="replay the days before each part first and score only the part's arrivals (the held-out "
+                         "part after the whole tuning part; the tuning part's second half after its first)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     for p in parts:
@@ -583,8 +604,8 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
-    if sum((args.lateness, args.variants, args.oracle)) > 1:
-        ap.error("--lateness, --variants and --oracle: one at a time")
+    if sum((args.lateness, args.variants, args.oracle, args.warm)) > 1:
+        ap.error("--lateness, --variants, --oracle and --warm: one at a time")
     if args.lateness and parts != ["tuning"]:
         ap.error("--lateness chooses between estimators: run it on --parts tuning only, never the held-out part")
     if args.variants and parts != ["tuning"]:
@@ -596,9 +617,11 @@ def main() -> int:
         futs = [pool.submit(run_variants, p, load, days, args.estimate_every, args.draws) if args.variants
                 else pool.submit(run_lateness, p, load, days, args.estimate_every) if args.lateness
                 else pool.submit(run_oracle, p, load, days, args.estimate_every) if args.oracle
-                else pool.submit(run_one, p, load, days, args.estimate_every) for p, load in runs]
+                else pool.submit(run_one, p, load, days, args.estimate_every, args.warm) for p, load in runs]
         rows = [f.result() for f in futs]
     print(("bound, not an estimator: the projection given every GPR's exact hold time (--oracle); " if args.oracle
+           else "warm: the days before each part replayed first, only the part's arrivals scored (the tuning part: "
+           "its second half); " if args.warm
            else "") + f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"
           + (f", first {days:g} days of each part" if days is not None else ""))
     print("| part | load | jobs | waited > 60 s | median rel. error | within +-50% | P10-P90 coverage "

@@ -196,8 +196,13 @@ def replay_run(
     progress: Callable[[float], None] | None = None,
     eviction_cost_ratio: float | None = EVICTION_COST_RATIO,
     eviction_max_wait_s: float = EVICTION_MAX_WAIT_S,
+    estimate_from_s: float = -math.inf,
 ) -> ReplayResult:
     """Replay ``jobs`` (sorted by submit time) on ``nodes``. ``quotas``: GPUs per workspace.
+
+    ``estimate_every``: the arrival estimate is made (and scored) for every N-th job submitted at or after
+    ``estimate_from_s`` (trace time): the jobs before it only warm the duration history and the calibration up,
+    as the months before do for a controller that keeps them.
 
     ``fail_rate``: each run attempt fails with this probability at a uniform point of its run (seeded); jobs
     then requeue with the GPR backoff (60 s doubling, at most 1 h) up to ``retry_limit`` times.
@@ -233,6 +238,7 @@ def replay_run(
     fail_rng = np.random.default_rng(assignment.seed + 1)
     failures = requeues = gave_up = 0
     i, n = 0, len(jobs)
+    scored = 0  # jobs submitted at or after estimate_from_s so far (every estimate_every-th is estimated)
     used = 0  # allocated milli, for utilisation
     busy = 0.0  # integral of used milli over time
     last_t = float(jobs[0].submit_s) if jobs else 0.0
@@ -293,8 +299,10 @@ def replay_run(
             )
             eng.submit(g, t)
             out[j.job_id] = JobOutcome(float(j.submit_s), float(j.duration_s), j.num_gpu, j.vc, prio)
-            if estimate_every and i % estimate_every == 0:
-                new.append(j.job_id)
+            if j.submit_s >= estimate_from_s:
+                if estimate_every and scored % estimate_every == 0:
+                    new.append(j.job_id)
+                scored += 1
             i += 1
             if i == n:
                 busy_at_last_submit = busy

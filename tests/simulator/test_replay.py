@@ -64,3 +64,19 @@ def test_two_pools_trace_a_stuck_head_does_not_hold_the_other_pool() -> None:
     assert r.finished == len(jobs) and r.inversions == 0
     assert waits[-1] >= 35_000  # the A100 job behind the squatter
     assert waits[-2] <= 600  # every H100 job: at most one H100 job's length
+
+
+def test_estimates_from_a_time_warm_up_on_the_jobs_before_and_decide_nothing() -> None:
+    """``estimate_from_s``: only jobs submitted at or after it are estimated (every N-th of them, counted from the
+    first), the earlier ones only warm the history up; the decisions are the same as with every job estimated."""
+    from scheduler_extender.core.inventory import NodeSpec
+    from scheduler_extender.simulator.replay import replay_run
+
+    jobs = [Job(f"j{i}", 30 * i, 600 + 7 * (i % 13), 1 + i % 4, f"vc{i % 2}") for i in range(300)]
+    nodes = [NodeSpec(f"n{i}", 8) for i in range(2)]  # busy: most jobs wait
+    every = replay_run(nodes, jobs, "accelstack", estimate_every=1)
+    later = replay_run(nodes, jobs, "accelstack", estimate_every=1, estimate_from_s=30 * 200)
+    assert every.estimate_error["all_n"] == 300 and later.estimate_error["all_n"] == 100
+    assert later.delay["all"] == every.delay["all"] and later.admissions == every.admissions
+    tenth = replay_run(nodes, jobs, "accelstack", estimate_every=10, estimate_from_s=30 * 195)
+    assert tenth.estimate_error["all_n"] == 11  # jobs 195, 205, ..., 295
