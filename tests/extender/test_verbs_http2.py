@@ -204,7 +204,7 @@ def test_by_default_only_http1_is_offered_and_one_connection_carries_every_verb(
         pki: PKI, certs: dict[str, tuple[Path, Path]], run: Run) -> None:
     """The shipped default: a client that offers ``h2`` first (as kube-scheduler's does) settles on HTTP/1.1, and
     verbs sent one at a time (the scheduling cycle's filter) all go over the one kept-alive connection, counted
-    as ``http/1.1``."""
+    as ``http/1.1``; a replica that is no longer the binder answers 503 and closes it."""
     async def body() -> None:
         async with verbs_stack(pki, certs, http2=None) as (_, server):
             before = {p: h2_connections(p) for p in ("h2", "http/1.1")}
@@ -224,6 +224,17 @@ def test_by_default_only_http1_is_offered_and_one_connection_carries_every_verb(
                                       if ln.lower().startswith(b"content-length:")))
                     answer = json.loads(await reader.readexactly(length))
                     assert answer["NodeNames"] == ["gpu-node-1"], answer
+                # another replica takes the binder Lease: this one answers 503 and ends the connection, so the
+                # client's next connection is routed anew (to the binder)
+                server.binding = False
+                writer.write(b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: " + str(len(request)).encode() + b"\r\n\r\n" + request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 503") and b"connection: close" in head.lower(), head
+                length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
+                                  if ln.lower().startswith(b"content-length:")))
+                assert "not the active binder" in json.loads(await reader.readexactly(length))["Error"]
+                assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
             finally:
                 writer.close()
             assert h2_connections("http/1.1") - before["http/1.1"] == 1
