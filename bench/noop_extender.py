@@ -93,12 +93,18 @@ async def serve(args: argparse.Namespace) -> None:
             return answer({"Error": str(exc)[:300]})
         return answer({"Error": ""})
 
+    placed: dict[str, int] = {}  # --one-node: pods narrowed so far, by label
+
     async def mutate(raw: bytes) -> web.Response:
         req = orjson.loads(raw)["request"]
         pod = req["object"]
         if args.floor == "gprs":
             label = ((pod.get("metadata") or {}).get("labels") or {}).get(GATE, "")
-            ops = narrow_affinity((pod.get("spec") or {}).get("affinity"), team_nodes(label)) if label else []
+            nodes = team_nodes(label) if label else []
+            if nodes and args.one_node:  # the next of its nodes in turn: 4 pods of each of the 2 teams a node
+                k = placed[label] = placed.get(label, -1) + 1
+                nodes = [nodes[k % TEAM_NODES]]
+            ops = narrow_affinity((pod.get("spec") or {}).get("affinity"), nodes) if nodes else []
         else:
             ops = [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
         response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
@@ -234,6 +240,8 @@ def main() -> None:
     p.add_argument("--kubeconfig", default="", help="credentials for the Binding (with --bind)")
     p.add_argument("--floor", choices=["", "gprs", "auto"], default="",
                    help="serve /mutate-pods too: narrow labelled pods (gprs) or gate them and lift the gate (auto)")
+    p.add_argument("--one-node", action="store_true",
+                   help="with --floor gprs: narrow each pod to one of its team's nodes (in turn), not all 25")
     p.add_argument("--ungate-kubeconfig", default="", help="credentials that may patch pods (with --floor auto)")
     p.add_argument("--pod-watch", action="store_true", help="keep an informer of every pod (with --kubeconfig)")
     p.add_argument("--watch-only", action="store_true", help="only keep an informer of every pod (with --kubeconfig)")

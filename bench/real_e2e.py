@@ -21,7 +21,9 @@ in the same run and interleaved round by round:
   PATCH, the extender binds), ``floor-auto-watch`` (the same with the binder's informer too: two pod watchers, as
   accelstack), ``floor-gprs-filter`` / ``floor-gprs-filter-watch`` (the narrowing webhook, a filter-only extender,
   kube-scheduler binds; with one informer) and ``floor-auto-filter`` (gate and ungating loop, kube-scheduler
-  binds); ``gprs-bind`` / ``auto-bind``, accelstack with the profile's earlier design, its extender the
+  binds), ``floor-gprs-filter-one`` (floor-gprs-filter with each pod narrowed to one of its 25 nodes, in turn: a
+  pod of one term where accelstack's carries one a reserved node); ``gprs-bind`` / ``auto-bind``, accelstack
+  with the profile's earlier design, its extender the
   binder (``bindVerb: bind``: the bind verb records the pod in the ledger and makes the Binding itself); and
   ``gprs-oneproc``, accelstack's 20 GPRs with the controller inside the extender's process (``--controller=true``,
   not shipped): one pod informer in all; ``gprs-h2``, accelstack's 20 GPRs with HTTP/2 offered on the verbs
@@ -95,6 +97,8 @@ ARMS = [
         mode="gprs"),
     Arm("floor-auto-filter", "floor: gate, ungate+narrow, scheduler binds, 500/1,000", "noop", raised=True,
         mode="auto"),
+    Arm("floor-gprs-filter-one", "floor-gprs-filter, each pod narrowed to 1 node, 500/1,000", "noop", raised=True,
+        mode="gprs"),
     # the profile's earlier design, not shipped: accelstack's extender binds (bindVerb), 500/1,000
     Arm("gprs-bind", "accelstack 20 GPRs, extender binds, 500/1,000", "accelstack", raised=True, mode="gprs"),
     Arm("auto-bind", "accelstack auto-GPR, extender binds, 500/1,000", "accelstack", raised=True, mode="auto"),
@@ -106,7 +110,7 @@ ARMS = [
     Arm("gprs-h2", "accelstack 20 GPRs, verbs over HTTP/2, 500/1,000", "accelstack", raised=True, mode="gprs"),
 ]
 FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
-          "floor-gprs-filter-watch", "floor-auto-filter"}
+          "floor-gprs-filter-watch", "floor-auto-filter", "floor-gprs-filter-one"}
 ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind", "gprs-oneproc", "gprs-h2"}  # arms run only when --arms names them
 
 
@@ -376,7 +380,7 @@ class Bench:
                                                                               "accelstack-extender"))]
             if arm.key in FLOORS:
                 kubeconfig = str(self.cp.sa_kubeconfig("accelstack-system", "accelstack-extender"))
-                argv += ["--floor", arm.mode]
+                argv += ["--floor", arm.mode, *(["--one-node"] if arm.key.endswith("-one") else [])]
                 if arm.mode == "auto":  # the ungating loop patches pods
                     argv += ["--ungate-kubeconfig", kubeconfig]
                 if arm.extender != "noop+bind":  # a filter-only floor reads pods only for its informer
