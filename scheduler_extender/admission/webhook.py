@@ -63,7 +63,7 @@ from scheduler_extender.admission.workspaces import (
 )
 from scheduler_extender.core.gpr import GPR
 from scheduler_extender.core.inventory import GPU, NR1
-from scheduler_extender.objects.cluster import ClusterView
+from scheduler_extender.objects.cluster import ClusterView, pinned_node
 from scheduler_extender.objects.gpr_codec import (
     GPR_LABEL,
     GPR_PLURAL,
@@ -389,8 +389,12 @@ class Webhook:
     def __init__(self, lookup: Lookup, *, resources: tuple[str, ...] = (GPU, NR1), auto_gpr: bool = True,
                  max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
                  clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
-                 view: ClusterView | None = None, own_namespace: str = "accelstack-system") -> None:
+                 view: ClusterView | None = None, own_namespace: str = "accelstack-system",
+                 pin: Callable[[], bool] | None = None) -> None:
         self.lookup = lookup
+        # whether this replica pins a pod of an admitted GPR to one reserved node (it answers the verbs, so its
+        # view holds every claim and pin): a pod of one node term, not one a reserved node
+        self.pin = pin
         self.own_namespace = own_namespace  # no workspace may own it
         self.view = view  # the extender's informer view: GPRs looked up without an API call
         self.latency = webhook_latency(registry)
@@ -527,7 +531,12 @@ class Webhook:
             # that cannot run on any of them is gated instead: the controller moves a GPR none of whose pods has
             # run to where its pods can, or says why it cannot)
             affinity = spec.get("affinity")
-            patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, held, self._hostnames(held))
+            one = pinned_node(affinity)  # called again (reinvoked) for a pod it pinned: the same pin, not a second
+            if one not in held:
+                one = self._pin_to(namespace, gpr_name, resource, count, spec, held) \
+                    if self.pin is not None and not req.get("dryRun") and self.pin() else ""
+            nodes = [one] if one else held
+            patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, nodes, self._hostnames(nodes))
         elif gates is None:
             patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": SCHEDULING_GATE}]})
         elif not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
@@ -555,6 +564,32 @@ class Webhook:
             if have[0] + cpu <= v.host[0] and have[1] + mem <= v.host[1]:
                 return True
         return False
+
+    def _pin_to(self, namespace: str, gpr_name: str, resource: str, count: int, spec: dict[str, Any],
+                held: list[str]) -> str:
+        """The reserved node a new pod of the GPR is pinned to, "" for none (narrowed to all of them then): the one
+        whose share of the GPR has least left that still fits the pod (as the filter picks), counting its bound
+        pods, the pods in flight and the pods pinned there already (those this webhook pinned and has not seen
+        yet too), among the nodes the pod can run on; its share there is the pod's from now on."""
+        view = self.view
+        key = f"{namespace}/{gpr_name}"
+        g = view.gprs.get(key) if view is not None else None
+        if view is None or g is None:
+            return ""
+        fits: list[tuple[int, str]] = []
+        for name in held:
+            node = view.nodes.get(name)
+            if node is None or node.health_reason(resource) or node.ledger_error:
+                continue
+            left = (g.reservation.get(name, 0) - node.used_by.get((key, resource), 0)
+                    - view.claimed_share(name, key, resource) - view.pinned_share(name, key, resource))
+            if left >= count:
+                fits.append((left, name))
+        for _, name in sorted(fits):
+            if self._can_run_on(spec, [name]):
+                view.pin_ahead(name, key, {resource: count})
+                return name
+        return ""
 
     def _hostnames(self, nodes: list[str]) -> dict[str, str]:
         """The nodes' ``kubernetes.io/hostname`` labels, as the informer holds them."""

@@ -174,7 +174,10 @@ async def serve(opts: dict[str, Any]) -> None:
                             pod_name=opts.get("pod_name", ""), pod_namespace=os.environ.get("POD_NAMESPACE", ""),
                             verbs_http2=opts.get("verbs_http2", False))
     if opts["webhook"]:
-        add_webhook = webhook_routes(kube, opts, server.view)
+        # the replica that answers the verbs (ledger "memory") pins each pod of an admitted GPR to one node
+        # (once its term's hand-over wait is over: ``binding`` turns True only then)
+        add_webhook = webhook_routes(kube, opts, server.view,
+                                     pin=lambda: server.view.ledger_source == "memory" and server.binding)
         if add_webhook is not None:
             add_webhook(server.app)
     context = server_tls(opts["cert"], opts["key"]) if opts["cert"] else None
@@ -198,7 +201,7 @@ async def serve(opts: dict[str, Any]) -> None:
         await kube.close()
 
 
-def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None) -> Any:
+def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None, pin: Any = None) -> Any:
     """The admission webhook's routes, when this build has the webhook module."""
     try:
         webhook: Any = importlib.import_module("scheduler_extender.admission.webhook")
@@ -209,7 +212,7 @@ def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None) -> Any:
     def add(app: Any) -> None:
         handler = webhook.Webhook(webhook.KubeLookup(kube), resources=opts["resources"],
                                   auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"], view=view,
-                                  own_namespace=opts.get("lease_namespace") or "accelstack-system")
+                                  own_namespace=opts.get("lease_namespace") or "accelstack-system", pin=pin)
         webhook.add_webhook_routes(app, handler)
 
     return add

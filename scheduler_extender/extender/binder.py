@@ -114,6 +114,7 @@ class Binder:
     async def _record(self, pod: PodView, node: str) -> str:
         """Decide and record the pod in the node's ledger; '' when recorded (or already there), else why not."""
         ask = resolve(self.view, dict(pod.requests), pod.gpr, pod.priority, uid=pod.uid)
+        ask.pinned = pod.pinned  # its own pin is not another pod's share
         if ask.problem:
             return f"cannot bind {pod.key}: {ask.problem}"
         if node not in self.view.nodes:

@@ -16,8 +16,18 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from scheduler_extender.extender.wire import MetaPod, MetaVictims, Pod
-from scheduler_extender.objects.cluster import GPR_LABEL, HOLDING, ClusterView, GPRView, NodeView, PodView
+from scheduler_extender.objects.cluster import (
+    GPR_LABEL,
+    HOLDING,
+    ClusterView,
+    GPRView,
+    NodeView,
+    PodView,
+    pinned_node,
+)
 from scheduler_extender.objects.resources import pod_requests
 
 MAX_SCORE = 10
@@ -33,6 +43,7 @@ class PodAsk:
     problem: str = ""  # set when no node can take the pod (unresolvable everywhere)
     priority: int = 0
     uid: str = ""  # the pod's UID when known: a node whose ledger records devices for it can take it
+    pinned: str = ""  # the one node its node affinity allows by name (a pod the webhook pinned): its share is its own
 
 
 def resolve(view: ClusterView, requests: dict[str, int], gpr_key: str, priority: int,
@@ -58,8 +69,14 @@ def ask_of(view: ClusterView, pod: Pod, require_gpr: bool = False) -> PodAsk:
     """The ask of a pod as an extender request carries it."""
     requests = pod_requests(pod.spec, view.resources)
     label = (pod.metadata.labels or {}).get(GPR_LABEL, "")
-    return resolve(view, requests, f"{pod.metadata.namespace}/{label}" if label else "", pod.spec.priority or 0,
-                   require_gpr, pod.metadata.uid or "")
+    ask = resolve(view, requests, f"{pod.metadata.namespace}/{label}" if label else "", pod.spec.priority or 0,
+                  require_gpr, pod.metadata.uid or "")
+    if label and len(pod.spec.affinity):
+        try:
+            ask.pinned = pinned_node(orjson.loads(memoryview(pod.spec.affinity)))
+        except orjson.JSONDecodeError:  # kube-scheduler sends what the API server validated: never seen
+            ask.pinned = ""
+    return ask
 
 
 @dataclass
@@ -117,6 +134,8 @@ def _claim_one(view: ClusterView, ask: PodAsk, out: FilterOutcome) -> None:
     that still fits (a node whose ledger holds the pod already first: a retried bind)."""
     if not out.passed:
         view.unclaim(ask.uid)
+        return
+    if ask.pinned:  # it can go to that node only, and its share there is counted as its own until it is bound
         return
     assert ask.gpr is not None
     chosen, best = out.passed[0], None
@@ -239,6 +258,8 @@ def node_verdict(view: ClusterView, ask: PodAsk, name: str, node: NodeView | Non
             if reserved - own_used < count:
                 return f"GPR {ask.gpr_key} reservation here is used up ({own_used} of {reserved} bound)", False
             in_flight = view.claimed_share(name, ask.gpr_key, resource, (ask.uid, *recorded)) if view.claimed else 0
+            if view.pinned or view.pins_ahead:  # pods pinned here wait for their share: it is not offered to others
+                in_flight += view.pinned_share(name, ask.gpr_key, resource, count if ask.pinned == name else 0)
             if reserved - own_used - in_flight < count:
                 return (f"GPR {ask.gpr_key} reservation here is taken by pods being bound ({own_used} bound, "
                         f"{in_flight} in flight, of {reserved})"), False

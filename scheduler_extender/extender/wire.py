@@ -43,6 +43,8 @@ class PodSpec(msgspec.Struct, omit_defaults=True):
     initContainers: list[Container] | None = None
     priority: int | None = None
     nodeName: str = ""
+    # kept raw (any JSON value), read only for a pod of a GPR: is it pinned to one node?
+    affinity: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b""))
 
 
 class Pod(msgspec.Struct, omit_defaults=True):

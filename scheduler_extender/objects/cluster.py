@@ -22,7 +22,7 @@ import orjson
 from kubeapi.collector import collector_paused
 from scheduler_extender.objects import ledger
 from scheduler_extender.objects.gpr_codec import ALLOCATION_ANNOTATION, TERMINAL_PHASES, parse_duration
-from scheduler_extender.objects.podfit import label_keys
+from scheduler_extender.objects.podfit import NODE_NAME_FIELD, REQUIRED_AFFINITY, label_keys
 from scheduler_extender.objects.resources import host_allocatable, host_requests, pod_requests, whole
 from service.loop import let_go, slices
 
@@ -132,6 +132,7 @@ class PodView:
     tolerations: tuple[dict[str, Any], ...] = ()  # spec.tolerations
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
     host: tuple[int, int] = (0, 0)  # effective CPU (millicores) and memory (MiB) request (resources.host_requests)
+    pinned: str = ""  # the one node its required node affinity allows by name (pinned_node), "" for none or several
 
     @property
     def live(self) -> bool:
@@ -261,6 +262,30 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
+def pinned_node(affinity: Any) -> str:
+    """The one node a required node affinity allows, when each of its terms names that node, and only it, by
+    ``metadata.name In [node]`` (as accelstack's webhook narrows a pod of a GPR to the node it picked); "" when
+    it allows none by name or several."""
+    if not isinstance(affinity, dict):
+        return ""
+    required = (affinity.get("nodeAffinity") or {}).get(REQUIRED_AFFINITY) if isinstance(
+        affinity.get("nodeAffinity"), dict) else None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not terms:
+        return ""
+    node = ""
+    for term in terms:
+        fields = term.get("matchFields") if isinstance(term, dict) else None
+        names = [r.get("values") for r in fields or () if isinstance(r, dict) and r.get("key") == NODE_NAME_FIELD
+                 and r.get("operator") == "In"]
+        if len(names) != 1 or not isinstance(names[0], list) or len(names[0]) != 1 or not isinstance(names[0][0], str):
+            return ""
+        if node and names[0][0] != node:
+            return ""
+        node = names[0][0]
+    return node
+
+
 def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
     """A pod that requests a managed resource, or None."""
     meta, spec = obj.get("metadata", {}), obj.get("spec") or {}
@@ -284,7 +309,7 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    affinity=affinity if isinstance(affinity, dict) else None,
                    tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
                    node_selector=selector if isinstance(selector := spec.get("nodeSelector"), dict) else None,
-                   host=host_requests(spec))
+                   host=host_requests(spec), pinned=pinned_node(affinity) if gpr else "")
 
 
 def entry_of(pod: PodView) -> ledger.Entry:
@@ -378,6 +403,15 @@ class ClusterView:
         self.claims: dict[str, Claim] = {}
         self.claimed: dict[tuple[str, str, str], int] = {}  # (node, gpr key, resource) -> devices claimed
         self.claim_ttl = 30.0  # seconds; 0 turns claims off (filter then offers every reserved node that fits)
+        # pods of GPRs pinned to one node (PodView.pinned), live, ungated and not bound yet: the node's share of
+        # their GPR is theirs, as a claim's is, for as long as they wait (they can go nowhere else): pod UID ->
+        # (node, gpr key, requests), and their sums by (node, gpr key, resource)
+        self._pinned_of: dict[str, tuple[str, str, dict[str, int]]] = {}
+        self.pinned: dict[tuple[str, str, str], int] = {}
+        # the pins this replica's webhook gave whose pods it has not seen yet: (node, gpr key, resource) -> [(when
+        # it lapses, devices)], dropped one by one as the pods arrive (a pod refused after its pin never comes)
+        self.pins_ahead: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
+        self.pin_ttl = 30.0
         self.clock: Callable[[], float] = time.monotonic
         self._next_lapse = math.inf
         self._live: dict[str, set[str]] = {}  # namespace -> keys of its unfinished GPRs (not Complete/Cancelled)
@@ -585,6 +619,59 @@ class ClusterView:
                     count -= claim.requests.get(resource, 0)
         return count
 
+    def _pin(self, uid: str, view: PodView | None) -> None:
+        """Keep :attr:`pinned` in step with pod ``uid`` now being ``view`` (None: gone)."""
+        old = self._pinned_of.pop(uid, None)
+        if old is not None:
+            node, gpr, requests = old
+            for resource, count in requests.items():
+                key = (node, gpr, resource)
+                left = self.pinned.get(key, 0) - count
+                if left > 0:
+                    self.pinned[key] = left
+                else:
+                    self.pinned.pop(key, None)
+        if (view is None or not view.pinned or not view.gpr or view.node or view.gates or view.terminating
+                or not view.live):
+            return
+        self._pinned_of[uid] = (view.pinned, view.gpr, view.requests)
+        for resource, count in view.requests.items():
+            key = (view.pinned, view.gpr, resource)
+            self.pinned[key] = self.pinned.get(key, 0) + count
+        if old is None:
+            self._arrived(view.pinned, view.gpr, view.requests)
+
+    def _arrived(self, node: str, gpr: str, requests: dict[str, int]) -> None:
+        """A pod pinned to ``node`` is seen: the webhook's pin ahead of it, if any, is its own."""
+        for resource in requests:
+            ahead = self.pins_ahead.get((node, gpr, resource))
+            if ahead:
+                ahead.pop(0)
+                if not ahead:
+                    del self.pins_ahead[(node, gpr, resource)]
+
+    def pin_ahead(self, node: str, gpr: str, requests: dict[str, int]) -> None:
+        """The webhook pinned a pod of ``gpr`` to ``node``: its share there is the pod's from now on, until the pod
+        is seen (then it counts in :attr:`pinned`) or :attr:`pin_ttl` passes (it was never created)."""
+        until = self.clock() + self.pin_ttl
+        for resource, count in requests.items():
+            self.pins_ahead.setdefault((node, gpr, resource), []).append((until, count))
+
+    def pinned_share(self, node: str, gpr: str, resource: str, own: int = 0) -> int:
+        """Devices of ``gpr``'s share on ``node`` that pods pinned there hold while they wait to be bound (seen,
+        or pinned by this replica's webhook and not seen yet), less ``own`` (the asking pod's, when it is one of
+        them)."""
+        count = self.pinned.get((node, gpr, resource), 0)
+        ahead = self.pins_ahead.get((node, gpr, resource))
+        if ahead:
+            now = self.clock()
+            while ahead and ahead[0][0] <= now:
+                ahead.pop(0)
+            count += sum(c for _, c in ahead)
+            if not ahead:
+                del self.pins_ahead[(node, gpr, resource)]
+        return max(0, count - own)
+
     def sync_gprs(self, items: Sequence[dict[str, Any]]) -> None:
         self._sync(items, ClusterView._add_gpr, ClusterView._take_gprs)
 
@@ -657,6 +744,10 @@ class ClusterView:
         self.pods = fresh.pods
         self.host_of, self.host_used = fresh.host_of, fresh.host_used
         self.selector_keys |= fresh.selector_keys
+        known, self._pinned_of, self.pinned = self._pinned_of, fresh._pinned_of, fresh.pinned
+        for uid, (node, gpr, requests) in self._pinned_of.items():
+            if uid not in known:  # a pod the webhook pinned, first seen in this relist
+                self._arrived(node, gpr, requests)
         if self.ledger_source == "memory":
             self._rehold(self.pods)
         return replaced
@@ -668,6 +759,7 @@ class ClusterView:
             self.pods.pop(uid, None)
             self._host(uid, None)
             self.unclaim(uid)
+            self._pin(uid, None)
             if self.ledger_source == "memory" and self._holding:
                 self._hold(uid, None)
             return
@@ -683,6 +775,8 @@ class ClusterView:
             self.pods[uid] = view
             if view.node and uid in self.claims:  # bound (by this replica or another): the ledger holds it now
                 self.unclaim(uid)
+            if view.pinned or uid in self._pinned_of:
+                self._pin(uid, view)
             if view.node_selector or view.affinity:
                 self.selector_keys |= label_keys(view.node_selector, view.affinity)
         if self.ledger_source == "memory" and self._holding:

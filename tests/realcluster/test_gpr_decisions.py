@@ -12,7 +12,8 @@ def test_many_small_pods_of_one_gpr_bind_without_a_failed_bind(cp: ControlPlane,
                                                                nodes: Nodes) -> None:
     """A 20-node x 1-GPU GPR on 8-GPU nodes, then its 20 pods at once: kube-scheduler filters each next pod while
     the last one binds and sees 8 free GPUs on every reserved node; the extender offers each pod a node whose
-    share no pod in flight holds, so every bind succeeds the first time, one pod per reserved node."""
+    share no pod in flight holds, so every bind succeeds the first time, one pod per reserved node. Each pod is
+    created pinned to its node (the binder's webhook narrows it to one reserved node: one node term, not 20)."""
     stack.start_scheduler()
     for i in range(20):
         nodes.add(f"s{i:02d}", gpus=8)
@@ -25,6 +26,11 @@ def test_many_small_pods_of_one_gpr_bind_without_a_failed_bind(cp: ControlPlane,
     placed = wait_for("all 20 pods bound", lambda: (lambda b: b if all(b) else None)(
         [bound_node(cp, ns, f"w-{i:02d}") for i in range(20)]), timeout=90)
     assert sorted(placed) == sorted(reserved), "one pod on each reserved node"
+    for i in range(20):  # pinned at creation to the node it was bound to
+        obj = cp.get(f"api/v1/namespaces/{ns}/pods/w-{i:02d}") or {}
+        terms = obj["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert len(terms) == 1 and terms[0]["matchFields"][0]["values"] == [obj["spec"]["nodeName"]], terms
     events = cp.api("GET", f"api/v1/namespaces/{ns}/events").get("items") or []
     # a failed bind is the extender's refusal, which kube-scheduler reports as FailedScheduling quoting it; other
     # FailedScheduling (a scheduler whose node cache still catches up after the previous test's API-server

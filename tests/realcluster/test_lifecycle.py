@@ -38,8 +38,9 @@ def test_gated_pod_is_admitted_narrowed_and_bound_by_the_real_scheduler(cp: Cont
 def test_a_25_node_reservation_is_narrowed_by_name_and_the_real_api_server_takes_it(cp: ControlPlane, stack: Stack,
                                                                                    ns: str, nodes: Nodes) -> None:
     """A GPR of 25 nodes x 1 GPU: the gated pod's narrowing at ungate (a scheduling-gated pod may only gain node
-    affinity, KEP-3838) and a later pod's narrowing at creation are both one matchFields term a node, accepted by
-    the real API server, and the real scheduler binds the pods inside the reservation."""
+    affinity, KEP-3838) is one matchFields term a node, a later pod's at creation one term, the node the binder's
+    webhook pinned it to; both accepted by the real API server, and the real scheduler binds the pods inside the
+    reservation."""
     stack.start_scheduler()
     names = {nodes.add(f"w{i:02d}", gpus=1) for i in range(25)}
     cp.create(f"api/v1/namespaces/{ns}/pods", pod("wide-0", gpus=1, gpr_name="wide"))
@@ -52,6 +53,7 @@ def test_a_25_node_reservation_is_narrowed_by_name_and_the_real_api_server_takes
         assert node in names
         terms = pod_obj(cp, ns, name)["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert sorted(t["matchFields"][0]["values"][0] for t in terms) == sorted(names)
+        want = sorted(names) if name == "wide-0" else [node]  # wide-1: pinned at creation to one reserved node
+        assert sorted(t["matchFields"][0]["values"][0] for t in terms) == want
         assert all(t == {"matchFields": [{"key": "metadata.name", "operator": "In",
                                           "values": t["matchFields"][0]["values"]}]} for t in terms)
