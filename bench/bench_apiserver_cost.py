@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import base64
 import multiprocessing as mp
-import os
 import ssl
 import statistics
 import sys
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
+from real_e2e import cpu_seconds  # noqa: E402  (bench/ is on sys.path: this script's folder)
 
 from kubeapi.client import from_config  # noqa: E402
 from kubeapi.resources import PODS  # noqa: E402
@@ -49,12 +49,6 @@ POLICY_EXPRESSION = (  # the same terms, built in CEL from the ConfigMap's comma
     f'requiredDuringSchedulingIgnoredDuringExecution: {_R}{{nodeSelectorTerms: params.data.nodes.split(",").map(n, '
     f'{_R}.nodeSelectorTerms{{matchFields: [{_R}.nodeSelectorTerms.matchFields{{key: "metadata.name", '
     f'operator: "In", values: [n]}}]}})}}}}}}}}]')
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _informer(kubeconfig: str, ready: Any) -> None:
@@ -232,7 +226,6 @@ def _list(text: str, kind: type, what: str, parser: argparse.ArgumentParser) -> 
         return [kind(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         parser.error(f"{what}: expected a comma-separated list, got {text!r}")
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:
