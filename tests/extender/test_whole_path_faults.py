@@ -26,7 +26,7 @@ import contextlib
 import json
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -254,11 +254,40 @@ def stand_ins(peer: APIServerPeer, ports: list[int], rng: random.Random, http: a
             asyncio.create_task(break_watches(peer, rng, stop))]
 
 
-async def until(peer: APIServerPeer, predicate: Any, timeout: float) -> None:
+def seen_by(peer: APIServerPeer, replicas: Sequence[ExtenderServer]) -> str:
+    """What each replica's controller makes of the GPRs not Complete in the API server: whether it leads, its
+    passes, the GPR's stored admission it holds, and its view of each of the GPR's pods (a failure's story)."""
+    open_ = {name for (res, _, name), obj in peer.objects.items()
+             if res == GPRS and (obj.get("status") or {}).get("phase") != "Complete"}
+    lines = []
+    for server in replicas:
+        service = server.service
+        if service is None:
+            continue
+        ctl = service.controller
+        lines.append(f"replica {service.elector.identity}: leading={service.elector.leading.is_set()} passes={ctl.passes} "
+                     f"informers={[(i.name, i.healthy, i.last_error[:60]) for i in server.informers]}")
+        for obj in ctl.objects.values():
+            name = obj["metadata"]["name"]
+            if name not in open_:
+                continue
+            status = obj.get("status") or {}
+            lines.append(f"  gpr {name}: rv={obj['metadata'].get('resourceVersion')} {status.get('phase')} "
+                         f"admittedAt={status.get('admittedAt')}")
+            for p in server.view.pods.values():
+                if p.gpr == f"default/{name}":
+                    lines.append(f"    pod {p.key}: {p.phase} node={p.node} bound_at={p.bound_at:.3f} "
+                                 f"ended_at={p.ended_at:.3f}")
+    return "\n".join(lines)
+
+
+async def until(peer: APIServerPeer, predicate: Any, timeout: float,
+                replicas: Sequence[ExtenderServer] = ()) -> None:
     try:
         await wait_until(predicate, timeout)
     except TimeoutError:
-        raise AssertionError(f"not reached in {timeout:g}s; unfinished:\n{stuck(peer)}") from None
+        raise AssertionError(f"not reached in {timeout:g}s; unfinished:\n{stuck(peer)}\n"
+                             f"{seen_by(peer, replicas)}") from None
 
 
 def check_history(peer: APIServerPeer, wants: dict[str, int]) -> dict[str, int]:
@@ -359,9 +388,9 @@ async def test_the_whole_path_holds_while_the_api_server_misbehaves() -> None:
                 await b_cm.__aexit__(None, None, None)
             c = await replicas.enter_async_context(replica(peer, "c"))
             ports[1] = c.port
-            await until(peer, lambda: done() == len(wants), 90)
+            await until(peer, lambda: done() == len(wants), 90, [a, c])
             await until(peer, lambda: all(((peer.get(GPRS, "default", f"g{g:02d}") or {}).get("status") or {})
-                                          .get("phase") == "Complete" for g in range(GROUPS)), 30)
+                                          .get("phase") == "Complete" for g in range(GROUPS)), 30, [a, c])
             # every ledger entry given back by the sweep once its pod ended
             await wait_until(lambda: all(not ledger.parse((n["metadata"].get("annotations") or {})
                                                           .get(ledger.LEDGER_ANNOTATION))

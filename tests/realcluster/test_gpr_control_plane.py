@@ -192,7 +192,8 @@ def test_api_server_restart_under_running_processes(cp: ControlPlane, stack: Sta
     # ready again soon: every informer retries its watch at most 4 s apart while not healthy (a 30 s backoff once
     # left /readyz at 503 for up to 30 s after the server was back)
     wait_for("extender ready after the restart", lambda: stack.extender.status() == 200, timeout=20)
-    assert any(e.get("reason") for e in events_for(cp, ns, "after")), "the controller's Events after the restart"
+    wait_for("the controller's Events after the restart",  # they follow the pass's status write
+             lambda: [e for e in events_for(cp, ns, "after") if e.get("reason")], timeout=10)
 
 
 def test_the_binder_hands_over_on_kill_and_the_next_binds_from_what_the_pods_hold(cp: ControlPlane, stack: Stack,

@@ -63,8 +63,10 @@ def test_a_reservation_taken_by_a_pod_outside_any_gpr_is_requeued_with_an_event(
         queued = wait_for("the GPR requeued", lambda: (lambda s: s if s.get("phase") == "Queued" else None)(
             gpr_status(cp, ns, "train")), timeout=30)
         assert "ReservationTaken" in str(queued.get("reason")) and taken in str(queued.get("reason"))
-        events = [e for e in events_for(cp, ns, "train") if e.get("reason") == "Requeued"]
-        assert events and "ReservationTaken" in events[0]["message"], events
+        # the controller writes a pass's Events after its status writes: the Event may land a moment later
+        events = wait_for("the Requeued Event", lambda: [e for e in events_for(cp, ns, "train")
+                                                        if e.get("reason") == "Requeued"], timeout=10)
+        assert "ReservationTaken" in events[0]["message"], events
         other = nodes.add("n1", gpus=8)
         again = wait_for("the GPR admitted on the free node", lambda: admitted(cp, ns, "train"), timeout=30)
         assert [r["node"] for r in again["reservation"]] == [other]

@@ -84,8 +84,10 @@ def test_a_node_is_deboarded_safely_and_an_abort_lifts_it(cp: ControlPlane, stac
     moved = wait_for("adm reserved on the third node", lambda: (st := admitted(cp, ns, "adm")) and
                      st["reservation"][0]["node"] == third and st)
     assert gpr_status(cp, ns, "adm").get("failures", 0) == 0, moved
-    assert any("NodeDeboarding" in (e.get("reason", "") + e.get("message", "")) for e in events_for(cp, ns, "adm")), \
-        events_for(cp, ns, "adm")
+    # the Event follows the pass's status write
+    wait_for("the NodeDeboarding Event", lambda: [e for e in events_for(cp, ns, "adm")
+                                                  if "NodeDeboarding" in e.get("reason", "") + e.get("message", "")],
+             timeout=10)
     st = wait_status(cp, reserved_on, phase="Deboarded")  # nothing held devices there
     labels = ((cp.get(f"api/v1/nodes/{reserved_on}") or {}).get("metadata") or {}).get("labels", {})
     assert "accelstack.io/gpu-node" not in labels, st  # the DaemonSets leave
