@@ -10,9 +10,16 @@ the API server's own CPU seconds (``/proc``) over that, median of interleaved ro
   webhook adds the terms: a JSON patch, as accelstack's pod webhook answers for a pod of an admitted GPR),
   ``policy`` (a MutatingAdmissionPolicy, CEL inside the API server, adds them from a ConfigMap of node names: no
   webhook call). One JSON pod watcher in every variant.
+- ``--part gpr``: what an auto-GPR's object costs (the shipped CRD): ``create`` (N GPRs created, as the pod webhook
+  creates one a bare pod), ``status`` (created, then the Admitted status the controller writes, a PUT of the whole
+  object with its conditions), ``status-slim`` (the same status without conditions), ``status-min`` (the phase
+  and the reservation alone: what any status write costs), ``status-patch`` (the full status as a merge patch
+  instead of a PUT), ``label`` (no status: a label merge-patched onto the GPR, any write after the create),
+  ``create-nocel`` and ``status-nocel`` (``create`` and ``status`` on a copy of the CRD without
+  its CEL rules, group bench.accelstack.io). One JSON watcher of every GPR of either CRD.
 
-Usage: KUBEBUILDER_ASSETS=.cache/k8s-bin python bench/bench_apiserver_cost.py --part watchers|admission
-[--pods 2000] [--rounds 3] [--watchers 0,1,2,4] [--variants plain,narrowed,webhook,policy]
+Usage: KUBEBUILDER_ASSETS=.cache/k8s-bin python bench/bench_apiserver_cost.py --part watchers|admission|gpr
+[--pods 2000] [--rounds 3] [--watchers 0,1,2,4] [--variants plain,narrowed,webhook,policy | create,status,...]
 """
 
 from __future__ import annotations
@@ -35,10 +42,16 @@ import orjson  # noqa: E402
 from real_e2e import cpu_seconds  # noqa: E402  (bench/ is on sys.path: this script's folder)
 
 from kubeapi.client import from_config  # noqa: E402
-from kubeapi.resources import PODS  # noqa: E402
+from kubeapi.resources import GPRS, PODS, Resource  # noqa: E402
+from scheduler_extender.core.gpr import GPR, Phase  # noqa: E402
+from scheduler_extender.objects import gpr_codec as gr  # noqa: E402
 from tests.realcluster.controlplane import ControlPlane, assets_dir, free_port, missing_assets  # noqa: E402
+from tests.realcluster.shipped import render  # noqa: E402
 
 VARIANTS = ("plain", "narrowed", "webhook", "policy")
+GPR_VARIANTS = ("create", "status", "status-slim", "status-min", "status-patch", "label", "create-nocel",
+                "status-nocel")
+NOCEL_GROUP = "bench.accelstack.io"  # the GPR CRD copied without its x-kubernetes-validations (CEL) rules
 NODES = [f"node-{k}" for k in range(13)]
 TERMS = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in NODES]
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": TERMS}}}
@@ -51,18 +64,19 @@ POLICY_EXPRESSION = (  # the same terms, built in CEL from the ConfigMap's comma
     f'operator: "In", values: [n]}}]}})}}}}}}}}]')
 
 
-def _informer(kubeconfig: str, ready: Any) -> None:
-    """A pod informer's traffic: list every pod, then watch them, each event decoded (the client does)."""
+def _informer(kubeconfig: str, ready: Any, resource: Resource = PODS) -> None:
+    """An informer's traffic: list every object (pods by default), then watch them, each event decoded (the
+    client does)."""
     async def run() -> None:
         kube = await from_config(kubeconfig, field_manager="bench-watcher")
-        _, rv = await kube.list_raw(PODS)
+        _, rv = await kube.list_raw(resource)
         ready.set()
         while True:
             try:
-                async for _ in kube.watch(PODS, resource_version=rv, timeout_seconds=600):
+                async for _ in kube.watch(resource, resource_version=rv, timeout_seconds=600):
                     pass
             except Exception:  # expired: list again
-                _, rv = await kube.list_raw(PODS)
+                _, rv = await kube.list_raw(resource)
     asyncio.run(run())
 
 
@@ -93,9 +107,9 @@ def _webhook(port: int, crt: str, key: str, ready: Any) -> None:
     uvloop.run(serve())
 
 
-def _start(target: Any, *args: Any) -> mp.Process:
+def _start(target: Any, *args: Any, **kwargs: Any) -> mp.Process:
     ready = mp.Event()
-    proc = mp.Process(target=target, args=(*args, ready), daemon=True)
+    proc = mp.Process(target=target, args=(*args, ready), kwargs=kwargs, daemon=True)
     proc.start()
     if not ready.wait(60):
         proc.terminate()
@@ -135,6 +149,55 @@ async def _load(kubeconfig: str, ns: str, variant: str, pods: int) -> None:
         await kube.close()
 
 
+def _admitted_status(name: str, node: str, now: float, variant: str) -> dict[str, Any]:
+    """The status the controller writes for a one-device GPR it admits at once (``status-slim``: without
+    conditions; ``status-min``: the phase and the reservation alone)."""
+    g = GPR(name=name, node_count=1, devices_per_node=1, workspace="bench")
+    g.transition(Phase.ADMITTED, now, "")
+    status = gr.status_body(g, queue_position=None, estimated_start=None, reservation=[{"node": node, "devices": 1}],
+                            now=now, observed_generation=1)["status"]
+    if variant == "status-slim":
+        del status["conditions"]
+    elif variant == "status-min":
+        status = {"phase": status["phase"], "reservation": status["reservation"]}
+    return status
+
+
+async def _load_gprs(kubeconfig: str, ns: str, variant: str, count: int) -> None:
+    """Namespace ``ns``, then ``count`` GPRs created (and, but for ``create``, their status written), 32 at once."""
+    kube = await from_config(kubeconfig, field_manager="bench-load")
+    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                          "metadata": {"name": ns}})
+    group = NOCEL_GROUP if variant.endswith("-nocel") else GPRS.group
+    variant = variant.removesuffix("-nocel")
+    base = f"/apis/{group}/{GPRS.version}/namespaces/{ns}/{GPRS.plural}"
+    gate = asyncio.Semaphore(32)
+    now = time.time()
+
+    async def one(i: int) -> None:
+        name = f"auto-p{i}"
+        async with gate:
+            obj = await kube.request("POST", base, body=dict(gr.new_object(ns, name, {
+                "resource": "nvidia.com/gpu", "devicesPerNode": 1, "nodeCount": 1, "priority": 100},
+                labels={"accelstack.io/auto-gpr": "true"}), apiVersion=f"{group}/{GPRS.version}"))
+            if variant == "create":
+                return
+            if variant == "label":
+                await kube.request("PATCH", f"{base}/{name}", body={"metadata": {"labels": {"bench": "x"}}},
+                                   content_type="application/merge-patch+json")
+                return
+            status = _admitted_status(name, NODES[i % len(NODES)], now, variant)
+            if variant == "status-patch":
+                await kube.request("PATCH", f"{base}/{name}/status", body={"status": status},
+                                   content_type="application/merge-patch+json")
+            else:
+                await kube.request("PUT", f"{base}/{name}/status", body=dict(obj, status=status))
+    try:
+        await asyncio.gather(*(one(i) for i in range(count)))
+    finally:
+        await kube.close()
+
+
 def _install_admission(cp: ControlPlane) -> mp.Process:
     """The webhook (namespaces labelled ``webhook``) and the policy (``policy``); the webhook's process."""
     port = free_port()
@@ -163,6 +226,35 @@ def _install_admission(cp: ControlPlane) -> mp.Process:
     return hook
 
 
+def _without_cel(crd: dict[str, Any]) -> dict[str, Any]:
+    """The CRD under group :data:`NOCEL_GROUP`, every ``x-kubernetes-validations`` rule taken out."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+    out = strip(crd)
+    out["metadata"] = {"name": f"{GPRS.plural}.{NOCEL_GROUP}"}
+    out["spec"]["group"] = NOCEL_GROUP
+    return out
+
+
+def _check(cp: ControlPlane, ns: str, variant: str, gprs: bool, label: str) -> None:
+    """The round did what its arm says: its pods narrowed (or not), its GPRs Admitted (or without a status)."""
+    if gprs:
+        group = NOCEL_GROUP if variant.endswith("-nocel") else GPRS.group
+        obj = cp.get(f"apis/{group}/{GPRS.version}/namespaces/{ns}/{GPRS.plural}/auto-p0") or {}
+        phase = (obj.get("status") or {}).get("phase")
+        if phase != (None if variant.startswith("create") or variant == "label" else "Admitted"):
+            raise RuntimeError(f"{label}: GPR auto-p0 has phase {phase!r}")
+        return
+    terms = _terms(cp, ns)
+    want = 0 if variant == "plain" else len(NODES)
+    if terms != want:
+        raise RuntimeError(f"{label}: a pod has {terms} node affinity terms, not {want}")
+
+
 def _terms(cp: ControlPlane, ns: str) -> int:
     pod = cp.get(f"api/v1/namespaces/{ns}/pods/p0") or {}
     required = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
@@ -175,14 +267,26 @@ def run(args: argparse.Namespace, assets: Path) -> list[str]:
     pid = cp.procs["kube-apiserver"].proc.pid  # type: ignore[union-attr]
     kubeconfig = str(cp.admin_kubeconfig)
     helpers: list[mp.Process] = []
-    arms: list[tuple[str, int, str]] = (  # (label, extra watchers, admission variant)
+    arms: list[tuple[str, int, str]] = (  # (label, extra watchers, admission or GPR variant)
         [(f"{k} more pod watcher(s)", k, "plain") for k in args.watchers] if args.part == "watchers"
         else [(v, 0, v) for v in args.variants])
+    gprs = args.part == "gpr"
     cpu: dict[str, list[float]] = {label: [] for label, _, _ in arms}
     try:
         if args.part == "admission":
             helpers.append(_install_admission(cp))
-        helpers.append(_start(_informer, kubeconfig))  # the benchmark's own watcher of every pod
+        if gprs:
+            crd = next(o for o in render() if o.get("kind") == "CustomResourceDefinition"
+                       and o["metadata"]["name"] == f"{GPRS.plural}.{GPRS.group}")
+            copy = _without_cel(crd)
+            cp.apply([crd, copy])
+            for c in (crd, copy):
+                cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{c['metadata']['name']}")
+        # the benchmark's own watcher of every pod (of every GPR: the controller's)
+        helpers.append(_start(_informer, kubeconfig, resource=GPRS if gprs else PODS))
+        if gprs:  # and of the copy's
+            helpers.append(_start(_informer, kubeconfig, resource=Resource(NOCEL_GROUP, GPRS.version, GPRS.plural,
+                                                                           GPRS.kind)))
         time.sleep(2)
         n = 0
         for r in range(args.rounds):
@@ -192,32 +296,36 @@ def run(args: argparse.Namespace, assets: Path) -> list[str]:
                 watchers = [_start(_informer, kubeconfig) for _ in range(extra)]
                 time.sleep(1)
                 before = cpu_seconds(pid)
-                asyncio.run(_load(kubeconfig, ns, variant, args.pods))
+                asyncio.run((_load_gprs if gprs else _load)(kubeconfig, ns, variant, args.pods))
                 time.sleep(1)  # the watch events of the last writes
                 used = cpu_seconds(pid) - before
                 for w in watchers:
                     w.terminate()
                 cpu[label].append(used)
-                terms = _terms(cp, ns)
-                want = 0 if variant == "plain" else len(NODES)
-                if terms != want:
-                    raise RuntimeError(f"{label}: a pod has {terms} node affinity terms, not {want}")
+                _check(cp, ns, variant, gprs, label)
                 print(f"round {r + 1}/{args.rounds} {label}: kube-apiserver {used:.2f} CPU-s", file=sys.stderr,
                       flush=True)
-                cp.api("DELETE", f"api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+                group = NOCEL_GROUP if variant.endswith("-nocel") else GPRS.group
+                what = f"apis/{group}/{GPRS.version}/namespaces/{ns}/{GPRS.plural}" if gprs else \
+                    f"api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0"
+                cp.api("DELETE", what)
                 time.sleep(1)
     finally:
         for h in helpers:
             h.terminate()
         cp.stop()
     base = statistics.median(cpu[arms[0][0]])
-    out = [f"kube-apiserver CPU seconds for {args.pods:,} pods created and bound (32 clients, one JSON watcher of "
-           f"every pod as a benchmark keeps), median of {args.rounds} interleaved round(s):",
+    what = (f"{args.pods:,} GPRs written as the variant says (32 clients, one JSON watcher of every GPR)" if gprs
+            else f"{args.pods:,} pods created and bound (32 clients, one JSON watcher of every pod as a benchmark "
+                 "keeps)")
+    out = [f"kube-apiserver CPU seconds for {what}, median of {args.rounds} interleaved round(s):",
            "| arm | CPU-s (rounds) | more than the first arm | a pod |", "|---|---|---|---|"]
     for label, _, _ in arms:
         med = statistics.median(cpu[label])
         rounds = ", ".join(f"{x:.2f}" for x in cpu[label])
         out.append(f"| {label} | {med:.2f} ({rounds}) | {med - base:+.2f} | {1000 * med / args.pods:.2f} ms |")
+    if gprs:
+        out[1] = out[1].replace("a pod", "a GPR")
     return out
 
 
@@ -230,19 +338,22 @@ def _list(text: str, kind: type, what: str, parser: argparse.ArgumentParser) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_apiserver_cost.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("watchers", "admission"), required=True,
-                   help="watchers: extra pod informers; admission: how pods are narrowed")
-    p.add_argument("--pods", type=int, default=2000, help="pods created and bound a round (2000)")
+    p.add_argument("--part", choices=("watchers", "admission", "gpr"), required=True,
+                   help="watchers: extra pod informers; admission: how pods are narrowed; gpr: an auto-GPR's writes")
+    p.add_argument("--pods", type=int, default=2000, help="pods created and bound (GPRs written) a round (2000)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median; 3)")
     p.add_argument("--watchers", default="0,1,2,4", help="--part watchers: extra watchers per arm (0,1,2,4)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"--part admission: of {', '.join(VARIANTS)}")
+    p.add_argument("--variants", help=f"--part admission: of {', '.join(VARIANTS)} (all); --part gpr: of "
+                                      f"{', '.join(GPR_VARIANTS)} (all)")
     args = p.parse_args(argv)
+    known = GPR_VARIANTS if args.part == "gpr" else VARIANTS
+    args.variants = args.variants or ",".join(known)
     args.watchers = _list(args.watchers, int, "--watchers", p)
     args.variants = _list(args.variants, str, "--variants", p)
     if not args.watchers or min(args.watchers) < 0:
         p.error("--watchers: counts of 0 or more")
-    if not args.variants or any(v not in VARIANTS for v in args.variants):
-        p.error(f"--variants: each one of {', '.join(VARIANTS)}")
+    if not args.variants or any(v not in known for v in args.variants):
+        p.error(f"--variants: each one of {', '.join(known)}")
     if args.pods < 1 or args.rounds < 1:
         p.error("--pods and --rounds: at least 1")
     assets = assets_dir()
