@@ -638,11 +638,10 @@ class ClusterView:
         for resource, count in view.requests.items():
             key = (view.pinned, view.gpr, resource)
             self.pinned[key] = self.pinned.get(key, 0) + count
-        if old is None:
-            self._arrived(view.pinned, view.gpr, view.requests)
 
     def _arrived(self, node: str, gpr: str, requests: dict[str, int]) -> None:
-        """A pod pinned to ``node`` is seen: the webhook's pin ahead of it, if any, is its own."""
+        """A pod pinned to ``node`` is seen for the first time, in whatever state (waiting, or already bound when a
+        relist is the first to show it): the webhook's pin ahead of it, if any, is its own and ends."""
         for resource in requests:
             ahead = self.pins_ahead.get((node, gpr, resource))
             if ahead:
@@ -744,10 +743,11 @@ class ClusterView:
         self.pods = fresh.pods
         self.host_of, self.host_used = fresh.host_of, fresh.host_used
         self.selector_keys |= fresh.selector_keys
-        known, self._pinned_of, self.pinned = self._pinned_of, fresh._pinned_of, fresh.pinned
-        for uid, (node, gpr, requests) in self._pinned_of.items():
-            if uid not in known:  # a pod the webhook pinned, first seen in this relist
-                self._arrived(node, gpr, requests)
+        self._pinned_of, self.pinned = fresh._pinned_of, fresh.pinned
+        if self.pins_ahead:  # pins whose pods this relist may be the first to show (bound by now, or not)
+            for uid, view in self.pods.items():
+                if view.pinned and uid not in replaced:
+                    self._arrived(view.pinned, view.gpr, view.requests)
         if self.ledger_source == "memory":
             self._rehold(self.pods)
         return replaced
@@ -772,6 +772,8 @@ class ClusterView:
             self.pods.pop(uid, None)
         else:
             self._host(uid, (view.node, *view.host) if view.node and view.live else None)
+            if view.pinned and uid not in self.pods:
+                self._arrived(view.pinned, view.gpr, view.requests)
             self.pods[uid] = view
             if view.node and uid in self.claims:  # bound (by this replica or another): the ledger holds it now
                 self.unclaim(uid)

@@ -148,3 +148,22 @@ def test_a_webhook_called_again_for_a_pod_it_pinned_keeps_the_pin_and_gives_no_s
     again = {**once, "metadata": {k: v for k, v in once["metadata"].items() if k != "uid"}}
     assert admit(webhook, again)["spec"]["affinity"] == once["spec"]["affinity"]  # nothing to patch
     assert view.pins_ahead == before and sum(c for _, c in view.pins_ahead[(node_of, GPR_KEY, GPU)]) == 1
+
+
+def test_a_pin_ahead_ends_when_its_pod_is_first_seen_already_bound() -> None:
+    """A pinned pod the informer first shows bound (its events came together, or a relist is the first to show
+    it): the pin ahead of it ends at once, not after ``pin_ttl`` (its share is counted as used there already: held
+    on as a pin too, the node's share would be counted twice and refused to the GPR's next pod)."""
+    for relist in (False, True):
+        view, _ = world()
+        webhook = Webhook(NoLookup(), view=view, pin=lambda: True)  # type: ignore[arg-type]
+        a = admit(webhook, new_pod("a"))
+        n = pinned_node(a["spec"]["affinity"])
+        a["spec"]["nodeName"] = n
+        if relist:
+            view.sync_pods([a])
+        else:
+            view.on_pod("ADDED", a)
+        assert not view.pins_ahead and view.pinned_share(n, GPR_KEY, GPU) == 0, relist
+        later = admit(Webhook(NoLookup(), view=view, pin=lambda: False), new_pod("b"))  # type: ignore[arg-type]
+        assert filter_of(view, later, [n]) == [n], relist  # 1 of n's 2 left for it
