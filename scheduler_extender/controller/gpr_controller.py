@@ -383,18 +383,39 @@ class GPRController:
         body["status"] = status
         try:
             written = await self.kube.replace_gpr_status(meta.get("namespace", ""), meta.get("name", ""), body)
-        except (Conflict, NotFound):
+        except NotFound:
             self.metrics.actions.labels("status", "conflict").inc()
-            return False  # the informer brings the fresh object; the next pass decides again
+            return False  # gone: the informer brings the deletion
+        except Conflict:
+            # stored since the version this write was made from (by another writer, or by this very write: the
+            # client retries a PUT answered 5xx, its precondition then refuses the retry): read back at once
+            self.metrics.actions.labels("status", "conflict").inc()
+            await self._read_back(meta)
+            return False
         except ApiError as exc:
             self.metrics.actions.labels("status", "error").inc()
             log.warning("status write failed", extra={"gpr": f"{meta.get('namespace')}/{meta.get('name')}",
                                                       "error": str(exc)[:200]})
+            if exc.status == 0 or exc.status >= 500:
+                await self._read_back(meta)
             return False
         self.metrics.actions.labels("status", "ok").inc()
         if not _older(written, self.objects.get(uid)):
             self.objects[uid] = written
         return True
+
+    async def _read_back(self, meta: dict[str, Any]) -> None:
+        """After a status write refused as a conflict, answered with a 5xx or not answered: the API server holds a
+        newer version than the write was made from, or may have stored the write all the same.
+        The GPR is read back at once, so that the next pass plans from what is stored, not from the version the
+        write replaced (whose nodes it would otherwise give to another GPR before the watch brings the stored one:
+        two stored reservations on one node). A write that lands only after this read (its request still in
+        flight at the API server) is not covered; the next pass's NodeLost check resolves that one."""
+        try:
+            obj = await self.kube.get_gpr(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        except ApiError:
+            return  # not known either way: the watch brings what is stored
+        self.on_gpr("MODIFIED", obj)
 
     async def _ungate(self, pod: Any, nodes: list[str], hostnames: dict[str, str]) -> None:
         patch = ungate_patch(pod, nodes, gr.SCHEDULING_GATE, hostnames)

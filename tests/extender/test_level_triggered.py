@@ -450,3 +450,35 @@ async def test_a_gpr_moving_nodes_frees_them_before_another_is_given_them() -> N
             on_n0 = sum(h.get("n0", 0) for h in holding.values())
             assert on_n0 <= 4, holding
     await peer.stop()
+
+
+async def test_a_status_write_answered_500_but_stored_is_read_back_before_the_next_pass() -> None:
+    """The API server stores an admission and answers 500 (or no answer comes). Planned from the version the write
+    replaced, the next pass would see the GPR queued and could give its nodes to another GPR before the watch
+    brings the stored one (the whole-path fault test once stored two reservations on one node that way): the
+    controller reads the GPR back at once."""
+    from kubernetes_asyncio import client as k8s
+
+    from kubeapi import KubeClient
+    from scheduler_extender.controller.gpr_controller import GPRController
+    from scheduler_extender.objects.cluster import ClusterView
+    from scheduler_extender.objects.kube import Kube
+
+    peer = APIServerPeer()
+    await peer.start()
+    n0 = await peer.put_object("api/v1/nodes", node("n0", gpus=4))
+    x = await peer.put_object(GPRS, gpr("x", phase=None, devices=4))
+    view = ClusterView()
+    view.sync_nodes([n0])
+    api = k8s.ApiClient(k8s.Configuration(host=peer.url))
+    ctl = GPRController(Kube(KubeClient(api, field_manager="accelstack-controller")), view, resync=0.05)
+    ctl.sync_gprs([x])  # no informer runs: only what the controller reads itself reaches it
+    fault = peer.inject("PUT", "gpuprovisioningrequests", subresource="status", status=500, lands=True, times=1)
+    try:
+        await ctl.reconcile()
+        assert fault.hits == 1 and status(peer, "x")["phase"] == "Admitted"  # stored, answered 500
+        held = next(iter(ctl.objects.values()))
+        assert held["status"]["phase"] == "Admitted", held.get("status")  # read back: what the next pass plans from
+    finally:
+        await api.close()
+        await peer.stop()
