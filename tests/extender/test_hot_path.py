@@ -84,7 +84,10 @@ async def test_a_binding_that_may_have_been_made_keeps_its_devices() -> None:
         # no answer; the Binding is made only after the binder gave up and looked again
         with peer.inject("POST", "pods", subresource="binding", hang=True, lands=True):
             code, answer = await bind("a", "n1")
-            assert "no answer" in answer["Error"]  # type: ignore[index]
+            # the binder says it had no answer, unless its look after giving up already found the Binding made
+            # (the stand-in makes it as the client hangs up: on a loaded machine before the look, CI once saw '')
+            made = (peer.get("api/v1/pods", "default", "a") or {}).get("spec", {}).get("nodeName") == "n1"
+            assert "no answer" in answer["Error"] or (answer["Error"] == "" and made), answer  # type: ignore[index]
             await wait_until(lambda: peer.get("api/v1/pods", "default", "a")["spec"].get("nodeName") == "n1")  # type: ignore[index]
         assert "uid-a" in ledger_of(peer, "n1")
         await server.sweep(unbound_ttl=0, unseen_grace=0)  # whatever this replica's informer says yet
