@@ -12,6 +12,8 @@ in the same run and interleaved round by round:
   ``clientConnection``) and raised to 500 / 1,000 (what the shipped profile sets);
 - ``accelstack auto``: the shipped extender (``--auto-gpr=true``) and controller, the shipped webhooks and
   profile (kube-scheduler binds, 500 / 1,000): each pod gets a GPR of its own from the namespace's default template;
+- ``accelstack auto-direct``: the same with ``--auto-gpr-direct=true`` and a template that is not preemptible: a
+  bare pod is admitted at once, pinned to a node with free devices, with no GPR object, while no GPR waits;
 - ``accelstack 20 GPRs``: 20 GPRs x 25 nodes x 4 GPUs, N/20 pods each (labelled with their GPR);
 - only when named in ``--arms`` (client limit raised), the floors of that path: what a design that narrows pods to
   reserved nodes could reach at best, with no GPR object, queue or decision (``bench/noop_extender.py --floor``):
@@ -87,6 +89,10 @@ ARMS = [
     # the profile as shipped: kube-scheduler binds, its client limit 500/1,000
     Arm("auto", "accelstack, one auto-GPR per pod", "accelstack", raised=True, mode="auto"),
     Arm("gprs", "accelstack, 20 GPRs x pods/20", "accelstack", raised=True, mode="gprs"),
+    # --auto-gpr-direct: a bare pod admitted at once with no GPR object while nothing waits (its template is one
+    # node, whole devices and not preemptible); the same pods and namespace annotation as "auto"
+    Arm("auto-direct", "accelstack auto, --auto-gpr-direct", "accelstack", raised=True,
+        mode="auto"),
     # not run unless asked for (--arms): what a design that narrows pods could reach at best (noop_extender.py)
     Arm("floor-gprs", "floor: webhook narrows, binder, 500/1,000", "noop+bind", raised=True, mode="gprs"),
     Arm("floor-auto", "floor: gate, ungate+narrow, binder, 500/1,000", "noop+bind", raised=True, mode="auto"),
@@ -364,6 +370,7 @@ class Bench:
             http2 = arm.key.endswith(("-bind", "-h2"))
             self.stack = Stack(self.cp, self.objects,
                                extender_args=("--auto-gpr=true", *(("--controller=true",) if oneproc else ()),
+                                              *(("--auto-gpr-direct=true",) if arm.key == "auto-direct" else ()),
                                               *(("--scheduler-http2=true",) if http2 else ())))
             self.stack.start(controller=not oneproc)
             assert self.stack.extender.proc is not None
@@ -437,7 +444,7 @@ class Bench:
             await self.api.call("POST", f"apis/accelstack.io/v1alpha1/namespaces/{ns}/gprtemplates", {
                 "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate", "metadata": {"name": "one-gpu"},
                 "spec": {"resource": GPU, "devicesPerNode": 1, "nodeCount": 1, "priority": 100,
-                         "exitDuration": "4h"}})
+                         "exitDuration": "4h", **({"preemptible": False} if arm.key == "auto-direct" else {})}})
         if arm.mode == "gprs" and accelstack:
             per = -(-self.pods // 20)  # pods a GPR, rounded up; 25 nodes x 4 GPUs for 2,000
             for k in range(20):

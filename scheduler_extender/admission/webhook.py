@@ -24,9 +24,11 @@ import asyncio
 import base64
 import hashlib
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -62,8 +64,8 @@ from scheduler_extender.admission.workspaces import (
     workspace_refusal,
 )
 from scheduler_extender.core.gpr import GPR
-from scheduler_extender.core.inventory import GPU, NR1
-from scheduler_extender.objects.cluster import ClusterView, pinned_node
+from scheduler_extender.core.inventory import GPU, MILLI_PER_DEVICE, NR1
+from scheduler_extender.objects.cluster import DIRECT_LABEL, ClusterView, model_of, pinned_node
 from scheduler_extender.objects.gpr_codec import (
     GPR_LABEL,
     GPR_PLURAL,
@@ -109,6 +111,19 @@ OWNER_KINDS: dict[tuple[str, str], Resource] = {
 CREATED_FOR_ANNOTATION = "accelstack.io/created-for"  # on those GPRs: "<kind>/<name>" of the pod or its owner
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # an AdmissionReview carries the object (and oldObject): etcd keeps <= 1.5 MiB
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (length checked apart)
+
+
+DIRECT_SCAN = 256  # nodes a direct admission looks at, from the last one it chose, before leaving it to a GPR
+
+
+@dataclass(frozen=True)
+class Direct:
+    """An unlabelled pod admitted at once without a GPR (``auto_gpr_direct``): the node it is pinned to, the
+    template that allowed it and the pod's run-time bound from the template's exitDuration (None: none)."""
+
+    node: str
+    template: str
+    deadline: int | None
 
 
 class BadReview(ValueError):
@@ -390,8 +405,15 @@ class Webhook:
                  max_body: int = DEFAULT_MAX_BODY, body_timeout: float = DEFAULT_BODY_TIMEOUT,
                  clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
                  view: ClusterView | None = None, own_namespace: str = "accelstack-system",
-                 pin: Callable[[], bool] | None = None) -> None:
+                 pin: Callable[[], bool] | None = None, auto_gpr_direct: bool = False) -> None:
         self.lookup = lookup
+        # admit an unlabelled pod at once, with no GPR object, when nothing waits and its template asks for no
+        # more than one node's free devices (only where ``pin`` says this replica's view holds every claim)
+        self.auto_gpr_direct = auto_gpr_direct
+        self._direct_order: tuple[float, int, list[str], dict[str, int]] = (-math.inf, 0, [], {})
+        self._direct_hint: dict[str, str] = {}  # resource -> the node the last direct admission chose
+        # (namespace, pod name or "~" generateName, node) -> until when a reinvocation for it gets that node again
+        self._direct_given: dict[tuple[str, str, str], float] = {}
         # whether this replica pins a pod of an admitted GPR to one reserved node (it answers the verbs, so its
         # view holds every claim and pin): a pod of one node term, not one a reserved node
         self.pin = pin
@@ -511,6 +533,8 @@ class Webhook:
             made = await self._auto_gpr(req, namespace, meta, resource, count, warnings)
             if isinstance(made, dict):
                 return made
+            if isinstance(made, Direct):
+                return review_response(uid, True, patch=self._direct_patch(meta, spec, made), warnings=warnings)
             gpr_name = made
         patch: list[dict[str, Any]] = []
         if labels is None:
@@ -543,11 +567,12 @@ class Webhook:
             patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": SCHEDULING_GATE}})
         return review_response(uid, True, patch=patch, warnings=warnings)
 
-    def _can_run_on(self, spec: dict[str, Any], nodes: list[str]) -> bool:
+    def _can_run_on(self, spec: dict[str, Any], nodes: list[str], waiting: bool = False) -> bool:
         """Whether kube-scheduler's own filters (taints, nodeSelector, node affinity; CPU and memory beside what the
         pods bound there request) let the pod go to one of ``nodes``, as the informer holds them, the node
         lifecycle's passing taints aside (as the controller judges where a GPR may go); true when that cannot be
-        judged: no view, no such node yet."""
+        judged: no view, no such node yet. ``waiting``: count the CPU and memory of the pods admitted directly to a
+        node and not bound there yet too."""
         known = self.view.nodes if self.view is not None else {}
         views = [v for n in nodes if (v := known.get(n)) is not None]
         constraints = Constraints.of_spec(spec)
@@ -561,6 +586,9 @@ class Webhook:
             if v.host is None or not (cpu or mem):
                 return True
             have = used.get(v.name, (0, 0))
+            if waiting:
+                more = self.view.pinned_host(v.name)
+                have = (have[0] + more[0], have[1] + more[1])
             if have[0] + cpu <= v.host[0] and have[1] + mem <= v.host[1]:
                 return True
         return False
@@ -644,8 +672,9 @@ class Webhook:
         return None
 
     async def _auto_gpr(self, req: dict[str, Any], namespace: str, meta: dict[str, Any], resource: str, count: int,
-                        warnings: list[str]) -> str | dict[str, Any]:
-        """The GPR name for an unlabelled pod (made from the default template), or a refusal."""
+                        warnings: list[str]) -> str | dict[str, Any] | Direct:
+        """The GPR name for an unlabelled pod (made from the default template), a refusal, or with
+        ``auto_gpr_direct`` the pod's admission at once without a GPR (:meth:`_direct_node`)."""
         uid = req["uid"]
         how = (f"label the pod with {GPR_LABEL}: <name of an existing GPUProvisioningRequest in {namespace}>")
         if not self.auto_gpr:
@@ -717,6 +746,16 @@ class Webhook:
             return review_response(uid, False, code=403, message=(
                 f"could not create GPR {namespace}/{name} from template {template_name!r}: "
                 f"{verdict['status']['message']}"))
+        pod_spec = req["object"].get("spec") or {}
+        if self.auto_gpr_direct:
+            node = self._direct_node(namespace, ns, ws, spec, pod_spec, meta, resource, count)
+            if node:
+                exit_s = parse_duration(spec["exitDuration"]) if spec.get("exitDuration") else None
+                warnings.append(f"admitted at once on node {node} without a GPR: nothing waits for {resource} and "
+                                f"template {template_name!r} allows it (accelstack-extender --auto-gpr-direct)")
+                log.debug("admitted a pod at once without a GPR", extra={"pod": f"{namespace}/{made_for}",
+                                                                         "node": node, "template": template_name})
+                return Direct(node, template_name, math.ceil(exit_s) if exit_s else None)
         try:
             await self.lookup.create_gpr(namespace, body)
         except AlreadyExists:
@@ -729,6 +768,96 @@ class Webhook:
                         + (f" ({choice.why})" if choice.binding or choice.namespace != namespace else ""))
         log.info("created GPR from default template", extra={"gpr": f"{namespace}/{name}", "for": made_for})
         return name
+
+    def _direct_node(self, namespace: str, ns: dict[str, Any] | None, ws: Workspace | None, spec: dict[str, Any],
+                     pod_spec: dict[str, Any], meta: dict[str, Any], resource: str, count: int) -> str:
+        """The node an unlabelled pod is admitted to at once, without a GPR, or "" (a GPR is made as usual).
+
+        Only what a GPR made for it would be given straight away, and only where a GPR would add nothing: this
+        replica's view holds every claim and pin (``pin``); no GPR of the resource waits for devices (Queued, but
+        for a quota, too big for the cluster or backing off: the controller admits others past those), so nobody
+        is passed; the pod has no node name and no scheduling gate of its own; the template asks for one node of whole devices and is not preemptible (nothing could evict the
+        pod: it has no GPR), with no idle enforcement, no retry on failure and no device-memory bound; neither
+        the namespace nor its workspace limits unfinished GPRs or devices (they count GPRs); and a node the pod
+        can run on (healthy, of a model the template allows, its taints, selectors, CPU and memory) has
+        ``count`` devices free of reservations, bound pods, pods in flight and pods pinned there. The nodes are
+        looked at from the last one chosen on (packing it first), at most :data:`DIRECT_SCAN` of them. The
+        node's devices are the pod's from now on (a pin ahead, as for a pod of an admitted GPR). Not for a dry
+        run (the caller makes none). Called again for a pod it admitted (reinvoked after a later webhook changed
+        it: labelled, pinned to the node it gave a pod of that name in that namespace within the pin's lifetime),
+        the same node and no second pin; a pod that comes labelled and pinned otherwise is judged afresh."""
+        view = self.view
+        if (view is None or self.pin is None or not self.pin() or pod_spec.get("nodeName")
+                or pod_spec.get("schedulingGates") or view.waiting.get(resource) or not view.nodes):
+            return ""
+        try:
+            g = check_spec(spec)
+        except SpecError:
+            return ""
+        if (g["node_count"] != 1 or g["milli_per_device"] != MILLI_PER_DEVICE or g["preemptible"]
+                or g["enforce_idle_timeout"] or g["requeue_on_failure"] or g["memory_mib_per_device"]):
+            return ""
+        annotations = ((ns or {}).get("metadata", {}).get("annotations") or {})
+        if MAX_GPRS_ANNOTATION in annotations:
+            return ""
+        if ws is not None and (ws.policy.max_gprs is not None
+                               or any(q.resource == resource for q in ws.policy.devices)):
+            return ""
+        who = (namespace, str(meta.get("name") or "~" + str(meta.get("generateName") or "")))
+        own = pinned_node(pod_spec.get("affinity")) if (meta.get("labels") or {}).get(DIRECT_LABEL) == "true" else ""
+        if own and self._direct_given.get((*who, own), 0.0) > time.monotonic():
+            return own  # reinvoked for a pod of this name it admitted there (one of the same namespace alone)
+        models = set(g["models"])
+        nodes = view.nodes
+        now = time.monotonic()
+        made, size, order, where = self._direct_order
+        if size != len(nodes) or now - made > 10.0:  # nodes come and go: the order is made again
+            order = sorted(nodes)
+            where = {name: i for i, name in enumerate(order)}
+            self._direct_order = (now, len(nodes), order, where)
+        start = where.get(self._direct_hint.get(resource, ""), 0)
+        for k in range(min(DIRECT_SCAN, len(order))):
+            name = order[(start + k) % len(order)]
+            node = nodes.get(name)
+            if (node is None or node.closed or node.ledger_error or node.health_reason(resource)
+                    or (models and model_of(node, resource) not in models)):
+                continue
+            free = (view.free_for(node, resource, "") - view.claimed_share(name, "", resource)
+                    - view.pinned_share(name, "", resource))
+            if free < count or not self._can_run_on(pod_spec, [name], waiting=True):
+                continue
+            view.pin_ahead(name, "", {resource: count}, host_requests(pod_spec))
+            self._direct_hint[resource] = name
+            if len(self._direct_given) > 4096:
+                self._direct_given = {k: t for k, t in self._direct_given.items() if t > now}
+            self._direct_given[(*who, name)] = now + view.pin_ttl
+            return name
+        return ""
+
+    def _direct_patch(self, meta: dict[str, Any], spec: dict[str, Any], made: Direct) -> list[dict[str, Any]]:
+        """JSON-patch ops for a pod admitted at once: the label that says so, the template's name, its node
+        affinity narrowed to the node, and the template's exitDuration as ``activeDeadlineSeconds`` (the kubelet
+        ends it then, as the controller ends a GPR; a shorter one of the pod's own stays)."""
+        labels = meta.get("labels")
+        patch: list[dict[str, Any]] = []
+        if labels is None:
+            patch.append({"op": "add", "path": "/metadata/labels", "value": {DIRECT_LABEL: "true"}})
+        else:
+            patch.append({"op": "add", "path": f"/metadata/labels/{_escape(DIRECT_LABEL)}", "value": "true"})
+        annotations = meta.get("annotations")
+        if not isinstance(annotations, dict):
+            patch.append({"op": "add", "path": "/metadata/annotations",
+                          "value": {DEFAULT_TEMPLATE_ANNOTATION: made.template}})
+        else:
+            patch.append({"op": "add", "path": f"/metadata/annotations/{_escape(DEFAULT_TEMPLATE_ANNOTATION)}",
+                          "value": made.template})
+        affinity = spec.get("affinity")
+        patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, [made.node],
+                                 self._hostnames([made.node]))
+        own = spec.get("activeDeadlineSeconds")
+        if made.deadline is not None and not (isinstance(own, int) and 0 < own <= made.deadline):
+            patch.append({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": made.deadline})
+        return patch
 
     async def _workspace_of(self, namespace: str, ns: dict[str, Any] | None) -> Workspace | None:
         """The namespace's workspace: its label names one that lists it (cached lookups, no list)."""

@@ -99,6 +99,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "the inventory summary (with the device model)")
     add("webhook", "true", "serve the admission webhook (POST /mutate-pods, /validate-gprs)")
     add("auto-gpr", "false", "webhook: create a GPR from the namespace's default template for unlabelled pods")
+    add("auto-gpr-direct", "false", "webhook, with --auto-gpr: admit an unlabelled pod at once, pinned to a node "
+        "with free devices and with no GPR object, when no GPR of its resource waits and its template is one node, "
+        "whole devices and not preemptible (docs/gpr.md)")
     add_logging_flags(add)
     return p
 
@@ -121,6 +124,10 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     if args.scheduler_listen and (verbs_host, verbs_port) == (host, port):
         raise UsageError("--scheduler-listen: must differ from --listen")
     resources = resource_names(args.resources)
+    if flags.boolean("auto-gpr-direct") and not flags.boolean("auto-gpr"):
+        raise UsageError("--auto-gpr-direct: needs --auto-gpr=true (it admits the pods a GPR would be made for)")
+    if flags.boolean("auto-gpr-direct") and flags.boolean("require-gpr"):
+        raise UsageError("--auto-gpr-direct: the pods it admits have no GPR, which --require-gpr=true refuses")
     flags.one_of("policy", POLICIES)
     flags.one_of("ledger", LEDGER_SOURCES)
     log_level, log_format = flags.logging()
@@ -135,6 +142,7 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
         "lease_seconds": flags.number("lease-seconds", int, 2), "policy": args.policy,
         "resync": flags.number("resync", float, 0.05), "controller": flags.boolean("controller"),
         "webhook": flags.boolean("webhook"), "auto_gpr": flags.boolean("auto-gpr"),
+        "auto_gpr_direct": flags.boolean("auto-gpr-direct"),
         "log_level": log_level, "log_format": log_format,
         "api_timeout": flags.number("api-timeout", float, 0.1),
         "waittime_qps": flags.number("waittime-qps", float, 0.1),
@@ -212,7 +220,8 @@ def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None, pin: Any =
     def add(app: Any) -> None:
         handler = webhook.Webhook(webhook.KubeLookup(kube), resources=opts["resources"],
                                   auto_gpr=opts["auto_gpr"], body_timeout=opts["body_timeout"], view=view,
-                                  own_namespace=opts.get("lease_namespace") or "accelstack-system", pin=pin)
+                                  own_namespace=opts.get("lease_namespace") or "accelstack-system", pin=pin,
+                                  auto_gpr_direct=opts.get("auto_gpr_direct", False))
         webhook.add_webhook_routes(app, handler)
 
     return add

@@ -91,6 +91,22 @@ def arrived_as_reserved(view: ClusterView, old: PodView | None, new: PodView | N
     return old is None and new is not None and new.live and not new.gates and _held_here(view, new.gpr, new.node)
 
 
+def direct_as_pinned(view: ClusterView, old: PodView | None, new: PodView | None) -> bool:
+    """A pod the webhook admitted directly (no GPR: ``--auto-gpr-direct``), new and pinned to its node, or then
+    bound there, nothing else about it changed, while no GPR waits for devices (ClusterView.waiting) and no GPR
+    holds devices on that node: no pass decides anything new from that (the webhook gave it free devices only; the
+    next pass counts them as used there all the same). Where a GPR waits or holds the node, it still asks for a
+    pass (estimates, a reservation the pod may have taken in a race)."""
+    if new is None or not new.direct or not new.pinned or not new.live or new.gates or new.terminating:
+        return False
+    if old is None:
+        fresh = new.node in ("", new.pinned)
+    else:
+        fresh = (old.direct and not old.node and new.node == new.pinned and old.pinned == new.pinned
+                 and _pod_facts(old) == _pod_facts(new))
+    return fresh and not view.waiting and not view.reserved.get(new.pinned)
+
+
 def ledger_grew_as_reserved(view: ClusterView, old: NodeView, new: NodeView, labels: Iterable[str]) -> bool:
     """A node whose only change is ledger entries added for pods of GPRs that hold it in their reservations (the
     binder's record of :func:`bound_as_reserved` pods): no pass decides anything new from that either. An entry
@@ -227,7 +243,7 @@ class ControllerService:
 
     def pod_changed(self, old: PodView | None, new: PodView | None) -> None:
         if (_pod_matters(old, new) and not bound_as_reserved(self.view, old, new)
-                and not arrived_as_reserved(self.view, old, new)):
+                and not arrived_as_reserved(self.view, old, new) and not direct_as_pinned(self.view, old, new)):
             self.controller.changed()
         self.accelerator_nodes.pod_changed(old, new)
 

@@ -109,7 +109,7 @@ def used_outside_reservations(sched: Scheduler, snap: Snapshot,
     pods = snap.pods
     nodes: Container[str] = index if only is None else only[0]
     for p in pods.values():
-        node = p.node
+        node = p.place  # a pod admitted directly takes its pinned node's devices before it is bound
         if node not in nodes or p.phase in TERMINAL_POD_PHASES or node not in index:
             continue
         seen.add(p.uid)

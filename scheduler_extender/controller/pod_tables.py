@@ -229,9 +229,10 @@ def pods_moved_between(old: list[PodView], new: list[PodView]) -> frozenset[str]
 
 
 def _moved_nodes(pairs: list[tuple[PodView, PodView]], deleted: list[PodView], added: list[PodView]) -> frozenset[str]:
-    """The nodes the changed pods of :func:`_list_changes` were or are on ("" left out)."""
-    return frozenset([n for a, b in pairs for n in (a.node, b.node) if n] + [p.node for p in deleted if p.node]
-                     + [p.node for p in added if p.node])
+    """The nodes the changed pods of :func:`_list_changes` were or are on, or take devices of (PodView.place;
+    "" left out)."""
+    return frozenset([n for a, b in pairs for n in (a.place, b.place) if n] + [p.place for p in deleted if p.place]
+                     + [p.place for p in added if p.place])
 
 
 def same_ledgers(old: list[NodeView], new: list[NodeView]) -> bool:

@@ -28,6 +28,8 @@ from service.loop import let_go, slices
 
 GPU, NR1 = "nvidia.com/gpu", "neureality.com/nr1"
 GPR_LABEL = "accelstack.io/gpr"
+# on a pod the webhook admitted directly, without a GPR (``accelstack-extender --auto-gpr-direct``): "true"
+DIRECT_LABEL = "accelstack.io/direct"
 UNHEALTHY_TAINT = "accelstack.io/unhealthy"
 CONDITION_FOR = {"GPUUnhealthy": GPU, "NR1Unhealthy": NR1}
 HOLDING = ("Admitted", "Running")
@@ -40,6 +42,8 @@ CAPACITY_LABELS = (MODEL_LABEL[GPU], "nvidia.com/gpu.memory", MODEL_LABEL[NR1], 
 # there, whatever the effect, unless a pod tolerates them)
 OUT_OF_SERVICE_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+# reasons of a Queued GPR that waits for something other than free devices: GPRs behind it are admitted past it
+NOT_WAITING_FOR_DEVICES = ("WorkspaceQuota", "ModelQuota", "Unschedulable", "Backoff")
 RELIST_SLICE = 8  # objects of a relist taken between two looks at the clock (a real Node: ~0.1 ms to decode and read)
 
 
@@ -133,6 +137,15 @@ class PodView:
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
     host: tuple[int, int] = (0, 0)  # effective CPU (millicores) and memory (MiB) request (resources.host_requests)
     pinned: str = ""  # the one node its required node affinity allows by name (pinned_node), "" for none or several
+    # admitted directly by the webhook, without a GPR (label accelstack.io/direct, no GPR label): its devices on
+    # its pinned node are taken from its admission on, as a bound pod's are
+    direct: bool = False
+
+    @property
+    def place(self) -> str:
+        """The node whose devices the pod takes: where it is bound, or for a pod admitted directly and not bound
+        yet, the node it is pinned to ("" for none)."""
+        return self.node or (self.pinned if self.direct and not self.terminating else "")
 
     @property
     def live(self) -> bool:
@@ -298,6 +311,7 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
     labels = dict(meta.get("labels") or {})
     namespace = meta.get("namespace", "")
     gpr = labels.get(GPR_LABEL, "")
+    direct = not gpr and labels.get(DIRECT_LABEL) == "true"
     gates = tuple(str(g.get("name", "")) for g in spec.get("schedulingGates") or [] if isinstance(g, dict))
     status = obj.get("status") or {}
     affinity = spec.get("affinity")
@@ -309,7 +323,7 @@ def pod_view(obj: dict[str, Any], resources: Iterable[str]) -> PodView | None:
                    affinity=affinity if isinstance(affinity, dict) else None,
                    tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
                    node_selector=selector if isinstance(selector := spec.get("nodeSelector"), dict) else None,
-                   host=host_requests(spec), pinned=pinned_node(affinity) if gpr else "")
+                   host=host_requests(spec), pinned=pinned_node(affinity) if gpr or direct else "", direct=direct)
 
 
 def entry_of(pod: PodView) -> ledger.Entry:
@@ -405,16 +419,26 @@ class ClusterView:
         self.claim_ttl = 30.0  # seconds; 0 turns claims off (filter then offers every reserved node that fits)
         # pods of GPRs pinned to one node (PodView.pinned), live, ungated and not bound yet: the node's share of
         # their GPR is theirs, as a claim's is, for as long as they wait (they can go nowhere else): pod UID ->
-        # (node, gpr key, requests), and their sums by (node, gpr key, resource)
+        # (node, gpr key, requests), and their sums by (node, gpr key, resource); pods admitted directly (no
+        # GPR) under the key "": the node's free devices they were admitted to
         self._pinned_of: dict[str, tuple[str, str, dict[str, int]]] = {}
         self.pinned: dict[tuple[str, str, str], int] = {}
         # the pins this replica's webhook gave whose pods it has not seen yet: (node, gpr key, resource) -> [(when
         # it lapses, devices)], dropped one by one as the pods arrive (a pod refused after its pin never comes)
         self.pins_ahead: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
+        # the CPU (millicores) and memory (MiB) the pods admitted directly to a node request while they wait to be
+        # bound there (kube-scheduler counts them only once bound): seen (pod UID -> (node, cpu, mem), and their
+        # sums by node) and pinned ahead by this replica's webhook (node -> [(when it lapses, cpu, mem)])
+        self._direct_host_of: dict[str, tuple[str, int, int]] = {}
+        self._direct_host: dict[str, tuple[int, int]] = {}
+        self._direct_host_ahead: dict[str, list[tuple[float, int, int]]] = {}
         self.pin_ttl = 30.0
         self.clock: Callable[[], float] = time.monotonic
         self._next_lapse = math.inf
         self._live: dict[str, set[str]] = {}  # namespace -> keys of its unfinished GPRs (not Complete/Cancelled)
+        # resource -> keys of its GPRs that wait for devices to be free (Queued, or no status yet; not those held by a
+        # quota, too big for the cluster or backing off, which the controller admits others past)
+        self.waiting: dict[str, set[str]] = {}
         # GPRs read afresh ahead of their watch (the filter's catch-up read): key -> that revision; the watch's
         # older events for them are skipped until it catches up, so the view never steps back
         self._ahead: dict[str, int] = {}
@@ -622,6 +646,8 @@ class ClusterView:
     def _pin(self, uid: str, view: PodView | None) -> None:
         """Keep :attr:`pinned` in step with pod ``uid`` now being ``view`` (None: gone)."""
         old = self._pinned_of.pop(uid, None)
+        if uid in self._direct_host_of:
+            self._hold_host(uid, None)
         if old is not None:
             node, gpr, requests = old
             for resource, count in requests.items():
@@ -631,13 +657,43 @@ class ClusterView:
                     self.pinned[key] = left
                 else:
                     self.pinned.pop(key, None)
-        if (view is None or not view.pinned or not view.gpr or view.node or view.gates or view.terminating
-                or not view.live):
+        if (view is None or not view.pinned or not (view.gpr or view.direct) or view.node or view.gates
+                or view.terminating or not view.live):
             return
         self._pinned_of[uid] = (view.pinned, view.gpr, view.requests)
         for resource, count in view.requests.items():
             key = (view.pinned, view.gpr, resource)
             self.pinned[key] = self.pinned.get(key, 0) + count
+        if view.direct:
+            self._hold_host(uid, (view.pinned, *view.host))
+
+    def _hold_host(self, uid: str, entry: tuple[str, int, int] | None) -> None:
+        """Keep the CPU and memory of the pods admitted directly and waiting to be bound in step with pod ``uid``
+        now requesting ``entry`` on its node (None: nothing)."""
+        old = self._direct_host_of.pop(uid, None)
+        if old is not None:
+            cpu, mem = self._direct_host.pop(old[0], (0, 0))
+            if (cpu - old[1], mem - old[2]) != (0, 0):
+                self._direct_host[old[0]] = (cpu - old[1], mem - old[2])
+        if entry is not None:
+            self._direct_host_of[uid] = entry
+            cpu, mem = self._direct_host.get(entry[0], (0, 0))
+            self._direct_host[entry[0]] = (cpu + entry[1], mem + entry[2])
+
+    def pinned_host(self, node: str) -> tuple[int, int]:
+        """CPU (millicores) and memory (MiB) that pods admitted directly to ``node`` request while they wait to be
+        bound there: seen, or pinned ahead by this replica's webhook and not seen yet."""
+        cpu, mem = self._direct_host.get(node, (0, 0))
+        ahead = self._direct_host_ahead.get(node)
+        if ahead:
+            now = self.clock()
+            while ahead and ahead[0][0] <= now:
+                ahead.pop(0)
+            cpu += sum(e[1] for e in ahead)
+            mem += sum(e[2] for e in ahead)
+            if not ahead:
+                del self._direct_host_ahead[node]
+        return cpu, mem
 
     def _arrived(self, node: str, gpr: str, requests: dict[str, int]) -> None:
         """A pod pinned to ``node`` is seen for the first time, in whatever state (waiting, or already bound when a
@@ -648,13 +704,21 @@ class ClusterView:
                 ahead.pop(0)
                 if not ahead:
                     del self.pins_ahead[(node, gpr, resource)]
+        host = self._direct_host_ahead.get(node) if not gpr else None
+        if host:
+            host.pop(0)
+            if not host:
+                del self._direct_host_ahead[node]
 
-    def pin_ahead(self, node: str, gpr: str, requests: dict[str, int]) -> None:
+    def pin_ahead(self, node: str, gpr: str, requests: dict[str, int], host: tuple[int, int] | None = None) -> None:
         """The webhook pinned a pod of ``gpr`` to ``node``: its share there is the pod's from now on, until the pod
-        is seen (then it counts in :attr:`pinned`) or :attr:`pin_ttl` passes (it was never created)."""
+        is seen (then it counts in :attr:`pinned`) or :attr:`pin_ttl` passes (it was never created). A pod admitted
+        directly (``gpr`` "") gives ``host``, its CPU and memory request, counted the same way."""
         until = self.clock() + self.pin_ttl
         for resource, count in requests.items():
             self.pins_ahead.setdefault((node, gpr, resource), []).append((until, count))
+        if not gpr and host is not None:
+            self._direct_host_ahead.setdefault(node, []).append((until, *host))
 
     def pinned_share(self, node: str, gpr: str, resource: str, own: int = 0) -> int:
         """Devices of ``gpr``'s share on ``node`` that pods pinned there hold while they wait to be bound (seen,
@@ -682,6 +746,7 @@ class ClusterView:
         self.version += 1
         self.gprs_version += 1
         self.gprs, self.reserved, self._live, self._withheld = fresh.gprs, fresh.reserved, fresh._live, {}
+        self.waiting = fresh.waiting
         self._ahead = {}  # a relist is the whole truth at its revision; the watch from there brings the rest
         return replaced
 
@@ -721,11 +786,18 @@ class ClusterView:
                 live.discard(old.key)
                 if not live:
                     del self._live[namespace]
+            waits = self.waiting.get(old.resource)
+            if waits is not None:
+                waits.discard(old.key)
+                if not waits:
+                    del self.waiting[old.resource]
         if kind == "DELETED":
             return
         self.gprs[view.key] = view
         if view.phase not in TERMINAL_PHASES:
             self._live.setdefault(namespace, set()).add(view.key)
+        if view.phase == "Queued" and view.reason not in NOT_WAITING_FOR_DEVICES:
+            self.waiting.setdefault(view.resource, set()).add(view.key)
         if view.phase in ALLOCATED:
             for node, devices in view.reservation.items():
                 self.reserved.setdefault(node, {})[view.key] = devices
@@ -744,6 +816,7 @@ class ClusterView:
         self.host_of, self.host_used = fresh.host_of, fresh.host_used
         self.selector_keys |= fresh.selector_keys
         self._pinned_of, self.pinned = fresh._pinned_of, fresh.pinned
+        self._direct_host_of, self._direct_host = fresh._direct_host_of, fresh._direct_host
         if self.pins_ahead:  # pins whose pods this relist may be the first to show (bound by now, or not)
             for uid, view in self.pods.items():
                 if view.pinned and uid not in replaced:

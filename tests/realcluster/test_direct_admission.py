@@ -1,0 +1,80 @@
+"""Bare pods admitted at once without a GPR (``accelstack-extender --auto-gpr=true --auto-gpr-direct=true``) on the
+real kube-apiserver and kube-scheduler, under the shipped webhooks, profile and RBAC: while no GPR waits, each pod
+of a namespace whose default template is one node, whole devices and not preemptible is pinned to a node with free
+devices and bound there by kube-scheduler, with no GPR object and no gate; the controller counts those devices
+(a GPR that needs them queues, saying who holds them); and once a GPR waits, the next bare pod gets a GPR of its
+own and its gate, as without the flag."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.realcluster.conftest import Nodes
+from tests.realcluster.controlplane import ControlPlane
+from tests.realcluster.objects import GPRS, bound_gpus, gpr, gpr_status, pod, pod_obj, wait_bound, wait_for
+from tests.realcluster.stack import Stack
+
+DIRECT = ("--auto-gpr=true", "--auto-gpr-direct=true")
+
+
+@contextlib.contextmanager
+def direct_admission(stack: Stack) -> Iterator[None]:
+    """The stack's extender restarted with the flags, and as it was afterwards."""
+    before = list(stack.extender_args)
+    stack.extender_args = [*before, *DIRECT]
+    stack.restart_extender()
+    try:
+        yield
+    finally:
+        stack.extender_args = before
+        stack.restart_extender()
+
+
+def queued_elsewhere(cp: ControlPlane) -> list[str]:
+    """GPRs that wait anywhere in the cluster (any of them turns direct admission off)."""
+    items = cp.api("GET", "apis/accelstack.io/v1alpha1/gpuprovisioningrequests").get("items") or []
+    return [f"{g['metadata']['namespace']}/{g['metadata']['name']}" for g in items
+            if (g.get("status") or {}).get("phase", "Queued") == "Queued"]
+
+
+def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, stack: Stack, ns: str,
+                                                               nodes: Nodes) -> None:
+    model = f"direct-{ns}"[:63].rstrip("-")  # the template's model: only this test's nodes have it
+    names = [nodes.add(f"n{i}", labels={"nvidia.com/gpu.product": model}) for i in range(2)]
+    cp.patch(f"api/v1/namespaces/{ns}", {"metadata": {"annotations": {"accelstack.io/default-template": "one"}}})
+    cp.create(f"apis/accelstack.io/v1alpha1/namespaces/{ns}/gprtemplates", {
+        "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate", "metadata": {"name": "one"},
+        "spec": {"resource": "nvidia.com/gpu", "devicesPerNode": 1, "nodeCount": 1, "models": [model],
+                 "preemptible": False, "exitDuration": "1h"}})
+    stack.start_scheduler()
+    with direct_admission(stack):
+        assert not queued_elsewhere(cp), queued_elsewhere(cp)
+        bare = [f"bare-{i}" for i in range(6)]
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda name: cp.create(f"api/v1/namespaces/{ns}/pods", pod(name)), bare))
+        for name in bare:
+            on = wait_bound(cp, ns, name)
+            obj = pod_obj(cp, ns, name)
+            labels = obj["metadata"].get("labels") or {}
+            assert labels.get("accelstack.io/direct") == "true" and "accelstack.io/gpr" not in labels, labels
+            terms = obj["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"]
+            assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [on]}]}], terms
+            assert on in names and obj["spec"]["activeDeadlineSeconds"] == 3600
+        assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []  # no GPR object for any of them
+        assert sorted(bound_gpus(cp, n) for n in names) == [0, 6]  # packed on one node
+        # a GPR for both nodes whole waits for the devices the bare pods hold, and says who holds them
+        cp.create(GPRS.format(ns=ns), gpr("big", devices=8, nodes=2, models=[model]))
+        status = wait_for("big queued for capacity", lambda: (s := gpr_status(cp, ns, "big")).get(
+            "reason") == "InsufficientCapacity" and s)
+        assert status["phase"] == "Queued", status
+        # now something waits: the next bare pod gets a GPR of its own, gated like any
+        cp.create(f"api/v1/namespaces/{ns}/pods", pod("after"))
+        obj = pod_obj(cp, ns, "after")
+        assert (obj["metadata"].get("labels") or {}).get("accelstack.io/gpr") == "after", obj["metadata"]
+        made = cp.get(f"{GPRS.format(ns=ns)}/after") or {}
+        assert (made.get("metadata", {}).get("labels") or {}).get("accelstack.io/auto-gpr") == "true", made
+        for name in names:
+            assert bound_gpus(cp, name) <= 8, name
