@@ -776,14 +776,15 @@ class Webhook:
         Only what a GPR made for it would be given straight away, and only where a GPR would add nothing: this
         replica's view holds every claim and pin (``pin``); no GPR of the resource waits for devices (Queued, but
         for a quota, too big for the cluster or backing off: the controller admits others past those), so nobody
-        is passed; the pod has no node name and no scheduling gate of its own; the template asks for one node of whole devices and is not preemptible (nothing could evict the
-        pod: it has no GPR), with no idle enforcement, no retry on failure and no device-memory bound; neither
-        the namespace nor its workspace limits unfinished GPRs or devices (they count GPRs); and a node the pod
-        can run on (healthy, of a model the template allows, its taints, selectors, CPU and memory) has
-        ``count`` devices free of reservations, bound pods, pods in flight and pods pinned there. The nodes are
-        looked at from the last one chosen on (packing it first), at most :data:`DIRECT_SCAN` of them. The
-        node's devices are the pod's from now on (a pin ahead, as for a pod of an admitted GPR). Not for a dry
-        run (the caller makes none). Called again for a pod it admitted (reinvoked after a later webhook changed
+        is passed; the pod has no node name and no scheduling gate of its own; the template asks for one node of
+        whole devices and is not preemptible (nothing could evict the pod: it has no GPR), with no idle
+        enforcement, no retry on failure and no device-memory bound; neither the namespace nor its workspace
+        limits unfinished GPRs or devices (they count GPRs); and a node the pod can run on (healthy, of a model
+        the template allows, its taints, selectors, CPU and memory, those of the pods admitted there and not bound
+        yet counted) has ``count`` devices free of reservations, bound pods, pods in flight and pods pinned there.
+        The nodes are looked at from the last one chosen on (packing it first), at most :data:`DIRECT_SCAN` of
+        them. The node's devices are the pod's from now on (a pin ahead, as for a pod of an admitted GPR). Not for
+        a dry run (the caller makes none). Called again for a pod it admitted (reinvoked after a later webhook changed
         it: labelled, pinned to the node it gave a pod of that name in that namespace within the pin's lifetime),
         the same node and no second pin; a pod that comes labelled and pinned otherwise is judged afresh."""
         view = self.view
