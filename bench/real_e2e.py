@@ -14,6 +14,8 @@ in the same run and interleaved round by round:
   profile (kube-scheduler binds, 500 / 1,000): each pod gets a GPR of its own from the namespace's default template;
 - ``accelstack auto-direct``: the same with ``--auto-gpr-direct=true`` and a template that is not preemptible: a
   bare pod is admitted at once, pinned to a node with free devices, with no GPR object, while no GPR waits;
+  ``auto-direct-other`` (only when named) the same with every webhook call answered by a second replica that does
+  not bind, which holds each pod at the gate for the binder to pin (the Deployment's two replicas share the calls);
 - ``accelstack 20 GPRs``: 20 GPRs x 25 nodes x 4 GPUs, N/20 pods each (labelled with their GPR);
 - only when named in ``--arms`` (client limit raised), the floors of that path: what a design that narrows pods to
   reserved nodes could reach at best, with no GPR object, queue or decision (``bench/noop_extender.py --floor``):
@@ -93,6 +95,10 @@ ARMS = [
     # node, whole devices and not preemptible); the same pods and namespace annotation as "auto"
     Arm("auto-direct", "accelstack auto, --auto-gpr-direct", "accelstack", raised=True,
         mode="auto"),
+    # the same with every webhook call answered by a second replica that does not bind (the Deployment runs two
+    # behind one Service): each pod is held at the gate and handed to the binder, which pins it and lifts the gate
+    Arm("auto-direct-other", "accelstack auto, --auto-gpr-direct, via the other replica", "accelstack",
+        raised=True, mode="auto"),
     # not run unless asked for (--arms): what a design that narrows pods could reach at best (noop_extender.py)
     Arm("floor-gprs", "floor: webhook narrows, binder, 500/1,000", "noop+bind", raised=True, mode="gprs"),
     Arm("floor-auto", "floor: gate, ungate+narrow, binder, 500/1,000", "noop+bind", raised=True, mode="auto"),
@@ -117,7 +123,7 @@ ARMS = [
 ]
 FLOORS = {"floor-gprs", "floor-auto", "floor-gprs-watch", "floor-auto-watch", "floor-gprs-filter",
           "floor-gprs-filter-watch", "floor-auto-filter", "floor-gprs-filter-one"}
-ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind", "gprs-oneproc", "gprs-h2"}  # arms run only when --arms names them
+ON_REQUEST = FLOORS | {"gprs-bind", "auto-bind", "gprs-oneproc", "gprs-h2", "auto-direct-other"}  # arms run only when --arms names them
 
 
 def cpu_seconds(pid: int) -> float:
@@ -277,6 +283,7 @@ class Bench:
         self.noop_cert: tuple[Path, Path] | None = None
         self.floor = False
         self.watcher: Process | None = None
+        self.second: Any = None  # auto-direct-other: the extender replica that does not bind
         self.round = 0
 
     async def setup(self) -> None:
@@ -370,13 +377,19 @@ class Bench:
             http2 = arm.key.endswith(("-bind", "-h2"))
             self.stack = Stack(self.cp, self.objects,
                                extender_args=("--auto-gpr=true", *(("--controller=true",) if oneproc else ()),
-                                              *(("--auto-gpr-direct=true",) if arm.key == "auto-direct" else ()),
+                                              *(("--auto-gpr-direct=true",) if arm.key.startswith("auto-direct") else ()),
                                               *(("--scheduler-http2=true",) if http2 else ())))
             self.stack.start(controller=not oneproc)
             assert self.stack.extender.proc is not None
             pids["extender"] = self.stack.extender.proc.pid
             if not oneproc:
                 pids["controller"] = self.stack.controllers[0].proc.pid  # type: ignore[union-attr]
+            if arm.key == "auto-direct-other":  # a second replica answers every webhook call
+                other, _ = self.stack.second_extender()
+                self.second = other
+                assert other.proc is not None
+                pids["extender-1"] = other.proc.pid
+                self._webhooks(True, other.health)
         elif arm.extender.startswith("noop"):
             assert self.noop_cert is not None
             self.noop_port = free_port()
@@ -417,6 +430,9 @@ class Bench:
 
     def _stop(self) -> None:
         self.cp.stop_component("bench-scheduler")
+        if self.second is not None:
+            self.second.stop()
+            self.second = None
         if self.stack is not None:
             self._webhooks(False)
             self.stack.stop()
@@ -444,7 +460,7 @@ class Bench:
             await self.api.call("POST", f"apis/accelstack.io/v1alpha1/namespaces/{ns}/gprtemplates", {
                 "apiVersion": "accelstack.io/v1alpha1", "kind": "GPRTemplate", "metadata": {"name": "one-gpu"},
                 "spec": {"resource": GPU, "devicesPerNode": 1, "nodeCount": 1, "priority": 100,
-                         "exitDuration": "4h", **({"preemptible": False} if arm.key == "auto-direct" else {})}})
+                         "exitDuration": "4h", **({"preemptible": False} if arm.key.startswith("auto-direct") else {})}})
         if arm.mode == "gprs" and accelstack:
             per = -(-self.pods // 20)  # pods a GPR, rounded up; 25 nodes x 4 GPUs for 2,000
             for k in range(20):

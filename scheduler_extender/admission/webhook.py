@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import logging
 import math
@@ -65,7 +66,7 @@ from scheduler_extender.admission.workspaces import (
 )
 from scheduler_extender.core.gpr import GPR
 from scheduler_extender.core.inventory import GPU, MILLI_PER_DEVICE, NR1
-from scheduler_extender.objects.cluster import DIRECT_LABEL, ClusterView, model_of, pinned_node
+from scheduler_extender.objects.cluster import DIRECT_LABEL, ClusterView, model_of, pinned_node, pod_view
 from scheduler_extender.objects.gpr_codec import (
     GPR_LABEL,
     GPR_PLURAL,
@@ -82,7 +83,7 @@ from scheduler_extender.objects.gpr_codec import (
     template_spec,
 )
 from scheduler_extender.objects.kube import Kube
-from scheduler_extender.objects.narrowing import narrow_affinity
+from scheduler_extender.objects.narrowing import narrow_affinity, ungate_patch
 from scheduler_extender.objects.podfit import HOSTNAME_LABEL, Constraints, why_not
 from scheduler_extender.objects.resources import host_requests, pod_requests
 from scheduler_extender.objects.workspaces import (
@@ -114,6 +115,8 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (leng
 
 
 DIRECT_SCAN = 256  # nodes a direct admission looks at, from the last one it chose, before leaving it to a GPR
+# DIRECT_LABEL's value on a pod a replica that does not answer the verbs held at the gate for the one that does
+HANDED_OVER = "pending"
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,14 @@ class Lookup(Protocol):
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The workspace role templates' ConfigMap (None when there is none: the built-in templates)."""
+        ...
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod read afresh (None when it is gone): a pod handed over for admission at once."""
+        ...
+
+    async def patch_pod(self, namespace: str, name: str, patch: Any) -> None:
+        """A JSON patch (a list) or a merge patch of a pod handed over for admission at once."""
         ...
 
     async def access_review(self, spec: dict[str, Any]) -> bool:
@@ -263,6 +274,15 @@ class KubeLookup(Lookup):
 
     async def access_review(self, spec: dict[str, Any]) -> bool:
         return bool((await self.kube.access_review(spec)).get("allowed"))
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.kube.get_pod(namespace, name)
+        except NotFound:
+            return None
+
+    async def patch_pod(self, namespace: str, name: str, patch: Any) -> None:
+        await self.kube.patch_pod(namespace, name, patch)
 
     async def create_gpr(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         try:  # (at most half the client's connections: see Kube._admitted)
@@ -371,6 +391,21 @@ def review_response(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | No
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
 
 
+def _gated(spec: dict[str, Any]) -> bool:
+    """Whether the pod carries accelstack's scheduling gate."""
+    gates = spec.get("schedulingGates")
+    return isinstance(gates, list) and any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates)
+
+
+def handed_over(obj: dict[str, Any]) -> bool:
+    """A pod held at accelstack's gate by a replica that does not answer the verbs, for the one that does to admit
+    at once (label ``accelstack.io/direct: pending``, no GPR label, not bound, not being deleted)."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    labels = meta.get("labels") or {}
+    return (labels.get(DIRECT_LABEL) == HANDED_OVER and GPR_LABEL not in labels and not spec.get("nodeName")
+            and not meta.get("deletionTimestamp") and _gated(spec))
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -414,6 +449,10 @@ class Webhook:
         self._direct_hint: dict[str, str] = {}  # resource -> the node the last direct admission chose
         # (namespace, pod name or "~" generateName, node) -> until when a reinvocation for it gets that node again
         self._direct_given: dict[tuple[str, str, str], float] = {}
+        # pods held at the gate by the other replica for this one to admit at once (pod UID -> namespace, name)
+        self._handed: dict[str, tuple[str, str]] = {}
+        self._retry_at: dict[str, float] = {}
+        self._wake = asyncio.Event()
         # whether this replica pins a pod of an admitted GPR to one reserved node (it answers the verbs, so its
         # view holds every claim and pin): a pod of one node term, not one a reserved node
         self.pin = pin
@@ -530,6 +569,9 @@ class Webhook:
             if denied is not None:
                 return denied
         else:
+            if (self.auto_gpr_direct and (labels or {}).get(DIRECT_LABEL) == HANDED_OVER and _gated(spec)
+                    and not (self.pin is not None and self.pin())):
+                return review_response(uid, True)  # handed over already (reinvoked): the binder admits it
             made = await self._auto_gpr(req, namespace, meta, resource, count, warnings)
             if isinstance(made, dict):
                 return made
@@ -747,15 +789,22 @@ class Webhook:
                 f"could not create GPR {namespace}/{name} from template {template_name!r}: "
                 f"{verdict['status']['message']}"))
         pod_spec = req["object"].get("spec") or {}
-        if self.auto_gpr_direct:
-            node = self._direct_node(namespace, ns, ws, spec, pod_spec, meta, resource, count)
+        if self.auto_gpr_direct and self.pin is not None:
+            pinning = self.pin()
+            node = self._direct_node(namespace, ns, ws, spec, pod_spec, meta, resource, count, pinning)
             if node:
                 exit_s = parse_duration(spec["exitDuration"]) if spec.get("exitDuration") else None
+                deadline = math.ceil(exit_s) if exit_s else None
+                if not pinning:  # this replica's view lacks the binder's pins: the binder pins it (hand_offs)
+                    warnings.append(f"held for admission at once without a GPR: nothing waits for {resource} and "
+                                    f"template {template_name!r} allows it; the replica that answers the verbs "
+                                    "pins it to a node (accelstack-extender --auto-gpr-direct)")
+                    return Direct("", template_name, deadline)
                 warnings.append(f"admitted at once on node {node} without a GPR: nothing waits for {resource} and "
                                 f"template {template_name!r} allows it (accelstack-extender --auto-gpr-direct)")
                 log.debug("admitted a pod at once without a GPR", extra={"pod": f"{namespace}/{made_for}",
                                                                          "node": node, "template": template_name})
-                return Direct(node, template_name, math.ceil(exit_s) if exit_s else None)
+                return Direct(node, template_name, deadline)
         try:
             await self.lookup.create_gpr(namespace, body)
         except AlreadyExists:
@@ -770,7 +819,8 @@ class Webhook:
         return name
 
     def _direct_node(self, namespace: str, ns: dict[str, Any] | None, ws: Workspace | None, spec: dict[str, Any],
-                     pod_spec: dict[str, Any], meta: dict[str, Any], resource: str, count: int) -> str:
+                     pod_spec: dict[str, Any], meta: dict[str, Any], resource: str, count: int,
+                     commit: bool = True) -> str:
         """The node an unlabelled pod is admitted to at once, without a GPR, or "" (a GPR is made as usual).
 
         Only what a GPR made for it would be given straight away, and only where a GPR would add nothing: this
@@ -786,10 +836,13 @@ class Webhook:
         them. The node's devices are the pod's from now on (a pin ahead, as for a pod of an admitted GPR). Not for
         a dry run (the caller makes none). Called again for a pod it admitted (reinvoked after a later webhook changed
         it: labelled, pinned to the node it gave a pod of that name in that namespace within the pin's lifetime),
-        the same node and no second pin; a pod that comes labelled and pinned otherwise is judged afresh."""
+        the same node and no second pin; a pod that comes labelled and pinned otherwise is judged afresh.
+        ``commit`` false (a replica that does not answer the verbs): only whether its view has such a node, nothing
+        pinned: the pod is handed over to the binder (:meth:`hand_offs`), whose view holds every pin."""
         view = self.view
-        if (view is None or self.pin is None or not self.pin() or pod_spec.get("nodeName")
-                or pod_spec.get("schedulingGates") or view.waiting.get(resource) or not view.nodes):
+        gates = pod_spec.get("schedulingGates")
+        if (view is None or pod_spec.get("nodeName") or view.waiting.get(resource) or not view.nodes
+                or (gates and any(not isinstance(g, dict) or g.get("name") != SCHEDULING_GATE for g in gates))):
             return ""
         try:
             g = check_spec(spec)
@@ -806,7 +859,7 @@ class Webhook:
             return ""
         who = (namespace, str(meta.get("name") or "~" + str(meta.get("generateName") or "")))
         own = pinned_node(pod_spec.get("affinity")) if (meta.get("labels") or {}).get(DIRECT_LABEL) == "true" else ""
-        if own and self._direct_given.get((*who, own), 0.0) > time.monotonic():
+        if commit and own and self._direct_given.get((*who, own), 0.0) > time.monotonic():
             return own  # reinvoked for a pod of this name it admitted there (one of the same namespace alone)
         models = set(g["models"])
         nodes = view.nodes
@@ -827,6 +880,8 @@ class Webhook:
                     - view.pinned_share(name, "", resource))
             if free < count or not self._can_run_on(pod_spec, [name], waiting=True):
                 continue
+            if not commit:
+                return name
             view.pin_ahead(name, "", {resource: count}, host_requests(pod_spec))
             self._direct_hint[resource] = name
             if len(self._direct_given) > 4096:
@@ -837,14 +892,23 @@ class Webhook:
 
     def _direct_patch(self, meta: dict[str, Any], spec: dict[str, Any], made: Direct) -> list[dict[str, Any]]:
         """JSON-patch ops for a pod admitted at once: the label that says so, the template's name, its node
-        affinity narrowed to the node, and the template's exitDuration as ``activeDeadlineSeconds`` (the kubelet
-        ends it then, as the controller ends a GPR; a shorter one of the pod's own stays)."""
+        affinity narrowed to the node (our gate off, should it carry it), and the template's exitDuration as
+        ``activeDeadlineSeconds`` (the kubelet ends it then, as the controller ends a GPR; a shorter one of the
+        pod's own stays). Handed over (no node): the label says ``pending`` and the pod gets our gate instead."""
         labels = meta.get("labels")
+        value = "true" if made.node else HANDED_OVER
         patch: list[dict[str, Any]] = []
         if labels is None:
-            patch.append({"op": "add", "path": "/metadata/labels", "value": {DIRECT_LABEL: "true"}})
+            patch.append({"op": "add", "path": "/metadata/labels", "value": {DIRECT_LABEL: value}})
         else:
-            patch.append({"op": "add", "path": f"/metadata/labels/{_escape(DIRECT_LABEL)}", "value": "true"})
+            patch.append({"op": "add", "path": f"/metadata/labels/{_escape(DIRECT_LABEL)}", "value": value})
+        gates = spec.get("schedulingGates") or []
+        if made.node and _gated(spec):
+            patch.append({"op": "replace", "path": "/spec/schedulingGates",
+                          "value": [g for g in gates if g.get("name") != SCHEDULING_GATE]})
+        elif not made.node and not _gated(spec):
+            patch.append({"op": "add", "path": "/spec/schedulingGates",
+                          "value": [*gates, {"name": SCHEDULING_GATE}]})
         annotations = meta.get("annotations")
         if not isinstance(annotations, dict):
             patch.append({"op": "add", "path": "/metadata/annotations",
@@ -853,12 +917,93 @@ class Webhook:
             patch.append({"op": "add", "path": f"/metadata/annotations/{_escape(DEFAULT_TEMPLATE_ANNOTATION)}",
                           "value": made.template})
         affinity = spec.get("affinity")
-        patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, [made.node],
-                                 self._hostnames([made.node]))
+        if made.node:
+            patch += narrow_affinity(affinity if isinstance(affinity, dict) else None, [made.node],
+                                     self._hostnames([made.node]))
         own = spec.get("activeDeadlineSeconds")
         if made.deadline is not None and not (isinstance(own, int) and 0 < own <= made.deadline):
             patch.append({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": made.deadline})
         return patch
+
+    # ---- pods handed over to the binder ------------------------------------------------------------------------
+    def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        """The extender's pod informer: keep the pods handed over for admission at once (every replica keeps them,
+        so a new binder starts with them)."""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if kind != "DELETED" and handed_over(obj):
+            if uid not in self._handed:
+                self._handed[uid] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                self._wake.set()
+        else:
+            self._handed.pop(uid, None)
+
+    async def hand_offs(self, stop: asyncio.Event, every: float = 5.0) -> None:
+        """While this replica pins (it answers the verbs): admit the pods the other replica's webhook held at the
+        gate for it (:func:`handed_over`), each read afresh and judged as the webhook judges a new pod: pinned to a
+        node with the gate lifted in one patch, or given a GPR (made or linked, the pod relabelled; the
+        controller admits it and lifts the gate). Level-triggered: the pods come from the informer's events and,
+        every ``every`` seconds, from the view itself (a relist brings no events); one that fails is tried again
+        then."""
+        scanned = -math.inf
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), every)
+            self._wake.clear()
+            if self.pin is None or not self.pin() or self.view is None:
+                continue
+            now = time.monotonic()
+            if now - scanned >= every:
+                scanned = now
+                for uid, p in self.view.pods.items():
+                    if (p.labels.get(DIRECT_LABEL) == HANDED_OVER and not p.gpr and not p.node and p.live
+                            and not p.terminating and SCHEDULING_GATE in p.gates):
+                        self._handed.setdefault(uid, (p.namespace, p.name))
+            for uid, (namespace, name) in list(self._handed.items()):
+                if self._retry_at.get(uid, 0.0) > now:
+                    continue
+                try:
+                    done = await self._hand_off(uid, namespace, name)
+                except Exception as exc:  # an API error: tried again later
+                    done, why = False, str(exc)[:300]
+                else:
+                    why = "" if done else "neither admitted at once nor given a GPR now"
+                if done:
+                    self._handed.pop(uid, None)
+                    self._retry_at.pop(uid, None)
+                else:
+                    self._retry_at[uid] = time.monotonic() + every
+                    log.warning("a pod held for admission at once waits", extra={
+                        "pod": f"{namespace}/{name}", "error": why})
+
+    async def _hand_off(self, uid: str, namespace: str, name: str) -> bool:
+        """One handed-over pod: True when it is settled (admitted at once, given a GPR, or no longer waiting)."""
+        obj = await self.lookup.get_pod(namespace, name)
+        if obj is None or (obj.get("metadata") or {}).get("uid") != uid or not handed_over(obj):
+            return True
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        wanted = pod_requests(spec, self.resources)
+        if len(wanted) != 1:
+            return True  # the webhook refuses such pods: it was not handed over by it
+        ((resource, count),) = wanted.items()
+        req = {"uid": f"hand-off-{uid}", "operation": "CREATE", "namespace": namespace, "object": obj}
+        made = await self._auto_gpr(req, namespace, meta, resource, count, [])
+        if isinstance(made, Direct) and made.node:
+            view = pod_view(obj, self.resources)
+            patch = ungate_patch(view, [made.node], SCHEDULING_GATE, self._hostnames([made.node])) \
+                if view is not None else None
+            if patch is None:
+                return True
+            patch.append({"op": "replace", "path": f"/metadata/labels/{_escape(DIRECT_LABEL)}", "value": "true"})
+            await self.lookup.patch_pod(namespace, name, patch)
+            log.debug("admitted a handed-over pod at once", extra={"pod": f"{namespace}/{name}", "node": made.node})
+            return True
+        if isinstance(made, str):
+            await self.lookup.patch_pod(namespace, name, {"metadata": {"labels": {GPR_LABEL: made, DIRECT_LABEL: None}}})
+            return True
+        if isinstance(made, dict):
+            raise RuntimeError(str(((made.get("response") or {}).get("status") or {}).get("message") or made))
+        return False
 
     async def _workspace_of(self, namespace: str, ns: dict[str, Any] | None) -> Workspace | None:
         """The namespace's workspace: its label names one that lists it (cached lookups, no list)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -185,7 +186,8 @@ async def serve(opts: dict[str, Any]) -> None:
         # the replica that answers the verbs (ledger "memory") pins each pod of an admitted GPR to one node
         # (once its term's hand-over wait is over: ``binding`` turns True only then)
         add_webhook = webhook_routes(kube, opts, server.view,
-                                     pin=lambda: server.view.ledger_source == "memory" and server.binding)
+                                     pin=lambda: server.view.ledger_source == "memory" and server.binding,
+                                     server=server)
         if add_webhook is not None:
             add_webhook(server.app)
     context = server_tls(opts["cert"], opts["key"]) if opts["cert"] else None
@@ -209,8 +211,9 @@ async def serve(opts: dict[str, Any]) -> None:
         await kube.close()
 
 
-def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None, pin: Any = None) -> Any:
-    """The admission webhook's routes, when this build has the webhook module."""
+def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None, pin: Any = None, server: Any = None) -> Any:
+    """The admission webhook's routes, when this build has the webhook module; with ``--auto-gpr-direct`` and the
+    ``server`` whose informer feeds ``view``, the loop that admits the pods the other replica handed over."""
     try:
         webhook: Any = importlib.import_module("scheduler_extender.admission.webhook")
     except ImportError:
@@ -223,6 +226,22 @@ def webhook_routes(kube: Any, opts: dict[str, Any], view: Any = None, pin: Any =
                                   own_namespace=opts.get("lease_namespace") or "accelstack-system", pin=pin,
                                   auto_gpr_direct=opts.get("auto_gpr_direct", False))
         webhook.add_webhook_routes(app, handler)
+        if server is not None and handler.auto_gpr_direct:
+            server.pod_listeners.append(handler.on_pod)
+
+            tasks: list[asyncio.Task[None]] = []
+
+            async def start(app: Any) -> None:
+                tasks.append(asyncio.create_task(handler.hand_offs(server.stop_event), name="hand-offs"))
+
+            async def stop(app: Any) -> None:
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+            app.on_startup.append(start)
+            app.on_cleanup.append(stop)
 
     return add
 

@@ -384,6 +384,8 @@ class ExtenderServer:
         if extra_routes is not None:
             extra_routes(self.app)
         self.stop_event = asyncio.Event()
+        # more readers of the pod informer's events, after the view (the webhook's pods handed over to the binder)
+        self.pod_listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
         self._runners: list[web.AppRunner] = []
@@ -429,6 +431,8 @@ class ExtenderServer:
             self.service.pod_event(kind, obj)
         else:
             self.view.on_pod(kind, obj)
+        for listener in self.pod_listeners:
+            listener(kind, obj)
         uid = (obj.get("metadata") or {}).get("uid", "")
         phase = (obj.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in ("Succeeded", "Failed"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.admission.webhook import Webhook
+from scheduler_extender.admission.webhook import Webhook, handed_over
 from scheduler_extender.cmd import extender as extender_cmd
 from scheduler_extender.cmd.server import direct_as_pinned
 from scheduler_extender.controller.gpr_pass import plan_pass
@@ -166,14 +166,13 @@ def case_quota(view: ClusterView, lookup: MemoryLookup) -> None:
     ("the namespace limits its GPRs", lambda v, lk: lk.namespace(
         NS, **{"accelstack.io/default-template": "one", "accelstack.io/max-gprs": "5"})),
     ("its workspace has a device quota", case_quota),
-    ("this replica does not answer the verbs", "no-pin"),
     ("the flag is off", "off"),
 ])
 def test_whenever_a_gpr_would_add_something_one_is_made_and_the_pod_gated(why: str, change: Any) -> None:
     view, lookup = cluster(), lookup_with()
     if callable(change):
         change(view, lookup)
-    hook = webhook(lookup, view, direct=change != "off", pin=change != "no-pin")
+    hook = webhook(lookup, view, direct=change != "off")
     _, stored = admit(hook, bare("p"))
     assert [g["metadata"]["name"] for g in lookup.created] == ["p"], why
     assert stored["metadata"]["labels"] == {"accelstack.io/gpr": "p"}, why
@@ -293,3 +292,130 @@ def test_the_flag_needs_auto_gpr() -> None:
         extender_cmd.parse(["--auto-gpr-direct=true"], environ={})
     opts = extender_cmd.parse(["--auto-gpr=true", "--auto-gpr-direct=true", "--insecure-verbs=true"], environ={})
     assert opts["auto_gpr_direct"] is True
+
+
+class PodLookup(MemoryLookup):
+    """MemoryLookup with the pods the binder reads afresh and patches (JSON patches applied as the API server
+    applies the add, replace and test ops; merge patches of labels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.patches: list[tuple[str, Any]] = []
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return json.loads(json.dumps(self.pods[(namespace, name)])) if (namespace, name) in self.pods else None
+
+    async def patch_pod(self, namespace: str, name: str, patch: Any) -> None:
+        self.patches.append((name, patch))
+        obj = self.pods[(namespace, name)]
+        if isinstance(patch, list):
+            for op in patch:
+                if op["op"] == "test":
+                    *parents, last = op["path"].split("/")[1:]
+                    at = obj
+                    for part in parents:
+                        at = at[part]
+                    assert at.get(last) == op["value"], op
+            obj = apply(obj, [op for op in patch if op["op"] == "add"])
+            for op in patch:
+                if op["op"] == "replace":
+                    *parents, last = [p.replace("~1", "/") for p in op["path"].split("/")[1:]]
+                    at = obj
+                    for part in parents:
+                        at = at[part]
+                    at[last] = op["value"]
+        else:
+            labels = obj["metadata"].setdefault("labels", {})
+            for key, value in patch["metadata"]["labels"].items():
+                if value is None:
+                    labels.pop(key, None)
+                else:
+                    labels[key] = value
+        self.pods[(namespace, name)] = obj
+
+
+def handed(lookup: PodLookup, view: ClusterView, name: str, seen: bool = True) -> dict[str, Any]:
+    """A pod the replica that does not answer the verbs held for the binder, stored, and (``seen``) in the binder's
+    view."""
+    _, stored = admit(webhook(lookup, cluster(), pin=False), bare(name))
+    lookup.pods[(NS, name)] = stored
+    if seen:
+        view.on_pod("ADDED", stored)
+    return stored
+
+
+def test_a_replica_that_does_not_answer_the_verbs_holds_the_pod_at_the_gate_for_the_one_that_does() -> None:
+    """Its view lacks the binder's pins, so it pins nothing: with a node free in its view the pod is labelled
+    pending and gated (no GPR); called again for it, it leaves it so."""
+    view, lookup = cluster(), lookup_with()
+    other = webhook(lookup, view, pin=False)
+    answer, stored = admit(other, bare("p"))
+    assert lookup.created == [] and handed_over(stored)
+    assert stored["metadata"]["labels"] == {DIRECT_LABEL: "pending"}
+    assert stored["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}]
+    assert "affinity" not in stored["spec"] and stored["spec"]["activeDeadlineSeconds"] == 4 * 3600
+    assert not view.pins_ahead and any("pins it to a node" in w for w in answer["warnings"])
+    again = dict(stored, metadata={k: v for k, v in stored["metadata"].items() if k != "uid"})
+    req = {"uid": "again", "operation": "CREATE", "namespace": NS, "object": again}
+    assert "patch" not in asyncio.run(other._mutate_pod(req))["response"]
+    view.on_gpr("ADDED", gpr("queued", phase="Queued", namespace="other"))  # something waits: a GPR, as ever
+    _, stored = admit(other, bare("q"))
+    assert stored["metadata"]["labels"] == {"accelstack.io/gpr": "q"}
+
+
+def test_the_binder_admits_a_handed_over_pod_at_once_or_gives_it_a_gpr() -> None:
+    lookup = PodLookup()
+    lookup.namespace(NS, **{"accelstack.io/default-template": "one"})
+    lookup.template(NS, "one", dict(TEMPLATE))
+    view = cluster()
+    binder = webhook(lookup, view)
+    stored = handed(lookup, view, "p")
+    assert asyncio.run(binder._hand_off(stored["metadata"]["uid"], NS, "p")) is True
+    now = lookup.pods[(NS, "p")]
+    assert now["metadata"]["labels"] == {DIRECT_LABEL: "true"} and now["spec"]["schedulingGates"] == []
+    assert pinned_to(now) == "n0" and view.pinned_share("n0", "", GPU) == 1 and lookup.created == []
+    # something waits now: the next one gets a GPR (made, the pod relabelled, still gated for the controller)
+    view.on_gpr("ADDED", gpr("queued", phase="Queued", namespace="other"))
+    stored = handed(lookup, view, "q")
+    assert asyncio.run(binder._hand_off(stored["metadata"]["uid"], NS, "q")) is True
+    now = lookup.pods[(NS, "q")]
+    assert now["metadata"]["labels"] == {"accelstack.io/gpr": "q"} and [g["metadata"]["name"] for g in lookup.created] == ["q"]
+    assert now["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}]
+    # gone, or settled by another: nothing to do
+    assert asyncio.run(binder._hand_off("no-such-uid", NS, "q")) is True
+
+
+def test_the_binders_loop_admits_what_is_handed_over_only_while_it_answers_the_verbs() -> None:
+    lookup = PodLookup()
+    lookup.namespace(NS, **{"accelstack.io/default-template": "one"})
+    lookup.template(NS, "one", dict(TEMPLATE))
+    view, binding = cluster(), [False]
+    binder = Webhook(lookup, auto_gpr=True, auto_gpr_direct=True, view=view,  # type: ignore[arg-type]
+                     pin=lambda: binding[0])
+    first = handed(lookup, view, "p")  # in the view before the loop starts (as a relist brings it)
+    second = handed(lookup, view, "q", seen=False)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(binder.hand_offs(stop, every=0.05))
+        await asyncio.sleep(0.2)
+        assert lookup.patches == []  # not the binder: it waits
+        binding[0] = True
+        for _ in range(100):
+            if lookup.patches:
+                break
+            await asyncio.sleep(0.02)
+        view.on_pod("ADDED", second)
+        binder.on_pod("ADDED", second)  # an event wakes it
+        for _ in range(100):
+            if len(lookup.patches) == 2:
+                break
+            await asyncio.sleep(0.02)
+        stop.set()
+        await task
+
+    asyncio.run(run())
+    assert [name for name, _ in lookup.patches] == ["p", "q"], lookup.patches
+    assert all(lookup.pods[(NS, n)]["metadata"]["labels"] == {DIRECT_LABEL: "true"} for n in ("p", "q"))
+    assert first["metadata"]["uid"] not in binder._handed

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
 from tests.realcluster.objects import GPRS, bound_gpus, gpr, gpr_status, pod, pod_obj, wait_bound, wait_for
+from tests.realcluster.shipped import webhooks_to
 from tests.realcluster.stack import Stack
 
 DIRECT = ("--auto-gpr=true", "--auto-gpr-direct=true")
@@ -39,9 +40,10 @@ def queued_elsewhere(cp: ControlPlane) -> list[str]:
             if (g.get("status") or {}).get("phase", "Queued") == "Queued"]
 
 
-def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, stack: Stack, ns: str,
-                                                               nodes: Nodes) -> None:
-    model = f"direct-{ns}"[:63].rstrip("-")  # the template's model: only this test's nodes have it
+def setup(cp: ControlPlane, stack: Stack, ns: str, nodes: Nodes) -> tuple[str, list[str]]:
+    """Two 8-GPU nodes of a model only they have, the namespace's default template one GPU of that model on one
+    node, not preemptible; the scheduler running. (model, node names)"""
+    model = f"direct-{ns}"[:63].rstrip("-")
     names = [nodes.add(f"n{i}", labels={"nvidia.com/gpu.product": model}) for i in range(2)]
     cp.patch(f"api/v1/namespaces/{ns}", {"metadata": {"annotations": {"accelstack.io/default-template": "one"}}})
     cp.create(f"apis/accelstack.io/v1alpha1/namespaces/{ns}/gprtemplates", {
@@ -49,20 +51,32 @@ def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane,
         "spec": {"resource": "nvidia.com/gpu", "devicesPerNode": 1, "nodeCount": 1, "models": [model],
                  "preemptible": False, "exitDuration": "1h"}})
     stack.start_scheduler()
+    return model, names
+
+
+def assert_admitted_at_once(cp: ControlPlane, ns: str, name: str, names: list[str]) -> str:
+    """The pod bound to one of ``names``, labelled as admitted at once, its node term naming that node; the node."""
+    on = wait_bound(cp, ns, name)
+    obj = pod_obj(cp, ns, name)
+    labels = obj["metadata"].get("labels") or {}
+    assert labels.get("accelstack.io/direct") == "true" and "accelstack.io/gpr" not in labels, labels
+    terms = obj["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [on]}]}], terms
+    assert on in names and obj["spec"]["activeDeadlineSeconds"] == 3600
+    return on
+
+
+def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, stack: Stack, ns: str,
+                                                               nodes: Nodes) -> None:
+    model, names = setup(cp, stack, ns, nodes)
     with direct_admission(stack):
         assert not queued_elsewhere(cp), queued_elsewhere(cp)
         bare = [f"bare-{i}" for i in range(6)]
         with ThreadPoolExecutor(6) as pool:
             list(pool.map(lambda name: cp.create(f"api/v1/namespaces/{ns}/pods", pod(name)), bare))
         for name in bare:
-            on = wait_bound(cp, ns, name)
-            obj = pod_obj(cp, ns, name)
-            labels = obj["metadata"].get("labels") or {}
-            assert labels.get("accelstack.io/direct") == "true" and "accelstack.io/gpr" not in labels, labels
-            terms = obj["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-                "nodeSelectorTerms"]
-            assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [on]}]}], terms
-            assert on in names and obj["spec"]["activeDeadlineSeconds"] == 3600
+            assert_admitted_at_once(cp, ns, name, names)
         assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []  # no GPR object for any of them
         assert sorted(bound_gpus(cp, n) for n in names) == [0, 6]  # packed on one node
         # a GPR for both nodes whole waits for the devices the bare pods hold, and says who holds them
@@ -78,3 +92,25 @@ def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane,
         assert (made.get("metadata", {}).get("labels") or {}).get("accelstack.io/auto-gpr") == "true", made
         for name in names:
             assert bound_gpus(cp, name) <= 8, name
+
+
+def test_pods_the_replica_that_does_not_bind_answers_are_handed_to_the_binder(cp: ControlPlane, stack: Stack,
+                                                                              ns: str, nodes: Nodes) -> None:
+    """The Deployment runs two replicas behind the webhook's Service: the one that does not answer the verbs holds
+    the pod at the gate, labelled pending, with no GPR; the binder pins it and lifts the gate in one patch."""
+    _, names = setup(cp, stack, ns, nodes)
+    with direct_admission(stack):
+        second, _ = stack.second_extender()
+        ca = cp.pki.ca_crt.read_bytes()
+        try:
+            cp.apply(webhooks_to(stack.objects, second.health, ca))  # every webhook call to the other replica
+            made = [cp.create(f"api/v1/namespaces/{ns}/pods", pod(f"handed-{i}")) for i in range(3)]
+            for obj in made:  # as the other replica answered
+                assert obj["metadata"]["labels"] == {"accelstack.io/direct": "pending"}, obj["metadata"]
+                assert obj["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}], obj["spec"]
+            on = {assert_admitted_at_once(cp, ns, f"handed-{i}", names) for i in range(3)}
+            assert len(on) == 1, on  # the binder packs them, as its own
+            assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []
+        finally:
+            cp.apply(webhooks_to(stack.objects, stack.url, ca))
+            second.stop()
