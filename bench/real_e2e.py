@@ -389,7 +389,6 @@ class Bench:
                 self.second = other
                 assert other.proc is not None
                 pids["extender-1"] = other.proc.pid
-                self._webhooks(True, other.health)
         elif arm.extender.startswith("noop"):
             assert self.noop_cert is not None
             self.noop_port = free_port()
@@ -516,6 +515,8 @@ class Bench:
         try:
             if arm.extender == "accelstack":
                 self._webhooks(True)
+                if self.second is not None:  # the pods' webhook answered by the replica that does not bind
+                    self._webhooks(True, self.second.health)
             elif arm.key in FLOORS:
                 self._webhooks(True, f"https://127.0.0.1:{self.noop_port}")
                 self.floor = True

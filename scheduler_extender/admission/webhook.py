@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -117,6 +118,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain (leng
 DIRECT_SCAN = 256  # nodes a direct admission looks at, from the last one it chose, before leaving it to a GPR
 # DIRECT_LABEL's value on a pod a replica that does not answer the verbs held at the gate for the one that does
 HANDED_OVER = "pending"
+HAND_OFFS_AT_ONCE = 16  # handed-over pods the binder settles together (their patches in flight at once)
 
 
 @dataclass(frozen=True)
@@ -391,6 +393,10 @@ def review_response(uid: str, allowed: bool, *, patch: list[dict[str, Any]] | No
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
 
 
+def _forget(running: dict[str, Any], uid: str, _: Any) -> None:
+    running.pop(uid, None)
+
+
 def _gated(spec: dict[str, Any]) -> bool:
     """Whether the pod carries accelstack's scheduling gate."""
     gates = spec.get("schedulingGates")
@@ -450,7 +456,7 @@ class Webhook:
         # (namespace, pod name or "~" generateName, node) -> until when a reinvocation for it gets that node again
         self._direct_given: dict[tuple[str, str, str], float] = {}
         # pods held at the gate by the other replica for this one to admit at once (pod UID -> namespace, name)
-        self._handed: dict[str, tuple[str, str]] = {}
+        self._handed: dict[str, tuple[str, str, dict[str, Any] | None]] = {}
         self._retry_at: dict[str, float] = {}
         self._wake = asyncio.Event()
         # whether this replica pins a pod of an admitted GPR to one reserved node (it answers the verbs, so its
@@ -927,58 +933,77 @@ class Webhook:
 
     # ---- pods handed over to the binder ------------------------------------------------------------------------
     def on_pod(self, kind: str, obj: dict[str, Any]) -> None:
-        """The extender's pod informer: keep the pods handed over for admission at once (every replica keeps them,
-        so a new binder starts with them)."""
+        """The extender's pod informer: keep the pods handed over for admission at once, as the event shows them
+        (every replica keeps them, so a new binder starts with them)."""
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         if kind != "DELETED" and handed_over(obj):
-            if uid not in self._handed:
-                self._handed[uid] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-                self._wake.set()
+            self._handed[uid] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""), obj)
+            self._wake.set()
         else:
             self._handed.pop(uid, None)
+            self._retry_at.pop(uid, None)
 
-    async def hand_offs(self, stop: asyncio.Event, every: float = 5.0) -> None:
+    async def hand_offs(self, stop: asyncio.Event, every: float = 5.0, at_once: int = HAND_OFFS_AT_ONCE) -> None:
         """While this replica pins (it answers the verbs): admit the pods the other replica's webhook held at the
-        gate for it (:func:`handed_over`), each read afresh and judged as the webhook judges a new pod: pinned to a
-        node with the gate lifted in one patch, or given a GPR (made or linked, the pod relabelled; the
-        controller admits it and lifts the gate). Level-triggered: the pods come from the informer's events and,
-        every ``every`` seconds, from the view itself (a relist brings no events); one that fails is tried again
-        then."""
+        gate for it (:func:`handed_over`), each judged as the webhook judges a new pod: pinned to a node with the
+        gate lifted in one patch, or given a GPR (made or linked, the pod relabelled; the controller admits it
+        and lifts the gate). Up to ``at_once`` pods are under way together (their patches in flight; the
+        decisions, made between two awaits, see each other's pins). Level-triggered: the pods come from the
+        informer's events and, every ``every`` seconds, from the view itself (a relist brings no events: those
+        are read afresh); one that fails is tried again ``every`` seconds later."""
         scanned = -math.inf
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), every)
-            self._wake.clear()
-            if self.pin is None or not self.pin() or self.view is None:
-                continue
-            now = time.monotonic()
-            if now - scanned >= every:
-                scanned = now
-                for uid, p in self.view.pods.items():
-                    if (p.labels.get(DIRECT_LABEL) == HANDED_OVER and not p.gpr and not p.node and p.live
-                            and not p.terminating and SCHEDULING_GATE in p.gates):
-                        self._handed.setdefault(uid, (p.namespace, p.name))
-            for uid, (namespace, name) in list(self._handed.items()):
-                if self._retry_at.get(uid, 0.0) > now:
+        slots = asyncio.Semaphore(at_once)
+        running: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), every)
+                self._wake.clear()
+                if self.pin is None or not self.pin() or self.view is None:
                     continue
-                try:
-                    done = await self._hand_off(uid, namespace, name)
-                except Exception as exc:  # an API error: tried again later
-                    done, why = False, str(exc)[:300]
-                else:
-                    why = "" if done else "neither admitted at once nor given a GPR now"
-                if done:
-                    self._handed.pop(uid, None)
-                    self._retry_at.pop(uid, None)
-                else:
-                    self._retry_at[uid] = time.monotonic() + every
-                    log.warning("a pod held for admission at once waits", extra={
-                        "pod": f"{namespace}/{name}", "error": why})
+                now = time.monotonic()
+                if now - scanned >= every:
+                    scanned = now
+                    for uid, p in self.view.pods.items():
+                        if (p.labels.get(DIRECT_LABEL) == HANDED_OVER and not p.gpr and not p.node and p.live
+                                and not p.terminating and SCHEDULING_GATE in p.gates):
+                            self._handed.setdefault(uid, (p.namespace, p.name, None))
+                for uid, (namespace, name, obj) in list(self._handed.items()):
+                    if uid in running or self._retry_at.get(uid, 0.0) > now:
+                        continue
+                    task = asyncio.create_task(self._settle(uid, namespace, name, obj, slots, every))
+                    running[uid] = task
+                    task.add_done_callback(functools.partial(_forget, running, uid))
+        finally:
+            for task in list(running.values()):
+                task.cancel()
 
-    async def _hand_off(self, uid: str, namespace: str, name: str) -> bool:
-        """One handed-over pod: True when it is settled (admitted at once, given a GPR, or no longer waiting)."""
-        obj = await self.lookup.get_pod(namespace, name)
+    async def _settle(self, uid: str, namespace: str, name: str, obj: dict[str, Any] | None,
+                      slots: asyncio.Semaphore, every: float) -> None:
+        async with slots:
+            try:
+                done = await self._hand_off(uid, namespace, name, obj)
+            except Exception as exc:  # an API error (a test op failed: the pod changed): tried again later
+                done, why = False, str(exc)[:300]
+            else:
+                why = "" if done else "neither admitted at once nor given a GPR now"
+        held = self._handed.get(uid)
+        if done:
+            if held is not None and held[2] is obj:  # an event since brought a newer version: that one is due
+                self._handed.pop(uid, None)
+            self._retry_at.pop(uid, None)
+        else:
+            if held is not None:
+                self._handed[uid] = (namespace, name, None)  # read afresh next time
+            self._retry_at[uid] = time.monotonic() + every
+            log.warning("a pod held for admission at once waits", extra={"pod": f"{namespace}/{name}", "error": why})
+
+    async def _hand_off(self, uid: str, namespace: str, name: str, obj: dict[str, Any] | None = None) -> bool:
+        """One handed-over pod (``obj``: as an event showed it; None: read afresh): True when it is settled
+        (admitted at once, given a GPR, or no longer waiting)."""
+        if obj is None:
+            obj = await self.lookup.get_pod(namespace, name)
         if obj is None or (obj.get("metadata") or {}).get("uid") != uid or not handed_over(obj):
             return True
         meta, spec = obj["metadata"], obj.get("spec") or {}

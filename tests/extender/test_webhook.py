@@ -62,6 +62,12 @@ class MemoryLookup:
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.configmaps.get((namespace, name))
 
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise AssertionError("only the binder's hand-offs read pods (tests/extender/test_direct_admission.py)")
+
+    async def patch_pod(self, namespace: str, name: str, patch: Any) -> None:
+        raise AssertionError("only the binder's hand-offs patch pods (tests/extender/test_direct_admission.py)")
+
     async def access_review(self, spec: dict[str, Any]) -> bool:
         self.reviews.append(spec)
         a = spec["resourceAttributes"]
