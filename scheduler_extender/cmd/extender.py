@@ -100,9 +100,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "the inventory summary (with the device model)")
     add("webhook", "true", "serve the admission webhook (POST /mutate-pods, /validate-gprs)")
     add("auto-gpr", "false", "webhook: create a GPR from the namespace's default template for unlabelled pods")
-    add("auto-gpr-direct", "false", "webhook, with --auto-gpr: admit an unlabelled pod at once, pinned to a node "
-        "with free devices and with no GPR object, when no GPR of its resource waits and its template is one node, "
-        "whole devices and not preemptible (docs/gpr.md)")
+    add("auto-gpr-direct", "false", "webhook, with --auto-gpr and --ledger=memory: admit an unlabelled pod at once, "
+        "pinned to a node with free devices and with no GPR object, when no GPR of its resource waits and its "
+        "template is one node, whole devices and not preemptible (docs/gpr.md)")
     add_logging_flags(add)
     return p
 
@@ -127,6 +127,9 @@ def parse(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None =
     resources = resource_names(args.resources)
     if flags.boolean("auto-gpr-direct") and not flags.boolean("auto-gpr"):
         raise UsageError("--auto-gpr-direct: needs --auto-gpr=true (it admits the pods a GPR would be made for)")
+    if flags.boolean("auto-gpr-direct") and args.ledger != "memory":
+        raise UsageError("--auto-gpr-direct: needs --ledger=memory (the one replica that binds pins the pods it "
+                         "admits; with --ledger=node none does)")
     if flags.boolean("auto-gpr-direct") and flags.boolean("require-gpr"):
         raise UsageError("--auto-gpr-direct: the pods it admits have no GPR, which --require-gpr=true refuses")
     flags.one_of("policy", POLICIES)

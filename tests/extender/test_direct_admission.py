@@ -287,10 +287,16 @@ def test_the_controller_needs_no_pass_for_a_pod_admitted_at_once_while_nothing_w
     assert not view.waiting and direct_as_pinned(view, None, new)
 
 
-def test_the_flag_needs_auto_gpr() -> None:
+def test_the_flag_needs_auto_gpr_and_the_memory_ledger_and_no_require_gpr() -> None:
     with pytest.raises(UsageError, match="--auto-gpr-direct: needs --auto-gpr=true"):
         extender_cmd.parse(["--auto-gpr-direct=true"], environ={})
-    opts = extender_cmd.parse(["--auto-gpr=true", "--auto-gpr-direct=true", "--insecure-verbs=true"], environ={})
+    with pytest.raises(UsageError, match="--auto-gpr-direct: needs --ledger=memory"):
+        extender_cmd.parse(["--auto-gpr=true", "--auto-gpr-direct=true", "--insecure-verbs=true"], environ={})
+    with pytest.raises(UsageError, match="--require-gpr=true refuses"):
+        extender_cmd.parse(["--auto-gpr=true", "--auto-gpr-direct=true", "--ledger=memory", "--require-gpr=true",
+                            "--insecure-verbs=true"], environ={})
+    opts = extender_cmd.parse(["--auto-gpr=true", "--auto-gpr-direct=true", "--ledger=memory",
+                               "--insecure-verbs=true"], environ={})
     assert opts["auto_gpr_direct"] is True
 
 
