@@ -696,8 +696,8 @@ class ClusterView:
         return cpu, mem
 
     def _arrived(self, node: str, gpr: str, requests: dict[str, int]) -> None:
-        """A pod pinned to ``node`` is seen for the first time, in whatever state (waiting, or already bound when a
-        relist is the first to show it): the webhook's pin ahead of it, if any, is its own and ends."""
+        """A pod pinned to ``node`` is seen pinned for the first time, in whatever state (waiting, or already bound
+        when a relist is the first to show it): the webhook's pin ahead of it, if any, is its own and ends."""
         for resource in requests:
             ahead = self.pins_ahead.get((node, gpr, resource))
             if ahead:
@@ -819,7 +819,7 @@ class ClusterView:
         self._direct_host_of, self._direct_host = fresh._direct_host_of, fresh._direct_host
         if self.pins_ahead:  # pins whose pods this relist may be the first to show (bound by now, or not)
             for uid, view in self.pods.items():
-                if view.pinned and uid not in replaced:
+                if view.pinned and ((was := replaced.get(uid)) is None or not was.pinned):
                     self._arrived(view.pinned, view.gpr, view.requests)
         if self.ledger_source == "memory":
             self._rehold(self.pods)
@@ -845,7 +845,8 @@ class ClusterView:
             self.pods.pop(uid, None)
         else:
             self._host(uid, (view.node, *view.host) if view.node and view.live else None)
-            if view.pinned and uid not in self.pods:
+            # first seen pinned: new, or pinned since (a pod held at the gate and pinned by the binder's patch)
+            if view.pinned and ((was := self.pods.get(uid)) is None or not was.pinned):
                 self._arrived(view.pinned, view.gpr, view.requests)
             self.pods[uid] = view
             if view.node and uid in self.claims:  # bound (by this replica or another): the ledger holds it now

@@ -392,6 +392,21 @@ def test_the_binder_admits_a_handed_over_pod_at_once_or_gives_it_a_gpr() -> None
     assert asyncio.run(binder._hand_off("no-such-uid", NS, "q")) is True
 
 
+def test_a_handed_over_pod_seen_pinned_ends_its_pin_ahead() -> None:
+    """The binder's patch pins a pod its view had seen unpinned (held at the gate): when the view sees it pinned,
+    the pin ahead the binder gave it ends, or its devices would count twice for the pin's 30 s."""
+    lookup = PodLookup()
+    lookup.namespace(NS, **{"accelstack.io/default-template": "one"})
+    lookup.template(NS, "one", dict(TEMPLATE))
+    view = cluster()
+    stored = handed(lookup, view, "p")
+    assert asyncio.run(webhook(lookup, view)._hand_off(stored["metadata"]["uid"], NS, "p")) is True
+    assert view.pinned_share("n0", "", GPU) == 1 and view.pins_ahead  # ahead of the event
+    view.on_pod("MODIFIED", lookup.pods[(NS, "p")])
+    assert view.pinned_share("n0", "", GPU) == 1 and not view.pins_ahead  # the pod's own now, once
+    assert view.pinned_host("n0") == view._direct_host.get("n0", (0, 0))
+
+
 def test_the_binders_loop_admits_what_is_handed_over_only_while_it_answers_the_verbs() -> None:
     lookup = PodLookup()
     lookup.namespace(NS, **{"accelstack.io/default-template": "one"})
