@@ -7,9 +7,10 @@ own and its gate, as without the flag."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
@@ -20,14 +21,14 @@ from tests.realcluster.stack import Stack
 DIRECT = ("--auto-gpr=true", "--auto-gpr-direct=true")
 
 
-@contextlib.contextmanager
-def direct_admission(stack: Stack) -> Iterator[None]:
-    """The stack's extender restarted with the flags, and as it was afterwards."""
+@pytest.fixture(scope="module")
+def direct(stack: Stack) -> Iterator[Stack]:
+    """The stack's extender restarted with the flags for this module's tests, and as it was afterwards."""
     before = list(stack.extender_args)
     stack.extender_args = [*before, *DIRECT]
     stack.restart_extender()
     try:
-        yield
+        yield stack
     finally:
         stack.extender_args = before
         stack.restart_extender()
@@ -67,50 +68,49 @@ def assert_admitted_at_once(cp: ControlPlane, ns: str, name: str, names: list[st
     return on
 
 
-def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, stack: Stack, ns: str,
+def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, direct: Stack, ns: str,
                                                                nodes: Nodes) -> None:
-    model, names = setup(cp, stack, ns, nodes)
-    with direct_admission(stack):
-        assert not queued_elsewhere(cp), queued_elsewhere(cp)
-        bare = [f"bare-{i}" for i in range(6)]
-        with ThreadPoolExecutor(6) as pool:
-            list(pool.map(lambda name: cp.create(f"api/v1/namespaces/{ns}/pods", pod(name)), bare))
-        for name in bare:
-            assert_admitted_at_once(cp, ns, name, names)
-        assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []  # no GPR object for any of them
-        assert sorted(bound_gpus(cp, n) for n in names) == [0, 6]  # packed on one node
-        # a GPR for both nodes whole waits for the devices the bare pods hold, and says who holds them
-        cp.create(GPRS.format(ns=ns), gpr("big", devices=8, nodes=2, models=[model]))
-        status = wait_for("big queued for capacity", lambda: (s := gpr_status(cp, ns, "big")).get(
-            "reason") == "InsufficientCapacity" and s)
-        assert status["phase"] == "Queued", status
-        # now something waits: the next bare pod gets a GPR of its own, gated like any
-        cp.create(f"api/v1/namespaces/{ns}/pods", pod("after"))
-        obj = pod_obj(cp, ns, "after")
-        assert (obj["metadata"].get("labels") or {}).get("accelstack.io/gpr") == "after", obj["metadata"]
-        made = cp.get(f"{GPRS.format(ns=ns)}/after") or {}
-        assert (made.get("metadata", {}).get("labels") or {}).get("accelstack.io/auto-gpr") == "true", made
-        for name in names:
-            assert bound_gpus(cp, name) <= 8, name
+    model, names = setup(cp, direct, ns, nodes)
+    assert not queued_elsewhere(cp), queued_elsewhere(cp)
+    bare = [f"bare-{i}" for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda name: cp.create(f"api/v1/namespaces/{ns}/pods", pod(name)), bare))
+    for name in bare:
+        assert_admitted_at_once(cp, ns, name, names)
+    assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []  # no GPR object for any of them
+    assert sorted(bound_gpus(cp, n) for n in names) == [0, 6]  # packed on one node
+    # a GPR for both nodes whole waits for the devices the bare pods hold, and says who holds them
+    cp.create(GPRS.format(ns=ns), gpr("big", devices=8, nodes=2, models=[model]))
+    status = wait_for("big queued for capacity", lambda: (s := gpr_status(cp, ns, "big")).get(
+        "reason") == "InsufficientCapacity" and s)
+    assert status["phase"] == "Queued", status
+    # now something waits: the next bare pod gets a GPR of its own, gated like any
+    cp.create(f"api/v1/namespaces/{ns}/pods", pod("after"))
+    obj = pod_obj(cp, ns, "after")
+    assert (obj["metadata"].get("labels") or {}).get("accelstack.io/gpr") == "after", obj["metadata"]
+    made = cp.get(f"{GPRS.format(ns=ns)}/after") or {}
+    assert (made.get("metadata", {}).get("labels") or {}).get("accelstack.io/auto-gpr") == "true", made
+    for name in names:
+        assert bound_gpus(cp, name) <= 8, name
 
 
-def test_pods_the_replica_that_does_not_bind_answers_are_handed_to_the_binder(cp: ControlPlane, stack: Stack,
+def test_pods_the_replica_that_does_not_bind_answers_are_handed_to_the_binder(cp: ControlPlane, direct: Stack,
                                                                               ns: str, nodes: Nodes) -> None:
     """The Deployment runs two replicas behind the webhook's Service: the one that does not answer the verbs holds
     the pod at the gate, labelled pending, with no GPR; the binder pins it and lifts the gate in one patch."""
+    stack = direct
     _, names = setup(cp, stack, ns, nodes)
-    with direct_admission(stack):
-        second, _ = stack.second_extender()
-        ca = cp.pki.ca_crt.read_bytes()
-        try:
-            cp.apply(webhooks_to(stack.objects, second.health, ca))  # every webhook call to the other replica
-            made = [cp.create(f"api/v1/namespaces/{ns}/pods", pod(f"handed-{i}")) for i in range(3)]
-            for obj in made:  # as the other replica answered
-                assert obj["metadata"]["labels"] == {"accelstack.io/direct": "pending"}, obj["metadata"]
-                assert obj["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}], obj["spec"]
-            on = {assert_admitted_at_once(cp, ns, f"handed-{i}", names) for i in range(3)}
-            assert len(on) == 1, on  # the binder packs them, as its own
-            assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []
-        finally:
-            cp.apply(webhooks_to(stack.objects, stack.url, ca))
-            second.stop()
+    second, _ = stack.second_extender()
+    ca = cp.pki.ca_crt.read_bytes()
+    try:
+        cp.apply(webhooks_to(stack.objects, second.health, ca))  # every webhook call to the other replica
+        made = [cp.create(f"api/v1/namespaces/{ns}/pods", pod(f"handed-{i}")) for i in range(3)]
+        for obj in made:  # as the other replica answered
+            assert obj["metadata"]["labels"] == {"accelstack.io/direct": "pending"}, obj["metadata"]
+            assert obj["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}], obj["spec"]
+        on = {assert_admitted_at_once(cp, ns, f"handed-{i}", names) for i in range(3)}
+        assert len(on) == 1, on  # the binder packs them, as its own
+        assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []
+    finally:
+        cp.apply(webhooks_to(stack.objects, stack.url, ca))
+        second.stop()
