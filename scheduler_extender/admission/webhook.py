@@ -451,7 +451,8 @@ class Webhook:
         # admit an unlabelled pod at once, with no GPR object, when nothing waits and its template asks for no
         # more than one node's free devices (only where ``pin`` says this replica's view holds every claim)
         self.auto_gpr_direct = auto_gpr_direct
-        self._direct_order: tuple[float, int, list[str], dict[str, int]] = (-math.inf, 0, [], {})
+        # the nodes in name order, and where each is in it, for the view's node_names_version
+        self._direct_order: tuple[int, list[str], dict[str, int]] = (-1, [], {})
         self._direct_hint: dict[str, str] = {}  # resource -> the node the last direct admission chose
         # (namespace, pod name or "~" generateName, node) -> until when a reinvocation for it gets that node again
         self._direct_given: dict[tuple[str, str, str], float] = {}
@@ -870,11 +871,11 @@ class Webhook:
         models = set(g["models"])
         nodes = view.nodes
         now = time.monotonic()
-        made, size, order, where = self._direct_order
-        if size != len(nodes) or now - made > 10.0:  # nodes come and go: the order is made again
+        names_version, order, where = self._direct_order
+        if names_version != view.node_names_version:  # a node came or went: the order is made again
             order = sorted(nodes)
             where = {name: i for i, name in enumerate(order)}
-            self._direct_order = (now, len(nodes), order, where)
+            self._direct_order = (view.node_names_version, order, where)
         start = where.get(self._direct_hint.get(resource, ""), 0)
         for k in range(min(DIRECT_SCAN, len(order))):
             name = order[(start + k) % len(order)]

@@ -444,6 +444,7 @@ class ClusterView:
         self._ahead: dict[str, int] = {}
         self.version = 0  # counts changes (an index derived from the view knows when it is stale)
         self.nodes_version = 0  # counts changes of nodes alone ...
+        self.node_names_version = 0  # ... and of which nodes there are (one added or deleted, a relist)
         self.gprs_version = 0  # ... and of GPRs alone (an index that reads no pods is not stale after a pod event)
         # node -> (the NodeView they were computed for, facts of that node and the reservations on it): kept
         # until the node or a reservation on it changes (filter asks per node per pod). Facts: resource -> devices
@@ -497,6 +498,7 @@ class ClusterView:
         self.version += 1
         self.nodes_version += 1
         self.nodes, self.recorded, self._withheld = fresh.nodes, fresh.recorded, {}
+        self.node_names_version += 1
         return replaced
 
     def on_node(self, kind: str, obj: dict[str, Any]) -> None:
@@ -507,6 +509,7 @@ class ClusterView:
             gone = self.nodes.pop(name, None)
             self._withheld.pop(name, None)
             if gone is not None:
+                self.node_names_version += 1
                 self._record(gone, None)
             return
         view = node_view(obj, self.resources)
@@ -588,6 +591,8 @@ class ClusterView:
             except ValueError:
                 pass
         self.nodes[view.name] = view
+        if current is None:
+            self.node_names_version += 1
         if current is None or current.ledger != view.ledger:
             self._record(current, view)
 

@@ -131,6 +131,19 @@ def test_the_cpu_of_pods_admitted_at_once_counts_on_their_node_before_they_are_b
     assert stored["metadata"]["labels"] == {"accelstack.io/gpr": "p5"}
 
 
+def test_nodes_replaced_by_as_many_others_are_looked_at() -> None:
+    """The webhook keeps the nodes in name order between calls: two nodes deleted and two others made (the same
+    count) must not leave it looking at the old ones."""
+    view, lookup = cluster(nodes=2), lookup_with()
+    hook = webhook(lookup, view)
+    assert pinned_to(admit(hook, bare("p"))[1]) == "n0"
+    for name in ("n0", "n1"):
+        view.on_node("DELETED", node(name, gpus=8))
+    for name in ("m0", "m1"):
+        view.on_node("ADDED", node(name, gpus=8))
+    assert pinned_to(admit(hook, bare("q"))[1]) == "m0"
+
+
 def test_a_pod_of_its_own_deadline_keeps_the_shorter_one() -> None:
     view, lookup = cluster(), lookup_with()
     obj = bare("short")

@@ -14,9 +14,20 @@ import pytest
 
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ControlPlane
-from tests.realcluster.objects import GPRS, bound_gpus, gpr, gpr_status, pod, pod_obj, wait_bound, wait_for
+from tests.realcluster.objects import (
+    GPRS,
+    account_token,
+    bound_gpus,
+    gpr,
+    gpr_status,
+    pod,
+    pod_obj,
+    wait_bound,
+    wait_for,
+)
 from tests.realcluster.shipped import webhooks_to
 from tests.realcluster.stack import Stack
+from tests.realcluster.test_members import rest
 
 DIRECT = ("--auto-gpr=true", "--auto-gpr-direct=true")
 
@@ -43,7 +54,7 @@ def queued_elsewhere(cp: ControlPlane) -> list[str]:
 
 def setup(cp: ControlPlane, stack: Stack, ns: str, nodes: Nodes) -> tuple[str, list[str]]:
     """Two 8-GPU nodes of a model only they have, the namespace's default template one GPU of that model on one
-    node, not preemptible; the scheduler running. (model, node names)"""
+    node, not preemptible; the scheduler running; no GPR queued. (model, node names)"""
     model = f"direct-{ns}"[:63].rstrip("-")
     names = [nodes.add(f"n{i}", labels={"nvidia.com/gpu.product": model}) for i in range(2)]
     cp.patch(f"api/v1/namespaces/{ns}", {"metadata": {"annotations": {"accelstack.io/default-template": "one"}}})
@@ -52,6 +63,20 @@ def setup(cp: ControlPlane, stack: Stack, ns: str, nodes: Nodes) -> tuple[str, l
         "spec": {"resource": "nvidia.com/gpu", "devicesPerNode": 1, "nodeCount": 1, "models": [model],
                  "preemptible": False, "exitDuration": "1h"}})
     stack.start_scheduler()
+    # a GPR waiting anywhere turns admission at once off: the last test's are deleted with its namespace
+    wait_for("no GPR queued in the cluster", lambda: not queued_elsewhere(cp) or None, timeout=30)
+    # and a node the binder's view does not hold yet (or without its devices) is no node to admit a pod to
+    token = account_token(cp, ns, "viewer", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}])
+    try:
+        def seen() -> bool | None:
+            status, body = rest(stack, cp, "/api/v1/inventory", token)
+            devices = {r["node"]: r["capacity"] for r in body.get("nodes") or ()} if status == 200 else {}
+            return all(devices.get(n) == 8 for n in names) or None
+
+        wait_for("the binder's view holding the nodes and their devices", seen, timeout=30)
+    finally:
+        for kind in ("clusterrolebindings", "clusterroles"):
+            cp.delete(f"apis/rbac.authorization.k8s.io/v1/{kind}/{ns}-viewer")
     return model, names
 
 
@@ -66,32 +91,6 @@ def assert_admitted_at_once(cp: ControlPlane, ns: str, name: str, names: list[st
     assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [on]}]}], terms
     assert on in names and obj["spec"]["activeDeadlineSeconds"] == 3600
     return on
-
-
-def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, direct: Stack, ns: str,
-                                                               nodes: Nodes) -> None:
-    model, names = setup(cp, direct, ns, nodes)
-    assert not queued_elsewhere(cp), queued_elsewhere(cp)
-    bare = [f"bare-{i}" for i in range(6)]
-    with ThreadPoolExecutor(6) as pool:
-        list(pool.map(lambda name: cp.create(f"api/v1/namespaces/{ns}/pods", pod(name)), bare))
-    for name in bare:
-        assert_admitted_at_once(cp, ns, name, names)
-    assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []  # no GPR object for any of them
-    assert sorted(bound_gpus(cp, n) for n in names) == [0, 6]  # packed on one node
-    # a GPR for both nodes whole waits for the devices the bare pods hold, and says who holds them
-    cp.create(GPRS.format(ns=ns), gpr("big", devices=8, nodes=2, models=[model]))
-    status = wait_for("big queued for capacity", lambda: (s := gpr_status(cp, ns, "big")).get(
-        "reason") == "InsufficientCapacity" and s)
-    assert status["phase"] == "Queued", status
-    # now something waits: the next bare pod gets a GPR of its own, gated like any
-    cp.create(f"api/v1/namespaces/{ns}/pods", pod("after"))
-    obj = pod_obj(cp, ns, "after")
-    assert (obj["metadata"].get("labels") or {}).get("accelstack.io/gpr") == "after", obj["metadata"]
-    made = cp.get(f"{GPRS.format(ns=ns)}/after") or {}
-    assert (made.get("metadata", {}).get("labels") or {}).get("accelstack.io/auto-gpr") == "true", made
-    for name in names:
-        assert bound_gpus(cp, name) <= 8, name
 
 
 def test_pods_the_replica_that_does_not_bind_answers_are_handed_to_the_binder(cp: ControlPlane, direct: Stack,
@@ -114,3 +113,28 @@ def test_pods_the_replica_that_does_not_bind_answers_are_handed_to_the_binder(cp
     finally:
         cp.apply(webhooks_to(stack.objects, stack.url, ca))
         second.stop()
+
+
+def test_bare_pods_run_at_once_without_a_gpr_until_a_gpr_waits(cp: ControlPlane, direct: Stack, ns: str,
+                                                               nodes: Nodes) -> None:
+    model, names = setup(cp, direct, ns, nodes)
+    bare = [f"bare-{i}" for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda name: cp.create(f"api/v1/namespaces/{ns}/pods", pod(name)), bare))
+    for name in bare:
+        assert_admitted_at_once(cp, ns, name, names)
+    assert (cp.get(GPRS.format(ns=ns)) or {}).get("items") == []  # no GPR object for any of them
+    assert sorted(bound_gpus(cp, n) for n in names) == [0, 6]  # packed on one node
+    # a GPR for both nodes whole waits for the devices the bare pods hold, and says who holds them
+    cp.create(GPRS.format(ns=ns), gpr("big", devices=8, nodes=2, models=[model]))
+    status = wait_for("big queued for capacity", lambda: (s := gpr_status(cp, ns, "big")).get(
+        "reason") == "InsufficientCapacity" and s)
+    assert status["phase"] == "Queued", status
+    # now something waits: the next bare pod gets a GPR of its own, gated like any
+    cp.create(f"api/v1/namespaces/{ns}/pods", pod("after"))
+    obj = pod_obj(cp, ns, "after")
+    assert (obj["metadata"].get("labels") or {}).get("accelstack.io/gpr") == "after", obj["metadata"]
+    made = cp.get(f"{GPRS.format(ns=ns)}/after") or {}
+    assert (made.get("metadata", {}).get("labels") or {}).get("accelstack.io/auto-gpr") == "true", made
+    for name in names:
+        assert bound_gpus(cp, name) <= 8, name
