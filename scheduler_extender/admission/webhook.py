@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import ClientError, web
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from kubeapi import AlreadyExists as KubeAlreadyExists
 from kubeapi import ApiError, NotFound
@@ -466,6 +466,7 @@ class Webhook:
         self.own_namespace = own_namespace  # no workspace may own it
         self.view = view  # the extender's informer view: GPRs looked up without an API call
         self.latency = webhook_latency(registry)
+        self.bare_pods = bare_pods_counter(registry)
         self.resources = tuple(resources)
         self.auto_gpr = auto_gpr
         self.max_body = max_body
@@ -583,6 +584,7 @@ class Webhook:
             if isinstance(made, dict):
                 return made
             if isinstance(made, Direct):
+                self.bare_pods.labels("admitted" if made.node else "held").inc()
                 return review_response(uid, True, patch=self._direct_patch(meta, spec, made), warnings=warnings)
             gpr_name = made
         patch: list[dict[str, Any]] = []
@@ -1022,10 +1024,12 @@ class Webhook:
                 return True
             patch.append({"op": "replace", "path": f"/metadata/labels/{_escape(DIRECT_LABEL)}", "value": "true"})
             await self.lookup.patch_pod(namespace, name, patch)
+            self.bare_pods.labels("handed-admitted").inc()
             log.debug("admitted a handed-over pod at once", extra={"pod": f"{namespace}/{name}", "node": made.node})
             return True
         if isinstance(made, str):
             await self.lookup.patch_pod(namespace, name, {"metadata": {"labels": {GPR_LABEL: made, DIRECT_LABEL: None}}})
+            self.bare_pods.labels("handed-gpr").inc()
             return True
         if isinstance(made, dict):
             raise RuntimeError(str(((made.get("response") or {}).get("status") or {}).get("message") or made))
@@ -1221,6 +1225,23 @@ def webhook_latency(registry: CollectorRegistry | None = None) -> Histogram:
                           registry=registry)
     _LATENCY[id(registry)] = (registry, histogram)
     return histogram
+
+
+_BARE: dict[int, tuple[CollectorRegistry, Counter]] = {}
+
+
+def bare_pods_counter(registry: CollectorRegistry | None = None) -> Counter:
+    """``accelstack_webhook_bare_pods_total{how}``, one per registry: the pods ``--auto-gpr-direct`` admitted with no
+    GPR (``admitted``: pinned by the binder's webhook; ``held``: held at the gate by another replica;
+    ``handed-admitted`` / ``handed-gpr``: a held pod the binder then pinned, or gave a GPR)."""
+    registry = registry or REGISTRY
+    known = _BARE.get(id(registry))
+    if known is not None and known[0] is registry:
+        return known[1]
+    counter = Counter("accelstack_webhook_bare_pods", "Pods without a GPR label the webhook admitted at once, held "
+                      "for the binder, or the binder then settled (--auto-gpr-direct)", ["how"], registry=registry)
+    _BARE[id(registry)] = (registry, counter)
+    return counter
 
 
 def add_webhook_routes(app: web.Application, handler: Webhook) -> None:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from scheduler_extender.admission.webhook import Webhook, handed_over
 from scheduler_extender.cmd import extender as extender_cmd
@@ -46,10 +47,6 @@ def lookup_with(template: dict[str, Any] | None = None, **annotations: str) -> M
     lookup.namespace(NS, **{"accelstack.io/default-template": "one", **annotations})
     lookup.template(NS, "one", dict(TEMPLATE if template is None else template))
     return lookup
-
-
-def webhook(lookup: MemoryLookup, view: ClusterView, *, direct: bool = True, pin: bool = True) -> Webhook:
-    return Webhook(lookup, auto_gpr=True, auto_gpr_direct=direct, view=view, pin=lambda: pin)  # type: ignore[arg-type]
 
 
 def bare(name: str, gpus: int = 1, cpu: str = "", **meta: Any) -> dict[str, Any]:
@@ -92,9 +89,16 @@ def pinned_to(obj: dict[str, Any]) -> str:
     return str(name)
 
 
+def webhook(lookup: MemoryLookup, view: ClusterView, *, direct: bool = True, pin: bool = True,
+            registry: CollectorRegistry | None = None) -> Webhook:
+    return Webhook(lookup, auto_gpr=True, auto_gpr_direct=direct, view=view, pin=lambda: pin,  # type: ignore[arg-type]
+                   registry=registry or CollectorRegistry())
+
+
 def test_a_bare_pod_is_admitted_at_once_with_no_gpr_and_the_nodes_are_packed_one_by_one() -> None:
     view, lookup = cluster(), lookup_with()
-    hook = webhook(lookup, view)
+    registry = CollectorRegistry()
+    hook = webhook(lookup, view, registry=registry)
     answer, stored = admit(hook, bare("p0"))
     assert lookup.created == []  # no GPR object
     assert stored["metadata"]["labels"] == {DIRECT_LABEL: "true"}
@@ -109,6 +113,7 @@ def test_a_bare_pod_is_admitted_at_once_with_no_gpr_and_the_nodes_are_packed_one
     assert view.pinned_share("n0", "", GPU) == 8
     assert pinned_to(admit(hook, bare("big", gpus=4))[1]) == "n1"
     assert lookup.created == []
+    assert registry.get_sample_value("accelstack_webhook_bare_pods_total", {"how": "admitted"}) == 10
 
 
 def test_the_cpu_of_pods_admitted_at_once_counts_on_their_node_before_they_are_bound() -> None:
@@ -368,13 +373,15 @@ def test_a_replica_that_does_not_answer_the_verbs_holds_the_pod_at_the_gate_for_
     """Its view lacks the binder's pins, so it pins nothing: with a node free in its view the pod is labelled
     pending and gated (no GPR); called again for it, it leaves it so."""
     view, lookup = cluster(), lookup_with()
-    other = webhook(lookup, view, pin=False)
+    registry = CollectorRegistry()
+    other = webhook(lookup, view, pin=False, registry=registry)
     answer, stored = admit(other, bare("p"))
     assert lookup.created == [] and handed_over(stored)
     assert stored["metadata"]["labels"] == {DIRECT_LABEL: "pending"}
     assert stored["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}]
     assert "affinity" not in stored["spec"] and stored["spec"]["activeDeadlineSeconds"] == 4 * 3600
     assert not view.pins_ahead and any("pins it to a node" in w for w in answer["warnings"])
+    assert registry.get_sample_value("accelstack_webhook_bare_pods_total", {"how": "held"}) == 1
     again = dict(stored, metadata={k: v for k, v in stored["metadata"].items() if k != "uid"})
     req = {"uid": "again", "operation": "CREATE", "namespace": NS, "object": again}
     assert "patch" not in asyncio.run(other._mutate_pod(req))["response"]
@@ -387,8 +394,8 @@ def test_the_binder_admits_a_handed_over_pod_at_once_or_gives_it_a_gpr() -> None
     lookup = PodLookup()
     lookup.namespace(NS, **{"accelstack.io/default-template": "one"})
     lookup.template(NS, "one", dict(TEMPLATE))
-    view = cluster()
-    binder = webhook(lookup, view)
+    view, registry = cluster(), CollectorRegistry()
+    binder = webhook(lookup, view, registry=registry)
     stored = handed(lookup, view, "p")
     assert asyncio.run(binder._hand_off(stored["metadata"]["uid"], NS, "p")) is True
     now = lookup.pods[(NS, "p")]
@@ -398,6 +405,8 @@ def test_the_binder_admits_a_handed_over_pod_at_once_or_gives_it_a_gpr() -> None
     view.on_gpr("ADDED", gpr("queued", phase="Queued", namespace="other"))
     stored = handed(lookup, view, "q")
     assert asyncio.run(binder._hand_off(stored["metadata"]["uid"], NS, "q")) is True
+    assert [registry.get_sample_value("accelstack_webhook_bare_pods_total", {"how": how})
+            for how in ("handed-admitted", "handed-gpr")] == [1, 1]
     now = lookup.pods[(NS, "q")]
     assert now["metadata"]["labels"] == {"accelstack.io/gpr": "q"} and [g["metadata"]["name"] for g in lookup.created] == ["q"]
     assert now["spec"]["schedulingGates"] == [{"name": "accelstack.io/gpr"}]
