@@ -34,6 +34,7 @@ from kubeapi.resources import EVENTS, GPR_TEMPLATES, GPRS, NODES, PODS, SERVICES
 
 log = logging.getLogger("accelstack.inference.operator")
 FIELD_MANAGER = o.MANAGED_BY
+ASSIGNED_FOR = 30.0  # seconds an assignment this process made is assumed while the pod informer has not shown it
 OWNED: dict[str, Resource] = {"Deployment": DEPLOYMENTS, "Service": SERVICES, "GPUProvisioningRequest": GPRS,
                               "PodDisruptionBudget": PDBS, "NetworkPolicy": NETWORK_POLICIES,
                               "HorizontalPodAutoscaler": HPAS}
@@ -148,6 +149,10 @@ class Operator:
         self._failures: dict[Key, int] = {}
         self._rng = random.Random()
         self._reported: set[tuple[str, str, str]] = set()
+        # pods this process pointed at a replica slot's GPR, until the pod informer shows it (or ASSIGNED_FOR
+        # seconds pass): a pass planned from a pod view that does not show the patch yet would give the same slot to
+        # a second pod
+        self._assigned: dict[Key, tuple[str, float]] = {}
 
     # ---- what to requeue ---------------------------------------------------------------------------------
     def enqueue(self, key: Key) -> None:
@@ -208,13 +213,26 @@ class Operator:
         template_name = ((endpoint.get("spec") or {}).get("gpr") or {}).get("template")
         owned = sorted((kind, key[1]) for kind, store in self.owned.items() for key, obj in store.objects.items()
                        if key[0] == namespace and owned_by(obj, uid))
-        pods = [p for (ns, _), p in self.pods.objects.items()
+        pods = [self._as_assigned(p) for (ns, _), p in self.pods.objects.items()
                 if ns == namespace and ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_ENDPOINT) == name]
         nodes = {n: self.nodes.objects[("", n)] for n in {(p.get("spec") or {}).get("nodeName") for p in pods}
                  if n and ("", n) in self.nodes.objects}
         return Observed(deployments=deployments, gprs=gprs, hpa=mine("HorizontalPodAutoscaler", name), pods=pods,
                         nodes=nodes, owned=owned, max_exit=self.max_exit(namespace), growth=growth,
                         gpr_template=self.templates.objects.get((namespace, template_name)) if template_name else None)
+
+    def _as_assigned(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The pod as this process last wrote it: with the GPR label of its assignment until the informer shows it."""
+        key = _key(pod)
+        memo = self._assigned.get(key)
+        if memo is None:
+            return pod
+        gpr, until = memo
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(o.GPR_LABEL) == gpr or time.monotonic() > until:
+            del self._assigned[key]
+            return pod
+        return {**pod, "metadata": {**pod["metadata"], "labels": {**labels, o.GPR_LABEL: gpr}}}
 
     # ---- acting -----------------------------------------------------------------------------------------------
     async def reconcile(self, key: Key) -> Plan | None:
@@ -285,6 +303,9 @@ class Operator:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {o.DELETION_COST: cost}})
         try:
             await self.kube.patch(PODS, pod, ops, namespace, patch_type="json")
+            now = time.monotonic()
+            self._assigned = {k: v for k, v in self._assigned.items() if v[1] > now}  # pods deleted meanwhile
+            self._assigned[(namespace, pod)] = (gpr, now + ASSIGNED_FOR)
             log.info("replica assigned", extra={"endpoint": f"{namespace}/{name}", "pod": pod, "from": before,
                                                 "gpr": gpr})
         except (NotFound, Conflict):

@@ -458,3 +458,63 @@ async def test_the_autoscalers_replicas_get_a_gpr_each_and_gated_pods_are_pointe
     await apiserver.put_object(PODS, other)
     await asyncio.sleep(0.3)
     assert get(apiserver, PODS, "new-3")["metadata"]["labels"]["accelstack.io/gpr"] == "llama-primary-new"  # type: ignore[index]
+
+
+async def test_a_pass_from_a_stale_pod_view_does_not_give_a_slot_to_a_second_pod(apiserver: APIServerPeer) -> None:
+    """Two passes a few milliseconds apart: the first points new-1 at replica slot llama-primary-2; the second plans
+    from a pod informer that has not shown that patch yet, with an older pod new-0 arrived meanwhile. Without the
+    operator remembering its own assignment, the second pass gave llama-primary-2 to new-0 as well (found on the real
+    cluster: one slot's GPR on two pods). Now new-0 gets the other slot."""
+    await apiserver.put_object(IE, endpoint())
+    async with connected(apiserver.url, field_manager=FIELD_MANAGER) as kube:
+        op = Operator(kube, resync=60)
+        stop = asyncio.Event()
+        informers = asyncio.create_task(op.run_informers(stop))
+        key = ("team-a", "llama")
+        try:
+            await eventually(op.synced, what="informers synced")
+            await op.reconcile(key)
+            await eventually(lambda: ("team-a", "llama-primary") in op.owned["GPUProvisioningRequest"].objects,
+                             what="base GPR seen")
+            base = copy.deepcopy(get(apiserver, GPR, "llama-primary"))
+            assert base is not None
+            base["status"] = {"phase": "Running"}
+            await apiserver.put_object(GPR, base, "MODIFIED")
+            running = gated("run-9", "llama-primary")
+            running["spec"] = {"nodeName": "gpu-1", "containers": []}
+            await apiserver.put_object(PODS, running)
+            await op.reconcile(key)
+            await eventually(lambda: ("team-a", "llama-primary") in op.owned["Deployment"].objects, what="Deployment")
+            dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
+            assert dep is not None
+            dep["spec"]["replicas"] = 3  # the HPA scaled it
+            await apiserver.put_object(DEP, dep, "MODIFIED")
+            await eventually(lambda: op.owned["Deployment"].objects[("team-a", "llama-primary")]["spec"][
+                "replicas"] == 3, what="informer saw the scale")
+            await op.reconcile(key)
+            await eventually(lambda: all(("team-a", f"llama-primary-{k}") in op.owned["GPUProvisioningRequest"].objects
+                                         for k in (2, 3)), what="slot GPRs seen")
+            await apiserver.put_object(PODS, gated("new-1", "llama-primary-new"))
+            await eventually(lambda: ("team-a", "new-1") in op.pods.objects, what="new-1 seen")
+            stale = copy.deepcopy(op.pods.objects[("team-a", "new-1")])
+            await op.reconcile(key)
+            assert (get(apiserver, PODS, "new-1") or {})["metadata"]["labels"]["accelstack.io/gpr"] == "llama-primary-2"
+            await eventually(lambda: op.pods.objects[("team-a", "new-1")]["metadata"]["labels"][
+                "accelstack.io/gpr"] == "llama-primary-2", what="the watch brought the patch")
+            op.pods.objects[("team-a", "new-1")] = stale  # as the store stood when the next pass ran on the cluster
+            await apiserver.put_object(PODS, gated("new-0", "llama-primary-new"))  # older: planned first
+            await eventually(lambda: ("team-a", "new-0") in op.pods.objects, what="new-0 seen")
+            await op.reconcile(key)
+            labels = {n: (get(apiserver, PODS, n) or {})["metadata"]["labels"]["accelstack.io/gpr"]
+                      for n in ("new-0", "new-1")}
+            assert labels == {"new-0": "llama-primary-3", "new-1": "llama-primary-2"}
+            # once the informer shows the assignment the memory of it ends, and the plan reads the pod as it is
+            current = apiserver.get(PODS, "team-a", "new-1")
+            assert current is not None
+            op.pods.objects[("team-a", "new-1")] = copy.deepcopy(current)
+            op.observe(op.endpoints.objects[key])
+            assert ("team-a", "new-1") not in op._assigned
+        finally:
+            stop.set()
+            informers.cancel()
+            await asyncio.gather(informers, return_exceptions=True)
