@@ -17,6 +17,8 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --parts tuning --variants  # round 3's candidates, scored offline
     .venv/bin/python bench/bench_estimates.py --parts tuning --lateness  # round 4's candidates, scored offline
     .venv/bin/python bench/bench_estimates.py --warm             # the history of the days before each part kept
+    .venv/bin/python bench/bench_estimates.py --clairvoyant      # a bound: exact hold times and the later arrivals
+    .venv/bin/python bench/bench_estimates.py --parts tuning --forecast 24   # round 5's candidate
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -32,6 +34,11 @@ predictor's (the mean wait is the same as without it): not an estimator (it know
 arrival) but a bound on what any better hold-time predictor could give; what error it leaves comes from what
 happens after the estimate (arrivals that rank ahead, the fluid approximation). It chooses nothing, so it may be
 run on the held-out part too.
+
+``--clairvoyant`` adds to ``--oracle`` the arrivals still to come that will rank ahead of each estimated GPR
+(:func:`_arrivals_ahead`); ``--clairvoyant-arrivals`` gives those arrivals alone, hold times predicted as today:
+bounds that split the error between hold times and later arrivals. ``--forecast HOURS`` (tuning part only) is a
+candidate estimator: the arrivals of the last HOURS, shifted that much later, stand for the ones to come.
 
 ``--warm`` changes the protocol, not the estimator: each part's estimates start from the duration history and
 calibration the days before it left (the held-out part after the whole tuning part is replayed, as a controller
@@ -51,6 +58,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import concurrent.futures
+import dataclasses
 import json
 import math
 import sys
@@ -64,11 +72,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from scheduler_extender.core import scheduler as core_scheduler
-from scheduler_extender.core.gpr import priority_class
+from scheduler_extender.core.gpr import GPR, priority_class
 from scheduler_extender.core.predictor import PER_OCTAVE, DurationPredictor, JobKey
 from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Job, Release, project
 from scheduler_extender.simulator.cli import BUNDLED
-from scheduler_extender.simulator.replay import replay_run, window
+from scheduler_extender.simulator.replay import Assignment, job_shape, replay_run, window
 from scheduler_extender.simulator.traces import read_philly_jobs, read_philly_nodes, read_quotas
 
 SPLIT_DAY = 31.0  # tuning: days [0, 31) after the first job (October 2017); held-out: day 31 on (November 2017)
@@ -90,11 +98,8 @@ def _positive(kind: type) -> Any:
     return conv
 
 
-def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False) -> dict[str, Any]:
-    """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait. ``warm``:
-    the days before the part are replayed first (the held-out part: the whole tuning part; the tuning part: its
-    first half, the second half then scored), and only the part's own arrivals are estimated, so its estimates
-    start from the duration history and calibration those days left, as a controller's do that kept them."""
+def _selection(part: str, load: float, days: float | None, warm: bool = False) -> tuple[Any, list[Any], Any, float]:
+    """The nodes, the jobs of ``part`` at ``load`` (see :func:`run_one`), the quotas and the first arrival scored."""
     traces = BUNDLED / "philly"
     nodes = read_philly_nodes(traces / "nodes.csv")
     jobs = read_philly_jobs(traces / "jobs_oct_nov_11vc.csv", max_gpus=sum(n.devices for n in nodes))
@@ -111,6 +116,15 @@ def run_one(part: str, load: float, days: float | None, every: int, warm: bool =
     elif days is not None:
         length = days if length is None else min(length, days)
     sel = window(jobs, days=length, start_day=start, load=load)
+    return nodes, sel, quotas, scored_from
+
+
+def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False) -> dict[str, Any]:
+    """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait. ``warm``:
+    the days before the part are replayed first (the held-out part: the whole tuning part; the tuning part: its
+    first half, the second half then scored), and only the part's own arrivals are estimated, so its estimates
+    start from the duration history and calibration those days left, as a controller's do that kept them."""
+    nodes, sel, quotas, scored_from = _selection(part, load, days, warm)
     res = replay_run(nodes, sel, "accelstack", quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
     e = res.estimate_error
     return {"part": part + (" (warm)" if warm else ""), "load": load,
@@ -121,11 +135,17 @@ def run_one(part: str, load: float, days: float | None, every: int, warm: bool =
 
 
 # ------------------------------------------------------------------ a bound: exact hold times (--oracle)
-def run_oracle(part: str, load: float, days: float | None, every: int) -> dict[str, Any]:
+def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bool = False,
+               exact_holds: bool = True, forecast_s: float | None = None) -> dict[str, Any]:
     """:func:`run_one` with the projection told every GPR's true hold time (the trace's duration): queued GPRs
     hold for it, holders release at admission + it. Only the estimate's inputs change: the holders' predicted
     ends the eviction rule reads (``_releases``, which an estimate brings up to date) are brought up to date
-    as before, and the estimate works on a copy."""
+    as before, and the estimate works on a copy. ``ahead`` (``--clairvoyant``): each estimate's projection is
+    also told the arrivals still to come that will rank ahead of the estimated GPR (see :func:`_arrivals_ahead`);
+    with ``exact_holds`` false (``--clairvoyant-arrivals``) only those, every hold time left to the predictor.
+    ``forecast_s`` (``--forecast``, a candidate estimator, not a bound): no exact hold times, and instead of the
+    real arrivals a forecast of them: those of the last ``forecast_s`` seconds again, shifted that much later
+    (and again, to the horizon)."""
     traces = BUNDLED / "philly"
     true = {j.job_id: float(j.duration_s) for j in read_philly_jobs(traces / "jobs_oct_nov_11vc.csv",
                                                                      max_gpus=1 << 30)}
@@ -146,17 +166,89 @@ def run_oracle(part: str, load: float, days: float | None, every: int) -> dict[s
             if h.name in true and h.admitted_at is not None:
                 end = max(h.admitted_at + true[h.name], now + 1.0)  # an end due now: the next tick's
                 exact[h.name] = Release(min(end, h.end_bound()), h.milli_total(), h.resource, h.workspace)
-        self._releases = exact
+        if exact_holds:
+            self._releases = exact
+        seen["eng"], seen["upto"] = self, upto
         try:
             return estimate(self, now, upto)
         finally:
             self._releases = kept
+            seen.clear()
 
-    cls.predicted_hold, cls.estimate_ranges = exact_hold, exact_estimate  # type: ignore[method-assign]
+    seen: dict[str, Any] = {}
+    base = core_scheduler.project
+    if ahead:
+        core_scheduler.project = _arrivals_ahead(part, load, days, true if exact_holds else None, seen,  # type: ignore[assignment]
+                                                 forecast_s)
+    cls.predicted_hold, cls.estimate_ranges = exact_hold if exact_holds else hold, exact_estimate  # type: ignore[method-assign]
+    what = ("oracle" if not ahead else f"forecast {forecast_s / 3600:g} h" if forecast_s
+            else "clairvoyant" if exact_holds else "arrivals known")
     try:
-        return run_one(part, load, days, every)
+        return {**run_one(part, load, days, every), "part": f"{part} ({what})"}
     finally:
         cls.predicted_hold, cls.estimate_ranges = hold, estimate  # type: ignore[method-assign]
+        core_scheduler.project = base
+
+
+AHEAD_HORIZON_S = 12 * 3600.0  # trace seconds after an estimate whose arrivals --clairvoyant tells it
+
+
+def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, float] | None,
+                    seen: dict[str, Any], forecast_s: float | None = None) -> Any:
+    """The projection of :func:`run_oracle` told the future too: for an estimate of one GPR (``upto``), every GPR
+    that arrives in the next :data:`AHEAD_HORIZON_S` and will rank ahead of it in the queue (a higher level, or
+    its level and an ageing-shifted submission earlier than its own) joins the projection from its arrival, at
+    its place in queue order, holding for its true duration (``true``; None: its predicted one). Each arrival's GPR is made as the replay makes it
+    (the same drawn priorities). Still a fluid projection: what it leaves is the projection's own approximation
+    (one pool per resource, no placement), evictions and backfill."""
+    _, sel, _, _ = _selection(part, load, days)
+    drawn = Assignment().draw(sel)
+    arrivals = [float(j.submit_s) for j in sel]
+    later: list[GPR] = []
+    for j, (prio, exit_s) in zip(sel, drawn, strict=True):
+        per_node, node_count = job_shape(j.num_gpu)
+        later.append(GPR(name=j.job_id, workspace=j.vc, devices_per_node=per_node, node_count=node_count,
+                         priority=prio, models=(j.model,) if j.model else (), submitted_at=float(j.submit_s),
+                         exit_duration_s=exit_s if j.exit_s is None else None if math.isinf(j.exit_s) else j.exit_s))
+    base = core_scheduler.project
+
+    def coming(now: float) -> Any:
+        if forecast_s is None:  # what will arrive
+            i = bisect.bisect_right(arrivals, now)
+            while i < len(arrivals) and arrivals[i] <= now + AHEAD_HORIZON_S:
+                yield later[i]
+                i += 1
+            return
+        lo, hi = bisect.bisect_right(arrivals, now - forecast_s), bisect.bisect_right(arrivals, now)
+        k = 1
+        while (k - 1) * forecast_s < AHEAD_HORIZON_S:  # what arrived lately, again
+            shift = k * forecast_s
+            for g in later[lo:hi]:
+                if g.submitted_at + shift <= now + AHEAD_HORIZON_S:
+                    yield dataclasses.replace(g, name=f"{g.name}~{k}", submitted_at=g.submitted_at + shift)
+            k += 1
+
+    def projection(capacity: dict[str, int], quotas: dict[str, int], holders: Any, jobs: Any, now: float,
+                   kept: Any = None) -> dict[str, float]:
+        eng, upto = seen.get("eng"), seen.get("upto")
+        if eng is None or upto is None or upto not in eng.gprs:
+            return base(capacity, quotas, holders, jobs, now, kept)
+        top = eng._key(eng.gprs[upto])
+        keyed = [(eng._key(eng.gprs[j.name]), j) for j in jobs]
+        for g in coming(now):
+            level = -3 if g.priority > 200 else -2 if g.priority > 100 else -1
+            if level > top[0] or (level == top[0] and g.submitted_at >= top[1]):
+                continue  # ranks behind it whatever its size
+            lv, at, pred = eng.size_rank(g)
+            key = (lv, at, 1 << 62, g.name)
+            if key < top:
+                hold = pred if true is None else true.get(g.name, pred)
+                keyed.append((key, Job(g.name, g.milli_total(), hold, g.submitted_at, 0, g.resource, g.workspace)))
+        keyed.sort(key=lambda kj: kj[0])
+        out = base(capacity, quotas, holders, [j._replace(order=r) for r, (_, j) in enumerate(keyed)], now, kept)
+        return {j.name: out[j.name] for j in jobs}
+
+    return projection
 
 
 # ------------------------------------------------------------------ round 3's candidates (--variants)
@@ -592,6 +684,14 @@ def main() -> int:
     ap.add_argument("--draws", type=_positive(int), default=16, help="Monte-Carlo draws for --variants (16)")
     ap.add_argument("--oracle", action="store_true",
                     help="a bound, not an estimator: the projection given every GPR's exact hold time")
+    ap.add_argument("--clairvoyant", action="store_true",
+                    help="a bound: --oracle's exact hold times and the arrivals that will rank ahead of each "
+                         "estimated GPR known too")
+    ap.add_argument("--clairvoyant-arrivals", action="store_true",
+                    help="a bound: the arrivals that will rank ahead of each estimated GPR known, hold times "
+                         "predicted as today")
+    ap.add_argument("--forecast", type=_positive(float), default=None, metavar="HOURS",
+                    help="a candidate (tuning part only): the arrivals of the last HOURS taken as what comes next")
     ap.add_argument("--warm", action="store_true",
                     help="replay the days before each part first and score only the part's arrivals (the held-out "
                          "part after the whole tuning part; the tuning part's second half after its first)")
@@ -604,8 +704,12 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
-    if sum((args.lateness, args.variants, args.oracle, args.warm)) > 1:
-        ap.error("--lateness, --variants, --oracle and --warm: one at a time")
+    if sum((args.lateness, args.variants, args.oracle, args.clairvoyant, args.clairvoyant_arrivals,
+            args.forecast is not None, args.warm)) > 1:
+        ap.error("--lateness, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast and --warm: "
+                 "one at a time")
+    if args.forecast is not None and parts != ["tuning"]:
+        ap.error("--forecast chooses between estimators: run it on --parts tuning only, never the held-out part")
     if args.lateness and parts != ["tuning"]:
         ap.error("--lateness chooses between estimators: run it on --parts tuning only, never the held-out part")
     if args.variants and parts != ["tuning"]:
@@ -617,9 +721,18 @@ def main() -> int:
         futs = [pool.submit(run_variants, p, load, days, args.estimate_every, args.draws) if args.variants
                 else pool.submit(run_lateness, p, load, days, args.estimate_every) if args.lateness
                 else pool.submit(run_oracle, p, load, days, args.estimate_every) if args.oracle
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True) if args.clairvoyant
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False)
+                if args.clairvoyant_arrivals
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, args.forecast * 3600)
+                if args.forecast is not None
                 else pool.submit(run_one, p, load, days, args.estimate_every, args.warm) for p, load in runs]
         rows = [f.result() for f in futs]
     print(("bound, not an estimator: the projection given every GPR's exact hold time (--oracle); " if args.oracle
+           else "bound, not an estimator: exact hold times and the arrivals that rank ahead known "
+           "(--clairvoyant); " if args.clairvoyant
+           else "bound, not an estimator: the arrivals that rank ahead known, hold times predicted "
+           "(--clairvoyant-arrivals); " if args.clairvoyant_arrivals
            else "warm: the days before each part replayed first, only the part's arrivals scored (the tuning part: "
            "its second half); " if args.warm
            else "") + f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"

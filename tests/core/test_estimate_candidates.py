@@ -97,6 +97,37 @@ def test_the_oracle_bound_changes_estimates_never_decisions() -> None:
     assert exact["waited_median_rel_err"] != today["waited_median_rel_err"]
 
 
+def test_the_arrivals_bounds_change_estimates_never_decisions_and_leave_the_projection_as_it_was() -> None:
+    """``--clairvoyant`` (exact hold times and the arrivals that rank ahead known) and ``--clairvoyant-arrivals``
+    (the arrivals alone) move the estimates and nothing else; with both known the fluid projection is exact for
+    most of the GPRs that wait (median relative error near 0), and the module's ``project`` is restored."""
+    from scheduler_extender.core import scheduler as core_scheduler
+
+    project = core_scheduler.project
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    both = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True)
+    arrivals = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False)
+    assert core_scheduler.project is project
+    for row in (both, arrivals):
+        assert (row["wait_mean_s"], row["evictions"], row["waited_n"]) == (
+            today["wait_mean_s"], today["evictions"], today["waited_n"])
+    assert both["waited_median_rel_err"] < 0.05 < today["waited_median_rel_err"]
+    assert arrivals["waited_median_rel_err"] < today["waited_median_rel_err"]
+    assert both["part"] == "tuning (clairvoyant)" and arrivals["part"] == "tuning (arrivals known)"
+
+
+def test_a_forecast_is_a_candidate_and_refuses_the_held_out_part(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--forecast", "6"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--parts tuning only" in capsys.readouterr().err
+    row = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, forecast_s=6 * 3600.0)
+    assert row["part"] == "tuning (forecast 6 h)" and row["wait_mean_s"] == bench.run_one("tuning", 4.0, 3.0, 5)[
+        "wait_mean_s"]
+
+
 def test_one_bound_or_candidate_set_at_a_time(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
