@@ -414,6 +414,17 @@ def gated(name: str, gpr: str) -> dict[str, Any]:
             "spec": {"schedulingGates": [{"name": "accelstack.io/gpr"}], "containers": []}}
 
 
+async def base_gpr_running(apiserver: APIServerPeer, pod_name: str) -> None:
+    """The endpoint's base GPR Running, with one replica pod past its gate on gpu-1."""
+    base = copy.deepcopy(get(apiserver, GPR, "llama-primary"))
+    assert base is not None
+    base["status"] = {"phase": "Running"}
+    await apiserver.put_object(GPR, base, "MODIFIED")
+    running = gated(pod_name, "llama-primary")
+    running["spec"] = {"nodeName": "gpu-1", "containers": []}
+    await apiserver.put_object(PODS, running)
+
+
 async def test_the_autoscalers_replicas_get_a_gpr_each_and_gated_pods_are_pointed_at_them(
         apiserver: APIServerPeer, operator: Running) -> None:
     """Issue 35.6b: the HPA scales 1 -> 3 with the base GPR running; GPRs llama-primary-2 and -3 are made and the
@@ -422,13 +433,7 @@ async def test_the_autoscalers_replicas_get_a_gpr_each_and_gated_pods_are_pointe
     await apiserver.put_object(IE, endpoint())
     operator.start()
     await eventually(lambda: get(apiserver, GPR, "llama-primary") is not None, what="GPR created")
-    base = copy.deepcopy(get(apiserver, GPR, "llama-primary"))
-    assert base is not None
-    base["status"] = {"phase": "Running"}
-    await apiserver.put_object(GPR, base, "MODIFIED")
-    running = gated("run-0", "llama-primary")
-    running["spec"] = {"nodeName": "gpu-1", "containers": []}
-    await apiserver.put_object(PODS, running)
+    await base_gpr_running(apiserver, "run-0")
     await eventually(lambda: get(apiserver, DEP, "llama-primary") is not None, what="Deployment")
     dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
     assert dep is not None
@@ -476,13 +481,7 @@ async def test_a_pass_from_a_stale_pod_view_does_not_give_a_slot_to_a_second_pod
             await op.reconcile(key)
             await eventually(lambda: ("team-a", "llama-primary") in op.owned["GPUProvisioningRequest"].objects,
                              what="base GPR seen")
-            base = copy.deepcopy(get(apiserver, GPR, "llama-primary"))
-            assert base is not None
-            base["status"] = {"phase": "Running"}
-            await apiserver.put_object(GPR, base, "MODIFIED")
-            running = gated("run-9", "llama-primary")
-            running["spec"] = {"nodeName": "gpu-1", "containers": []}
-            await apiserver.put_object(PODS, running)
+            await base_gpr_running(apiserver, "run-9")
             await op.reconcile(key)
             await eventually(lambda: ("team-a", "llama-primary") in op.owned["Deployment"].objects, what="Deployment")
             dep = copy.deepcopy(get(apiserver, DEP, "llama-primary"))
