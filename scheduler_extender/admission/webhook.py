@@ -1210,37 +1210,38 @@ class Webhook:
         return review_response(uid, True)
 
 
-_LATENCY: dict[int, tuple[CollectorRegistry, Histogram]] = {}
+# (id of a registry, metric name) -> (that registry, the metric made in it): each metric once per registry
+_METRICS: dict[tuple[int, str], tuple[CollectorRegistry, Any]] = {}
+
+
+def _once(registry: CollectorRegistry | None, name: str, make: Callable[[CollectorRegistry], Any]) -> Any:
+    """The metric ``name`` of ``registry`` (default: the global one), made by ``make`` the first time: every
+    Webhook of a process shares it, as a second registration of the same name would be refused."""
+    registry = registry or REGISTRY
+    known = _METRICS.get((id(registry), name))
+    if known is not None and known[0] is registry:
+        return known[1]
+    metric = make(registry)
+    _METRICS[(id(registry), name)] = (registry, metric)
+    return metric
 
 
 def webhook_latency(registry: CollectorRegistry | None = None) -> Histogram:
     """``accelstack_webhook_request_seconds{endpoint, outcome}``, one per registry."""
-    registry = registry or REGISTRY
-    known = _LATENCY.get(id(registry))
-    if known is not None and known[0] is registry:
-        return known[1]
-    histogram = Histogram("accelstack_webhook_request_seconds", "Admission webhook answer time (the API server "
-                          "gives up after the webhook's timeoutSeconds)", ["endpoint", "outcome"],
-                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-                          registry=registry)
-    _LATENCY[id(registry)] = (registry, histogram)
+    histogram: Histogram = _once(registry, "latency", lambda r: Histogram(
+        "accelstack_webhook_request_seconds", "Admission webhook answer time (the API server gives up after the "
+        "webhook's timeoutSeconds)", ["endpoint", "outcome"],
+        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=r))
     return histogram
-
-
-_BARE: dict[int, tuple[CollectorRegistry, Counter]] = {}
 
 
 def bare_pods_counter(registry: CollectorRegistry | None = None) -> Counter:
     """``accelstack_webhook_bare_pods_total{how}``, one per registry: the pods ``--auto-gpr-direct`` admitted with no
     GPR (``admitted``: pinned by the binder's webhook; ``held``: held at the gate by another replica;
     ``handed-admitted`` / ``handed-gpr``: a held pod the binder then pinned, or gave a GPR)."""
-    registry = registry or REGISTRY
-    known = _BARE.get(id(registry))
-    if known is not None and known[0] is registry:
-        return known[1]
-    counter = Counter("accelstack_webhook_bare_pods", "Pods without a GPR label the webhook admitted at once, held "
-                      "for the binder, or the binder then settled (--auto-gpr-direct)", ["how"], registry=registry)
-    _BARE[id(registry)] = (registry, counter)
+    counter: Counter = _once(registry, "bare_pods", lambda r: Counter(
+        "accelstack_webhook_bare_pods", "Pods without a GPR label the webhook admitted at once, held for the binder, "
+        "or the binder then settled (--auto-gpr-direct)", ["how"], registry=r))
     return counter
 
 
