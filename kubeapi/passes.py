@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable, Mapping, MutableMapping
+from typing import Any, TypeVar
 
 from kubeapi.errors import log_failure
 
@@ -21,6 +21,20 @@ def resource_version(obj: Mapping[str, Any] | None) -> int:
         return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
         return 0
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def keep_newer(store: MutableMapping[K, dict[str, Any]], key: K, written: dict[str, Any]) -> bool:
+    """Put the answer to our own write into an informer-fed ``store`` (so the next pass sees it before the watch
+    brings it), unless the store already holds a later version: the watch can deliver another writer's change
+    before the loop reads our answer, and the older answer would then hide that change until the object changes
+    again (a reply that is the last write, as a member acknowledging a share, never would). True when kept."""
+    if resource_version(written) < resource_version(store.get(key)):
+        return False
+    store[key] = written
+    return True
 
 
 async def wait_first(stop: asyncio.Event, poke: asyncio.Event | None, timeout: float) -> None:

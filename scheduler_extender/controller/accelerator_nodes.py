@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
 from kubeapi.informer import Informer
-from kubeapi.passes import resource_version, run_passes
+from kubeapi.passes import keep_newer, resource_version, run_passes
 from kubeapi.resources import GPRS, NODES, PODS, Resource
 from scheduler_extender.objects import accelerator_nodes as an
 from scheduler_extender.objects import gpr_codec as gr
@@ -424,9 +424,7 @@ class AcceleratorNodeController:
                     extra={"node": name, "verb": verb, "error": str(exc)[:300]})
 
     def _keep(self, obj: dict[str, Any]) -> None:
-        name = _name(obj)
-        if resource_version(obj) >= resource_version(self.objects.get(name)):
-            self.objects[name] = obj
+        keep_newer(self.objects, _name(obj), obj)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kubeapi import AlreadyExists, ApiError, Conflict, NotFound
 from kubeapi.informer import Informer
-from kubeapi.passes import resource_version, run_passes
+from kubeapi.passes import keep_newer, resource_version, run_passes
 from kubeapi.resources import (
     NAMESPACES,
     ROLE_BINDINGS,
@@ -159,8 +159,8 @@ class WorkspaceController:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if labels.get(wsp.MANAGED_LABEL) != wsp.MANAGED_BY:
             self.managed.pop(key, None)
-        elif resource_version(obj) >= resource_version(self.managed.get(key)):
-            self.managed[key] = obj
+        else:
+            keep_newer(self.managed, key, obj)
 
     def changed(self, *_: Any) -> None:
         """A GPR changed: the usage in some workspace's status may have."""
@@ -341,8 +341,7 @@ class WorkspaceController:
             log.warning("workspace status write failed", extra={"workspace": name, "error": str(exc)[:300]})
             return
         self.actions.labels("status", "Workspace", "ok").inc()
-        if resource_version(written) >= resource_version(self.workspaces.get(name)):
-            self.workspaces[name] = written
+        keep_newer(self.workspaces, name, written)
 
     # ---- the loop --------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
 from kubeapi.informer import Informer
-from kubeapi.passes import run_passes
+from kubeapi.passes import keep_newer, run_passes
 from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.clusters import member_namespace, micro_time
 from scheduler_extender.multicluster.placement import (
@@ -254,7 +254,7 @@ class Dispatcher:
             log.warning("the member's hub namespace is missing (left, or not joined)",
                         extra={"gpr": "/".join(_key(origin)), "cluster": cluster})
             return
-        self.dispatches[_key(created)] = created
+        keep_newer(self.dispatches, _key(created), created)
         self.writes += 1
 
     async def _write(self, origin: dict[str, Any], patch: dict[str, Any], decide: bool = False) -> None:
@@ -272,7 +272,7 @@ class Dispatcher:
         if decide:
             body["metadata"] = {"resourceVersion": (origin.get("metadata") or {}).get("resourceVersion")}
         written = await self.client.patch(GPRS, name, body, ns, subresource="status")
-        self.origins[(ns, name)] = written
+        keep_newer(self.origins, (ns, name), written)
         self.writes += 1
 
     async def _orphans(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from kubeapi import AlreadyExists, ApiError, Forbidden, KubeClient, NotFound
 from kubeapi.informer import Informer
-from kubeapi.passes import run_passes
+from kubeapi.passes import keep_newer, run_passes
 from kubeapi.resources import GPRS
 from scheduler_extender.multicluster.clusters import micro_time
 from scheduler_extender.multicluster.placement import (
@@ -155,7 +155,7 @@ class DispatchFollower:
             problem = ("NamespaceMissing", "NamespaceMissing", f"namespace {key[0]} does not exist on this member "
                        "(its workspace has not been created here)")
         else:
-            self.mine[key] = created
+            keep_newer(self.mine, key, created)
             self.writes += 1
             log.info("GPR created from the hub", extra={"gpr": "/".join(key), "dispatch": key[1]})
             await self._mirror(dispatch, created.get("status") or {}, now_text,
@@ -174,7 +174,7 @@ class DispatchFollower:
             return
         name = _key(dispatch)[1]
         written = await self.hub.patch(GPRS, name, {"status": patch}, self.hub_namespace, subresource="status")
-        self.dispatches[name] = written
+        keep_newer(self.dispatches, name, written)
         self.writes += 1
 
     async def _delete_orphans(self) -> None:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from kubeapi import ApiError, Conflict, KubeClient, NotFound
 from kubeapi.informer import Informer
-from kubeapi.passes import run_passes
+from kubeapi.passes import keep_newer, run_passes
 from scheduler_extender.multicluster.clusters import (
     CLUSTERS,
     LOST_AFTER_S,
@@ -160,7 +160,7 @@ class HubController:
                 if exc.status == 0 or exc.status >= 500:  # no answer: the view is not live until it answers again
                     self.heard_since = None
                 continue
-            self.clusters[name] = written
+            keep_newer(self.clusters, name, written)
             self.writes += 1
             self.metrics.writes.set(self.writes)
             was = next((c.get("status") for c in before.get("conditions") or [] if c.get("type") == "Ready"), None)

@@ -35,7 +35,7 @@ from typing import Any
 
 from kubeapi import AlreadyExists, ApiError, KubeClient, NotFound
 from kubeapi.informer import Informer
-from kubeapi.passes import run_passes
+from kubeapi.passes import keep_newer, run_passes
 from kubeapi.resources import CONFIGMAPS, WORKSPACES
 from scheduler_extender.multicluster.clusters import MEMBER_NAMESPACE_PREFIX, member_namespace
 from scheduler_extender.multicluster.kubeconfig import with_accounts
@@ -370,7 +370,7 @@ class WorkspaceDispatcher:
                 return  # the informer brings it
             except NotFound:
                 return  # the member left between the informer's view and now
-            self.carriers[key] = created
+            keep_newer(self.carriers, key, created)
             self.writes += 1
             log.info("workspace carried to a member", extra={"workspace": key[1], "cluster": cluster})
             return
@@ -378,7 +378,8 @@ class WorkspaceDispatcher:
         data = have.get("data") or {}
         if any(data.get(k) != v for k, v in want.items()):
             before = carried_shares(have)
-            self.carriers[key] = await self.client.patch(CONFIGMAPS, key[1], {"data": want}, member_namespace(cluster))
+            keep_newer(self.carriers, key, await self.client.patch(CONFIGMAPS, key[1], {"data": want},
+                                                                   member_namespace(cluster)))
             self.writes += 1
             if shares is not None and any(before.get(k) != v for k, v in shares.items()):
                 log.info("workspace share carried to a member", extra={
@@ -400,7 +401,7 @@ class WorkspaceDispatcher:
         if all(status.get(k) == v for k, v in body.items()):
             return
         written = await self.client.patch(WORKSPACES, name, {"status": body}, subresource="status")
-        self.workspaces[name] = written
+        keep_newer(self.workspaces, name, written)
         self.writes += 1
 
     async def _orphans(self, clusters: Mapping[str, Mapping[str, Any]]) -> None:
@@ -500,7 +501,7 @@ class WorkspaceFollower:
             except ApiError as exc:  # refused by the member's admission (a namespace another workspace holds, ...)
                 await self._answer(carrier, problem_verdict("Refused", str(exc).splitlines()[0][:300]))
                 return
-            self.mine[name] = mine
+            keep_newer(self.mine, name, mine)
             self.writes += 1
         elif mine.get("spec") != want["spec"] or \
                 (_meta(mine).get("annotations") or {}).get(ORIGIN) != want["metadata"]["annotations"][ORIGIN]:
@@ -511,7 +512,7 @@ class WorkspaceFollower:
             except ApiError as exc:
                 await self._answer(carrier, problem_verdict("Refused", str(exc).splitlines()[0][:300]))
                 return
-            self.mine[name] = mine
+            keep_newer(self.mine, name, mine)
             self.writes += 1
             agent_log.info("workspace updated from the hub", extra={"workspace": name})
         await self._answer(carrier, member_verdict(mine.get("status") or {}))
@@ -521,7 +522,8 @@ class WorkspaceFollower:
             return
         text = json.dumps(verdict, sort_keys=True, separators=(",", ":"))
         name = _name(carrier)
-        self.carriers[name] = await self.hub.patch(CONFIGMAPS, name, {"data": {"status": text}}, self.hub_namespace)
+        keep_newer(self.carriers, name, await self.hub.patch(CONFIGMAPS, name, {"data": {"status": text}},
+                                                             self.hub_namespace))
         self.writes += 1
 
     async def _delete_orphans(self) -> None:

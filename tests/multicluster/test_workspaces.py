@@ -324,6 +324,51 @@ def test_the_hub_splits_a_limit_and_moves_it_only_after_the_member_acknowledges(
     assert shares_now(api) == {"member-a": 8, "member-b": 0}
 
 
+class AgentAnswersFirst(FakeApi):
+    """A hub patch of a carrier whose answer reaches the hub after the agent's reply to it: the agent writes the
+    carrier's status (a later resourceVersion) and the hub's informer delivers that event, then the patch returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reply: Any = None  # (hub, member, enforced) to answer with while the next patch is in flight
+
+    async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                    subresource: str | None = None) -> Any:
+        written = await super().patch(res, name, body, namespace, subresource)
+        if self.reply is not None and res.plural == "configmaps":
+            hub, member, enforced = self.reply
+            self.reply = None
+            answer(self, member, enforced)
+            hub._on_carrier("MODIFIED", self.put("configmaps", self.objects[(
+                "configmaps", f"accelstack-member-{member}", "team")]))
+        return written
+
+
+def test_a_patch_answer_older_than_the_watch_does_not_hide_the_members_reply() -> None:
+    """The hub lowers member-a's share; member-a acknowledges before the hub has read its patch's answer. The
+    older answer must not replace the reply in the hub's view: member-b's share then moves (it stalled for good)."""
+    api = AgentAnswersFirst()
+    ws = workspace(clusters=["member-a", "member-b"])
+    ws["spec"]["policy"] = {"devices": [{"resource": "nvidia.com/gpu", "max": 8}]}
+    ws = api.put("workspaces", ws)
+    members = {"member-a": cluster("member-a"), "member-b": cluster("member-b")}
+    hub = WorkspaceDispatcher(api, lambda: members)  # type: ignore[arg-type]
+    hub._sync_workspaces([ws])
+    run(hub.pass_once())
+    answer(api, "member-a", 4, held=4)
+    answer(api, "member-b", 4, queued=8)
+    hub._sync_carriers(api.of("configmaps"))
+    run(hub.pass_once())  # a holds 4, b queues 8: 4 each, nothing moves
+    answer(api, "member-a", 4, held=0)  # a's GPR gone
+    hub._sync_carriers(api.of("configmaps"))
+    api.reply = (hub, "member-a", 0)  # a acknowledges 0 while the hub's patch lowering it is in flight
+    run(hub.pass_once())
+    assert shares_now(api)["member-a"] == 0 and api.reply is None
+    assert json.loads(hub.carriers[("member-a", "team")]["data"]["status"])["usage"][0]["max"] == 0
+    run(hub.pass_once())
+    assert shares_now(api) == {"member-a": 0, "member-b": 8}
+
+
 def test_one_member_gets_the_limit_whole_as_before() -> None:
     ws = workspace(clusters=["member-a"])
     ws["spec"]["policy"] = {"devices": [{"resource": "nvidia.com/gpu", "max": 8}]}

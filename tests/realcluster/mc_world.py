@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -252,6 +253,6 @@ def start_world() -> Iterator[World]:
             w.hub_proc.stop()
         for s in stacks:
             s.stop()
-        for m in members.values():
-            m.cp.cleanup()
-        hub.cleanup()
+        keep = os.environ.get("ACCELSTACK_KEEP_CONTROL_PLANE")  # as the session plane: logs kept to read
+        for plane in (*(m.cp for m in members.values()), hub):
+            plane.stop() if keep else plane.cleanup()

@@ -113,11 +113,29 @@ def test_a_device_quota_holds_across_both_members(world: World) -> None:
 
     # ---- the first deleted: the share moves to member-b, its GPR is admitted ----------------------------------
     a.cp.delete(f"{GPRS.format(ns='mcws-q-ns')}/big")
-    wait_for("member-b's GPR of 8 admitted", lambda: shares() and admitted(b.cp, "mcws-q-ns", "big"), timeout=90)
+    try:
+        wait_for("member-b's GPR of 8 admitted", lambda: shares() and admitted(b.cp, "mcws-q-ns", "big"), timeout=90)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_state(w)}") from None
     assert shares() == (0, 8)
     SECONDS["quota test body"] = time.monotonic() - started
     print(f"\nmc workspace quota seconds: {json.dumps({k: round(v, 1) for k, v in SECONDS.items()})}; "
           f"{len(seen)} share samples, max sum {max((x or 0) + (y or 0) for x, y in seen)}")
+
+
+def _state(w: World) -> str:
+    """What a stuck share move is made of: each member's enforced share, GPR and the hub's rows; the log tails."""
+    ws = w.hub.get(f"{WORKSPACES}/mcws-quota") or {}
+    lines = [f"hub status: {json.dumps(ws.get('status'))}"]
+    for m in w.members.values():
+        copy = m.cp.get(f"{WORKSPACES}/mcws-quota") or {}
+        lines.append(f"{m.name}: spec {json.dumps(copy.get('spec', {}).get('policy'))} status "
+                     f"{json.dumps((copy.get('status') or {}).get('usage'))} GPR {gpr_status(m.cp, 'mcws-q-ns', 'big')}")
+    procs = [*(p for s in w.stacks for p in s.controllers), *(m.agent for m in w.members.values() if m.agent),
+             *([w.hub_proc] if w.hub_proc else [])]
+    for p in procs:
+        lines.append(f"--- {p.cp.dir.joinpath('role').read_text()} {p.name} ---\n{p.tail(15)}")
+    return "\n".join(lines)
 
 
 def _default_sa(m: Member) -> bool:
