@@ -19,6 +19,7 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --warm             # the history of the days before each part kept
     .venv/bin/python bench/bench_estimates.py --clairvoyant      # a bound: exact hold times and the later arrivals
     .venv/bin/python bench/bench_estimates.py --parts tuning --forecast 24   # round 5's candidate
+    .venv/bin/python bench/bench_estimates.py --parts tuning --overtake      # the cluster's overtaking load
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -50,7 +51,9 @@ before calibration and calibrated from their own corrected first projections: a 
 its queued GPRs run against their first projections, :class:`Lateness`) and its burst rate (its arrivals since
 its oldest queued GPR, extrapolated over the queue's projected wait, :class:`Burst`). Each candidate's row also
 gives how often it scaled an estimate and how its factor correlates with the remaining lateness of today's
-estimate.
+estimate. ``--overtake`` (tuning part only) scores, the same way, the cluster's overtaking load instead
+(:class:`Overtake`): each projected wait stretched by 1 / (1 - rho), rho the recent arrivals' predicted work that
+would rank ahead of the GPR, over the cluster's GPUs.
 """
 
 from __future__ import annotations
@@ -542,6 +545,59 @@ class Burst(NamedTuple):
 BURST = [Burst(levels, shrink, cap) for levels in ("all", "ahead", "higher") for shrink in (0.0, 3.0)
          for cap in (math.inf, 2.0)]
 CANDIDATES: list[Lateness | Burst] = [*LATENESS, *BURST]
+SIZE_BINS = 64  # half-octaves of 1 + predicted GPU-seconds / 60: the size order's ageing shift, binned
+
+
+def size_bin(gpu_s: float) -> int:
+    return min(SIZE_BINS - 1, int(2 * math.log2(1.0 + max(0.0, gpu_s) / core_scheduler.SIZE_UNIT_GPU_S)))
+
+
+class Overtake(NamedTuple):
+    """One overtaking-load candidate (docs/estimates.md, "What was tried"): the work still to arrive that will pass the estimated GPR, as a load. rho = the
+    predicted GPU-seconds of the GPRs that arrived in the last ``hours`` and would rank ahead of it had they come
+    after it (``scope`` ``size``: a higher level, or its level and a smaller predicted size, the size order's rule
+    with the ageing shift left out; ``higher``: a higher level only), over the cluster's GPUs x the window. Work
+    ahead that drains at 1 while more arrives at rho takes 1 / (1 - rho) as long (the priority queue's classic
+    slowdown): the factor, with rho at most ``cap``."""
+
+    hours: float
+    cap: float
+    scope: str = "size"
+    slacked: bool = True
+
+    def label(self) -> str:
+        return f"overtaking load, last {self.hours:g} h, {self.scope}, rho at most {self.cap:g}"
+
+    def factor(self, sums: Any, level: int, b: int, gpus: float) -> float:
+        """``sums``: the window's predicted GPU-seconds by (level rank, size bin); ``level``, ``b``: the GPR's."""
+        work = float(sums[level + 1:].sum())
+        if self.scope == "size":
+            work += float(sums[level, :b].sum()) + 0.5 * float(sums[level, b])
+        rho = work / max(1.0, gpus * self.hours * 3600.0)
+        return 1.0 / (1.0 - min(rho, self.cap))
+
+
+OVERTAKE = [Overtake(hours, cap, scope) for scope in ("size", "higher") for hours in (6.0, 24.0, 72.0)
+            for cap in (0.5, 0.8)]
+
+
+class _Window:
+    """The arrivals of the last ``seconds`` (appended in time order), summed by (level rank, size bin)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.lo, self.hi = seconds, 0, 0
+        self.sums = np.zeros((3, SIZE_BINS))
+
+    def at(self, arrivals: list[tuple[float, int, int, float]], now: float) -> Any:
+        while self.hi < len(arrivals) and arrivals[self.hi][0] <= now:
+            _, lv, b, w = arrivals[self.hi]
+            self.sums[lv, b] += w
+            self.hi += 1
+        while self.lo < self.hi and arrivals[self.lo][0] <= now - self.seconds:
+            _, lv, b, w = arrivals[self.lo]
+            self.sums[lv, b] -= w
+            self.lo += 1
+        return self.sums
 
 
 class _LatenessRecorder:
@@ -549,12 +605,26 @@ class _LatenessRecorder:
     first projections of the GPRs queued *before* the estimate (as a live pass would see them), and logs them
     with the raw projection and the actual starts."""
 
-    def __init__(self) -> None:
+    def __init__(self, candidates: list[Any] | None = None) -> None:
+        self.candidates: list[Any] = CANDIDATES if candidates is None else candidates
         self.log: list[tuple[Any, ...]] = []
         self.arrivals: dict[str, list[tuple[float, int]]] = {}  # workspace -> (submitted at, level rank)
+        self.every: list[tuple[float, int, int, float]] = []  # (submitted at, level rank, size bin, GPU-seconds)
+        self.sizes: dict[str, tuple[int, int]] = {}  # GPR -> (level rank, size bin) at its submission
+        self.windows = {h: _Window(h * 3600.0) for h in {v.hours for v in self.candidates
+                                                          if isinstance(v, Overtake)}}
+        self.gpus = 0.0
 
-    def submitted(self, g: Any, now: float) -> None:
-        self.arrivals.setdefault(g.workspace, []).append((now, _RANK[priority_class(g.priority)]))
+    def submitted(self, g: Any, now: float, eng: Any = None) -> None:
+        rank = _RANK[priority_class(g.priority)]
+        self.arrivals.setdefault(g.workspace, []).append((now, rank))
+        if self.windows and eng is not None:
+            pred = eng.size_rank(g)[2]
+            work = pred * g.milli_total() / 1000.0
+            self.sizes[g.name] = (rank, size_bin(work))
+            self.every.append((now, rank, size_bin(work), work))
+            if not self.gpus:
+                self.gpus = sum(eng.inv.capacity_milli(r, healthy_only=False) for r in {g.resource}) / 1000.0
 
     def estimated(self, eng: Any, now: float, upto: str, before: dict[str, tuple[float, float, str]]) -> None:
         raw = eng.projection
@@ -566,16 +636,20 @@ class _LatenessRecorder:
                 by_ws.setdefault(g.workspace, []).append((now - t0, w0, cls))
                 queued.setdefault(g.workspace, []).append((g.submitted_at, _RANK[cls], raw[name] - now))
         memo: dict[tuple[str, str], list[float]] = {}
+        sums = {h: w.at(self.every, now) for h, w in self.windows.items()}
 
         def factors(name: str) -> list[float]:
             g = eng.gprs[name]
+            if self.windows:  # overtaking loads: a factor per GPR (its size)
+                level, b = self.sizes.get(name, (_RANK[priority_class(g.priority)], 0))
+                return [v.factor(sums[v.hours], level, b, self.gpus) for v in self.candidates]
             cls = priority_class(g.priority)
             got = memo.get((g.workspace, cls))
             if got is None:
                 smp, qd = by_ws.get(g.workspace, []), queued.get(g.workspace, [])
                 arr = self.arrivals.get(g.workspace, [])
                 got = memo[g.workspace, cls] = [v.factor(smp, cls) if isinstance(v, Lateness)
-                                                else v.factor(qd, arr, _RANK[cls], now) for v in CANDIDATES]
+                                                else v.factor(qd, arr, _RANK[cls], now) for v in self.candidates]
             return got
 
         for name, (_t0, w0, cls) in eng._first_est.items():
@@ -589,11 +663,11 @@ class _LatenessRecorder:
         self.log.append(("adm", name, now))
 
 
-def _corrected(v: Lateness | Burst, wait: float, f: float) -> float:
+def _corrected(v: Lateness | Burst | Overtake, wait: float, f: float) -> float:
     return max(0.0, (wait + CAL_SLACK_S) * f - CAL_SLACK_S) if v.slacked else wait * f
 
 
-def score_lateness(log: list[tuple[Any, ...]]) -> dict[str, dict[str, float]]:
+def score_lateness(log: list[tuple[Any, ...]], candidates: list[Any] | None = None) -> dict[str, dict[str, float]]:
     """Today's estimator (factor 1) and each candidate, scored as ``estimate_accuracy`` scores the sampled GPRs
     that waited over 60 s, each calibrated from its own corrected first projections. ``r_residual``: over those
     GPRs, the correlation of the candidate's log factor with today's remaining log lateness, log((actual wait +
@@ -604,7 +678,7 @@ def score_lateness(log: list[tuple[Any, ...]]) -> dict[str, dict[str, float]]:
             starts.setdefault(e[1], e[2])
     out: dict[str, dict[str, float]] = {}
     residual: list[float] = []  # today's, in the order of the scored estimates
-    for k, v in [(-1, Lateness()), *enumerate(CANDIDATES)]:
+    for k, v in [(-1, Lateness()), *enumerate(CANDIDATES if candidates is None else candidates)]:
         cal, first, rel, cover, logf = Calibrator(), {}, [], [], []
         for e in log:
             if e[0] == "first":
@@ -634,14 +708,15 @@ def score_lateness(log: list[tuple[Any, ...]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def run_lateness(part: str, load: float, days: float | None, every: int) -> dict[str, Any]:
-    """:func:`run_one` with round 4's lateness factors recorded beside the estimates and scored offline."""
-    rec = _LatenessRecorder()
+def run_lateness(part: str, load: float, days: float | None, every: int, overtake: bool = False) -> dict[str, Any]:
+    """:func:`run_one` with round 4's lateness factors (``overtake``: the overtaking loads instead) recorded
+    beside the estimates and scored offline."""
+    rec = _LatenessRecorder(OVERTAKE if overtake else None)
     cls_ = core_scheduler.Scheduler
     estimate_ranges, admit, submit = cls_.estimate_ranges, cls_._admit, cls_.submit
 
     def submit_(self: Any, g: Any, now: float, *args: Any, **kw: Any) -> Any:
-        rec.submitted(g, now)
+        rec.submitted(g, now, self)
         return submit(self, g, now, *args, **kw)
 
     def estimate_ranges_(self: Any, now: float, upto: str | None = None) -> Any:
@@ -662,7 +737,7 @@ def run_lateness(part: str, load: float, days: float | None, every: int) -> dict
     finally:
         cls_.estimate_ranges, cls_._admit = estimate_ranges, admit  # type: ignore[method-assign,assignment]
         cls_.submit = submit  # type: ignore[method-assign]
-    row["variants"] = score_lateness(rec.log)
+    row["variants"] = score_lateness(rec.log, rec.candidates)
     return row
 
 
@@ -683,6 +758,8 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true", help="score round 3's candidates too (tuning part only)")
     ap.add_argument("--lateness", action="store_true",
                     help="score round 4's lateness factors too (tuning part only)")
+    ap.add_argument("--overtake", action="store_true",
+                    help="score the cluster's overtaking load as a factor (tuning part only)")
     ap.add_argument("--draws", type=_positive(int), default=16, help="Monte-Carlo draws for --variants (16)")
     ap.add_argument("--oracle", action="store_true",
                     help="a bound, not an estimator: the projection given every GPR's exact hold time")
@@ -706,14 +783,15 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
-    if sum((args.lateness, args.variants, args.oracle, args.clairvoyant, args.clairvoyant_arrivals,
+    if sum((args.lateness, args.overtake, args.variants, args.oracle, args.clairvoyant, args.clairvoyant_arrivals,
             args.forecast is not None, args.warm)) > 1:
-        ap.error("--lateness, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast and --warm: "
-                 "one at a time")
+        ap.error("--lateness, --overtake, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast "
+                 "and --warm: one at a time")
     if args.forecast is not None and parts != ["tuning"]:
         ap.error("--forecast chooses between estimators: run it on --parts tuning only, never the held-out part")
-    if args.lateness and parts != ["tuning"]:
-        ap.error("--lateness chooses between estimators: run it on --parts tuning only, never the held-out part")
+    for flag, on in (("--lateness", args.lateness), ("--overtake", args.overtake)):
+        if on and parts != ["tuning"]:
+            ap.error(f"{flag} chooses between estimators: run it on --parts tuning only, never the held-out part")
     if args.variants and parts != ["tuning"]:
         ap.error("--variants chooses between estimators: run it on --parts tuning only, never the held-out part")
     days = args.days if args.days is not None else 7.0 if args.quick else None
@@ -721,7 +799,8 @@ def main() -> int:
     runs = [(p, load) for p in parts for load in loads]
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(args.workers, len(runs))) as pool:
         futs = [pool.submit(run_variants, p, load, days, args.estimate_every, args.draws) if args.variants
-                else pool.submit(run_lateness, p, load, days, args.estimate_every) if args.lateness
+                else pool.submit(run_lateness, p, load, days, args.estimate_every, args.overtake)
+                if args.lateness or args.overtake
                 else pool.submit(run_oracle, p, load, days, args.estimate_every) if args.oracle
                 else pool.submit(run_oracle, p, load, days, args.estimate_every, True) if args.clairvoyant
                 else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False)
@@ -748,7 +827,7 @@ def main() -> int:
               f"| {r['wait_mean_s']:,.0f} | {'yes' if meets(r) else 'no'} | {r['cpu_s']:.1f} |")
     print(f"targets: median relative error <= {TARGET_REL_ERR}, coverage {TARGET_COVERAGE[0]:.0f}-"
           f"{TARGET_COVERAGE[1]:.0f}% (jobs that waited over 60 s); wall {time.perf_counter() - t0:.0f} s")
-    if args.lateness:  # 109 candidates: one row each, the loads side by side
+    if args.lateness or args.overtake:  # one row per candidate, the loads side by side
         print("\n| candidate | " + " | ".join(f"load {r['load']:g}: error / coverage (share of estimates scaled, r with "
                                              "today's residual)" for r in rows) + " |")
         print("|---|" + "---|" * len(rows))

@@ -1,4 +1,4 @@
-"""Round 4's estimate candidates in ``bench/bench_estimates.py --lateness`` (docs/estimates.md): the factors are
+"""The estimate candidates of ``bench/bench_estimates.py`` (docs/estimates.md): the factors are
 worked out as documented and scored as the estimate is, so the figures the docs cite measure what they say."""
 
 from __future__ import annotations
@@ -135,3 +135,39 @@ def test_one_bound_or_candidate_set_at_a_time(
     with pytest.raises(SystemExit):
         bench.main()
     assert "one at a time" in capsys.readouterr().err
+
+
+def test_the_overtaking_load_counts_only_what_would_pass_and_slows_the_drain() -> None:
+    """The overtaking load (``--overtake``): rho is the windowed work of arrivals that would rank ahead (a higher level, or
+    the same level and smaller; half of the same size bin) over GPUs x window; the factor is 1 / (1 - rho),
+    rho capped. The window forgets what arrived before it."""
+    hour = 3600.0
+    small, big = bench.size_bin(600.0), bench.size_bin(600_000.0)
+    assert small < big
+    # 8 GPUs, a 1-hour window: 4 GPU-hours of higher-level work, 2 of small same-level, 2 of big same-level work
+    arrivals = [(10.0, 2, small, 4 * hour), (20.0, 1, small, 2 * hour), (30.0, 1, big, 2 * hour)]
+    window = bench._Window(hour)
+    sums = window.at(arrivals, 100.0)
+    one = bench.Overtake(1.0, 0.8)
+    assert one.factor(sums, 1, big, 8.0) == pytest.approx(1 / (1 - 0.8))  # rho 7/8 (4 + 2 + half of 2), capped
+    assert bench.Overtake(1.0, 0.95).factor(sums, 1, big, 8.0) == pytest.approx(1 / (1 - 7 / 8))
+    assert bench.Overtake(1.0, 0.95).factor(sums, 1, small, 8.0) == pytest.approx(1 / (1 - 5 / 8))
+    assert bench.Overtake(1.0, 0.95, "higher").factor(sums, 1, big, 8.0) == pytest.approx(1 / (1 - 4 / 8))
+    assert bench.Overtake(1.0, 0.95).factor(sums, 2, small, 8.0) == pytest.approx(1 / (1 - 2 / 8))  # top level
+    later = window.at(arrivals, 25.0 + hour)  # the first two have left the window
+    assert bench.Overtake(1.0, 0.95).factor(later, 1, big, 8.0) == pytest.approx(1 / (1 - 1 / 8))
+
+
+def test_overtake_scores_the_candidates_and_refuses_the_held_out_part(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--overtake"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--parts tuning only" in capsys.readouterr().err
+    row = bench.run_lateness("tuning", 4.0, 3.0, 5, overtake=True)
+    assert row["wait_mean_s"] == bench.run_one("tuning", 4.0, 3.0, 5)["wait_mean_s"]
+    scores = row["variants"]
+    assert list(scores) == ["today (factor 1)", *(v.label() for v in bench.OVERTAKE)]
+    assert all(v["waited_n"] == scores["today (factor 1)"]["waited_n"] > 20 for v in scores.values())
+    assert any(v["share_factor_above_1_pct"] > 50 for v in scores.values())  # the loads did scale estimates
