@@ -141,9 +141,8 @@ def run_one(part: str, load: float, days: float | None, every: int, warm: bool =
 def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bool = False,
                exact_holds: bool = True, forecast_s: float | None = None) -> dict[str, Any]:
     """:func:`run_one` with the projection told every GPR's true hold time (the trace's duration): queued GPRs
-    hold for it, holders release at admission + it. Only the estimate's inputs change: the holders' predicted
-    ends the eviction rule reads (``_releases``, which an estimate brings up to date) are brought up to date
-    as before, and the estimate works on a copy. ``ahead`` (``--clairvoyant``): each estimate's projection is
+    hold for it, holders release at admission + it. Only the estimate's inputs change (its own copy of the
+    holders' ends, ``_est_releases``; the eviction rule's are never an estimate's). ``ahead`` (``--clairvoyant``): each estimate's projection is
     also told the arrivals still to come that will rank ahead of the estimated GPR (see :func:`_arrivals_ahead`);
     with ``exact_holds`` false (``--clairvoyant-arrivals``) only those, every hold time left to the predictor.
     ``forecast_s`` (``--forecast``, a candidate estimator, not a bound): no exact hold times, and instead of the
@@ -159,23 +158,19 @@ def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bo
         return true.get(g.name) or hold(self, g)
 
     def exact_estimate(self: Any, now: float, upto: str | None = None) -> Any:
-        kept = self._releases
-        for h in self.holders.values():  # what the estimate does for the eviction rule, done as before
-            r = kept.get(h.name)
-            if r is None or r.end <= now:
-                kept[h.name] = self._predicted_end(h, now)
+        kept = self._est_releases
         exact = {}
         for h in self.holders.values():
             if h.name in true and h.admitted_at is not None:
                 end = max(h.admitted_at + true[h.name], now + 1.0)  # an end due now: the next tick's
                 exact[h.name] = Release(min(end, h.end_bound()), h.milli_total(), h.resource, h.workspace)
         if exact_holds:
-            self._releases = exact
+            self._est_releases = exact
         seen["eng"], seen["upto"] = self, upto
         try:
             return estimate(self, now, upto)
         finally:
-            self._releases = kept
+            self._est_releases = kept
             seen.clear()
 
     seen: dict[str, Any] = {}
@@ -371,12 +366,12 @@ class _Recorder:
             jobs = [Job(g.name, g.milli_total(), d, restored_at if shared(g.name) else g.not_before, i, g.resource,
                         g.workspace) for i, (g, d) in enumerate(zip(order, holds, strict=True))]
             rel = [Release(e, h.milli_total(), h.resource, h.workspace) for h, e in zip(hs, ends, strict=True)]
-            saved = eng._releases
-            eng._releases = {h.name: r for h, r in zip(hs, rel, strict=True)}
+            saved = eng._est_releases
+            eng._est_releases = {h.name: r for h, r in zip(hs, rel, strict=True)}
             try:
                 kept = eng._kept_jobs(order, jobs, now)
             finally:
-                eng._releases = saved
+                eng._est_releases = saved
             return project(capacity, eng.cfg.quotas or {}, rel + extra, jobs, now, kept)
 
         med = run([c[3] for c in hd], [c[1] for c in jd])

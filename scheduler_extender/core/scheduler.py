@@ -279,6 +279,9 @@ class Scheduler:
         self.queue.fresh = lambda proto, key: me._fresh(proto, key)
         self._pred: dict[str, float] = {}  # queued GPR -> predicted hold time (s), fixed when it joined the queue
         self._releases: dict[str, Release] = {}  # holder -> when it is predicted to release (see _predicted_end)
+        # the same for estimates alone: a holder's prediction depends on when it is made (how long it has held),
+        # so an estimate that refreshed the decisions' copy would move the eviction rule's later choices
+        self._est_releases: dict[str, Release] = {}
         self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
         self.projection: dict[str, float] = {}  # the last estimate's projected starts, before calibration
         # workspace -> its holders as (end bound, name, milli), sorted when read (_ends_of); kept up to date by
@@ -806,11 +809,11 @@ class Scheduler:
                 g.workspace)
             for i, g in enumerate(order)
         ]
-        releases = []
+        releases, cached = [], self._est_releases
         for h in self.holders.values():
-            r = self._releases.get(h.name)
+            r = cached.get(h.name)
             if r is None or r.end <= now:
-                r = self._releases[h.name] = self._predicted_end(h, now)
+                r = cached[h.name] = self._predicted_end(h, now)
             releases.append(r)
         releases += [Release(now, g.milli_total(), g.resource, g.workspace) for g in self.evicting.values()]
         for p in self.external.values():  # work outside any GPR: no end known
@@ -874,7 +877,7 @@ class Scheduler:
             masks.setdefault(resource, []).append((mask, members))
         # every holder's devices, node by node: (node, milli, predicted release)
         at: list[tuple[int, int, float]] = []
-        releases = self._releases  # (estimate_ranges has just brought every holder's up to date)
+        releases = self._est_releases  # (estimate_ranges has just brought every holder's up to date)
         for h in self.holders.values():
             if h.placement is not None:
                 end = releases[h.name].end
@@ -1029,6 +1032,7 @@ class Scheduler:
         """``g`` no longer holds anything: drop it from the indexes and predictions of holders."""
         self._held_epoch += 1
         self._releases.pop(g.name, None)
+        self._est_releases.pop(g.name, None)
         entry = self._ws_entry.pop(g.name, None)
         if entry is not None:
             lst = self._ends_of(g.workspace)
