@@ -289,8 +289,8 @@ def shares_now(api: FakeApi) -> dict[str, int]:
     return out
 
 
-def test_the_hub_splits_a_limit_and_moves_it_only_after_the_member_acknowledges() -> None:
-    api = FakeApi()
+def split_limit(api: FakeApi) -> tuple[WorkspaceDispatcher, dict[str, dict[str, Any]]]:
+    """A workspace of 8 GPUs on member-a and member-b, the hub's first pass made (4 each); the hub, the Clusters."""
     ws = workspace(clusters=["member-a", "member-b"])
     ws["spec"]["policy"] = {"devices": [{"resource": "nvidia.com/gpu", "max": 8}]}
     ws = api.put("workspaces", ws)
@@ -298,6 +298,12 @@ def test_the_hub_splits_a_limit_and_moves_it_only_after_the_member_acknowledges(
     hub = WorkspaceDispatcher(api, lambda: members)  # type: ignore[arg-type]
     hub._sync_workspaces([ws])
     run(hub.pass_once())
+    return hub, members
+
+
+def test_the_hub_splits_a_limit_and_moves_it_only_after_the_member_acknowledges() -> None:
+    api = FakeApi()
+    hub, members = split_limit(api)
     assert shares_now(api) == {"member-a": 4, "member-b": 4}  # idle: even, never 8 each
     answer(api, "member-a", 4, queued=8)
     answer(api, "member-b", 4)
@@ -348,13 +354,7 @@ def test_a_patch_answer_older_than_the_watch_does_not_hide_the_members_reply() -
     """The hub lowers member-a's share; member-a acknowledges before the hub has read its patch's answer. The
     older answer must not replace the reply in the hub's view: member-b's share then moves (it stalled for good)."""
     api = AgentAnswersFirst()
-    ws = workspace(clusters=["member-a", "member-b"])
-    ws["spec"]["policy"] = {"devices": [{"resource": "nvidia.com/gpu", "max": 8}]}
-    ws = api.put("workspaces", ws)
-    members = {"member-a": cluster("member-a"), "member-b": cluster("member-b")}
-    hub = WorkspaceDispatcher(api, lambda: members)  # type: ignore[arg-type]
-    hub._sync_workspaces([ws])
-    run(hub.pass_once())
+    hub, _ = split_limit(api)
     answer(api, "member-a", 4, held=4)
     answer(api, "member-b", 4, queued=8)
     hub._sync_carriers(api.of("configmaps"))
