@@ -26,12 +26,18 @@ def resource_version(obj: Mapping[str, Any] | None) -> int:
 K = TypeVar("K", bound=Hashable)
 
 
-def keep_newer(store: MutableMapping[K, dict[str, Any]], key: K, written: dict[str, Any]) -> bool:
+def keep_newer(store: MutableMapping[K, dict[str, Any]], key: K, written: dict[str, Any], *,
+               created: bool = False) -> bool:
     """Put the answer to our own write into an informer-fed ``store`` (so the next pass sees it before the watch
-    brings it), unless the store already holds a later version: the watch can deliver another writer's change
-    before the loop reads our answer, and the older answer would then hide that change until the object changes
-    again (a reply that is the last write, as a member acknowledging a share, never would). True when kept."""
-    if resource_version(written) < resource_version(store.get(key)):
+    brings it), unless the store holds a later version, or (``created`` false: anything but a create, or an
+    informer event) no longer holds the object at all. The watch can deliver another writer's change, or the
+    object's deletion, before the loop reads our answer: the older answer would then hide that change, or bring a
+    deleted object back, until something else touches it (for a deleted one, never: no event comes for it; a hub
+    that kept a member that had left placed work on it forever). True when kept."""
+    held = store.get(key)
+    if held is None and not created:
+        return False
+    if resource_version(written) < resource_version(held):
         return False
     store[key] = written
     return True

@@ -379,7 +379,7 @@ class AcceleratorNodeController:
             return
         self.writes.labels("create", "ok").inc()
         log.info("accelerator node detected", extra={"node": name})
-        self._keep(made)
+        keep_newer(self.objects, name, made, created=True)
 
     async def _write_status(self, name: str, status: dict[str, Any]) -> None:
         obj = self.objects.get(name)
@@ -400,7 +400,7 @@ class AcceleratorNodeController:
         if (old.get("phase"), old.get("managedBy")) != (status["phase"], status["managedBy"]):
             log.info("accelerator node state", extra={"node": name, "phase": status["phase"],
                                                       "managed_by": status["managedBy"], "reason": status["reason"]})
-        self._keep(written)
+        keep_newer(self.objects, name, written)
 
     async def _delete(self, name: str, uid: str) -> None:
         try:
@@ -422,9 +422,6 @@ class AcceleratorNodeController:
         self._dirty.add(name)  # planned again by the next pass, whatever asks for it (the resync at the latest)
         log.warning("accelerator node write failed; the next pass retries",
                     extra={"node": name, "verb": verb, "error": str(exc)[:300]})
-
-    def _keep(self, obj: dict[str, Any]) -> None:
-        keep_newer(self.objects, _name(obj), obj)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -142,7 +142,7 @@ class WorkspaceController:
             if kind == "DELETED":
                 self.managed.pop(key, None)
             else:
-                self._keep(key, obj)
+                self._keep(key, obj, created=True)  # the watch's own copy: new objects come this way
             self.poke.set()
         return handle
 
@@ -155,12 +155,12 @@ class WorkspaceController:
             self.poke.set()
         return sync
 
-    def _keep(self, key: tuple[str, str, str], obj: dict[str, Any]) -> None:
+    def _keep(self, key: tuple[str, str, str], obj: dict[str, Any], created: bool = False) -> None:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if labels.get(wsp.MANAGED_LABEL) != wsp.MANAGED_BY:
             self.managed.pop(key, None)
         else:
-            keep_newer(self.managed, key, obj)
+            keep_newer(self.managed, key, obj, created=created)
 
     def changed(self, *_: Any) -> None:
         """A GPR changed: the usage in some workspace's status may have."""
@@ -324,7 +324,7 @@ class WorkspaceController:
                 self.namespaces[a.name] = obj
                 self._changed(True)
         else:
-            self._keep((a.kind, a.namespace, a.name), obj)
+            self._keep((a.kind, a.namespace, a.name), obj, created=a.verb in ("create", "create-namespace"))
 
     async def _write_status(self, name: str, status: dict[str, Any]) -> None:
         obj = self.workspaces.get(name)

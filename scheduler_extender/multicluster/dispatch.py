@@ -254,7 +254,7 @@ class Dispatcher:
             log.warning("the member's hub namespace is missing (left, or not joined)",
                         extra={"gpr": "/".join(_key(origin)), "cluster": cluster})
             return
-        keep_newer(self.dispatches, _key(created), created)
+        keep_newer(self.dispatches, _key(created), created, created=True)
         self.writes += 1
 
     async def _write(self, origin: dict[str, Any], patch: dict[str, Any], decide: bool = False) -> None:

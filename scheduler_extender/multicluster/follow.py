@@ -155,7 +155,7 @@ class DispatchFollower:
             problem = ("NamespaceMissing", "NamespaceMissing", f"namespace {key[0]} does not exist on this member "
                        "(its workspace has not been created here)")
         else:
-            keep_newer(self.mine, key, created)
+            keep_newer(self.mine, key, created, created=True)
             self.writes += 1
             log.info("GPR created from the hub", extra={"gpr": "/".join(key), "dispatch": key[1]})
             await self._mirror(dispatch, created.get("status") or {}, now_text,

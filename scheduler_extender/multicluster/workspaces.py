@@ -370,7 +370,7 @@ class WorkspaceDispatcher:
                 return  # the informer brings it
             except NotFound:
                 return  # the member left between the informer's view and now
-            keep_newer(self.carriers, key, created)
+            keep_newer(self.carriers, key, created, created=True)
             self.writes += 1
             log.info("workspace carried to a member", extra={"workspace": key[1], "cluster": cluster})
             return
@@ -501,7 +501,7 @@ class WorkspaceFollower:
             except ApiError as exc:  # refused by the member's admission (a namespace another workspace holds, ...)
                 await self._answer(carrier, problem_verdict("Refused", str(exc).splitlines()[0][:300]))
                 return
-            keep_newer(self.mine, name, mine)
+            keep_newer(self.mine, name, mine, created=True)  # made, or read: not in the store before
             self.writes += 1
         elif mine.get("spec") != want["spec"] or \
                 (_meta(mine).get("annotations") or {}).get(ORIGIN) != want["metadata"]["annotations"][ORIGIN]:

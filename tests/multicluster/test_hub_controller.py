@@ -71,3 +71,35 @@ async def test_a_verdict_judged_from_a_stale_copy_is_not_written_and_the_fresh_o
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True"
     assert status["observedHeartbeat"] == fresh["status"]["lastHeartbeatTime"]  # the new beat, seen now
     assert server.patches[0]["metadata"] == {"resourceVersion": "8"}
+
+
+class LeavesWhileWritten(Server):
+    """The member leaves (``cluster leave`` deletes its Cluster) while the hub's status write is in flight: the
+    write lands first, the informer's DELETED event reaches the hub before the write's answer does."""
+
+    def __init__(self, obj: dict[str, Any], hub: list[HubController]) -> None:
+        super().__init__(obj)
+        self.hub = hub
+
+    async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                    **kw: Any) -> Any:
+        answer = await super().patch(res, name, body, namespace, **kw)
+        self.hub[0]._on_cluster("DELETED", copy.deepcopy(self.obj))
+        return answer
+
+
+async def test_a_member_that_left_while_its_status_was_written_is_not_brought_back() -> None:
+    """The write's answer must not put the deleted Cluster back in the hub's view: nothing would ever remove it
+    again, and the hub would keep the member Ready and its GPRs placed there (a real-cluster test saw a left
+    member's GPR never move)."""
+    hub_box: list[HubController] = []
+    beat = cluster("7", NOW - 0.2, NOW - 1)
+    server = LeavesWhileWritten(copy.deepcopy(beat), hub_box)
+    hub = HubController(server, lost_after=4.0, wall=lambda: NOW)  # type: ignore[arg-type]
+    hub_box.append(hub)
+    hub.informer.healthy = True
+    hub.heard_since = NOW - 30
+    hub.clusters = {"member-a": copy.deepcopy(beat)}
+    await hub.pass_once()  # a new heartbeat seen: written, and meanwhile the Cluster is deleted
+    assert len(server.patches) == 1
+    assert hub.clusters == {}
