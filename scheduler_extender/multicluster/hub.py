@@ -148,8 +148,12 @@ class HubController:
                 body["metadata"] = {"resourceVersion": rv}
             try:
                 written = await self.client.patch(CLUSTERS, name, body, subresource="status")
-            except NotFound:
-                continue  # left meanwhile
+            except NotFound:  # left: gone from the API server, so from the view too, whatever the watch has
+                # delivered (a stale entry would stay Ready, never judged again, its GPRs placed on it for good)
+                if self.clusters.get(name) is judged:
+                    self.clusters.pop(name, None)
+                    self._notify()
+                continue
             except Conflict:
                 # judged from a copy the watch had not brought up to date (right after the hub's own API server
                 # came back, its events can come seconds late): that copy's silence is no verdict. The fresh

@@ -5,10 +5,11 @@ the Clusters' events seconds late) makes the write a 409, and the next pass judg
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
-from kubeapi import Conflict, Resource
+from kubeapi import Conflict, NotFound, Resource
 from kubeapi.metrics import api_metrics
 from scheduler_extender.multicluster.clusters import micro_time
 from scheduler_extender.multicluster.hub import HubController
@@ -103,3 +104,26 @@ async def test_a_member_that_left_while_its_status_was_written_is_not_brought_ba
     await hub.pass_once()  # a new heartbeat seen: written, and meanwhile the Cluster is deleted
     assert len(server.patches) == 1
     assert hub.clusters == {}
+
+
+class Gone(Server):
+    """The API server no longer has the Cluster (its deletion's event has not reached the hub)."""
+
+    async def patch(self, res: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
+                    **kw: Any) -> Any:
+        raise NotFound(404, "NotFound", f'clusters.accelstack.io "{name}" not found')
+
+
+async def test_a_cluster_the_api_server_no_longer_has_leaves_the_view_at_the_next_verdict() -> None:
+    """Whatever the watch has delivered: a member whose Cluster is gone is dropped when the write of its verdict
+    is answered 404, so the dispatcher sees it left (and moves what had not started there)."""
+    beat = cluster("7", NOW - 10, NOW - 10)  # silent for 10 s: judged Lost, a write is due
+    beat["status"]["observedHeartbeat"] = beat["status"]["lastHeartbeatTime"]
+    hub = HubController(Gone(copy.deepcopy(beat)), lost_after=4.0, wall=lambda: NOW)  # type: ignore[arg-type]
+    hub.informer.healthy = True
+    hub.heard_since = NOW - 30
+    hub.clusters = {"member-a": copy.deepcopy(beat)}
+    seen = asyncio.Event()
+    hub.listeners.append(seen)
+    await hub.pass_once()
+    assert hub.clusters == {} and seen.is_set() and hub.writes == 0

@@ -224,8 +224,8 @@ def test_a_member_leaves_and_rejoins_with_new_objects_nothing_run_twice(mc_world
                   for o in a.cp.api("GET", "apis/accelstack.io/v1alpha1/gpuprovisioningrequests")["items"]]
         raise AssertionError(f"{exc}\nhub GPR: {(hub_gpr(w, 'rejoin', 'moves').get('status') or {})!r}\n"
                              f"member-a on the hub: {(cluster(cp, 'member-a').get('status') or {})!r}\n"
-                             f"member-a's GPRs: {a_gprs!r}\nmember-a's copy: {member_gpr(a, 'rejoin', 'moves')!r}"
-                             ) from None
+                             f"member-a's GPRs: {a_gprs!r}\nmember-a's copy: {member_gpr(a, 'rejoin', 'moves')!r}\n"
+                             f"hub log:\n{_hub_log(w)}") from None
     assert "taken off member-b (left the hub) where it was Admitted" in condition(
         {"status": moved}, "Replaced")["message"], moved
     pinned = wait_for("rejoin/pinned reported, not moved", lambda: hub_status(w, "rejoin", "pinned",
@@ -274,3 +274,19 @@ def urlopen_text(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=10) as r:
         return str(r.read().decode())
+
+
+def _hub_log(w: World, lines: int = 40) -> str:
+    """The hub's last lines, a repeated warning counted once (a pass logs it every half second)."""
+    if w.hub_proc is None:
+        return "(no hub process)"
+    out: list[str] = []
+    for line in w.hub_proc.tail(400).splitlines():
+        try:
+            msg = json.loads(line).get("msg", "")
+        except ValueError:
+            msg = line
+        if out and msg and msg in out[-1]:
+            continue
+        out.append(line[:400])
+    return "\n".join(out[-lines:])
