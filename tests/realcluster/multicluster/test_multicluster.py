@@ -277,7 +277,7 @@ def urlopen_text(url: str) -> str:
 
 
 def _hub_log(w: World, lines: int = 40) -> str:
-    """The hub's last lines, a repeated warning counted once (a pass logs it every half second)."""
+    """The hub's last lines, each message once where it repeats (a pass logs its warning every half second)."""
     if w.hub_proc is None:
         return "(no hub process)"
     out: list[str] = []
