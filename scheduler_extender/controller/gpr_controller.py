@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kubeapi import ApiError, Conflict, NotFound, TooManyRequests
 from kubeapi.errors import log_failure
+from kubeapi.passes import keep_newer
 from kubeapi.resources import GPRS
 from scheduler_extender.controller.gpr_pass import run_pass
 from scheduler_extender.controller.pass_cache import AUTO_LABEL, PassCache
@@ -400,8 +401,7 @@ class GPRController:
                 await self._read_back(meta)
             return False
         self.metrics.actions.labels("status", "ok").inc()
-        if not _older(written, self.objects.get(uid)):
-            self.objects[uid] = written
+        keep_newer(self.objects, uid, written)  # never a GPR deleted meanwhile back (its devices held for nothing)
         return True
 
     async def _read_back(self, meta: dict[str, Any]) -> None:

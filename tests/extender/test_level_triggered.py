@@ -351,6 +351,26 @@ def test_a_relist_never_takes_back_a_newer_version_this_controller_holds() -> No
     assert set(ctl.objects) == {"uid-y"} and ctl._uids == {"default/y": "uid-y"}
 
 
+async def test_a_gpr_deleted_while_its_status_was_written_is_not_brought_back() -> None:
+    """The DELETED event reaches the controller before its status write's answer: the answer must not put the GPR
+    back in the view (no event would remove it; its devices would look reserved until a relist)."""
+    from scheduler_extender.controller.gpr_controller import GPRController
+    from scheduler_extender.objects.cluster import ClusterView
+
+    obj = gpr("x", phase="Queued", devices=4)
+    obj["metadata"].update(uid="uid-x", resourceVersion="10")
+
+    class DeletedMeanwhile:
+        async def replace_gpr_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+            ctl.on_gpr("DELETED", obj)
+            return {**body, "metadata": {**body["metadata"], "resourceVersion": "11"}}
+
+    ctl = GPRController(DeletedMeanwhile(), ClusterView())  # type: ignore[arg-type]
+    ctl.on_gpr("ADDED", obj)
+    assert await ctl._write("uid-x", {"phase": "Admitted", "reservation": {"n0": 4}})
+    assert ctl.objects == {} and ctl._uids == {}
+
+
 async def test_nodes_are_given_to_a_gpr_only_once_the_status_that_frees_them_is_stored() -> None:
     """A pass that sees a GPR finish gives its node to the next one. Were the admission stored while the
     finished GPR's status write fails, the API objects would say both hold the node, and every later pass
