@@ -19,6 +19,8 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --warm             # the history of the days before each part kept
     .venv/bin/python bench/bench_estimates.py --clairvoyant      # a bound: exact hold times and the later arrivals
     .venv/bin/python bench/bench_estimates.py --parts tuning --forecast 24   # round 5's candidate
+    .venv/bin/python bench/bench_estimates.py --clairvoyant-arrivals --horizon 10   # a bound: the next 10 min known
+    .venv/bin/python bench/bench_estimates.py --parts tuning --forecast 10m --horizon 10   # round 6's candidate
     .venv/bin/python bench/bench_estimates.py --parts tuning --overtake      # the cluster's overtaking load
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
@@ -40,6 +42,9 @@ run on the held-out part too.
 (:func:`_arrivals_ahead`); ``--clairvoyant-arrivals`` gives those arrivals alone, hold times predicted as today:
 bounds that split the error between hold times and later arrivals. ``--forecast HOURS`` (tuning part only) is a
 candidate estimator: the arrivals of the last HOURS, shifted that much later, stand for the ones to come.
+``--horizon MINUTES`` sets how far after each estimate those arrivals are told (the bounds) or forecast (720;
+with ``--forecast 10m --horizon 10`` the last 10 minutes come once again), ``--forecast-scale A`` multiplies the
+forecast arrivals' predicted hold times.
 
 ``--warm`` changes the protocol, not the estimator: each part's estimates start from the duration history and
 calibration the days before it left (the held-out part after the whole tuning part is replayed, as a controller
@@ -101,6 +106,15 @@ def _positive(kind: type) -> Any:
     return conv
 
 
+def _hours(text: str) -> float:
+    """A duration in hours: ``6``, ``6h`` or ``10m``."""
+    unit = 1 / 60 if text.endswith("m") else 1.0
+    try:
+        return _positive(float)(text[:-1] if text[-1:] in ("m", "h") else text) * unit
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected hours (6, 6h) or minutes (10m) above 0") from None
+
+
 def _selection(part: str, load: float, days: float | None, warm: bool = False) -> tuple[Any, list[Any], Any, float]:
     """The nodes, the jobs of ``part`` at ``load`` (see :func:`run_one`), the quotas and the first arrival scored."""
     traces = BUNDLED / "philly"
@@ -139,7 +153,8 @@ def run_one(part: str, load: float, days: float | None, every: int, warm: bool =
 
 # ------------------------------------------------------------------ a bound: exact hold times (--oracle)
 def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bool = False,
-               exact_holds: bool = True, forecast_s: float | None = None) -> dict[str, Any]:
+               exact_holds: bool = True, forecast_s: float | None = None, horizon_s: float | None = None,
+               scale: float = 1.0) -> dict[str, Any]:
     """:func:`run_one` with the projection told every GPR's true hold time (the trace's duration): queued GPRs
     hold for it, holders release at admission + it. Only the estimate's inputs change (its own copy of the
     holders' ends, ``_est_releases``; the eviction rule's are never an estimate's). ``ahead`` (``--clairvoyant``): each estimate's projection is
@@ -147,7 +162,8 @@ def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bo
     with ``exact_holds`` false (``--clairvoyant-arrivals``) only those, every hold time left to the predictor.
     ``forecast_s`` (``--forecast``, a candidate estimator, not a bound): no exact hold times, and instead of the
     real arrivals a forecast of them: those of the last ``forecast_s`` seconds again, shifted that much later
-    (and again, to the horizon)."""
+    (and again, to the horizon), their hold times times ``scale`` (``--forecast-scale``). ``horizon_s``
+    (``--horizon``): how far after an estimate the arrivals are told or forecast (None: :data:`AHEAD_HORIZON_S`)."""
     traces = BUNDLED / "philly"
     true = {j.job_id: float(j.duration_s) for j in read_philly_jobs(traces / "jobs_oct_nov_11vc.csv",
                                                                      max_gpus=1 << 30)}
@@ -177,10 +193,15 @@ def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bo
     base = core_scheduler.project
     if ahead:
         core_scheduler.project = _arrivals_ahead(part, load, days, true if exact_holds else None, seen,  # type: ignore[assignment]
-                                                 forecast_s)
+                                                 forecast_s, horizon_s, scale)
     cls.predicted_hold, cls.estimate_ranges = exact_hold if exact_holds else hold, exact_estimate  # type: ignore[method-assign]
-    what = ("oracle" if not ahead else f"forecast {forecast_s / 3600:g} h" if forecast_s
+    what = ("oracle" if not ahead else (f"forecast {forecast_s / 3600:g} h" if forecast_s >= 3600
+                                        else f"forecast {forecast_s / 60:g} min") if forecast_s
             else "clairvoyant" if exact_holds else "arrivals known")
+    if ahead and horizon_s is not None:
+        what += f", {horizon_s / 60:g} min ahead"
+    if forecast_s and scale != 1.0:
+        what += f", holds x {scale:g}"
     try:
         return {**run_one(part, load, days, every), "part": f"{part} ({what})"}
     finally:
@@ -192,7 +213,8 @@ AHEAD_HORIZON_S = 12 * 3600.0  # trace seconds after an estimate whose arrivals 
 
 
 def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, float] | None,
-                    seen: dict[str, Any], forecast_s: float | None = None) -> Any:
+                    seen: dict[str, Any], forecast_s: float | None = None, horizon_s: float | None = None,
+                    scale: float = 1.0) -> Any:
     """The projection of :func:`run_oracle` told the future too: for an estimate of one GPR (``upto``), every GPR
     that arrives in the next :data:`AHEAD_HORIZON_S` and will rank ahead of it in the queue (a higher level, or
     its level and an ageing-shifted submission earlier than its own) joins the projection from its arrival, at
@@ -200,7 +222,9 @@ def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, 
     GPR is made as the replay makes it (the same drawn priorities). Still a fluid projection: what it leaves is
     the projection's own approximation (one pool per resource, no placement), evictions and backfill.
     ``forecast_s``: the arrivals of the last ``forecast_s`` seconds, shifted that much later (and again, up to
-    the horizon), stand for the real ones (a candidate estimator: nothing it uses is unknown at the estimate)."""
+    the horizon ``horizon_s``, :data:`AHEAD_HORIZON_S` if None), stand for the real ones (a candidate estimator:
+    nothing it uses is unknown at the estimate), holding for their predicted times ``scale``."""
+    horizon = AHEAD_HORIZON_S if horizon_s is None else horizon_s
     _, sel, _, _ = _selection(part, load, days)
     drawn = Assignment().draw(sel)
     arrivals = [float(j.submit_s) for j in sel]
@@ -215,16 +239,16 @@ def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, 
     def coming(now: float) -> Any:
         if forecast_s is None:  # what will arrive
             i = bisect.bisect_right(arrivals, now)
-            while i < len(arrivals) and arrivals[i] <= now + AHEAD_HORIZON_S:
+            while i < len(arrivals) and arrivals[i] <= now + horizon:
                 yield later[i]
                 i += 1
             return
         lo, hi = bisect.bisect_right(arrivals, now - forecast_s), bisect.bisect_right(arrivals, now)
         k = 1
-        while (k - 1) * forecast_s < AHEAD_HORIZON_S:  # what arrived lately, again
+        while (k - 1) * forecast_s < horizon:  # what arrived lately, again
             shift = k * forecast_s
             for g in later[lo:hi]:
-                if g.submitted_at + shift <= now + AHEAD_HORIZON_S:
+                if g.submitted_at + shift <= now + horizon:
                     yield dataclasses.replace(g, name=f"{g.name}~{k}", submitted_at=g.submitted_at + shift)
             k += 1
 
@@ -242,7 +266,7 @@ def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, 
             lv, at, pred = eng.size_rank(g)
             key = (lv, at, 1 << 62, g.name)
             if key < top:
-                hold = pred if true is None else true.get(g.name, pred)
+                hold = pred * scale if true is None else true.get(g.name, pred)
                 keyed.append((key, Job(g.name, g.milli_total(), hold, g.submitted_at, 0, g.resource, g.workspace)))
         keyed.sort(key=lambda kj: kj[0])
         out = base(capacity, quotas, holders, [j._replace(order=r) for r, (_, j) in enumerate(keyed)], now, kept)
@@ -764,8 +788,14 @@ def main() -> int:
     ap.add_argument("--clairvoyant-arrivals", action="store_true",
                     help="a bound: the arrivals that will rank ahead of each estimated GPR known, hold times "
                          "predicted as today")
-    ap.add_argument("--forecast", type=_positive(float), default=None, metavar="HOURS",
-                    help="a candidate (tuning part only): the arrivals of the last HOURS taken as what comes next")
+    ap.add_argument("--forecast", type=_hours, default=None, metavar="HOURS",
+                    help="a candidate (tuning part only): the arrivals of the last HOURS (6, 6h or 10m) taken as "
+                         "what comes next, again and again up to --horizon")
+    ap.add_argument("--forecast-scale", type=_positive(float), default=1.0, metavar="A",
+                    help="with --forecast: the forecast arrivals hold for their predicted time x A (1)")
+    ap.add_argument("--horizon", type=_positive(float), default=None, metavar="MINUTES",
+                    help="with --clairvoyant, --clairvoyant-arrivals or --forecast: how far after each estimate the "
+                         "arrivals are told or forecast (720)")
     ap.add_argument("--warm", action="store_true",
                     help="replay the days before each part first and score only the part's arrivals (the held-out "
                          "part after the whole tuning part; the tuning part's second half after its first)")
@@ -782,6 +812,11 @@ def main() -> int:
             args.forecast is not None, args.warm)) > 1:
         ap.error("--lateness, --overtake, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast "
                  "and --warm: one at a time")
+    if args.horizon is not None and not (args.clairvoyant or args.clairvoyant_arrivals or args.forecast):
+        ap.error("--horizon: only with --clairvoyant, --clairvoyant-arrivals or --forecast")
+    if args.forecast_scale != 1.0 and args.forecast is None:
+        ap.error("--forecast-scale: only with --forecast")
+    horizon_s = None if args.horizon is None else args.horizon * 60
     if args.forecast is not None and parts != ["tuning"]:
         ap.error("--forecast chooses between estimators: run it on --parts tuning only, never the held-out part")
     for flag, on in (("--lateness", args.lateness), ("--overtake", args.overtake)):
@@ -797,10 +832,12 @@ def main() -> int:
                 else pool.submit(run_lateness, p, load, days, args.estimate_every, args.overtake)
                 if args.lateness or args.overtake
                 else pool.submit(run_oracle, p, load, days, args.estimate_every) if args.oracle
-                else pool.submit(run_oracle, p, load, days, args.estimate_every, True) if args.clairvoyant
-                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False)
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, True, None, horizon_s)
+                if args.clairvoyant
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, None, horizon_s)
                 if args.clairvoyant_arrivals
-                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, args.forecast * 3600)
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, args.forecast * 3600,
+                                 horizon_s, args.forecast_scale)
                 if args.forecast is not None
                 else pool.submit(run_one, p, load, days, args.estimate_every, args.warm) for p, load in runs]
         rows = [f.result() for f in futs]

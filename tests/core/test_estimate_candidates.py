@@ -128,6 +128,38 @@ def test_a_forecast_is_a_candidate_and_refuses_the_held_out_part(
         "wait_mean_s"]
 
 
+def test_the_horizon_bounds_what_the_arrivals_bound_is_told() -> None:
+    """``--horizon``: the arrivals bound told nothing (a horizon shorter than any gap between arrivals) is today's
+    estimate exactly; told 10 minutes, it moves the estimates and nothing else."""
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    none = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, horizon_s=1e-6)
+    ten = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, horizon_s=600.0)
+    assert none["waited_median_rel_err"] == today["waited_median_rel_err"]
+    assert none["waited_coverage_pct"] == today["waited_coverage_pct"]
+    assert ten["waited_median_rel_err"] != today["waited_median_rel_err"]
+    assert ten["wait_mean_s"] == today["wait_mean_s"] and ten["part"] == "tuning (arrivals known, 10 min ahead)"
+
+
+def test_a_forecast_takes_minutes_a_scale_and_refuses_them_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench._hours("10m") == pytest.approx(1 / 6) and bench._hours("6h") == bench._hours("6") == 6.0
+    for argv, said in ((["--forecast", "10x", "--parts", "tuning"], "expected hours (6, 6h) or minutes (10m)"),
+                       (["--horizon", "10", "--parts", "tuning"], "--horizon: only with"),
+                       (["--forecast-scale", "0.5", "--parts", "tuning"], "--forecast-scale: only with --forecast")):
+        monkeypatch.setattr(sys, "argv", ["bench_estimates.py", *argv])
+        with pytest.raises(SystemExit):
+            bench.main()
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
+    full = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, forecast_s=600.0, horizon_s=600.0)
+    half = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, forecast_s=600.0, horizon_s=600.0,
+                            scale=0.5)
+    assert half["part"] == "tuning (forecast 10 min, 10 min ahead, holds x 0.5)"
+    assert half["wait_mean_s"] == full["wait_mean_s"]
+    assert half["waited_median_rel_err"] != full["waited_median_rel_err"]
+
+
 def test_one_bound_or_candidate_set_at_a_time(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
