@@ -216,14 +216,14 @@ def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, 
                     seen: dict[str, Any], forecast_s: float | None = None, horizon_s: float | None = None,
                     scale: float = 1.0) -> Any:
     """The projection of :func:`run_oracle` told the future too: for an estimate of one GPR (``upto``), every GPR
-    that arrives in the next :data:`AHEAD_HORIZON_S` and will rank ahead of it in the queue (a higher level, or
-    its level and an ageing-shifted submission earlier than its own) joins the projection from its arrival, at
-    its place in queue order, holding for its true duration (``true``; None: its predicted one). Each arrival's
-    GPR is made as the replay makes it (the same drawn priorities). Still a fluid projection: what it leaves is
-    the projection's own approximation (one pool per resource, no placement), evictions and backfill.
-    ``forecast_s``: the arrivals of the last ``forecast_s`` seconds, shifted that much later (and again, up to
-    the horizon ``horizon_s``, :data:`AHEAD_HORIZON_S` if None), stand for the real ones (a candidate estimator:
-    nothing it uses is unknown at the estimate), holding for their predicted times ``scale``."""
+    that arrives in the next ``horizon_s`` (:data:`AHEAD_HORIZON_S` if None) and will rank ahead of it in the
+    queue (a higher level, or its level and an ageing-shifted submission earlier than its own) joins the
+    projection from its arrival, at its place in queue order, holding for its true duration (``true``; None: its
+    predicted one). Each arrival's GPR is made as the replay makes it (the same drawn priorities). Still a fluid
+    projection: what it leaves is the projection's own approximation (one pool per resource, no placement),
+    evictions and backfill. ``forecast_s``: the arrivals of the last ``forecast_s`` seconds, shifted that much
+    later (and again, up to the horizon), stand for the real ones (a candidate estimator: nothing it uses is
+    unknown at the estimate), holding for their predicted times ``scale``."""
     horizon = AHEAD_HORIZON_S if horizon_s is None else horizon_s
     _, sel, _, _ = _selection(part, load, days)
     drawn = Assignment().draw(sel)
