@@ -13,6 +13,9 @@ origin on one member:
   which the next pass creates (with *create*: a dispatch already there answers 409).
 - re-placement deletes the old dispatch first (with a UID precondition), then records the new cluster and the
   ``Replaced`` condition, then creates the new dispatch. A GPR that had started (``Running``) is never moved.
+  A member that *left* may have taken the hub's rights in its namespace before the hub got there (``cluster
+  leave`` deletes the Cluster, then those rights, then the namespace): a refused delete there does not hold the
+  GPR back, as the namespace takes the dispatch with it and the member's agent is already gone.
 - a dispatch whose origin is gone (or is a different origin of the same name, or was placed elsewhere) is
   deleted; the member's agent then deletes its copy.
 """
@@ -20,13 +23,12 @@ origin on one member:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubeapi import AlreadyExists, ApiError, Conflict, KubeClient, NotFound
+from kubeapi import AlreadyExists, ApiError, Conflict, Forbidden, KubeClient, NotFound
 from kubeapi.informer import Informer
 from kubeapi.passes import keep_newer, run_passes
 from kubeapi.resources import GPRS
@@ -148,7 +150,7 @@ class Dispatcher:
             if state is not None and state[2] is False and self.writes == writes:  # a Lost member's: every pass
                 idle[key] = state
         self._idle = idle
-        await self._orphans()
+        await self._orphans({member_namespace(name) for name in clusters})
 
     async def _one(self, origin: dict[str, Any], clusters: Mapping[str, dict[str, Any]], placer: Placer,
                    now_text: str) -> None:
@@ -228,9 +230,16 @@ class Dispatcher:
             return False
         if dispatch is not None:
             meta = dispatch.get("metadata") or {}
-            with contextlib.suppress(NotFound):
+            try:
                 await self.client.delete(GPRS, str(meta.get("name")), str(meta.get("namespace")),
                                          uid=str(meta.get("uid") or "") or None)
+            except NotFound:
+                pass
+            except Forbidden:
+                if not left:  # a Lost member's dispatch may still be acted on: not moved past it
+                    raise
+                log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
+                         extra={"dispatch": "/".join(_key(dispatch)), "origin": "/".join(_key(origin))})
             self.dispatches.pop(_key(dispatch), None)
         phase = str((origin.get("status") or {}).get("phase") or "Queued")
         why = (f"taken off {old} ({'left the hub' if left else 'Lost'}) where it was {phase} and had not started; "
@@ -275,8 +284,10 @@ class Dispatcher:
         keep_newer(self.origins, (ns, name), written)
         self.writes += 1
 
-    async def _orphans(self) -> None:
-        """Delete each dispatch whose origin is gone, is a newer GPR of the same name, or sits elsewhere."""
+    async def _orphans(self, joined: set[str]) -> None:
+        """Delete each dispatch whose origin is gone, is a newer GPR of the same name, or sits elsewhere. One in
+        the hub namespace of a member that left (not in ``joined``) whose delete is refused is dropped from the
+        table: the namespace, being deleted, takes it (the informer brings it back only on a relist)."""
         for key, dispatch in list(self.dispatches.items()):
             origin_ns, origin_name, uid = origin_of(dispatch) or ("", "", "")
             origin = self.origins.get((origin_ns, origin_name))
@@ -292,6 +303,15 @@ class Dispatcher:
                 await self.client.delete(GPRS, key[1], where, uid=str(meta.get("uid") or "") or None)
             except NotFound:
                 pass
+            except Forbidden as exc:
+                if where in joined:
+                    log.warning("cannot delete a dispatch whose origin is gone", extra={
+                        "dispatch": f"{where}/{key[1]}", "error": str(exc)[:200]})
+                    continue
+                self.dispatches.pop(key, None)
+                log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
+                         extra={"dispatch": f"{where}/{key[1]}", "origin": f"{origin_ns}/{origin_name}"})
+                continue
             except ApiError as exc:
                 log.warning("cannot delete a dispatch whose origin is gone", extra={
                     "dispatch": f"{where}/{key[1]}", "error": str(exc)[:200]})

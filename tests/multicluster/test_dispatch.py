@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kubeapi import AlreadyExists, Conflict, NotFound, Resource
+from kubeapi import AlreadyExists, Conflict, Forbidden, NotFound, Resource
 from kubeapi.metrics import api_metrics
 from scheduler_extender.multicluster.dispatch import Dispatcher
 
@@ -26,6 +26,7 @@ class FakeHub:
         self.calls: list[tuple[str, str, str]] = []
         self.metrics = api_metrics()
         self.rv = 1
+        self.forbidden: set[str] = set()  # namespaces where the hub's rights are gone (`cluster leave` took them)
 
     def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.rv += 1
@@ -63,6 +64,8 @@ class FakeHub:
     async def delete(self, res: Resource, name: str, namespace: str | None = None, *, uid: str | None = None) -> Any:
         key = (str(namespace), name)
         self.calls.append(("delete", *key))
+        if namespace in self.forbidden:
+            raise Forbidden(403, "Forbidden", f"cannot delete resource gpuprovisioningrequests in {namespace}")
         if key not in self.objects:
             raise NotFound(404, "NotFound", name)
         del self.objects[key]
@@ -268,3 +271,51 @@ def test_a_running_or_pinned_gpr_on_a_lost_member_is_reported_never_duplicated()
         status = hub.objects[("team-a", "train")]["status"]
         assert (status["cluster"], status["phase"], status["reason"]) == ("member-a", phase, "ClusterLost")
         assert not any(k[0] == "accelstack-member-member-b" for k in hub.objects)
+
+
+def test_a_member_that_left_before_the_hub_could_delete_its_dispatch_does_not_hold_the_gpr_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`cluster leave` deletes the Cluster, then the hub's Role and RoleBinding in the member's hub namespace, then
+    the namespace. A hub that got to the GPR after the RoleBinding was gone was refused the old dispatch's delete
+    (403) and retried it every pass, the GPR held back for as long as the namespace took to go (for ever with no
+    namespace controller: seen in the real-cluster rejoin test under load). The namespace takes the dispatch with it
+    and the member's agent is gone: the GPR moves at once, and the refused delete is not tried again every pass."""
+    clusters = {"member-a": member(), "member-b": member()}
+    hub, d = setup(clusters)
+    origin(hub, d)
+    asyncio.run(d.pass_once())
+    assert hub.objects[("team-a", "train")]["status"]["cluster"] == "member-a"
+    hub.objects[("accelstack-member-member-a", "team-a.train")]["status"] = {"phase": "Admitted"}
+    watch_all(hub, d)
+    asyncio.run(d.pass_once())
+    del clusters["member-a"]  # left; its namespace is being deleted, the dispatch still in it, our rights gone
+    hub.forbidden.add("accelstack-member-member-a")
+    watch_all(hub, d)
+    hub.calls.clear()
+    with caplog.at_level("INFO", logger="accelstack.hub"):
+        asyncio.run(d.pass_once())
+    assert hub.calls == [("delete", "accelstack-member-member-a", "team-a.train"),
+                         ("patch-status", "team-a", "train"),
+                         ("create", "accelstack-member-member-b", "team-a.train")], hub.calls
+    status = hub.objects[("team-a", "train")]["status"]
+    assert status["cluster"] == "member-b"
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "retrying" in r.getMessage()]
+    hub.calls.clear()
+    caplog.clear()
+    watch_all(hub, d)  # the informer still lists the old dispatch until its namespace is gone
+    with caplog.at_level("INFO", logger="accelstack.hub"):
+        asyncio.run(d.pass_once())
+        asyncio.run(d.pass_once())
+    assert hub.calls.count(("delete", "accelstack-member-member-a", "team-a.train")) <= 1, hub.calls
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], [r.getMessage() for r in caplog.records]
+    # a Lost member (not left) that refuses is still an error: the GPR is not moved past a dispatch that may run
+    hub2, d2 = setup(lost := {"member-a": member(), "member-b": member()})
+    origin(hub2, d2)
+    asyncio.run(d2.pass_once())
+    lost["member-a"] = member(ready=False)
+    hub2.forbidden.add("accelstack-member-member-a")
+    watch_all(hub2, d2)
+    asyncio.run(d2.pass_once())
+    assert hub2.objects[("team-a", "train")]["status"]["cluster"] == "member-a"
+    assert ("accelstack-member-member-b", "team-a.train") not in hub2.objects
