@@ -303,16 +303,12 @@ class Dispatcher:
                 await self.client.delete(GPRS, key[1], where, uid=str(meta.get("uid") or "") or None)
             except NotFound:
                 pass
-            except Forbidden as exc:
-                if where in joined:
-                    log.warning("cannot delete a dispatch whose origin is gone", extra={
-                        "dispatch": f"{where}/{key[1]}", "error": str(exc)[:200]})
-                    continue
-                self.dispatches.pop(key, None)
-                log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
-                         extra={"dispatch": f"{where}/{key[1]}", "origin": f"{origin_ns}/{origin_name}"})
-                continue
             except ApiError as exc:
+                if isinstance(exc, Forbidden) and where not in joined:
+                    self.dispatches.pop(key, None)
+                    log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
+                             extra={"dispatch": f"{where}/{key[1]}", "origin": f"{origin_ns}/{origin_name}"})
+                    continue
                 log.warning("cannot delete a dispatch whose origin is gone", extra={
                     "dispatch": f"{where}/{key[1]}", "error": str(exc)[:200]})
                 continue
