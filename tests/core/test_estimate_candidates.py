@@ -14,6 +14,14 @@ from tests.bench_module import load_bench
 bench = load_bench("bench_estimates")
 
 
+def refusal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What ``bench_estimates.py ARGV`` says on stderr as it refuses (exits through argparse)."""
+    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", *argv])
+    with pytest.raises(SystemExit):
+        bench.main()
+    return capsys.readouterr().err
+
+
 def test_lateness_is_the_censored_median_and_only_shows_lateness() -> None:
     lat = bench.Lateness()
     # (elapsed since the first projection, first projected wait, class); slack 60 s
@@ -77,10 +85,7 @@ def test_scoring_calibrates_each_candidate_from_its_own_corrected_first_projecti
 def test_lateness_refuses_the_held_out_part(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--lateness"])
-    with pytest.raises(SystemExit):
-        bench.main()
-    assert "--parts tuning only" in capsys.readouterr().err
+    assert "--parts tuning only" in refusal(monkeypatch, capsys, "--lateness")
 
 
 def test_the_oracle_bound_changes_estimates_never_decisions() -> None:
@@ -119,10 +124,7 @@ def test_the_arrivals_bounds_change_estimates_never_decisions_and_leave_the_proj
 def test_a_forecast_is_a_candidate_and_refuses_the_held_out_part(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--forecast", "6"])
-    with pytest.raises(SystemExit):
-        bench.main()
-    assert "--parts tuning only" in capsys.readouterr().err
+    assert "--parts tuning only" in refusal(monkeypatch, capsys, "--forecast", "6")
     row = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, forecast_s=6 * 3600.0)
     assert row["part"] == "tuning (forecast 6 h)" and row["wait_mean_s"] == bench.run_one("tuning", 4.0, 3.0, 5)[
         "wait_mean_s"]
@@ -147,10 +149,7 @@ def test_a_forecast_takes_minutes_a_scale_and_refuses_them_alone(
     for argv, said in ((["--forecast", "10x", "--parts", "tuning"], "expected hours (6, 6h) or minutes (10m)"),
                        (["--horizon", "10", "--parts", "tuning"], "--horizon: only with"),
                        (["--forecast-scale", "0.5", "--parts", "tuning"], "--forecast-scale: only with --forecast")):
-        monkeypatch.setattr(sys, "argv", ["bench_estimates.py", *argv])
-        with pytest.raises(SystemExit):
-            bench.main()
-        err = capsys.readouterr().err
+        err = refusal(monkeypatch, capsys, *argv)
         assert said in err and "Traceback" not in err
     full = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, forecast_s=600.0, horizon_s=600.0)
     half = bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, forecast_s=600.0, horizon_s=600.0,
@@ -163,10 +162,7 @@ def test_a_forecast_takes_minutes_a_scale_and_refuses_them_alone(
 def test_one_bound_or_candidate_set_at_a_time(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--oracle", "--lateness", "--parts", "tuning"])
-    with pytest.raises(SystemExit):
-        bench.main()
-    assert "one at a time" in capsys.readouterr().err
+    assert "one at a time" in refusal(monkeypatch, capsys, "--oracle", "--lateness", "--parts", "tuning")
 
 
 def test_the_overtaking_load_counts_only_what_would_pass_and_slows_the_drain() -> None:
@@ -193,10 +189,7 @@ def test_the_overtaking_load_counts_only_what_would_pass_and_slows_the_drain() -
 def test_overtake_scores_the_candidates_and_refuses_the_held_out_part(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench_estimates.py", "--overtake"])
-    with pytest.raises(SystemExit):
-        bench.main()
-    assert "--parts tuning only" in capsys.readouterr().err
+    assert "--parts tuning only" in refusal(monkeypatch, capsys, "--overtake")
     row = bench.run_lateness("tuning", 4.0, 3.0, 5, overtake=True)
     assert row["wait_mean_s"] == bench.run_one("tuning", 4.0, 3.0, 5)["wait_mean_s"]
     scores = row["variants"]
