@@ -22,6 +22,8 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --clairvoyant-arrivals --horizon 10   # a bound: the next 10 min known
     .venv/bin/python bench/bench_estimates.py --parts tuning --forecast 10m --horizon 10   # round 6's candidate
     .venv/bin/python bench/bench_estimates.py --parts tuning --overtake      # the cluster's overtaking load
+    .venv/bin/python bench/bench_estimates.py --clairvoyant-arrivals --horizon 10 --ahead-levels same  # round 7
+    .venv/bin/python bench/bench_estimates.py --scheduler accelstack-fifo    # FIFO within a level (round 7)
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -44,7 +46,12 @@ bounds that split the error between hold times and later arrivals. ``--forecast 
 candidate estimator: the arrivals of the last HOURS, shifted that much later, stand for the ones to come.
 ``--horizon MINUTES`` sets how far after each estimate those arrivals are told (the bounds) or forecast (720;
 with ``--forecast 10m --horizon 10`` the last 10 minutes come once again), ``--forecast-scale A`` multiplies the
-forecast arrivals' predicted hold times.
+forecast arrivals' predicted hold times. ``--ahead-levels higher`` or ``same`` tells the bounds only the arrivals of a
+higher priority level, or only those of the estimated GPR's own level (smaller predicted work, which its queue
+order lets pass): which overtaking the error comes from.
+
+``--scheduler NAME`` replays another of the simulator's schedulers (``accelstack-fifo``: FIFO within each priority
+level, no size order): its decisions differ too, so its mean wait is printed beside its estimates' accuracy.
 
 ``--warm`` changes the protocol, not the estimator: each part's estimates start from the duration history and
 calibration the days before it left (the held-out part after the whole tuning part is replayed, as a controller
@@ -84,7 +91,7 @@ from scheduler_extender.core.gpr import GPR, priority_class
 from scheduler_extender.core.predictor import PER_OCTAVE, DurationPredictor, JobKey
 from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Job, Release, project
 from scheduler_extender.simulator.cli import BUNDLED
-from scheduler_extender.simulator.replay import Assignment, job_shape, replay_run, window
+from scheduler_extender.simulator.replay import SCHEDULERS, Assignment, job_shape, replay_run, window
 from scheduler_extender.simulator.traces import read_philly_jobs, read_philly_nodes, read_quotas
 
 SPLIT_DAY = 31.0  # tuning: days [0, 31) after the first job (October 2017); held-out: day 31 on (November 2017)
@@ -136,15 +143,19 @@ def _selection(part: str, load: float, days: float | None, warm: bool = False) -
     return nodes, sel, quotas, scored_from
 
 
-def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False) -> dict[str, Any]:
+def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False,
+            scheduler: str = "accelstack") -> dict[str, Any]:
     """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait. ``warm``:
     the days before the part are replayed first (the held-out part: the whole tuning part; the tuning part: its
     first half, the second half then scored), and only the part's own arrivals are estimated, so its estimates
-    start from the duration history and calibration those days left, as a controller's do that kept them."""
+    start from the duration history and calibration those days left, as a controller's do that kept them.
+    ``scheduler`` (``--scheduler``): the simulator's scheduler replayed (its decisions, not only its estimates,
+    differ from accelstack's: the mean wait says by how much)."""
     nodes, sel, quotas, scored_from = _selection(part, load, days, warm)
-    res = replay_run(nodes, sel, "accelstack", quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
+    res = replay_run(nodes, sel, scheduler, quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
     e = res.estimate_error
-    return {"part": part + (" (warm)" if warm else ""), "load": load,
+    label = ", ".join(([] if scheduler == "accelstack" else [scheduler]) + (["warm"] if warm else []))
+    return {"part": part + (f" ({label})" if label else ""), "load": load,
             "jobs": sum(1 for j in sel if j.submit_s >= scored_from), "wait_mean_s": res.delay["all"]["mean"],
             "evictions": res.evictions, "cpu_s": res.cpu_seconds, **{k: e[k] for k in (
                 "waited_n", "waited_median_rel_err", "waited_within_50_pct", "waited_coverage_pct", "all_n",
@@ -154,7 +165,7 @@ def run_one(part: str, load: float, days: float | None, every: int, warm: bool =
 # ------------------------------------------------------------------ a bound: exact hold times (--oracle)
 def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bool = False,
                exact_holds: bool = True, forecast_s: float | None = None, horizon_s: float | None = None,
-               scale: float = 1.0) -> dict[str, Any]:
+               scale: float = 1.0, levels: str = "all") -> dict[str, Any]:
     """:func:`run_one` with the projection told every GPR's true hold time (the trace's duration): queued GPRs
     hold for it, holders release at admission + it. Only the estimate's inputs change (its own copy of the
     holders' ends, ``_est_releases``; the eviction rule's are never an estimate's). ``ahead`` (``--clairvoyant``): each estimate's projection is
@@ -163,7 +174,9 @@ def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bo
     ``forecast_s`` (``--forecast``, a candidate estimator, not a bound): no exact hold times, and instead of the
     real arrivals a forecast of them: those of the last ``forecast_s`` seconds again, shifted that much later
     (and again, to the horizon), their hold times times ``scale`` (``--forecast-scale``). ``horizon_s``
-    (``--horizon``): how far after an estimate the arrivals are told or forecast (None: :data:`AHEAD_HORIZON_S`)."""
+    (``--horizon``): how far after an estimate the arrivals are told or forecast (None: :data:`AHEAD_HORIZON_S`).
+    ``levels`` (``--ahead-levels``): which of them: ``all``, ``higher`` (a higher priority level only) or ``same``
+    (the estimated GPR's own level only: those its queue order lets pass, smaller predicted work)."""
     traces = BUNDLED / "philly"
     true = {j.job_id: float(j.duration_s) for j in read_philly_jobs(traces / "jobs_oct_nov_11vc.csv",
                                                                      max_gpus=1 << 30)}
@@ -193,13 +206,15 @@ def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bo
     base = core_scheduler.project
     if ahead:
         core_scheduler.project = _arrivals_ahead(part, load, days, true if exact_holds else None, seen,  # type: ignore[assignment]
-                                                 forecast_s, horizon_s, scale)
+                                                 forecast_s, horizon_s, scale, levels)
     cls.predicted_hold, cls.estimate_ranges = exact_hold if exact_holds else hold, exact_estimate  # type: ignore[method-assign]
     what = ("oracle" if not ahead else (f"forecast {forecast_s / 3600:g} h" if forecast_s >= 3600
                                         else f"forecast {forecast_s / 60:g} min") if forecast_s
             else "clairvoyant" if exact_holds else "arrivals known")
     if ahead and horizon_s is not None:
         what += f", {horizon_s / 60:g} min ahead"
+    if ahead and levels != "all":
+        what += ", higher levels only" if levels == "higher" else ", own level only"
     if forecast_s and scale != 1.0:
         what += f", holds x {scale:g}"
     try:
@@ -210,11 +225,12 @@ def run_oracle(part: str, load: float, days: float | None, every: int, ahead: bo
 
 
 AHEAD_HORIZON_S = 12 * 3600.0  # trace seconds after an estimate whose arrivals --clairvoyant tells it
+AHEAD_LEVELS = ("all", "higher", "same")  # --ahead-levels: which of those arrivals
 
 
 def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, float] | None,
                     seen: dict[str, Any], forecast_s: float | None = None, horizon_s: float | None = None,
-                    scale: float = 1.0) -> Any:
+                    scale: float = 1.0, levels: str = "all") -> Any:
     """The projection of :func:`run_oracle` told the future too: for an estimate of one GPR (``upto``), every GPR
     that arrives in the next ``horizon_s`` (:data:`AHEAD_HORIZON_S` if None) and will rank ahead of it in the
     queue (a higher level, or its level and an ageing-shifted submission earlier than its own) joins the
@@ -223,7 +239,10 @@ def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, 
     projection: what it leaves is the projection's own approximation (one pool per resource, no placement),
     evictions and backfill. ``forecast_s``: the arrivals of the last ``forecast_s`` seconds, shifted that much
     later (and again, up to the horizon), stand for the real ones (a candidate estimator: nothing it uses is
-    unknown at the estimate), holding for their predicted times ``scale``."""
+    unknown at the estimate), holding for their predicted times ``scale``. ``levels``: ``all`` of them, those of
+    a ``higher`` level only, or those of the ``same`` level only."""
+    if levels not in AHEAD_LEVELS:
+        raise ValueError(f"levels: {levels!r} is not one of {', '.join(AHEAD_LEVELS)}")
     horizon = AHEAD_HORIZON_S if horizon_s is None else horizon_s
     _, sel, _, _ = _selection(part, load, days)
     drawn = Assignment().draw(sel)
@@ -263,6 +282,8 @@ def _arrivals_ahead(part: str, load: float, days: float | None, true: dict[str, 
             level = -3 if g.priority > 200 else -2 if g.priority > 100 else -1
             if level > top[0] or (level == top[0] and g.submitted_at >= top[1]):
                 continue  # ranks behind it whatever its size
+            if (levels == "higher" and level == top[0]) or (levels == "same" and level < top[0]):
+                continue
             lv, at, pred = eng.size_rank(g)
             key = (lv, at, 1 << 62, g.name)
             if key < top:
@@ -796,6 +817,13 @@ def main() -> int:
     ap.add_argument("--horizon", type=_positive(float), default=None, metavar="MINUTES",
                     help="with --clairvoyant, --clairvoyant-arrivals or --forecast: how far after each estimate the "
                          "arrivals are told or forecast (720)")
+    ap.add_argument("--ahead-levels", choices=AHEAD_LEVELS, default=None,
+                    help="with --clairvoyant or --clairvoyant-arrivals: which of the arrivals that rank ahead are "
+                         "told: all (default), those of a higher priority level only, or those of the estimated "
+                         "GPR's own level only (smaller predicted work its queue order lets pass)")
+    ap.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="accelstack",
+                    help="the simulator's scheduler replayed (accelstack); another one makes other decisions too, "
+                         "so only with the plain replay or --warm")
     ap.add_argument("--warm", action="store_true",
                     help="replay the days before each part first and score only the part's arrivals (the held-out "
                          "part after the whole tuning part; the tuning part's second half after its first)")
@@ -816,6 +844,13 @@ def main() -> int:
         ap.error("--horizon: only with --clairvoyant, --clairvoyant-arrivals or --forecast")
     if args.forecast_scale != 1.0 and args.forecast is None:
         ap.error("--forecast-scale: only with --forecast")
+    if args.ahead_levels is not None and not (args.clairvoyant or args.clairvoyant_arrivals):
+        ap.error("--ahead-levels: only with --clairvoyant or --clairvoyant-arrivals")
+    if args.scheduler != "accelstack" and (args.lateness or args.overtake or args.variants or args.oracle
+                                           or args.clairvoyant or args.clairvoyant_arrivals
+                                           or args.forecast is not None):
+        ap.error("--scheduler: only with the plain replay or --warm (the bounds and candidates are accelstack's)")
+    levels = args.ahead_levels or "all"
     horizon_s = None if args.horizon is None else args.horizon * 60
     if args.forecast is not None and parts != ["tuning"]:
         ap.error("--forecast chooses between estimators: run it on --parts tuning only, never the held-out part")
@@ -832,14 +867,17 @@ def main() -> int:
                 else pool.submit(run_lateness, p, load, days, args.estimate_every, args.overtake)
                 if args.lateness or args.overtake
                 else pool.submit(run_oracle, p, load, days, args.estimate_every) if args.oracle
-                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, True, None, horizon_s)
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, True, None, horizon_s,
+                                 1.0, levels)
                 if args.clairvoyant
-                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, None, horizon_s)
+                else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, None, horizon_s,
+                                 1.0, levels)
                 if args.clairvoyant_arrivals
                 else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, args.forecast * 3600,
                                  horizon_s, args.forecast_scale)
                 if args.forecast is not None
-                else pool.submit(run_one, p, load, days, args.estimate_every, args.warm) for p, load in runs]
+                else pool.submit(run_one, p, load, days, args.estimate_every, args.warm, args.scheduler)
+                for p, load in runs]
         rows = [f.result() for f in futs]
     print(("bound, not an estimator: the projection given every GPR's exact hold time (--oracle); " if args.oracle
            else "bound, not an estimator: exact hold times and the arrivals that rank ahead known "
@@ -848,7 +886,7 @@ def main() -> int:
            "(--clairvoyant-arrivals); " if args.clairvoyant_arrivals
            else "warm: the days before each part replayed first, only the part's arrivals scored (the tuning part: "
            "its second half); " if args.warm
-           else "") + f"wait estimates at arrival, accelstack, every {args.estimate_every}th job"
+           else "") + f"wait estimates at arrival, {args.scheduler}, every {args.estimate_every}th job"
           + (f", first {days:g} days of each part" if days is not None else ""))
     print("| part | load | jobs | waited > 60 s | median rel. error | within +-50% | P10-P90 coverage "
           "| coverage, all sampled | wait mean s | meets target | CPU s |")

@@ -196,3 +196,39 @@ def test_overtake_scores_the_candidates_and_refuses_the_held_out_part(
     assert list(scores) == ["today (factor 1)", *(v.label() for v in bench.OVERTAKE)]
     assert all(v["waited_n"] == scores["today (factor 1)"]["waited_n"] > 20 for v in scores.values())
     assert any(v["share_factor_above_1_pct"] > 50 for v in scores.values())  # the loads did scale estimates
+
+
+def test_the_arrivals_bound_split_by_level_tells_each_half_and_moves_no_decision() -> None:
+    """``--ahead-levels``: told only the higher levels' arrivals, or only its own level's, the bound moves the
+    estimates and nothing else; each half tells less than both (``all``), and what it is told differs between the
+    halves; an unknown choice is refused."""
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    rows = {lv: bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, horizon_s=600.0, levels=lv)
+            for lv in bench.AHEAD_LEVELS}
+    for row in rows.values():
+        assert (row["wait_mean_s"], row["evictions"], row["waited_n"]) == (
+            today["wait_mean_s"], today["evictions"], today["waited_n"])
+    assert rows["higher"]["part"] == "tuning (arrivals known, 10 min ahead, higher levels only)"
+    assert rows["same"]["part"] == "tuning (arrivals known, 10 min ahead, own level only)"
+    assert rows["all"]["part"] == "tuning (arrivals known, 10 min ahead)"
+    errs = {lv: (r["waited_median_rel_err"], r["waited_coverage_pct"]) for lv, r in rows.items()}
+    assert len(set(errs.values())) == 3, errs  # each choice tells the projection something else
+    with pytest.raises(ValueError, match="levels: 'lower' is not one of all, higher, same"):
+        bench.run_oracle("tuning", 4.0, 0.1, 5, ahead=True, exact_holds=False, levels="lower")
+
+
+def test_another_scheduler_replays_its_own_decisions_and_only_plainly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--scheduler accelstack-fifo``: FIFO within a level decides otherwise (another mean wait), the row names
+    it; the bounds and candidates refuse it, ``--ahead-levels`` needs a bound, and an unknown name is refused."""
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    fifo = bench.run_one("tuning", 4.0, 3.0, 5, scheduler="accelstack-fifo")
+    assert fifo["part"] == "tuning (accelstack-fifo)" and fifo["wait_mean_s"] != today["wait_mean_s"]
+    assert fifo["waited_n"] > 20
+    for argv, said in ((["--scheduler", "accelstack-fifo", "--oracle"], "--scheduler: only with the plain replay"),
+                       (["--scheduler", "fifo", "--parts", "tuning", "--lateness"], "--scheduler: only with"),
+                       (["--ahead-levels", "same", "--oracle"], "--ahead-levels: only with --clairvoyant"),
+                       (["--scheduler", "slurm"], "invalid choice: 'slurm'")):
+        err = refusal(monkeypatch, capsys, *argv)
+        assert said in err and "Traceback" not in err
