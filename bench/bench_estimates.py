@@ -24,6 +24,7 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --parts tuning --overtake      # the cluster's overtaking load
     .venv/bin/python bench/bench_estimates.py --clairvoyant-arrivals --horizon 10 --ahead-levels same  # round 7
     .venv/bin/python bench/bench_estimates.py --scheduler accelstack-fifo    # FIFO within a level (round 7)
+    .venv/bin/python bench/bench_estimates.py --explained       # what a predictor of the lateness must explain
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -49,6 +50,10 @@ with ``--forecast 10m --horizon 10`` the last 10 minutes come once again), ``--f
 forecast arrivals' predicted hold times. ``--ahead-levels higher`` or ``same`` tells the bounds only the arrivals of a
 higher priority level, or only those of the estimated GPR's own level (smaller predicted work, which its queue
 order lets pass): which overtaking the error comes from.
+
+``--explained`` measures what a better estimate would have to know: for each row, the median relative error left
+if a predictor of each waited job's remaining lateness (the log of actual over estimated wait) explained 20, 40,
+60 or 80% of its variance, the bias the calibration leaves kept (:func:`explained_errors`).
 
 ``--scheduler NAME`` replays another of the simulator's schedulers (``accelstack-fifo``: FIFO within each priority
 level, no size order): its decisions differ too, so its mean wait is printed beside its estimates' accuracy.
@@ -90,6 +95,7 @@ from scheduler_extender.core import scheduler as core_scheduler
 from scheduler_extender.core.gpr import GPR, priority_class
 from scheduler_extender.core.predictor import PER_OCTAVE, DurationPredictor, JobKey
 from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Job, Release, project
+from scheduler_extender.simulator import replay
 from scheduler_extender.simulator.cli import BUNDLED
 from scheduler_extender.simulator.replay import SCHEDULERS, Assignment, job_shape, replay_run, window
 from scheduler_extender.simulator.traces import read_philly_jobs, read_philly_nodes, read_quotas
@@ -143,23 +149,59 @@ def _selection(part: str, load: float, days: float | None, warm: bool = False) -
     return nodes, sel, quotas, scored_from
 
 
+EXPLAINED = (0.0, 0.2, 0.4, 0.6, 0.8)  # --explained: shares of the log error's variance a predictor would explain
+
+
+def explained_errors(pairs: list[tuple[float, float]], shares: tuple[float, ...] = EXPLAINED) -> dict[str, Any]:
+    """What a better estimate would have to know (``--explained``). ``pairs``: (estimated wait, actual wait) of the
+    jobs that waited over 60 s. Their log error eps = ln(actual / estimated) (estimated at least 1 s) has a median
+    m (the bias the calibration leaves) and a spread; a predictor of eps that correlates sqrt(f) with it, applied
+    exactly, would leave m + (eps - m) * sqrt(1 - f). For each share f: the median relative error then."""
+    if not pairs:
+        return {"sd_log": math.nan, "median_log": math.nan, "explained": {f: math.nan for f in shares}}
+    est = np.maximum(np.array([e for e, _ in pairs], dtype=float), 1.0)
+    act = np.array([a for _, a in pairs], dtype=float)
+    eps = np.log(act / est)
+    m = float(np.median(eps))
+    out = {}
+    for f in shares:
+        left = m + (eps - m) * math.sqrt(1.0 - f)
+        out[f] = float(np.median(np.abs(act * np.exp(-left) - act) / act))
+    return {"sd_log": float(eps.std()), "median_log": m, "explained": out}
+
+
 def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False,
-            scheduler: str = "accelstack") -> dict[str, Any]:
+            scheduler: str = "accelstack", explained: bool = False) -> dict[str, Any]:
     """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait. ``warm``:
     the days before the part are replayed first (the held-out part: the whole tuning part; the tuning part: its
     first half, the second half then scored), and only the part's own arrivals are estimated, so its estimates
     start from the duration history and calibration those days left, as a controller's do that kept them.
     ``scheduler`` (``--scheduler``): the simulator's scheduler replayed (its decisions, not only its estimates,
-    differ from accelstack's: the mean wait says by how much)."""
+    differ from accelstack's: the mean wait says by how much). ``explained`` (``--explained``): the row also
+    carries :func:`explained_errors` of its waited jobs."""
     nodes, sel, quotas, scored_from = _selection(part, load, days, warm)
-    res = replay_run(nodes, sel, scheduler, quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
+    pairs: list[tuple[float, float]] = []
+    score = replay.estimate_accuracy
+
+    def keep(outcomes: list[Any], waited_s: float = replay.WAITED_S) -> dict[str, float]:
+        pairs.extend((o.estimate - o.submit, o.first_start - o.submit) for o in outcomes
+                     if o.first_start is not None and o.estimate is not None and math.isfinite(o.estimate)
+                     and o.first_start - o.submit > waited_s)
+        return score(outcomes, waited_s)
+
+    if explained:
+        replay.estimate_accuracy = keep  # type: ignore[assignment]
+    try:
+        res = replay_run(nodes, sel, scheduler, quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
+    finally:
+        replay.estimate_accuracy = score  # type: ignore[assignment]
     e = res.estimate_error
     label = ", ".join(([] if scheduler == "accelstack" else [scheduler]) + (["warm"] if warm else []))
     return {"part": part + (f" ({label})" if label else ""), "load": load,
             "jobs": sum(1 for j in sel if j.submit_s >= scored_from), "wait_mean_s": res.delay["all"]["mean"],
             "evictions": res.evictions, "cpu_s": res.cpu_seconds, **{k: e[k] for k in (
                 "waited_n", "waited_median_rel_err", "waited_within_50_pct", "waited_coverage_pct", "all_n",
-                "all_coverage_pct")}}
+                "all_coverage_pct")}, **(explained_errors(pairs) if explained else {})}
 
 
 # ------------------------------------------------------------------ a bound: exact hold times (--oracle)
@@ -824,6 +866,9 @@ def main() -> int:
     ap.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="accelstack",
                     help="the simulator's scheduler replayed (accelstack); another one makes other decisions too, "
                          "so only with the plain replay or --warm")
+    ap.add_argument("--explained", action="store_true",
+                    help="also: the error a predictor of each waited job's remaining lateness would leave if it "
+                         "explained 20/40/60/80%% of that lateness's variance (what a better estimate must know)")
     ap.add_argument("--warm", action="store_true",
                     help="replay the days before each part first and score only the part's arrivals (the held-out "
                          "part after the whole tuning part; the tuning part's second half after its first)")
@@ -850,6 +895,9 @@ def main() -> int:
                                            or args.clairvoyant or args.clairvoyant_arrivals
                                            or args.forecast is not None):
         ap.error("--scheduler: only with the plain replay or --warm (the bounds and candidates are accelstack's)")
+    if args.explained and (args.lateness or args.overtake or args.variants or args.oracle or args.clairvoyant
+                           or args.clairvoyant_arrivals or args.forecast is not None):
+        ap.error("--explained: only with the plain replay or --warm (it measures today's estimate)")
     levels = args.ahead_levels or "all"
     horizon_s = None if args.horizon is None else args.horizon * 60
     if args.forecast is not None and parts != ["tuning"]:
@@ -876,7 +924,8 @@ def main() -> int:
                 else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, args.forecast * 3600,
                                  horizon_s, args.forecast_scale)
                 if args.forecast is not None
-                else pool.submit(run_one, p, load, days, args.estimate_every, args.warm, args.scheduler)
+                else pool.submit(run_one, p, load, days, args.estimate_every, args.warm, args.scheduler,
+                                 args.explained)
                 for p, load in runs]
         rows = [f.result() for f in futs]
     print(("bound, not an estimator: the projection given every GPR's exact hold time (--oracle); " if args.oracle
@@ -897,6 +946,13 @@ def main() -> int:
               f"| {r['wait_mean_s']:,.0f} | {'yes' if meets(r) else 'no'} | {r['cpu_s']:.1f} |")
     print(f"targets: median relative error <= {TARGET_REL_ERR}, coverage {TARGET_COVERAGE[0]:.0f}-"
           f"{TARGET_COVERAGE[1]:.0f}% (jobs that waited over 60 s); wall {time.perf_counter() - t0:.0f} s")
+    if args.explained:
+        print("\n| part | load | waited > 60 s | log(actual / estimated wait): median / sd | median rel. error if a "
+              "predictor explained " + " / ".join(f"{f:.0%}" for f in EXPLAINED) + " of its variance |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['part']} | {r['load']:g} | {r['waited_n']:,} | {r['median_log']:+.2f} / {r['sd_log']:.2f} | "
+                  + " / ".join(f"{r['explained'][f]:.2f}" for f in EXPLAINED) + " |")
     if args.lateness or args.overtake:  # one row per candidate, the loads side by side
         print("\n| candidate | " + " | ".join(f"load {r['load']:g}: error / coverage (share of estimates scaled, r with "
                                              "today's residual)" for r in rows) + " |")

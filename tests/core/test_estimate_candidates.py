@@ -232,3 +232,25 @@ def test_another_scheduler_replays_its_own_decisions_and_only_plainly(
                        (["--scheduler", "slurm"], "invalid choice: 'slurm'")):
         err = refusal(monkeypatch, capsys, *argv)
         assert said in err and "Traceback" not in err
+
+
+def test_what_a_better_estimate_would_have_to_explain() -> None:
+    """``--explained``: explaining none of the log error's variance leaves today's median relative error; all of
+    it leaves only the bias (here none: every error the same distance above and below); more explained, less
+    error; the replay's row carries the same figures for its own waited jobs."""
+    pairs = [(100.0, 200.0), (200.0, 100.0), (100.0, 100.0), (400.0, 100.0), (100.0, 400.0)]
+    out = bench.explained_errors(pairs, (0.0, 0.5, 1.0))
+    rel = sorted(abs(e - a) / a for e, a in pairs)
+    assert out["explained"][0.0] == pytest.approx(rel[2]) and out["median_log"] == pytest.approx(0.0)
+    assert out["explained"][1.0] == pytest.approx(0.0)
+    assert out["explained"][0.0] > out["explained"][0.5] > 0.0
+    late = bench.explained_errors([(100.0, 200.0), (100.0, 220.0), (100.0, 180.0)], (1.0,))
+    assert late["median_log"] == pytest.approx(math.log(2.0))
+    assert late["explained"][1.0] == pytest.approx(0.5)  # the bias is left: each estimate still half its wait
+    assert math.isnan(bench.explained_errors([])["explained"][0.0])
+
+    row = bench.run_one("tuning", 4.0, 3.0, 5, explained=True)
+    assert row["explained"][0.0] == pytest.approx(row["waited_median_rel_err"], abs=0.01)
+    errs = [row["explained"][f] for f in bench.EXPLAINED]
+    assert errs == sorted(errs, reverse=True) and errs[0] > errs[-1]
+    assert "explained" not in bench.run_one("tuning", 4.0, 3.0, 5)
