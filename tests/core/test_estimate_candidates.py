@@ -200,8 +200,8 @@ def test_overtake_scores_the_candidates_and_refuses_the_held_out_part(
 
 def test_the_arrivals_bound_split_by_level_tells_each_half_and_moves_no_decision() -> None:
     """``--ahead-levels``: told only the higher levels' arrivals, or only its own level's, the bound moves the
-    estimates and nothing else; each half tells less than both (``all``), and what it is told differs between the
-    halves; an unknown choice is refused."""
+    estimates and nothing else; the two halves and ``all`` each tell the projection something else (three
+    different scores); an unknown choice is refused."""
     today = bench.run_one("tuning", 4.0, 3.0, 5)
     rows = {lv: bench.run_oracle("tuning", 4.0, 3.0, 5, ahead=True, exact_holds=False, horizon_s=600.0, levels=lv)
             for lv in bench.AHEAD_LEVELS}

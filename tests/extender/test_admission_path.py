@@ -138,7 +138,9 @@ async def test_gpr_creates_leave_connections_for_the_gpr_webhook_they_make_the_a
     lookups take a connection of the same client pool. With every connection held by a create, each webhook
     answer waited for a connection that only the webhook's timeout freed: a whole window of pod creations
     refused at once (the e2e bench's one window of 200 client timeouts, when the cached namespace expired
-    mid-burst). Creates now take at most half the pool."""
+    mid-burst). Creates now take at most half the pool. Such a wait ends only at the webhook's timeout, which the
+    API server's peer records as a failure: no failure, no wait (no wall-clock bound that a loaded machine
+    breaks)."""
     peer = APIServerPeer()
     await peer.start()
     await team(peer)
@@ -155,12 +157,10 @@ async def test_gpr_creates_leave_connections_for_the_gpr_webhook_they_make_the_a
             hook = ValidatingWebhook("gprs.accelstack.io", f"{base}/validate-gprs",
                                      frozenset({"gpuprovisioningrequests"}), timeout=2.0)
             peer.admission.validating.append(hook)
-            started = time.monotonic()
             outcomes = await asyncio.gather(*(create_pod(http, peer, f"{base}/mutate-pods", a_pod(f"solo-{i}"))
                                               for i in range(40)))
-            took = time.monotonic() - started
-            assert outcomes == [""] * 40 and hook.failures == []
-            assert took < hook.timeout, took  # no create waited out the webhook's timeout
+            assert hook.failures == []  # no GPR create waited out the webhook's timeout
+            assert outcomes == [""] * 40
             assert len([1 for (res, _, _) in peer.objects if res == GPRS]) == 40
     finally:
         await api.close()
@@ -170,7 +170,8 @@ async def test_gpr_creates_leave_connections_for_the_gpr_webhook_they_make_the_a
 async def test_every_write_our_own_webhooks_judge_takes_at_most_half_the_pool() -> None:
     """GPR creates (auto-GPR, REST API) and the REST API's creates and replaces of workspaces, templates and
     bindings each wait for this process's webhooks: at most half the client's connections are theirs, and a
-    read made meanwhile does not wait behind them."""
+    read made meanwhile does not wait behind them (it reaches the API server before any write is answered: by
+    order, not by a wall-clock bound a loaded machine breaks)."""
     peer = APIServerPeer()
     await peer.start()
     configuration = k8s.Configuration(host=peer.url)
@@ -189,16 +190,16 @@ async def test_every_write_our_own_webhooks_judge_takes_at_most_half_the_pool() 
         started = time.monotonic()
         done = asyncio.gather(*writes)
         await asyncio.sleep(0.1)  # the first writes hold their connections
-        read_started = time.monotonic()
         with contextlib.suppress(NotFound):
             await kube.get_gpr("team", "nope")
-        read_took = time.monotonic() - read_started
         await done
         posts = peer.calls("POST")
         assert len(posts) == 12
         overlap = max(sum(1 for r in posts if r.started <= p.started < (r.finished or float("inf"))) for p in posts)
         assert overlap <= 3, overlap  # half of 6
-        assert read_took < 0.4, read_took  # (a write holds its connection 0.6 s)
+        (read,) = peer.calls("GET", "gpuprovisioningrequests")
+        # not behind a write: had the writes taken every connection, the read would start only once one was answered
+        assert read.started < min(p.finished or float("inf") for p in posts)
         assert time.monotonic() - started >= 4 * 0.6 - 0.05  # 12 writes, 3 at a time
     finally:
         await peer.stop()
@@ -224,7 +225,7 @@ async def test_a_pod_whose_gpr_cannot_be_made_in_time_is_refused_with_a_reason_b
                 outcome = await create_pod(http, peer, f"{base}/mutate-pods", a_pod("late"), timeout=2)
                 took = time.monotonic() - started
             assert "could not finish within the webhook's timeout (2s)" in outcome, outcome
-            assert "ServiceUnavailable" in outcome and 0.9 < took < 1.9, took
+            assert "ServiceUnavailable" in outcome and took > 0.9, took  # at its own 1 s (before 2 s: the outcome)
             assert peer.get("api/v1/pods", "team", "late") is None
             text = await (await http.get(f"{base}/metrics")).text()
             assert 'accelstack_webhook_request_seconds_count{endpoint="mutate-pods",outcome="deadline"} 1.0' in text
