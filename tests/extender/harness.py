@@ -25,31 +25,34 @@ T = TypeVar("T")
 
 
 async def loop_hold(work: Callable[[], Awaitable[T]]) -> tuple[float, float, T]:
-    """(the longest stretch ``work()`` held the event loop without a yield, its whole time, its result): a task
-    that yields at every turn measures the stretches (the machine's own scheduling included)."""
+    """(the longest stretch ``work()`` held the event loop without a yield, its whole time, its result), in this
+    thread's CPU time: a task that yields at every turn measures the stretches. CPU time, not wall time: a machine
+    that takes the CPU away from this process mid-stretch (a loaded CI runner, a niced test run) lengthens a wall
+    stretch without the code holding the loop any longer."""
     longest, done = 0.0, False
+    clock = time.thread_time
 
     async def ticker() -> None:
         nonlocal longest
-        last = time.perf_counter()
+        last = clock()
         while not done:
             await asyncio.sleep(0)
-            now = time.perf_counter()
+            now = clock()
             longest, last = max(longest, now - last), now
 
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
-    started = time.perf_counter()
+    started = clock()
     result = await work()
-    took = time.perf_counter() - started
+    took = clock() - started
     done = True
     await task
     return longest, took, result
 
 
 async def hold_share(work: Callable[[], Awaitable[T]]) -> tuple[float, T]:
-    """The longest stretch ``work()`` held the loop as a share of its whole time, and its result. A share, not
-    milliseconds: a busy machine slows both."""
+    """The longest stretch ``work()`` held the loop as a share of its whole time (CPU time, see
+    :func:`loop_hold`), and its result. A share, not milliseconds: a slower machine slows both."""
     longest, took, result = await loop_hold(work)
     return longest / took, result
 

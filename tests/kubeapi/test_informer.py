@@ -113,15 +113,16 @@ async def test_a_burst_of_events_never_holds_the_loop(monkeypatch: Any) -> None:
     assert seen_all == 300
     assert held > 0.02, f"the burst did not arrive at once ({held * 1000:.1f} ms): the test proves nothing"
     # the best of up to three tries: a machine that pauses this process once (the suite runs on 2 busy cores)
-    # lengthens one gap of one try; an informer that holds the loop lengthens a gap in every try
+    # lengthens one gap of one try; an informer that holds the loop lengthens a gap in every try. Against the
+    # unsliced burst measured on the same machine, not in milliseconds: a loaded machine stretches both
     sliced = math.inf
     for _ in range(3):
         gap, seen_all = await worst_gap(0.001, 300)
         assert seen_all == 300
         sliced = min(sliced, gap)
-        if sliced < held / 3 and sliced < 0.03:
+        if sliced < held / 3:
             break
-    assert sliced < held / 3 and sliced < 0.03, (sliced, held)
+    assert sliced < held / 3, (sliced, held)
 
 
 async def test_a_relist_taken_in_slices_is_awaited_before_events_and_readiness() -> None:
