@@ -8,7 +8,6 @@ import base64
 import copy
 import json
 import re
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -802,10 +801,9 @@ async def test_kube_lookup_reads_once_for_a_burst_of_concurrent_misses(peer: API
     # creations never waits on a refresh, nor ties up the client's connections with one read per request)
     clock[0] = 5.1
     with peer.inject("GET", "gprtemplates", delay=0.3):
-        started = time.monotonic()
         stale = await asyncio.gather(*(fresh.get_template("team-a", "default") for _ in range(50)))
-        assert time.monotonic() - started < 0.25 and all(t is not None for t in stale)
-        assert fresh._reading  # the one read again, under way
+        assert all(t is not None for t in stale)
+        assert fresh._reading  # the one read again still under way: the answers did not wait for it
         await wait_until(lambda: not fresh._reading)
     assert gets() == 3
     template = peer.get("apis/accelstack.io/v1alpha1/gprtemplates", "team-a", "default")
