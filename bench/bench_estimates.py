@@ -881,8 +881,10 @@ def main() -> int:
         loads = [_positive(float)(x) for x in (args.loads or ("4" if args.quick else "1,2,4")).split(",")]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--loads: {exc}")
-    if sum((args.lateness, args.overtake, args.variants, args.oracle, args.clairvoyant, args.clairvoyant_arrivals,
-            args.forecast is not None, args.warm)) > 1:
+    # the bounds and candidates: each replays accelstack with something of its own beside today's estimate
+    special = (args.lateness, args.overtake, args.variants, args.oracle, args.clairvoyant, args.clairvoyant_arrivals,
+               args.forecast is not None)
+    if sum((*special, args.warm)) > 1:
         ap.error("--lateness, --overtake, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast "
                  "and --warm: one at a time")
     if args.horizon is not None and not (args.clairvoyant or args.clairvoyant_arrivals or args.forecast):
@@ -891,12 +893,9 @@ def main() -> int:
         ap.error("--forecast-scale: only with --forecast")
     if args.ahead_levels is not None and not (args.clairvoyant or args.clairvoyant_arrivals):
         ap.error("--ahead-levels: only with --clairvoyant or --clairvoyant-arrivals")
-    if args.scheduler != "accelstack" and (args.lateness or args.overtake or args.variants or args.oracle
-                                           or args.clairvoyant or args.clairvoyant_arrivals
-                                           or args.forecast is not None):
+    if args.scheduler != "accelstack" and any(special):
         ap.error("--scheduler: only with the plain replay or --warm (the bounds and candidates are accelstack's)")
-    if args.explained and (args.lateness or args.overtake or args.variants or args.oracle or args.clairvoyant
-                           or args.clairvoyant_arrivals or args.forecast is not None):
+    if args.explained and any(special):
         ap.error("--explained: only with the plain replay or --warm (it measures today's estimate)")
     levels = args.ahead_levels or "all"
     horizon_s = None if args.horizon is None else args.horizon * 60

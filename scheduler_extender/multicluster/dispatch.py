@@ -57,6 +57,12 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
+def _gone_with_namespace(dispatch: str, origin: str) -> None:
+    """A refused delete of a dispatch in the hub namespace of a member that left: not retried (see the module)."""
+    log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
+             extra={"dispatch": dispatch, "origin": origin})
+
+
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
     return next((c for c in status.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == kind), {})
 
@@ -238,8 +244,7 @@ class Dispatcher:
             except Forbidden:
                 if not left:  # a Lost member's dispatch may still be acted on: not moved past it
                     raise
-                log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
-                         extra={"dispatch": "/".join(_key(dispatch)), "origin": "/".join(_key(origin))})
+                _gone_with_namespace("/".join(_key(dispatch)), "/".join(_key(origin)))
             self.dispatches.pop(_key(dispatch), None)
         phase = str((origin.get("status") or {}).get("phase") or "Queued")
         why = (f"taken off {old} ({'left the hub' if left else 'Lost'}) where it was {phase} and had not started; "
@@ -306,8 +311,7 @@ class Dispatcher:
             except ApiError as exc:
                 if isinstance(exc, Forbidden) and where not in joined:
                     self.dispatches.pop(key, None)
-                    log.info("a left member's dispatch goes with its namespace (the hub's rights there are gone)",
-                             extra={"dispatch": f"{where}/{key[1]}", "origin": f"{origin_ns}/{origin_name}"})
+                    _gone_with_namespace(f"{where}/{key[1]}", f"{origin_ns}/{origin_name}")
                     continue
                 log.warning("cannot delete a dispatch whose origin is gone", extra={
                     "dispatch": f"{where}/{key[1]}", "error": str(exc)[:200]})
