@@ -25,6 +25,7 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --clairvoyant-arrivals --horizon 10 --ahead-levels same  # round 7
     .venv/bin/python bench/bench_estimates.py --scheduler accelstack-fifo    # FIFO within a level (round 7)
     .venv/bin/python bench/bench_estimates.py --explained       # what a predictor of the lateness must explain
+    .venv/bin/python bench/bench_estimates.py --learned         # round 8: every quantity at once, learned
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -55,6 +56,11 @@ order lets pass): which overtaking the error comes from.
 if a predictor of each waited job's remaining lateness (the log of actual over estimated wait) explained 20, 40,
 60 or 80% of its variance, the bias the calibration leaves kept (:func:`explained_errors`).
 
+``--learned`` (round 8) records :data:`FEATURES`, every quantity known at each sampled estimate, and models the
+log lateness left in today's estimate linearly (:func:`fit_lateness`): learned on the tuning part's first halves,
+scored on its second halves (:func:`learned_report`); beside them two bounds, a median regression fitted on each
+row's own waited jobs (hindsight) and the same cross-fitted over five blocks of the replay (:func:`cross_fitted`).
+
 ``--scheduler NAME`` replays another of the simulator's schedulers (``accelstack-fifo``: FIFO within each priority
 level, no size order): its decisions differ too, so its mean wait is printed beside its estimates' accuracy.
 
@@ -79,6 +85,7 @@ import argparse
 import bisect
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -823,6 +830,259 @@ def run_lateness(part: str, load: float, days: float | None, every: int, overtak
     return row
 
 
+# ------------------------------------------------------------------ round 8: every quantity at once (--learned)
+# What each sampled estimate's GPR, its workspace and the cluster look like when the estimate is made: every
+# quantity the earlier rounds tried one by one, and a few more. Logs are log(1 + x).
+FEATURES = (
+    ("projected", "the projected wait, before calibration (log)"),
+    ("estimated", "today's calibrated estimated wait (log)"),
+    ("low", "its level is low (0/1)"),
+    ("medium", "its level is medium (0/1)"),
+    ("gpus", "its GPUs (log2)"),
+    ("hold", "its predicted hold time (log)"),
+    ("exit", "its exitDuration (log)"),
+    ("ws_ahead", "its workspace's queued GPRs ahead of it (log)"),
+    ("ws_ahead_higher", "those of a higher level (log)"),
+    ("ws_ahead_same", "those of its own level (log)"),
+    ("ahead", "every queued GPR ahead of it (log)"),
+    ("ws_holders", "its workspace's holders (log)"),
+    ("ws_remaining", "their median predicted remaining time (log)"),
+    ("ws_remaining_min", "their soonest predicted release (log)"),
+    ("ws_age", "their median time held so far (log)"),
+    ("quota", "its workspace's quota in GPUs (log)"),
+    ("quota_used", "the share of that quota held"),
+    ("ws_arrivals_5m", "its workspace's arrivals in the last 5 min (log)"),
+    ("ws_arrivals_30m", "... in the last 30 min (log)"),
+    ("ws_arrivals_2h", "... in the last 2 h (log)"),
+    ("ws_higher_arrivals_30m", "its workspace's arrivals of a higher level in the last 30 min (log)"),
+    ("arrivals_30m", "the cluster's arrivals in the last 30 min (log)"),
+    ("queued", "the cluster's queued GPRs (log)"),
+)
+LEARNED_RIDGE = 1.0  # the ridge's penalty, x the number of samples (features standardized)
+
+
+class _FeatureRecorder:
+    """:data:`FEATURES` of every sampled estimate, with today's estimate and range; the first starts."""
+
+    def __init__(self) -> None:
+        self.arrivals: dict[str, tuple[list[float], list[float], list[float]]] = {}  # all, above low, above medium
+        self.cluster: list[float] = []
+        self.samples: dict[str, tuple[float, float, float, float, list[float]]] = {}
+        self.starts: dict[str, float] = {}
+
+    def submitted(self, g: Any, now: float) -> None:
+        rank = _RANK[priority_class(g.priority)]
+        per = self.arrivals.setdefault(g.workspace, ([], [], []))
+        per[0].append(now)
+        for higher_than in range(rank):  # per[1 + r]: arrivals of a level above r
+            per[1 + higher_than].append(now)
+        self.cluster.append(now)
+
+    @staticmethod
+    def _since(times: list[float], now: float, window_s: float) -> int:
+        return len(times) - bisect.bisect_left(times, now - window_s)
+
+    def estimated(self, eng: Any, now: float, upto: str, iv: tuple[float, float, float]) -> None:
+        g, raw = eng.gprs[upto], eng.projection
+        wait = raw[upto] - now
+        if not math.isfinite(wait):
+            return
+        ws, rank = g.workspace, _RANK[priority_class(g.priority)]
+        ahead = ws_ahead = higher = same = 0
+        for name in raw:
+            h = eng.gprs.get(name)
+            if name == upto or h is None or name not in eng.queue:
+                continue
+            ahead += 1
+            if h.workspace == ws:
+                ws_ahead += 1
+                r = _RANK[priority_class(h.priority)]
+                higher += r > rank
+                same += r == rank
+        holders = [h for h in eng.holders.values() if h.workspace == ws]
+        ends = [eng._est_releases[h.name].end - now for h in holders if h.name in eng._est_releases]
+        ages = [now - h.admitted_at for h in holders if h.admitted_at is not None]
+        quota = (eng.cfg.quotas or {}).get(ws, 0) or 0
+        per = self.arrivals.get(ws, ([], [], []))
+        hold = eng.predicted_hold(g)
+        est = iv[0]
+        x = [math.log1p(wait), math.log1p(max(0.0, est - now)), float(rank == 0), float(rank == 1),
+             math.log2(max(g.milli_total(), 1) / 1000.0), math.log1p(hold), math.log1p(g.exit_duration_s or hold),
+             math.log1p(ws_ahead), math.log1p(higher), math.log1p(same), math.log1p(ahead), math.log1p(len(holders)),
+             math.log1p(max(0.0, float(np.median(ends)))) if ends else 0.0,
+             math.log1p(max(0.0, min(ends))) if ends else 0.0,
+             math.log1p(float(np.median(ages))) if ages else 0.0,
+             math.log1p(quota / 1000.0), eng.usage.get(ws, 0) / quota if quota else 0.0,
+             *(math.log1p(self._since(per[0], now, w)) for w in (300.0, 1800.0, 7200.0)),
+             math.log1p(self._since(per[1 + rank], now, 1800.0)) if rank < 2 else 0.0,
+             math.log1p(self._since(self.cluster, now, 1800.0)), math.log1p(len(eng.queue))]
+        self.samples[upto] = (now, *iv, x)
+
+    def admitted(self, name: str, now: float) -> None:
+        self.starts.setdefault(name, now)
+
+
+def run_learned(part: str, load: float, days: float | None, every: int) -> dict[str, Any]:
+    """:func:`run_one` with :data:`FEATURES` recorded at every sampled estimate (``--learned``). The row's
+    ``learned``: ``waited``, (made at, estimate, P10, P90, actual start, features) of the sampled GPRs that then
+    waited over 60 s, in the order they were made; ``split``, the median time the part's sampled estimates
+    were made at (its first and second halves)."""
+    rec = _FeatureRecorder()
+    cls_ = core_scheduler.Scheduler
+    estimate_ranges, admit, submit = cls_.estimate_ranges, cls_._admit, cls_.submit
+
+    def submit_(self: Any, g: Any, now: float, *args: Any, **kw: Any) -> Any:
+        rec.submitted(g, now)
+        return submit(self, g, now, *args, **kw)
+
+    def estimate_ranges_(self: Any, now: float, upto: str | None = None) -> Any:
+        out = estimate_ranges(self, now, upto)
+        if upto is not None and upto in out:
+            rec.estimated(self, now, upto, out[upto])
+        return out
+
+    def admit_(self: Any, g: Any, *args: Any) -> Any:
+        rec.admitted(g.name, args[1])
+        return admit(self, g, *args)
+
+    cls_.estimate_ranges, cls_._admit = estimate_ranges_, admit_  # type: ignore[method-assign,assignment]
+    cls_.submit = submit_  # type: ignore[method-assign]
+    try:
+        row = run_one(part, load, days, every)
+    finally:
+        cls_.estimate_ranges, cls_._admit = estimate_ranges, admit  # type: ignore[method-assign,assignment]
+        cls_.submit = submit  # type: ignore[method-assign]
+    made = sorted(s[0] for s in rec.samples.values())
+    waited = sorted((now, est, lo, hi, rec.starts[name], x) for name, (now, est, lo, hi, x) in rec.samples.items()
+                    if name in rec.starts and rec.starts[name] - now > replay.WAITED_S)
+    row["learned"] = {"waited": waited, "split": made[len(made) // 2] if made else math.inf}
+    return row
+
+
+def lateness_of(waited: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Features and the log lateness left in today's estimate, log((actual + 60 s) / (estimated + 60 s)), of
+    ``waited`` (rows of :func:`run_learned`)."""
+    x = np.array([w[5] for w in waited], dtype=float).reshape(len(waited), len(FEATURES))
+    y = np.array([math.log((w[4] - w[0] + CAL_SLACK_S) / (max(0.0, w[1] - w[0]) + CAL_SLACK_S)) for w in waited])
+    return x, y
+
+
+def _design(x: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    return np.hstack([np.ones((len(x), 1)), (x - mu) / sd])
+
+
+def fit_lateness(x: np.ndarray, y: np.ndarray, how: str = "ridge", q: float = 0.5, iters: int = 200) -> Any:
+    """A linear model of the log lateness on standardized features: ``ridge`` (least squares, penalty
+    :data:`LEARNED_RIDGE` x n, the intercept free) or ``quantile`` (the ``q``-th conditional quantile, by
+    iteratively reweighted least squares). Returns the predictor, features -> log factor."""
+    mu, sd = x.mean(0), x.std(0)
+    sd[sd == 0] = 1.0
+    z = _design(x, mu, sd)
+    pen = np.eye(z.shape[1])
+    pen[0, 0] = 0.0
+    if how == "ridge":
+        b = np.linalg.solve(z.T @ z + LEARNED_RIDGE * len(y) * pen, z.T @ y)
+    elif how == "quantile":
+        b = np.linalg.lstsq(z, y, rcond=None)[0]
+        for _ in range(iters):
+            r = y - z @ b
+            w = np.where(r >= 0, q, 1.0 - q) / np.maximum(np.abs(r), 1e-4)
+            b = np.linalg.solve(z.T @ (z * w[:, None]) + 1e-6 * pen, z.T @ (w * y))
+    else:
+        raise ValueError(f"how: {how!r} is not ridge or quantile")
+    return lambda x2: _design(np.asarray(x2, dtype=float).reshape(-1, len(mu)), mu, sd) @ b
+
+
+def cross_fitted(x: np.ndarray, y: np.ndarray, folds: int = 5) -> np.ndarray:
+    """Each of ``folds`` consecutive blocks (the rows in the order the estimates were made) predicted by a median
+    regression fitted on the other blocks: what the same month's other weeks would have taught, not the jobs'
+    own outcomes. A block with too few others to fit on is left at 0 (today's estimate)."""
+    p = np.zeros(len(y))
+    edges = np.linspace(0, len(y), folds + 1).astype(int)
+    for a, b in itertools.pairwise(edges):
+        rest = np.r_[0:a, b:len(y)]
+        if a < b and len(rest) > 2 * x.shape[1]:
+            p[a:b] = fit_lateness(x[rest], y[rest], "quantile")(x[a:b])
+    return p
+
+
+def score_shifted(waited: list[tuple[Any, ...]], shift: Any) -> dict[str, float]:
+    """``waited`` (rows of :func:`run_learned`) scored as ``estimate_accuracy`` scores them, each estimated wait
+    and its range scaled by exp(``shift``) as the calibration scales waits (with its 60 s slack)."""
+    rel, cover = [], []
+    for w, d in zip(waited, np.broadcast_to(np.asarray(shift, dtype=float), (len(waited),)), strict=True):
+        now, est, lo, hi, start = w[:5]
+        k = math.exp(float(d))
+
+        def moved(t: float, now: float = now, k: float = k) -> float:
+            return now + max(0.0, (t - now + CAL_SLACK_S) * k - CAL_SLACK_S)
+
+        rel.append(abs(moved(est) - start) / (start - now))
+        cover.append(moved(lo) - 1e-6 <= start <= moved(hi) + 1e-6)
+    return {"n": len(rel), "err": float(np.median(rel)) if rel else math.nan,
+            "cover": 100 * float(np.mean(cover)) if cover else math.nan}
+
+
+def learned_report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Round 8's figures from :func:`run_learned` rows. For the tuning part's loads (the candidates, chosen there):
+    a ridge model and a median regression of the lateness, learned on the first halves of every tuning load
+    pooled and scored on each load's second half, with today's estimate on that half beside them. For every row,
+    a bound: a median regression fitted on the row's own waited jobs and scored on them (hindsight: it knows
+    the outcomes it is scored on; on few jobs it overfits). With both parts, the ridge learned on the whole
+    tuning part, applied to the held-out part (not a choice: it is not kept)."""
+    out: list[dict[str, Any]] = []
+    tuning = [r for r in rows if r["part"] == "tuning"]
+    first = [w for r in tuning for w in r["learned"]["waited"] if w[0] < r["learned"]["split"]]
+    models = {}
+    if len(first) > 2 * len(FEATURES):
+        x, y = lateness_of(first)
+        models = {"ridge": fit_lateness(x, y, "ridge"), "median": fit_lateness(x, y, "quantile")}
+    whole = [w for r in tuning for w in r["learned"]["waited"]]
+    pooled = fit_lateness(*lateness_of(whole), "ridge") if len(whole) > 2 * len(FEATURES) else None
+    for r in rows:
+        waited = r["learned"]["waited"]
+        res: dict[str, Any] = {"part": r["part"], "load": r["load"], "n": len(waited)}
+        if len(waited) > len(FEATURES) + 1:
+            x, y = lateness_of(waited)
+            res["hindsight"] = score_shifted(waited, fit_lateness(x, y, "quantile")(x))
+            res["cross"] = score_shifted(waited, cross_fitted(x, y))
+        res["today"] = score_shifted(waited, 0.0)
+        if r["part"] == "tuning" and models:
+            second = [w for w in waited if w[0] >= r["learned"]["split"]]
+            res["second_half"] = {"today": score_shifted(second, 0.0)}
+            if second:
+                x2, y2 = lateness_of(second)
+                for name, f in models.items():
+                    p = f(x2)
+                    res["second_half"][name] = {**score_shifted(second, p),
+                                                "r": float(np.corrcoef(p, y2)[0, 1]) if len(y2) > 2 else math.nan}
+        elif r["part"] == "held-out" and pooled is not None and waited:
+            x, y = lateness_of(waited)
+            p = pooled(x)
+            res["tuning_ridge"] = {**score_shifted(waited, p),
+                                   "r": float(np.corrcoef(p, y)[0, 1]) if len(y) > 2 else math.nan}
+        out.append(res)
+    return out
+
+
+def print_learned(report: list[dict[str, Any]]) -> None:
+    def cell(v: dict[str, float] | None, r: bool = False) -> str:
+        if v is None or not v["n"]:
+            return "-"
+        return f"{v['err']:.2f} / {v['cover']:.0f}%" + (f" (r {v['r']:+.2f})" if r else "")
+
+    print(f"\nround 8: {len(FEATURES)} quantities known at each estimate (--learned), log lateness modelled linearly")
+    print("| part | load | waited > 60 s | today | hindsight bound: median regression fitted on these jobs "
+          "| the same, cross-fitted over 5 blocks of the replay | 2nd half: n, today | ridge learned on the 1st halves | median regression, 1st halves "
+          "| ridge learned on the whole tuning part |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in report:
+        sh = r.get("second_half", {})
+        print(f"| {r['part']} | {r['load']:g} | {r['n']:,} | {cell(r['today'])} | {cell(r.get('hindsight'))} | {cell(r.get('cross'))} "
+              f"| {sh['today']['n'] if sh else '-'}, {cell(sh.get('today'))} | {cell(sh.get('ridge'), True)} "
+              f"| {cell(sh.get('median'), True)} | {cell(r.get('tuning_ridge'), True)} |")
+
+
 def meets(row: dict[str, Any]) -> bool:
     lo, hi = TARGET_COVERAGE
     return row["waited_median_rel_err"] <= TARGET_REL_ERR and lo <= row["waited_coverage_pct"] <= hi
@@ -869,6 +1129,10 @@ def main() -> int:
     ap.add_argument("--explained", action="store_true",
                     help="also: the error a predictor of each waited job's remaining lateness would leave if it "
                          "explained 20/40/60/80%% of that lateness's variance (what a better estimate must know)")
+    ap.add_argument("--learned", action="store_true",
+                    help="round 8: every quantity known at an estimate at once, a linear model of the lateness "
+                         "learned on the tuning part's first half and scored on its second; and a bound, the same "
+                         "model fitted in hindsight on each row's own waited jobs")
     ap.add_argument("--warm", action="store_true",
                     help="replay the days before each part first and score only the part's arrivals (the held-out "
                          "part after the whole tuning part; the tuning part's second half after its first)")
@@ -883,10 +1147,10 @@ def main() -> int:
         ap.error(f"--loads: {exc}")
     # the bounds and candidates: each replays accelstack with something of its own beside today's estimate
     special = (args.lateness, args.overtake, args.variants, args.oracle, args.clairvoyant, args.clairvoyant_arrivals,
-               args.forecast is not None)
+               args.forecast is not None, args.learned)
     if sum((*special, args.warm)) > 1:
-        ap.error("--lateness, --overtake, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast "
-                 "and --warm: one at a time")
+        ap.error("--lateness, --overtake, --variants, --oracle, --clairvoyant, --clairvoyant-arrivals, --forecast, "
+                 "--learned and --warm: one at a time")
     if args.horizon is not None and not (args.clairvoyant or args.clairvoyant_arrivals or args.forecast):
         ap.error("--horizon: only with --clairvoyant, --clairvoyant-arrivals or --forecast")
     if args.forecast_scale != 1.0 and args.forecast is None:
@@ -923,6 +1187,7 @@ def main() -> int:
                 else pool.submit(run_oracle, p, load, days, args.estimate_every, True, False, args.forecast * 3600,
                                  horizon_s, args.forecast_scale)
                 if args.forecast is not None
+                else pool.submit(run_learned, p, load, days, args.estimate_every) if args.learned
                 else pool.submit(run_one, p, load, days, args.estimate_every, args.warm, args.scheduler,
                                  args.explained)
                 for p, load in runs]
@@ -952,6 +1217,8 @@ def main() -> int:
         for r in rows:
             print(f"| {r['part']} | {r['load']:g} | {r['waited_n']:,} | {r['median_log']:+.2f} / {r['sd_log']:.2f} | "
                   + " / ".join(f"{r['explained'][f]:.2f}" for f in EXPLAINED) + " |")
+    if args.learned:
+        print_learned(learned_report(rows))
     if args.lateness or args.overtake:  # one row per candidate, the loads side by side
         print("\n| candidate | " + " | ".join(f"load {r['load']:g}: error / coverage (share of estimates scaled, r with "
                                              "today's residual)" for r in rows) + " |")
@@ -969,7 +1236,7 @@ def main() -> int:
                 print(f"| {r['load']:g} | {name} | {v['waited_n']:,} | {v['waited_median_rel_err']:.2f} "
                       f"| {v['waited_within_50_pct']:.0f}% | {v['waited_coverage_pct']:.0f}% |")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps([{k: v for k, v in r.items() if k != "learned"} for r in rows], indent=1))
     return 0
 
 

@@ -254,3 +254,80 @@ def test_what_a_better_estimate_would_have_to_explain() -> None:
     errs = [row["explained"][f] for f in bench.EXPLAINED]
     assert errs == sorted(errs, reverse=True) and errs[0] > errs[-1]
     assert "explained" not in bench.run_one("tuning", 4.0, 3.0, 5)
+
+
+def test_the_lateness_models_fit_what_they_say() -> None:
+    """Round 8's models (``--learned``): the ridge halves a standardized feature's slope (penalty 1 x n) around a
+    free intercept; the median regression finds the line the majority lies on, outliers or not; an unknown model
+    is refused."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, len(bench.FEATURES)))
+    y = 0.3 + 0.8 * x[:, 0]
+    ridge = bench.fit_lateness(x, y, "ridge")(x)
+    assert np.corrcoef(ridge, y)[0, 1] > 0.99
+    assert float(np.mean(ridge)) == pytest.approx(float(np.mean(y)))  # the intercept is not shrunk
+    assert float(np.polyfit(y, ridge, 1)[0]) == pytest.approx(0.5, abs=0.05)  # 1 / (1 + penalty)
+    bad = y.copy()
+    bad[:60] += 25.0  # a few wild outcomes
+    median = bench.fit_lateness(x, bad, "quantile")(x)
+    assert float(np.median(np.abs(median - y))) < 0.01
+    assert float(np.median(np.abs(bench.fit_lateness(x, bad, "ridge")(x) - y))) > 0.5
+    with pytest.raises(ValueError, match="not ridge or quantile"):
+        bench.fit_lateness(x, y, "trees")
+
+
+def test_a_learned_shift_moves_the_estimate_and_its_range_as_the_calibration_does() -> None:
+    """Scored as the simulator scores: no shift, today's figures; a factor k scales (wait + 60 s), range too."""
+    feats = [0.0] * len(bench.FEATURES)
+    waited = [(0.0, 140.0, 40.0, 240.0, 340.0, feats),  # estimated 140 s, waited 340 s
+              (0.0, 940.0, 440.0, 1940.0, 470.0, feats)]  # estimated 940 s, waited 470 s
+    today = bench.score_shifted(waited, 0.0)
+    assert today["n"] == 2 and today["cover"] == 50.0
+    assert today["err"] == pytest.approx((200 / 340 + 470 / 470) / 2)
+    both = bench.score_shifted(waited, [math.log(2.0), math.log(0.5)])  # 140 -> 340 s, 940 -> 440 s
+    assert both["err"] == pytest.approx((0.0 + 30 / 470) / 2) and both["cover"] == 100.0
+    x, y = bench.lateness_of(waited)
+    assert x.shape == (2, len(bench.FEATURES))
+    assert list(y) == pytest.approx([math.log(400 / 200), math.log(530 / 1000)])
+
+
+def test_cross_fitting_predicts_each_block_from_the_others_only() -> None:
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(500, len(bench.FEATURES)))
+    y = 1.0 + x[:, 1]
+    p = bench.cross_fitted(x, y)
+    assert float(np.max(np.abs(p - y))) < 1e-3  # the same line in every block: each learned from the others
+    y2 = y.copy()
+    y2[:100] += 5.0  # the first block alone is off: the others cannot know it
+    p2 = bench.cross_fitted(x, y2)
+    assert float(np.median(y2[:100] - p2[:100])) == pytest.approx(5.0, abs=0.01)
+    assert list(bench.cross_fitted(x[:40], y[:40])) == [0.0] * 40  # too few to learn from: today's estimate
+
+
+def test_the_learned_round_records_every_sampled_estimate_and_moves_no_decision(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--learned`` replays as today (same decisions, same scored estimates: its own scoring of the recorded
+    estimates gives the row's figures), records every feature finite, and reports the candidates for the tuning
+    part only; beside another bound or candidate it is refused."""
+    from scheduler_extender.core.scheduler import Scheduler
+
+    methods = (Scheduler.estimate_ranges, Scheduler._admit, Scheduler.submit)
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    row = bench.run_learned("tuning", 4.0, 3.0, 5)
+    assert (Scheduler.estimate_ranges, Scheduler._admit, Scheduler.submit) == methods
+    assert (row["wait_mean_s"], row["evictions"], row["waited_n"]) == (
+        today["wait_mean_s"], today["evictions"], today["waited_n"])
+    waited = row["learned"]["waited"]
+    assert len(waited) == today["waited_n"] > 20
+    assert all(len(w[5]) == len(bench.FEATURES) and all(math.isfinite(v) for v in w[5]) for w in waited)
+    assert bench.score_shifted(waited, 0.0)["err"] == pytest.approx(today["waited_median_rel_err"])
+    report = bench.learned_report([row])
+    assert report[0]["second_half"]["today"]["n"] == sum(w[0] >= row["learned"]["split"] for w in waited)
+    assert set(report[0]["second_half"]) == {"today", "ridge", "median"} and "tuning_ridge" not in report[0]
+    held = {**row, "part": "held-out"}
+    assert "second_half" not in bench.learned_report([held])[0]
+    assert "tuning_ridge" in bench.learned_report([row, held])[1]
+    assert "one at a time" in refusal(monkeypatch, capsys, "--learned", "--oracle")
