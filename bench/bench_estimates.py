@@ -715,7 +715,8 @@ class _LatenessRecorder:
             if not self.gpus:
                 self.gpus = sum(eng.inv.capacity_milli(r, healthy_only=False) for r in {g.resource}) / 1000.0
 
-    def estimated(self, eng: Any, now: float, upto: str, before: dict[str, tuple[float, float, str]]) -> None:
+    def estimated(self, eng: Any, now: float, upto: str, before: dict[str, tuple[float, float, str]],
+                  _out: Any = None) -> None:
         raw = eng.projection
         by_ws: dict[str, list[tuple[float, float, str]]] = {}
         queued: dict[str, list[tuple[float, int, float]]] = {}
@@ -797,10 +798,11 @@ def score_lateness(log: list[tuple[Any, ...]], candidates: list[Any] | None = No
     return out
 
 
-def run_lateness(part: str, load: float, days: float | None, every: int, overtake: bool = False) -> dict[str, Any]:
-    """:func:`run_one` with round 4's lateness factors (``overtake``: the overtaking loads instead) recorded
-    beside the estimates and scored offline."""
-    rec = _LatenessRecorder(OVERTAKE if overtake else None)
+def _watched(part: str, load: float, days: float | None, every: int, rec: Any) -> dict[str, Any]:
+    """:func:`run_one` with ``rec`` told of every submission (``rec.submitted(g, now, eng)``), every estimate of
+    one GPR (``rec.estimated(eng, now, upto, before, out)``: ``before``, the first projections of the GPRs queued
+    before it; ``out``, what it answered) and every admission (``rec.admitted(name, now)``); the scheduler's
+    methods are restored after."""
     cls_ = core_scheduler.Scheduler
     estimate_ranges, admit, submit = cls_.estimate_ranges, cls_._admit, cls_.submit
 
@@ -812,7 +814,7 @@ def run_lateness(part: str, load: float, days: float | None, every: int, overtak
         before = dict(self._first_est) if upto is not None else {}
         out = estimate_ranges(self, now, upto)
         if upto is not None:
-            rec.estimated(self, now, upto, before)
+            rec.estimated(self, now, upto, before, out)
         return out
 
     def admit_(self: Any, g: Any, *args: Any) -> Any:
@@ -822,10 +824,17 @@ def run_lateness(part: str, load: float, days: float | None, every: int, overtak
     cls_.estimate_ranges, cls_._admit = estimate_ranges_, admit_  # type: ignore[method-assign,assignment]
     cls_.submit = submit_  # type: ignore[method-assign]
     try:
-        row = run_one(part, load, days, every)
+        return run_one(part, load, days, every)
     finally:
         cls_.estimate_ranges, cls_._admit = estimate_ranges, admit  # type: ignore[method-assign,assignment]
         cls_.submit = submit  # type: ignore[method-assign]
+
+
+def run_lateness(part: str, load: float, days: float | None, every: int, overtake: bool = False) -> dict[str, Any]:
+    """:func:`run_one` with round 4's lateness factors (``overtake``: the overtaking loads instead) recorded
+    beside the estimates and scored offline."""
+    rec = _LatenessRecorder(OVERTAKE if overtake else None)
+    row = _watched(part, load, days, every, rec)
     row["variants"] = score_lateness(rec.log, rec.candidates)
     return row
 
@@ -870,7 +879,7 @@ class _FeatureRecorder:
         self.samples: dict[str, tuple[float, float, float, float, list[float]]] = {}
         self.starts: dict[str, float] = {}
 
-    def submitted(self, g: Any, now: float) -> None:
+    def submitted(self, g: Any, now: float, _eng: Any = None) -> None:
         rank = _RANK[priority_class(g.priority)]
         per = self.arrivals.setdefault(g.workspace, ([], [], []))
         per[0].append(now)
@@ -882,8 +891,10 @@ class _FeatureRecorder:
     def _since(times: list[float], now: float, window_s: float) -> int:
         return len(times) - bisect.bisect_left(times, now - window_s)
 
-    def estimated(self, eng: Any, now: float, upto: str, iv: tuple[float, float, float]) -> None:
-        g, raw = eng.gprs[upto], eng.projection
+    def estimated(self, eng: Any, now: float, upto: str, _before: Any, out: dict[str, Any]) -> None:
+        if upto not in out:
+            return
+        g, raw, iv = eng.gprs[upto], eng.projection, out[upto]
         wait = raw[upto] - now
         if not math.isfinite(wait):
             return
@@ -928,30 +939,7 @@ def run_learned(part: str, load: float, days: float | None, every: int) -> dict[
     waited over 60 s, in the order they were made; ``split``, the median time the part's sampled estimates
     were made at (its first and second halves)."""
     rec = _FeatureRecorder()
-    cls_ = core_scheduler.Scheduler
-    estimate_ranges, admit, submit = cls_.estimate_ranges, cls_._admit, cls_.submit
-
-    def submit_(self: Any, g: Any, now: float, *args: Any, **kw: Any) -> Any:
-        rec.submitted(g, now)
-        return submit(self, g, now, *args, **kw)
-
-    def estimate_ranges_(self: Any, now: float, upto: str | None = None) -> Any:
-        out = estimate_ranges(self, now, upto)
-        if upto is not None and upto in out:
-            rec.estimated(self, now, upto, out[upto])
-        return out
-
-    def admit_(self: Any, g: Any, *args: Any) -> Any:
-        rec.admitted(g.name, args[1])
-        return admit(self, g, *args)
-
-    cls_.estimate_ranges, cls_._admit = estimate_ranges_, admit_  # type: ignore[method-assign,assignment]
-    cls_.submit = submit_  # type: ignore[method-assign]
-    try:
-        row = run_one(part, load, days, every)
-    finally:
-        cls_.estimate_ranges, cls_._admit = estimate_ranges, admit  # type: ignore[method-assign,assignment]
-        cls_.submit = submit  # type: ignore[method-assign]
+    row = _watched(part, load, days, every, rec)
     made = sorted(s[0] for s in rec.samples.values())
     waited = sorted((now, est, lo, hi, rec.starts[name], x) for name, (now, est, lo, hi, x) in rec.samples.items()
                     if name in rec.starts and rec.starts[name] - now > replay.WAITED_S)
