@@ -1015,8 +1015,9 @@ def learned_report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Round 8's figures from :func:`run_learned` rows. For the tuning part's loads (the candidates, chosen there):
     a ridge model and a median regression of the lateness, learned on the first halves of every tuning load
     pooled and scored on each load's second half, with today's estimate on that half beside them. For every row,
-    a bound: a median regression fitted on the row's own waited jobs and scored on them (hindsight: it knows
-    the outcomes it is scored on; on few jobs it overfits). With both parts, the ridge learned on the whole
+    two bounds: a median regression fitted on the row's own waited jobs and scored on them (hindsight: it knows
+    the outcomes it is scored on; on few jobs it overfits), and the same cross-fitted (:func:`cross_fitted`). With
+    both parts, the ridge learned on the whole
     tuning part, applied to the held-out part (not a choice: it is not kept)."""
     out: list[dict[str, Any]] = []
     tuning = [r for r in rows if r["part"] == "tuning"]
@@ -1059,16 +1060,17 @@ def print_learned(report: list[dict[str, Any]]) -> None:
             return "-"
         return f"{v['err']:.2f} / {v['cover']:.0f}%" + (f" (r {v['r']:+.2f})" if r else "")
 
-    print(f"\nround 8: {len(FEATURES)} quantities known at each estimate (--learned), log lateness modelled linearly")
+    print(f"\nround 8: {len(FEATURES)} quantities known at each estimate (--learned), log lateness modelled "
+          "linearly; error / coverage")
     print("| part | load | waited > 60 s | today | hindsight bound: median regression fitted on these jobs "
-          "| the same, cross-fitted over 5 blocks of the replay | 2nd half: n, today | ridge learned on the 1st halves | median regression, 1st halves "
-          "| ridge learned on the whole tuning part |")
+          "| the same, cross-fitted over 5 blocks of the replay | 2nd half: n, today | ridge learned on the 1st "
+          "halves | median regression, 1st halves | ridge learned on the whole tuning part |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in report:
         sh = r.get("second_half", {})
-        print(f"| {r['part']} | {r['load']:g} | {r['n']:,} | {cell(r['today'])} | {cell(r.get('hindsight'))} | {cell(r.get('cross'))} "
-              f"| {sh['today']['n'] if sh else '-'}, {cell(sh.get('today'))} | {cell(sh.get('ridge'), True)} "
-              f"| {cell(sh.get('median'), True)} | {cell(r.get('tuning_ridge'), True)} |")
+        print(f"| {r['part']} | {r['load']:g} | {r['n']:,} | {cell(r['today'])} | {cell(r.get('hindsight'))} "
+              f"| {cell(r.get('cross'))} | {sh['today']['n'] if sh else '-'}, {cell(sh.get('today'))} "
+              f"| {cell(sh.get('ridge'), True)} | {cell(sh.get('median'), True)} | {cell(r.get('tuning_ridge'), True)} |")
 
 
 def meets(row: dict[str, Any]) -> bool:
@@ -1120,7 +1122,8 @@ def main() -> int:
     ap.add_argument("--learned", action="store_true",
                     help="round 8: every quantity known at an estimate at once, a linear model of the lateness "
                          "learned on the tuning part's first half and scored on its second; and a bound, the same "
-                         "model fitted in hindsight on each row's own waited jobs")
+                         "model fitted in hindsight on each row's own waited jobs, and cross-fitted on its other "
+                         "weeks")
     ap.add_argument("--warm", action="store_true",
                     help="replay the days before each part first and score only the part's arrivals (the held-out "
                          "part after the whole tuning part; the tuning part's second half after its first)")
@@ -1206,7 +1209,9 @@ def main() -> int:
             print(f"| {r['part']} | {r['load']:g} | {r['waited_n']:,} | {r['median_log']:+.2f} / {r['sd_log']:.2f} | "
                   + " / ".join(f"{r['explained'][f]:.2f}" for f in EXPLAINED) + " |")
     if args.learned:
-        print_learned(learned_report(rows))
+        for r, figures in zip(rows, learned_report(rows), strict=True):
+            r["round8"] = figures
+        print_learned([r["round8"] for r in rows])
     if args.lateness or args.overtake:  # one row per candidate, the loads side by side
         print("\n| candidate | " + " | ".join(f"load {r['load']:g}: error / coverage (share of estimates scaled, r with "
                                              "today's residual)" for r in rows) + " |")
