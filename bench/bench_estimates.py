@@ -26,6 +26,8 @@ not change decisions, so it must not move when only the estimator changes.
     .venv/bin/python bench/bench_estimates.py --scheduler accelstack-fifo    # FIFO within a level (round 7)
     .venv/bin/python bench/bench_estimates.py --explained       # what a predictor of the lateness must explain
     .venv/bin/python bench/bench_estimates.py --learned         # round 8: every quantity at once, learned
+    .venv/bin/python bench/bench_estimates.py --scheduler fifo  # where nothing passes a waiting GPR
+    .venv/bin/python bench/bench_estimates.py --priority-mix low=1   # every job at one priority level
 
 ``--variants`` (tuning part only) records, at every sampled estimate and at every GPR's first projection, the
 projection of each candidate estimator of round 3 besides today's, with the actual starts, and scores each
@@ -62,7 +64,9 @@ scored on its second halves (:func:`learned_report`); beside them two bounds, a 
 row's own waited jobs (hindsight) and the same cross-fitted over five blocks of the replay (:func:`cross_fitted`).
 
 ``--scheduler NAME`` replays another of the simulator's schedulers (``accelstack-fifo``: FIFO within each priority
-level, no size order): its decisions differ too, so its mean wait is printed beside its estimates' accuracy.
+level, no size order): its decisions differ too, so its mean wait is printed beside its estimates' accuracy. ``--priority-mix``
+sets the shares of the priority levels the simulator draws (``low=1``: every job at one level); its decisions
+differ too.
 
 ``--warm`` changes the protocol, not the estimator: each part's estimates start from the duration history and
 calibration the days before it left (the held-out part after the whole tuning part is replayed, as a controller
@@ -103,7 +107,7 @@ from scheduler_extender.core.gpr import GPR, priority_class
 from scheduler_extender.core.predictor import PER_OCTAVE, DurationPredictor, JobKey
 from scheduler_extender.core.waittime import CAL_SLACK_S, Calibrator, Job, Release, project
 from scheduler_extender.simulator import replay
-from scheduler_extender.simulator.cli import BUNDLED
+from scheduler_extender.simulator.cli import BUNDLED, priority_mix
 from scheduler_extender.simulator.replay import SCHEDULERS, Assignment, job_shape, replay_run, window
 from scheduler_extender.simulator.traces import read_philly_jobs, read_philly_nodes, read_quotas
 
@@ -178,14 +182,16 @@ def explained_errors(pairs: list[tuple[float, float]], shares: tuple[float, ...]
 
 
 def run_one(part: str, load: float, days: float | None, every: int, warm: bool = False,
-            scheduler: str = "accelstack", explained: bool = False) -> dict[str, Any]:
+            scheduler: str = "accelstack", explained: bool = False,
+            mix: tuple[tuple[str, float], ...] | None = None) -> dict[str, Any]:
     """One replay of ``part`` at ``load`` (in a worker process): the estimate figures and the mean wait. ``warm``:
     the days before the part are replayed first (the held-out part: the whole tuning part; the tuning part: its
     first half, the second half then scored), and only the part's own arrivals are estimated, so its estimates
     start from the duration history and calibration those days left, as a controller's do that kept them.
     ``scheduler`` (``--scheduler``): the simulator's scheduler replayed (its decisions, not only its estimates,
     differ from accelstack's: the mean wait says by how much). ``explained`` (``--explained``): the row also
-    carries :func:`explained_errors` of its waited jobs."""
+    carries :func:`explained_errors` of its waited jobs. ``mix`` (``--priority-mix``): the shares of the priority
+    levels the simulator draws from (default low 60%, medium 30%, high 10%)."""
     nodes, sel, quotas, scored_from = _selection(part, load, days, warm)
     pairs: list[tuple[float, float]] = []
     score = replay.estimate_accuracy
@@ -199,11 +205,13 @@ def run_one(part: str, load: float, days: float | None, every: int, warm: bool =
     if explained:
         replay.estimate_accuracy = keep  # type: ignore[assignment]
     try:
-        res = replay_run(nodes, sel, scheduler, quotas=quotas, estimate_every=every, estimate_from_s=scored_from)
+        res = replay_run(nodes, sel, scheduler, quotas=quotas, estimate_every=every, estimate_from_s=scored_from,
+                         assignment=None if mix is None else Assignment(priority_mix=mix))
     finally:
         replay.estimate_accuracy = score  # type: ignore[assignment]
     e = res.estimate_error
-    label = ", ".join(([] if scheduler == "accelstack" else [scheduler]) + (["warm"] if warm else []))
+    label = ", ".join(([] if scheduler == "accelstack" else [scheduler]) + (["warm"] if warm else [])
+                      + ([] if mix is None else [",".join(f"{c}={v:g}" for c, v in mix)]))
     return {"part": part + (f" ({label})" if label else ""), "load": load,
             "jobs": sum(1 for j in sel if j.submit_s >= scored_from), "wait_mean_s": res.delay["all"]["mean"],
             "evictions": res.evictions, "cpu_s": res.cpu_seconds, **{k: e[k] for k in (
@@ -1116,6 +1124,9 @@ def main() -> int:
     ap.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="accelstack",
                     help="the simulator's scheduler replayed (accelstack); another one makes other decisions too, "
                          "so only with the plain replay or --warm")
+    ap.add_argument("--priority-mix", type=priority_mix, default=None, metavar="low=A,medium=B,high=C",
+                    help="the shares of the priority levels the simulator draws each job's from (default "
+                         "low=0.6,medium=0.3,high=0.1); only with the plain replay or --warm")
     ap.add_argument("--explained", action="store_true",
                     help="also: the error a predictor of each waited job's remaining lateness would leave if it "
                          "explained 20/40/60/80%% of that lateness's variance (what a better estimate must know)")
@@ -1150,6 +1161,8 @@ def main() -> int:
         ap.error("--ahead-levels: only with --clairvoyant or --clairvoyant-arrivals")
     if args.scheduler != "accelstack" and any(special):
         ap.error("--scheduler: only with the plain replay or --warm (the bounds and candidates are accelstack's)")
+    if args.priority_mix is not None and any(special):
+        ap.error("--priority-mix: only with the plain replay or --warm (the bounds and candidates draw the default mix)")
     if args.explained and any(special):
         ap.error("--explained: only with the plain replay or --warm (it measures today's estimate)")
     levels = args.ahead_levels or "all"
@@ -1180,7 +1193,7 @@ def main() -> int:
                 if args.forecast is not None
                 else pool.submit(run_learned, p, load, days, args.estimate_every) if args.learned
                 else pool.submit(run_one, p, load, days, args.estimate_every, args.warm, args.scheduler,
-                                 args.explained)
+                                 args.explained, args.priority_mix)
                 for p, load in runs]
         rows = [f.result() for f in futs]
     print(("bound, not an estimator: the projection given every GPR's exact hold time (--oracle); " if args.oracle

@@ -143,7 +143,9 @@ def _eviction_flags(sp: argparse.ArgumentParser) -> None:
                          f"(default {EVICTION_MAX_WAIT_S:g})")
 
 
-def _mix(text: str) -> tuple[tuple[str, float], ...]:
+def priority_mix(text: str) -> tuple[tuple[str, float], ...]:
+    """``--priority-mix``: ``low=0.6,medium=0.3,high=0.1`` (each class at most once, shares finite and not
+    negative, at least one positive) as :class:`.replay.Assignment` takes it."""
     out: list[tuple[str, float]] = []
     for part in _csv(text):
         name, _, val = part.partition("=")
@@ -232,7 +234,7 @@ def build_parser(prog: str = "accelstack") -> argparse.ArgumentParser:
     r.add_argument("--load", type=_number(0.001, 1000), default=1.0, metavar="X",
                    help="shrink gaps between submissions X-fold: X times the offered load, 0.001-1000 (default 1)")
     r.add_argument("--seed", type=_count(0), default=0, help="seed for priorities, exit durations, tie-breaks")
-    r.add_argument("--priority-mix", type=_mix, default=Assignment().priority_mix, metavar="low=A,medium=B,high=C",
+    r.add_argument("--priority-mix", type=priority_mix, default=Assignment().priority_mix, metavar="low=A,medium=B,high=C",
                    help="share of jobs per priority class (default low=0.6,medium=0.3,high=0.1)")
     r.add_argument("--exit-factor", type=_range, default=Assignment().exit_factor, metavar="LOW:HIGH",
                    help="exitDuration = duration x U[LOW, HIGH) (default 1.0:3.0)")

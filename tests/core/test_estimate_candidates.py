@@ -331,3 +331,20 @@ def test_the_learned_round_records_every_sampled_estimate_and_moves_no_decision(
     assert "second_half" not in bench.learned_report([held])[0]
     assert "tuning_ridge" in bench.learned_report([row, held])[1]
     assert "one at a time" in refusal(monkeypatch, capsys, "--learned", "--oracle")
+
+
+def test_a_priority_mix_is_drawn_as_given_and_only_plainly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--priority-mix low=1``: every job drawn at the low level, so nothing passes a waiting GPR for its level
+    and no high-level GPR evicts; the row names the mix; the bounds and candidates refuse it, a bad mix is
+    refused in one line."""
+    today = bench.run_one("tuning", 4.0, 3.0, 5)
+    one = bench.run_one("tuning", 4.0, 3.0, 5, mix=(("low", 1.0),))
+    assert one["part"] == "tuning (low=1)" and one["wait_mean_s"] != today["wait_mean_s"]
+    assert one["evictions"] == 0 and one["waited_n"] > 20
+    for argv, said in ((["--priority-mix", "low=1", "--oracle"], "--priority-mix: only with the plain replay"),
+                       (["--priority-mix", "low=x"], "expected CLASS=SHARE"),
+                       (["--priority-mix", "urgent=1"], "use low, medium, high")):
+        err = refusal(monkeypatch, capsys, *argv)
+        assert "Traceback" not in err and said in err.strip().splitlines()[-1]  # usage, then the one error line
