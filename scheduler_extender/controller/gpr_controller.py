@@ -56,7 +56,8 @@ log = logging.getLogger("accelstack.controller")
 WARNING_EVENTS = ("evicted", "failed", "idle", "unschedulable")
 # Event reasons are CamelCase (kubectl and the portal show them as written): the core's kinds that are two words
 EVENT_REASONS = {"modelquota": "ModelQuota", "workspacequota": "WorkspaceQuota",
-                 "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority"}
+                 "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority",
+                 "behindblockedgprs": "BehindBlockedGPRs"}
 
 
 class ControllerMetrics:

@@ -40,7 +40,7 @@ def honest(g: GPR, estimate: Interval | None) -> Interval | None:
 
 WAIT_DETAIL = {"workspacequota": "WorkspaceQuota", "modelquota": "ModelQuota", "unschedulable": "Unschedulable",
                 "insufficientcapacity": "InsufficientCapacity", "behindhigherpriority": "BehindHigherPriority",
-                "backoff": "Backoff"}
+                "behindblockedgprs": "BehindBlockedGPRs", "backoff": "Backoff"}
 
 
 def wait_detail(g: GPR, found: str | None, current: Mapping[str, Any]) -> str:

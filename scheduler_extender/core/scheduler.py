@@ -117,7 +117,7 @@ class SchedulerConfig:
 class Event:
     time: float
     # submitted admitted backfilled evicted requeued completed failed cancelled expired idle unschedulable modelquota
-    # workspacequota insufficientcapacity behindhigherpriority backoff
+    # workspacequota insufficientcapacity behindhigherpriority behindblockedgprs backoff
     kind: str
     gpr: str
     detail: str = ""
@@ -178,6 +178,7 @@ class QueuedBlock:
         # workspace -> keys discarded but still listed, taken out when the lists are next read: a pass that
         # re-ranks thousands of changed GPRs (discard then add each) must not sort or shift a list per GPR
         self._gone: dict[str, set[Key]] = {}
+        self.unjudged: set[str] = set()  # those stored without a reason (see Scheduler._unreached)
 
     def __len__(self) -> int:
         return len(self.gprs)
@@ -193,6 +194,8 @@ class QueuedBlock:
         key: Key = (level, at, 0, name)
         ws = g.workspace
         self.gprs[name], self.pred[name], self.items[name] = g, pred, (ws, key, g)
+        if not g.reason:
+            self.unjudged.add(name)
         gone = self._gone.get(ws)
         if gone is not None and key in gone:  # re-added under the key it still has listed: that entry stands
             gone.discard(key)
@@ -207,6 +210,7 @@ class QueuedBlock:
         if item is None:
             return
         del self.gprs[name], self.pred[name]
+        self.unjudged.discard(name)
         ws, key, _ = item
         self._gone.setdefault(ws, set()).add(key)
 
@@ -283,6 +287,9 @@ class Scheduler:
         # so an estimate that refreshed the decisions' copy would move the eviction rule's later choices
         self._est_releases: dict[str, Release] = {}
         self._first_est: dict[str, tuple[float, float, str]] = {}  # queued GPR -> (when, projected wait, class)
+        # queued since the last pass and perhaps without a reason yet: a pass that does not get to them says why
+        # (see _unreached); a few names a pass, not the whole queue
+        self._unjudged: set[str] = set()
         self.projection: dict[str, float] = {}  # the last estimate's projected starts, before calibration
         # workspace -> its holders as (end bound, name, milli), sorted when read (_ends_of); kept up to date by
         # _hold/_unhold. Appended out of order, a list is sorted once when next read: a driver adopting 4,800
@@ -329,6 +336,7 @@ class Scheduler:
             heapq.heappush(self._backoff, (g.not_before, g.seq, g.name))
         else:
             self.queue.push(g)
+            self._unjudged.add(g.name)
         return [Event(now, "submitted", g.name)]
 
     def restore_queued(self, g: GPR, now: float, not_before: float | None = None,
@@ -357,6 +365,7 @@ class Scheduler:
             self._restored_at = now
             level, at, self._pred[name] = rank if rank is not None else self.size_rank(g)
             self.queue.push(g, (level, at, seq, name), shared=True)
+            self._unjudged.add(name)
             return
         g.seq = seq
         g.phase = Phase.QUEUED
@@ -373,6 +382,7 @@ class Scheduler:
             self.queue.push(g, (rank[0], rank[1], seq, name))
         else:
             self.queue.push(g)
+        self._unjudged.add(name)
 
     def restore_block(self, block: QueuedBlock, now: float) -> None:
         """Queue every prototype of ``block`` (each as :meth:`restore_queued` with ``shared=True`` would, under
@@ -384,6 +394,7 @@ class Scheduler:
         if not self.gprs.keys().isdisjoint(block.gprs):
             raise ValueError("a GPR of the block is known already")
         self.queue.merge_shared(block.items, block.by_ws())
+        self._unjudged.update(block.unjudged)
         self.gprs.update(block.gprs)
         self._pred.update(block.pred)
         self._restored_at = now
@@ -739,6 +750,7 @@ class Scheduler:
             g = self.gprs[bo[2]]
             if g.phase is Phase.QUEUED and g.not_before == bo[0] and g.name not in self.queue:
                 self.queue.push(g)
+                self._unjudged.add(g.name)
         events += self._pass(now)
         for _ in range(3):  # evicted work went back to the queue: it may fit elsewhere right away
             if not self._requeued:
@@ -1107,7 +1119,41 @@ class Scheduler:
                       f"{g.milli_total() / 1000:g}")]
 
     # reasons a queued GPR's wait gets from the pass (set when it is left waiting; a Requeued reason stays)
-    WAIT_REASONS = ("", "InsufficientCapacity", "BehindHigherPriority", "Backoff")
+    WAIT_REASONS = ("", "InsufficientCapacity", "BehindHigherPriority", "BehindBlockedGPRs", "Backoff")
+
+    def _unreached(self, st: _Pass, qshadow: dict[str, float], now: float) -> list[Event]:
+        """Give a reason to the GPRs queued since the last pass that this pass left without one: those it did not
+        get to (it stops after ``max_reservations`` blocked GPRs, and walks no further into a workspace after as
+        many held by its quota) and those it passed over to keep their workspace's quota for a GPR ahead of them.
+        ``WorkspaceQuota`` when that quota holds them (over it, or behind a GPR of the workspace waiting for it),
+        else ``BehindBlockedGPRs``. A GPR that had a reason keeps it until a pass gets to it; only the few queued
+        or restored since the last pass are looked at, never the whole queue."""
+        events: list[Event] = []
+        quotas, gprs, queue, deferred = self.cfg.quotas or {}, self.gprs, self.queue, self.deferred
+        for name in sorted(self._unjudged, key=lambda n: queue.key(n) or ()):  # in queue order: deterministic
+            if name not in queue or name in deferred or gprs[name].reason:
+                continue
+            g = queue.get(name)  # the working copy of a shared entry
+            assert g is not None
+            ws = g.workspace
+            q = quotas.get(ws)
+            used = self.usage.get(ws, 0)
+            if q is not None and used + g.milli_total() > q:
+                events += self._quota_blocked(g, q, now)
+            elif q is not None and ws in qshadow:
+                g.reason = "WorkspaceQuota"
+                events.append(Event(now, "workspacequota", name,
+                                    f"workspace {ws} quota: {used / 1000:g} of {q / 1000:g} devices in use; GPRs of "
+                                    "the workspace ahead of it wait for that quota, and starting it first would "
+                                    "delay them"))
+            else:
+                g.reason = "BehindBlockedGPRs"
+                said = (f"behind {len(st.blocked)} GPRs that wait for devices; a pass stops there, and looks at this "
+                        "one once fewer wait ahead of it" if self.cfg.backfill else
+                        "behind a GPR that waits for devices, which nothing passes (no backfill)")
+                events.append(Event(now, "behindblockedgprs", name, said))
+        self._unjudged.clear()
+        return events
 
     def _waits(self, g: GPR, req: Request, now: float, st: _Pass) -> list[Event]:
         """``g`` was left waiting by this pass: reason ``BehindHigherPriority`` when a blocked GPR of a higher
@@ -1508,6 +1554,7 @@ class Scheduler:
                 continue
             events += self._waits(g, req, now, st)
             st.blocked.append(g)
+        events += self._unreached(st, qshadow, now)
         for name in st.admitted:
             self.queue.remove(name)
         for g in st.requeue:

@@ -20,7 +20,7 @@ def _sched(*devs: int, **cfg: object) -> Scheduler:
     return Scheduler(inv, BestFit(), SchedulerConfig(audit=True, **cfg))  # type: ignore[arg-type]
 
 
-WAIT_KINDS = ("insufficientcapacity", "behindhigherpriority", "backoff")  # why a GPR waits: tested on their own below
+WAIT_KINDS = ("insufficientcapacity", "behindhigherpriority", "behindblockedgprs", "backoff")  # why a GPR waits: tested on their own below
 
 
 def kinds(events: list, waits: bool = False) -> list[tuple[str, str]]:
@@ -966,3 +966,80 @@ def test_a_drained_gpr_holds_its_devices_until_its_pods_go_then_requeues_without
     s.check()
     assert kinds(s.evicted("a", 3)) == [("requeued", "a")]
     assert g.phase is Phase.QUEUED and g.failures == 0 and s.inv.used_milli() == 0
+
+
+def test_every_queued_gpr_a_pass_does_not_get_to_is_told_why_once() -> None:
+    """A pass stops after ``max_reservations`` blocked GPRs and walks no further into a workspace after as many
+    held by its quota (issue 35.4: every queued GPR says why it waits). Those it did not get to say so too,
+    instead of the empty reason of a GPR nobody looked at: ``WorkspaceQuota`` when their workspace's quota holds
+    them, else ``BehindBlockedGPRs``; once each (a later pass says nothing new), and a pass that does get to
+    one gives it the reason it finds."""
+    quota = _sched(8, 8, quotas={"team": 1000})
+    for i in range(14):
+        quota.submit(GPR(f"q{i:02d}", workspace="team", exit_duration_s=3600.0 + i), float(i))
+    first = quota.tick(20.0)
+    queued = [g for g in quota.gprs.values() if g.phase is Phase.QUEUED]
+    assert len(queued) == 13 and {g.reason for g in queued} == {"WorkspaceQuota"}  # before: the last four ''
+    said = {e.gpr: e.detail for e in first if e.kind == "workspacequota"}
+    assert len(said) == 13 and said["q13"] == "workspace team quota: 1 of 1 devices in use; it needs 1"
+    assert quota.tick(30.0) == []  # said once
+
+    busy = _sched(8)
+    busy.submit(GPR("holder", devices_per_node=8, exit_duration_s=3600.0), 0.0)
+    busy.tick(0.0)
+    for i in range(12):
+        busy.submit(GPR(f"b{i:02d}", workspace=f"w{i}", devices_per_node=8, exit_duration_s=3600.0 + i), 1.0 + i)
+    events = busy.tick(20.0)
+    reasons = {g.name: g.reason for g in busy.gprs.values() if g.phase is Phase.QUEUED}
+    looked = [n for n, r in reasons.items() if r == "InsufficientCapacity"]
+    behind = sorted(n for n, r in reasons.items() if r == "BehindBlockedGPRs")
+    assert len(looked) == busy.cfg.max_reservations + 1 and behind == ["b09", "b10", "b11"]  # before: ''
+    told = [e for e in events if e.kind == "behindblockedgprs"]
+    assert [e.gpr for e in told] == behind  # in queue order
+    assert told[0].detail == ("behind 9 GPRs that wait for devices; a pass stops there, and looks at this one "
+                              "once fewer wait ahead of it")
+    assert busy.tick(30.0) == []
+    for name in looked[:3]:  # fewer ahead: the pass gets to them and says what it finds there
+        busy.cancel(name, 40.0)
+    busy.tick(40.0)
+    assert {busy.gprs[n].reason for n in behind} == {"InsufficientCapacity"}
+
+
+def test_a_gpr_kept_back_for_its_workspace_quota_says_so_without_being_over_it() -> None:
+    """A small GPR behind a quota-held one of its own workspace, which it would delay, fits the quota by itself
+    but waits for it all the same: reason ``WorkspaceQuota``, the detail saying it waits behind the workspace's
+    own GPRs (before: '')."""
+    s = _sched(8, quotas={"team": 4000})
+    s.submit(GPR("one", workspace="team", exit_duration_s=3600.0), 0.0)
+    s.tick(0.0)
+    s.submit(GPR("wide", workspace="team", devices_per_node=4, priority=150, exit_duration_s=3600.0), 1.0)
+    s.submit(GPR("long", workspace="team", exit_duration_s=7200.0), 2.0)  # ends after the wide one could start
+    events = s.tick(3.0)
+    assert s.gprs["wide"].reason == "WorkspaceQuota" and s.gprs["long"].phase is Phase.QUEUED
+    assert s.gprs["long"].reason == "WorkspaceQuota"
+    assert [e.detail for e in events if e.gpr == "long"] == [
+        "workspace team quota: 1 of 4 devices in use; GPRs of the workspace ahead of it wait for that quota, and "
+        "starting it first would delay them"]
+
+
+def test_prototypes_restored_without_a_reason_get_one_on_their_copies_only() -> None:
+    """The GPR controller restores its stored queue as shared prototypes each pass: one stored without a reason
+    that the pass does not get to is given one on its working copy (what the controller writes back), and the
+    prototype, which nobody may change, is left as it was; one stored with a reason is not handed out."""
+    now = 1_000.0
+    s = _sched(8)
+    s.submit(GPR("holder", devices_per_node=8, exit_duration_s=3600.0), 0.0)
+    s.tick(0.0)
+    block = QueuedBlock()
+    protos = [GPR(f"default/p{i:02d}", devices_per_node=8, exit_duration_s=600.0 + i, submitted_at=float(i),
+                  reason="InsufficientCapacity" if i == 11 else "") for i in range(12)]
+    for p in protos:
+        block.add(p, s.size_rank(p))
+    assert block.unjudged == {p.name for p in protos[:11]}
+    s.restore_block(block, now)
+    s.tick(now)
+    assert all(p.reason == ("InsufficientCapacity" if p is protos[11] else "") for p in protos)  # unchanged
+    assert {s.gprs[p.name].reason for p in protos[9:11]} == {"BehindBlockedGPRs"}
+    assert s.queue.is_shared(protos[11].name) and s.gprs[protos[11].name] is protos[11]
+    block.discard(protos[0].name)
+    assert protos[0].name not in block.unjudged

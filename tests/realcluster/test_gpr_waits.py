@@ -118,3 +118,55 @@ def test_a_quota_held_gpr_says_which_quota_and_unschedulable_clears_once_it_fits
     finally:
         cp.api("DELETE", held, {"gracePeriodSeconds": 0})
         cp.delete(f"{ws}/{ns}")
+
+
+def test_every_queued_gpr_of_a_sweep_says_why_past_the_ones_a_pass_looks_at(cp: ControlPlane, stack: Stack, ns: str,
+                                                                            nodes: Nodes) -> None:
+    """Issue 35.4 at the size of a real sweep: a pass looks at nine GPRs a workspace's quota holds, and at nine
+    the cluster cannot place, then stops. A sweep of twelve 1-GPU GPRs into a workspace at its 1-GPU quota, and
+    one of twelve 8-GPU GPRs where no node has eight free: every one of them Queued with a reason and an Event
+    (before: the last three of each had reason '', as if just created), WorkspaceQuota for the first sweep
+    (no start promised), BehindBlockedGPRs past the ninth for the second (with an estimate)."""
+    ws = "apis/accelstack.io/v1alpha1/workspaces"
+    nodes.add("s0", gpus=8)
+    cp.create(ws, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": ns},
+                   "spec": {"namespaces": [ns], "policy": {"devices": [{"resource": "nvidia.com/gpu", "max": 1}]}}})
+    other = f"{ns}-big"
+    cp.create("api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+    try:
+        wait_for("the workspace seen", lambda: ((cp.get(f"{ws}/{ns}") or {}).get("status") or {}).get(
+            "observedGeneration") is not None, timeout=30)
+        cp.create(GPRS.format(ns=ns), gpr("first"))
+        wait_for("the first GPR admitted", lambda: admitted(cp, ns, "first"))
+        sweep = [f"sweep-{i:02d}" for i in range(12)]
+        big = [f"big-{i:02d}" for i in range(12)]
+        for name in sweep:
+            cp.create(GPRS.format(ns=ns), gpr(name, exitDuration="1h"))
+        for name in big:
+            cp.create(GPRS.format(ns=other), gpr(name, devices=8, exitDuration="1h"))
+
+        def reasons(namespace: str, names: list[str]) -> dict[str, str] | None:
+            got = {n: gpr_status(cp, namespace, n) for n in names}
+            if all(s.get("phase") == "Queued" and s.get("reason") for s in got.values()):
+                return {n: s["reason"] for n, s in got.items()}
+            return None
+
+        held = wait_for("a reason for every GPR of the sweep", lambda: reasons(ns, sweep), timeout=60)
+        assert set(held.values()) == {"WorkspaceQuota"}, held
+        assert all("estimatedStart" not in gpr_status(cp, ns, n) for n in sweep)  # quota-held: no start promised
+        waiting = wait_for("a reason for every big GPR", lambda: reasons(other, big), timeout=60)
+        behind = sorted(n for n, r in waiting.items() if r == "BehindBlockedGPRs")
+        assert len(behind) == 3 and set(waiting.values()) == {"InsufficientCapacity", "BehindBlockedGPRs"}, waiting
+        last = wait_for("its estimate (refreshed every 5 s here)", lambda: (lambda s: s if s.get("estimatedStart")
+                                                                            else None)(gpr_status(cp, other, behind[-1])),
+                        timeout=30)
+        assert "; BehindBlockedGPRs: behind 9 GPRs that wait for devices" in last["message"], last
+        told = wait_for("its Event", lambda: [e for e in events_for(cp, other, behind[-1])
+                                              if e.get("reason") == "BehindBlockedGPRs"], timeout=30)
+        assert told[0]["message"].startswith("behind 9 GPRs that wait for devices"), told
+        assert wait_for("the last of the sweep's Event", lambda: [e for e in events_for(cp, ns, sweep[-1])
+                                                                  if e.get("reason") == "WorkspaceQuota"], timeout=30)
+    finally:
+        cp.delete(GPRS.format(ns=other))
+        cp.delete(f"api/v1/namespaces/{other}")
+        cp.delete(f"{ws}/{ns}")
