@@ -1130,9 +1130,9 @@ class Scheduler:
         or restored since the last pass are looked at, never the whole queue."""
         events: list[Event] = []
         quotas, gprs, queue, deferred = self.cfg.quotas or {}, self.gprs, self.queue, self.deferred
-        for name in sorted(self._unjudged, key=lambda n: queue.key(n) or ()):  # in queue order: deterministic
-            if name not in queue or name in deferred or gprs[name].reason:
-                continue
+        unsaid = [n for n in self._unjudged if n in queue and n not in deferred and not gprs[n].reason]
+        self._unjudged.clear()
+        for name in sorted(unsaid, key=lambda n: queue.key(n) or ()):  # in queue order: deterministic
             g = queue.get(name)  # the working copy of a shared entry
             assert g is not None
             ws = g.workspace
@@ -1152,7 +1152,6 @@ class Scheduler:
                         "one once fewer wait ahead of it" if self.cfg.backfill else
                         "behind a GPR that waits for devices, which nothing passes (no backfill)")
                 events.append(Event(now, "behindblockedgprs", name, said))
-        self._unjudged.clear()
         return events
 
     def _waits(self, g: GPR, req: Request, now: float, st: _Pass) -> list[Event]:
