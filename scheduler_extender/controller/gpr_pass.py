@@ -352,7 +352,7 @@ def plan_pass(snap: Snapshot, cfg: PassConfig, cache: PassCache) -> Plan:
             continue
         uid = d.uid
         refusal = refusals.get(uid) if refusals else None
-        estimate = honest(g, estimates.get(key) if estimates else None)
+        estimate = honest(g, estimates.get(key) if estimates else None, now)
         # nothing happened to it in this pass: at most its place in the queue moved (checked on a refresh only,
         # from those fields alone: rendering 10,000 whole statuses to find a few that moved cost 0.8 s a refresh)
         settled = d.settled

@@ -21,16 +21,20 @@ COMPARED = ("phase", "reason", "failures", "evictions", "reservation", "admitted
             "nextRetryTime", "observedGeneration")
 
 
-_HELD_BY_POLICY = ("WorkspaceQuota", "ModelQuota")
+SOON_S = 60.0  # a quota-held GPR's estimate closer than this to now is not written: "about now" is no promise
 
 
-def honest(g: GPR, estimate: Interval | None) -> Interval | None:
-    """A queued GPR's estimate as written: none while its workspace quota or a model cap holds it (the fluid
-    projection cannot tell when its workspace's holders leave enough room: "now" would be a promise the
-    controller will not keep), and never before the end of its backoff (the earliest time it may start)."""
+def honest(g: GPR, estimate: Interval | None, now: float) -> Interval | None:
+    """A queued GPR's estimate as written. None while a model cap holds it (the fluid projection does not model
+    the caps, so it could say "now" where the controller will not admit); while its workspace's quota holds it,
+    the projection's estimate (it releases the workspace's holders at their predicted ends and keeps the
+    workspace under its quota: the same as for any waiting GPR), but none within ``SOON_S`` of now (where the
+    projection and the quota disagree, devices of the workspace's evicted GPRs still held, "now" would be a
+    promise the controller will not keep); never before the end of its backoff (the earliest time it may
+    start)."""
     if estimate is None or g.phase is not Phase.QUEUED:
         return estimate
-    if g.reason in _HELD_BY_POLICY:
+    if g.reason == "ModelQuota" or (g.reason == "WorkspaceQuota" and not estimate.start >= now + SOON_S):
         return None
     nb = g.not_before
     if math.isfinite(estimate.start) and estimate.start < nb:

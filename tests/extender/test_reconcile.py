@@ -1485,8 +1485,10 @@ def test_a_gpr_waiting_for_devices_says_what_it_needs_and_who_holds_them_and_kee
 
 
 def test_no_estimate_says_now_for_a_gpr_the_controller_will_not_admit_now() -> None:
-    """Issue 35.4 point 2: a GPR its workspace quota holds gets no estimatedStart (before: an estimate of about
-    now while the quota kept it out); one in backoff is never estimated before its nextRetryTime."""
+    """Issue 35.4 point 2: a GPR its workspace quota holds is estimated to start when its workspace's holder is
+    predicted to leave it room (here a's hour, the predictor's prior), not about now (the estimate once said
+    now while the quota kept it out, then none was written at all: the estimates issue 35.8 measures were
+    never shown); one in backoff is never estimated before its nextRetryTime."""
     views = {"n0": node_view(node("n0", gpus=8), (GPU,))}
     team, core, gprs = _team_of_two()
     now = time.time()
@@ -1498,11 +1500,33 @@ def test_no_estimate_says_now_for_a_gpr_the_controller_will_not_admit_now() -> N
     for after in _passes(views, gprs, now, 2, 1,
                          lambda _step: PassConfig(core=core, workspaces=team, refresh_queue=True)):
         held = after["ub"]["status"]
-        assert held["reason"] == "WorkspaceQuota" and "estimatedStart" not in held, held
+        assert held["reason"] == "WorkspaceQuota", held
+        from scheduler_extender.objects.gpr_codec import parse_time
+        when = parse_time(held.get("estimatedStart"))
+        assert when is not None and now + 3000 < when < now + 4000, held  # a's predicted end, an hour from now
         assert "estimatedStart" in after["ua"]["status"] or after["ua"]["status"]["phase"] == "Admitted"
         waiting = after["uc"]["status"]
         assert waiting["phase"] == "Queued" and waiting.get("nextRetryTime") == retry, waiting
         if "estimatedStart" in waiting:
-            from scheduler_extender.objects.gpr_codec import parse_time
             start, retry_at = parse_time(waiting["estimatedStart"]), parse_time(retry)
             assert start is not None and retry_at is not None and start >= retry_at, waiting
+
+
+def test_an_estimate_is_written_for_a_quota_held_gpr_unless_it_says_about_now_and_never_for_a_capped_one() -> None:
+    """What the controller writes of an estimate (``honest``): a GPR its workspace's quota holds keeps the
+    projection's estimate when it is a minute or more away, none closer (the projection and the quota can
+    disagree while an evicted GPR's devices are still held: "now" would be a promise not kept); a GPR a model
+    cap holds gets none (the projection does not model the caps); a backoff moves it to the retry time."""
+    from scheduler_extender.controller.status_diff import SOON_S, honest
+    from scheduler_extender.core.waittime import Interval
+
+    now = 1_000.0
+    later = Interval(now + 600, now + 300, now + 1200)
+    assert honest(GPR("q", reason="WorkspaceQuota"), later, now) == later
+    assert honest(GPR("q", reason="WorkspaceQuota"), Interval(now + SOON_S - 1, now, now + 90), now) is None
+    assert honest(GPR("q", reason="ModelQuota"), later, now) is None
+    soon = Interval(now + 5, now, now + 30)
+    assert honest(GPR("q", reason="InsufficientCapacity"), soon, now) == soon  # not held by a quota: as projected
+    backing = GPR("q", reason="Backoff", not_before=now + 900)
+    assert honest(backing, later, now) == Interval(now + 900, now + 900, now + 1200)
+    assert honest(GPR("q", reason="WorkspaceQuota", phase=Phase.ADMITTED), later, now) == later  # not queued

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from scheduler_extender.objects.gpr_codec import parse_time
 from tests.realcluster.conftest import Nodes
 from tests.realcluster.controlplane import ApiCallError, ControlPlane
 from tests.realcluster.objects import GPRS, admitted, events_for, gpr, gpr_status, pod, wait_for
@@ -111,7 +114,11 @@ def test_a_quota_held_gpr_says_which_quota_and_unschedulable_clears_once_it_fits
             told = wait_for("the capacity reason", lambda: (lambda s: s if s.get("reason") == "InsufficientCapacity"
                                                             else None)(gpr_status(cp, other, "big")), timeout=30)
             assert "needs 2 node(s) x 8 nvidia.com/gpu" in told["message"], told
-            assert "estimatedStart" not in gpr_status(cp, ns, "second")  # quota-held: no start promised
+            # quota-held: estimated when its workspace's holder is predicted to end (an hour: the prior), not now
+            second = wait_for("its estimate", lambda: (lambda s: s if s.get("estimatedStart") else None)(
+                gpr_status(cp, ns, "second")), timeout=30)
+            when = parse_time(second["estimatedStart"])
+            assert when is not None and when > time.time() + 600, second
         finally:
             cp.delete(GPRS.format(ns=other))
             cp.delete(f"api/v1/namespaces/{other}")
@@ -126,7 +133,8 @@ def test_every_queued_gpr_of_a_sweep_says_why_past_the_ones_a_pass_looks_at(cp: 
     the cluster cannot place, then stops. A sweep of twelve 1-GPU GPRs into a workspace at its 1-GPU quota, and
     one of twelve 8-GPU GPRs where no node has eight free: every one of them Queued with a reason and an Event
     (before: the last three of each had reason '', as if just created), WorkspaceQuota for the first sweep
-    (no start promised), BehindBlockedGPRs past the ninth for the second (with an estimate)."""
+    (each estimated after the one ahead of it: the quota lets one run at a time), BehindBlockedGPRs past the
+    ninth for the second (with an estimate)."""
     ws = "apis/accelstack.io/v1alpha1/workspaces"
     nodes.add("s0", gpus=8)
     cp.create(ws, {"apiVersion": "accelstack.io/v1alpha1", "kind": "Workspace", "metadata": {"name": ns},
@@ -153,7 +161,9 @@ def test_every_queued_gpr_of_a_sweep_says_why_past_the_ones_a_pass_looks_at(cp: 
 
         held = wait_for("a reason for every GPR of the sweep", lambda: reasons(ns, sweep), timeout=60)
         assert set(held.values()) == {"WorkspaceQuota"}, held
-        assert all("estimatedStart" not in gpr_status(cp, ns, n) for n in sweep)  # quota-held: no start promised
+        starts = wait_for("an estimate for every GPR of the sweep", lambda: (lambda got: got if all(got) else None)(
+            [parse_time(gpr_status(cp, ns, n).get("estimatedStart")) for n in sweep]), timeout=30)
+        assert starts == sorted(starts) and starts[0] > time.time() + 600, starts  # one at a time, hours ahead
         waiting = wait_for("a reason for every big GPR", lambda: reasons(other, big), timeout=60)
         behind = sorted(n for n, r in waiting.items() if r == "BehindBlockedGPRs")
         assert len(behind) == 3 and set(waiting.values()) == {"InsufficientCapacity", "BehindBlockedGPRs"}, waiting
