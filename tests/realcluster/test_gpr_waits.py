@@ -161,8 +161,11 @@ def test_every_queued_gpr_of_a_sweep_says_why_past_the_ones_a_pass_looks_at(cp: 
 
         held = wait_for("a reason for every GPR of the sweep", lambda: reasons(ns, sweep), timeout=60)
         assert set(held.values()) == {"WorkspaceQuota"}, held
-        starts = wait_for("an estimate for every GPR of the sweep", lambda: (lambda got: got if all(got) else None)(
-            [parse_time(gpr_status(cp, ns, n).get("estimatedStart")) for n in sweep]), timeout=30)
+        def estimates() -> list[float] | None:
+            got = [parse_time(gpr_status(cp, ns, n).get("estimatedStart")) for n in sweep]
+            return [t for t in got if t is not None] if all(t is not None for t in got) else None
+
+        starts = wait_for("an estimate for every GPR of the sweep", estimates, timeout=30)
         assert starts == sorted(starts) and starts[0] > time.time() + 600, starts  # one at a time, hours ahead
         waiting = wait_for("a reason for every big GPR", lambda: reasons(other, big), timeout=60)
         behind = sorted(n for n, r in waiting.items() if r == "BehindBlockedGPRs")
