@@ -1107,16 +1107,18 @@ class Scheduler:
         return [Event(now, "modelquota", g.name,
                       f"workspace {g.workspace} at its model caps ({held}); it needs {g.milli_total() / 1000:g}")]
 
-    def _quota_blocked(self, g: GPR, quota: int, now: float) -> list[Event]:
+    def _quota_blocked(self, g: GPR, quota: int, now: float, behind: bool = False) -> list[Event]:
         """``g`` waits for its workspace's usage to drop under its quota: said once (reason ``WorkspaceQuota``),
-        with the quota, what the workspace holds and what ``g`` needs, in devices."""
+        with the quota, what the workspace holds and what ``g`` needs, in devices. ``behind``: ``g`` fits the quota
+        itself but waits behind GPRs of its workspace that the quota holds (starting it first would delay them)."""
         if g.reason == "WorkspaceQuota":
             return []
         g.reason = "WorkspaceQuota"
         used = self.usage.get(g.workspace, 0)
+        why = ("GPRs of the workspace ahead of it wait for that quota, and starting it first would delay them"
+               if behind else f"it needs {g.milli_total() / 1000:g}")
         return [Event(now, "workspacequota", g.name,
-                      f"workspace {g.workspace} quota: {used / 1000:g} of {quota / 1000:g} devices in use; it needs "
-                      f"{g.milli_total() / 1000:g}")]
+                      f"workspace {g.workspace} quota: {used / 1000:g} of {quota / 1000:g} devices in use; {why}")]
 
     # reasons a queued GPR's wait gets from the pass (set when it is left waiting; a Requeued reason stays)
     WAIT_REASONS = ("", "InsufficientCapacity", "BehindHigherPriority", "BehindBlockedGPRs", "Backoff")
@@ -1135,17 +1137,10 @@ class Scheduler:
         for name in sorted(unsaid, key=lambda n: queue.key(n) or ()):  # in queue order: deterministic
             g = queue.get(name)  # the working copy of a shared entry
             assert g is not None
-            ws = g.workspace
-            q = quotas.get(ws)
-            used = self.usage.get(ws, 0)
-            if q is not None and used + g.milli_total() > q:
-                events += self._quota_blocked(g, q, now)
-            elif q is not None and ws in qshadow:
-                g.reason = "WorkspaceQuota"
-                events.append(Event(now, "workspacequota", name,
-                                    f"workspace {ws} quota: {used / 1000:g} of {q / 1000:g} devices in use; GPRs of "
-                                    "the workspace ahead of it wait for that quota, and starting it first would "
-                                    "delay them"))
+            q = quotas.get(g.workspace)
+            over = q is not None and self.usage.get(g.workspace, 0) + g.milli_total() > q
+            if q is not None and (over or g.workspace in qshadow):
+                events += self._quota_blocked(g, q, now, behind=not over)
             else:
                 g.reason = "BehindBlockedGPRs"
                 said = (f"behind {len(st.blocked)} GPRs that wait for devices; a pass stops there, and looks at this "
